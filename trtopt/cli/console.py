@@ -1,0 +1,39 @@
+"""The CLI owns the terminal: rich consoles for results (stdout) and messages (stderr)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trtopt.errors import TrtoptError
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+
+def print_error(exc: TrtoptError) -> None:
+    err.print(f"[bold red]error:[/] {exc.what}", markup=True, soft_wrap=True)
+    if exc.fix:
+        err.print(f"[bold]fix:[/] {exc.fix}", markup=True, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def progress(description: str = "", *, unit: str = "img", disable: bool = False) -> Progress:
+    """A progress bar on stderr (so `--json` output on stdout stays clean)."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=disable or not err.is_terminal,
+        transient=False,
+    )

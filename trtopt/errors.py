@@ -1,0 +1,59 @@
+"""Error types.
+
+`TrtoptError` is the one base for *user* mistakes (a bad file, a wrong shape, a missing optional
+dependency). Its message is a short paragraph that says what was wrong, where, what was received,
+what was expected and how to fix it; the CLI prints it and exits non-zero without a traceback.
+Anything else that escapes is an internal bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TrtoptError(Exception):
+    """A problem with the user's input or environment that the user can fix."""
+
+    exit_code = 2
+
+    def __init__(self, what: str, *, fix: str | None = None) -> None:
+        self.what = what
+        self.fix = fix
+        super().__init__(what if fix is None else f"{what} {fix}")
+
+
+class ModelError(TrtoptError):
+    """The ONNX model cannot be read or is not something trtopt can work on."""
+
+
+class ShapeError(TrtoptError):
+    """An input shape is missing, dynamic where it must be concrete, or does not match."""
+
+
+class DataError(TrtoptError):
+    """Calibration or inference data cannot be read or does not fit the model."""
+
+
+class CalibrationError(TrtoptError):
+    """Calibration failed or a calibration cache does not match the model."""
+
+
+class PlanError(TrtoptError):
+    """A plan file is corrupt, truncated, from another format version or for a missing backend."""
+
+
+class BackendUnavailableError(TrtoptError):
+    """An optional backend (TensorRT, CUDA) is not installed or has no device."""
+
+    exit_code = 3
+
+
+class UnknownNameError(TrtoptError):
+    """A registry lookup (pass, method, backend, preset) named something that does not exist."""
+
+    def __init__(self, kind: str, name: str, valid: list[str] | tuple[str, ...]) -> None:
+        super().__init__(
+            f"Unknown {kind} {name!r}.",
+            fix=f"Valid {kind}s: {', '.join(sorted(valid))}.",
+        )
+        self.kind = kind
+        self.name = name
+        self.valid = tuple(valid)

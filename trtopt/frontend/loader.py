@@ -1,0 +1,218 @@
+"""Read an ONNX model (path or bytes) into onnx-graphsurgeon's IR, rejecting bad input with a clear message.
+
+Checks, in order: the file exists and parses as ONNX; external weights stay inside the model's folder
+(a path such as ``../../etc/passwd`` in a tensor's ``location`` is refused, because loading it would
+read arbitrary files); the default-domain opset is in the supported range; every op is known. Then
+shape inference and constant folding run, so passes see concrete shapes and constant weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.logger import G_LOGGER
+from google.protobuf.message import DecodeError
+
+from trtopt.errors import ModelError
+from trtopt.frontend.shapes import Shape, apply_shapes
+from trtopt.frontend.writer import PROTOBUF_LIMIT
+
+log = logging.getLogger(__name__)
+
+# Opsets of the default ONNX domain that trtopt reads: 11 is the oldest with today's Q/DQ-friendly
+# semantics (Clip with inputs, Pad with inputs); 22 is the newest TensorRT 10/11's parser documents.
+MIN_OPSET = 11
+MAX_OPSET = 22
+MAX_IR_VERSION = 10
+DEFAULT_DOMAINS = ("", "ai.onnx")
+# Contrib ops that ONNX Runtime runs and trtopt itself emits for the CPU backend.
+KNOWN_EXTRA_DOMAINS = ("com.microsoft",)
+
+G_LOGGER.severity = G_LOGGER.ERROR
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A validated model and where it came from (`None` for bytes)."""
+
+    model: onnx.ModelProto
+    path: Path | None
+    opset: int
+
+
+def load_model(source: str | os.PathLike[str] | bytes) -> LoadedModel:
+    """Parse and validate an ONNX model, loading external data safely. Raises `ModelError`."""
+    if isinstance(source, (bytes, bytearray)):
+        model = _parse(bytes(source), "<bytes>")
+        path = None
+    else:
+        path = Path(source)
+        _check_file(path)
+        model = _parse(path.read_bytes(), str(path))
+        _load_external_data(model, path)
+    where = str(path) if path else "<bytes>"
+    _check_is_model(model, where)
+    opset = _default_opset(model, where)
+    _check_ops(model, where)
+    return LoadedModel(model=model, path=path, opset=opset)
+
+
+def graph_from_onnx(
+    source: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    *,
+    shapes: dict[str, Shape] | None = None,
+    fold_constants: bool = True,
+) -> gs.Graph:
+    """Load a model into a gs.Graph with inferred shapes and folded constants."""
+    if isinstance(source, onnx.ModelProto):
+        model = source
+    else:
+        model = load_model(source).model
+    graph = gs.import_onnx(model)
+    if shapes:
+        apply_shapes(graph, shapes)
+    graph = _infer_shapes(graph)
+    if fold_constants:
+        graph.fold_constants(error_ok=True).cleanup()
+        graph = _infer_shapes(graph)
+    return graph.cleanup().toposort()
+
+
+def onnx_from_graph(graph: gs.Graph) -> onnx.ModelProto:
+    """Export a gs.Graph back to an ONNX ModelProto that ONNX Runtime and TensorRT accept."""
+    return with_supported_ir(gs.export_onnx(graph))
+
+
+def with_supported_ir(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Cap the IR version at one every supported runtime reads (new onnx releases write newer ones).
+
+    IR 10 carries every opset up to 22 (onnx/onnx docs/Versioning.md), so nothing is lost.
+    """
+    if model.ir_version > MAX_IR_VERSION:
+        model.ir_version = MAX_IR_VERSION
+    return model
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise ModelError(f"Model file {str(path)!r} does not exist.", fix="Check the path and try again.")
+    if path.is_dir():
+        raise ModelError(f"{str(path)!r} is a folder, not an ONNX model file.", fix="Pass the .onnx file itself.")
+    if path.stat().st_size == 0:
+        raise ModelError(f"Model file {str(path)!r} is empty (0 bytes).", fix="Re-export or re-copy the model.")
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelError(
+            f"{where} is not a readable ONNX model: the protobuf does not parse ({exc}). The file may be "
+            f"truncated (an interrupted download or copy) or not ONNX at all.",
+            fix="Re-export or re-download the model, and check its size against the original.",
+        ) from None
+    return model
+
+
+def _check_is_model(model: onnx.ModelProto, where: str) -> None:
+    if model.ir_version <= 0 or not model.opset_import or not model.graph.output:
+        raise ModelError(
+            f"{where} is not an ONNX model: it has no IR version, opset or graph outputs "
+            f"(ir_version={model.ir_version}, opsets={len(model.opset_import)}, outputs={len(model.graph.output)}).",
+            fix="Pass a model exported with torch.onnx.export, tf2onnx or another ONNX exporter.",
+        )
+    try:
+        if model.ByteSize() < PROTOBUF_LIMIT:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(
+            f"{where} is not a valid ONNX model: {first}",
+            fix="The file may be truncated or hand-edited; re-export it and run onnx.checker.check_model.",
+        ) from None
+
+
+def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
+    base = path.parent.resolve()
+    tensors = [t for t in onnx.external_data_helper._get_all_tensors(model) if t.HasField("data_location")]
+    external = [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    for tensor in external:
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        target = (base / location).resolve()
+        if not location or os.path.isabs(location) or not target.is_relative_to(base):
+            raise ModelError(
+                f"Tensor {tensor.name!r} in {str(path)!r} points to external data at {location!r}, which is "
+                f"outside the model's folder {str(base)!r}. trtopt refuses to read it (a crafted model could "
+                f"read any file this way).",
+                fix="Keep the weight files next to the .onnx file and refer to them by relative name.",
+            )
+        if not target.is_file():
+            raise ModelError(
+                f"Tensor {tensor.name!r} in {str(path)!r} keeps its weights in {location!r}, which is missing.",
+                fix=f"Copy {location!r} into {str(base)!r} next to the model.",
+            )
+    if external:
+        onnx.external_data_helper.load_external_data_for_model(model, str(base))
+
+
+def _default_opset(model: onnx.ModelProto, where: str) -> int:
+    versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
+    if not versions:
+        raise ModelError(f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17.")
+    opset = versions[0]
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise ModelError(
+            f"{where} uses ONNX opset {opset}; trtopt supports opsets {MIN_OPSET} to {MAX_OPSET}.",
+            fix=f"Re-export with an opset in that range (torch.onnx.export(..., opset_version=17)) or convert "
+            f"it: onnx.version_converter.convert_version(model, 17).",
+        )
+    return opset
+
+
+def _check_ops(model: onnx.ModelProto, where: str) -> None:
+    local_functions = {(f.domain, f.name) for f in model.functions}
+    for index, node in enumerate(model.graph.node):
+        if node.domain in KNOWN_EXTRA_DOMAINS or (node.domain, node.op_type) in local_functions:
+            continue
+        if node.domain in DEFAULT_DOMAINS and onnx.defs.has(node.op_type, ""):
+            continue
+        domain = node.domain or "ai.onnx"
+        raise ModelError(
+            f"{where}: node {node.name or f'#{index}'!r} uses op {node.op_type!r} from domain {domain!r}, which "
+            f"is not a standard ONNX op trtopt knows.",
+            fix="Export the model without custom ops (or with their ONNX-standard decomposition); custom "
+            "TensorRT plugins are not supported.",
+        )
+
+
+def _infer_shapes(graph: gs.Graph) -> gs.Graph:
+    model = gs.export_onnx(graph, do_type_check=False)
+    try:
+        if model.ByteSize() < PROTOBUF_LIMIT:
+            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        else:
+            inferred = _infer_shapes_on_disk(model)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+        raise ModelError(
+            f"ONNX shape inference failed: {str(exc).strip().splitlines()[0]}",
+            fix="The model's shapes or types are inconsistent; check the --shapes you passed and the export.",
+        ) from None
+    return gs.import_onnx(inferred)
+
+
+def _infer_shapes_on_disk(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference for models over protobuf's 2 GiB limit works on files, not messages."""
+    with tempfile.TemporaryDirectory(prefix="trtopt-shapes-") as tmp:
+        src, dst = Path(tmp, "in.onnx"), Path(tmp, "out.onnx")
+        onnx.save_model(model, src, save_as_external_data=True, location="in.data")
+        onnx.shape_inference.infer_shapes_path(str(src), str(dst))
+        inferred = onnx.load_model(dst, load_external_data=False)
+        onnx.external_data_helper.load_external_data_for_model(inferred, tmp)
+    return inferred

@@ -1,0 +1,80 @@
+"""Input shapes: parse `--shapes name:1x3x224x224`, apply them, and insist on concrete shapes where needed."""
+
+from __future__ import annotations
+
+import onnx_graphsurgeon as gs
+
+from trtopt.errors import ShapeError
+
+Shape = tuple[int, ...]
+
+
+def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
+    """Parse `["input:1x3x224x224", ...]` into `{"input": (1, 3, 224, 224)}`."""
+    shapes: dict[str, Shape] = {}
+    for spec in specs or ():
+        for item in spec.split(","):
+            name, sep, dims = item.strip().rpartition(":")
+            try:
+                shape = tuple(int(d) for d in dims.lower().split("x"))
+            except ValueError:
+                shape = ()
+            if not sep or not name or not shape or any(d <= 0 for d in shape):
+                raise ShapeError(
+                    f"Cannot read shape spec {item!r}.",
+                    fix="Write it as NAME:DxDxD with positive integers, e.g. --shapes input:1x3x224x224.",
+                )
+            shapes[name] = shape
+    return shapes
+
+
+def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
+    """Set the given graph inputs' shapes; every named input must exist and keep its rank."""
+    inputs = {t.name: t for t in graph.inputs}
+    for name, shape in shapes.items():
+        if name not in inputs:
+            raise ShapeError(
+                f"--shapes names input {name!r}, but the model has no such input.",
+                fix=f"Model inputs: {', '.join(inputs) or '(none)'}.",
+            )
+        tensor = inputs[name]
+        old = tensor.shape
+        if old is not None and len(old) != len(shape):
+            raise ShapeError(
+                f"--shapes gives input {name!r} rank {len(shape)} ({_fmt(shape)}), but the model's input has "
+                f"rank {len(old)} ({_fmt(old)}).",
+                fix="Give one size per dimension.",
+            )
+        for i, (want, have) in enumerate(zip(shape, old or shape)):
+            if isinstance(have, int) and have > 0 and have != want:
+                raise ShapeError(
+                    f"--shapes sets dimension {i} of input {name!r} to {want}, but the model fixes it at {have}.",
+                    fix=f"Only dynamic dimensions can be set; the model's shape is {_fmt(old)}.",
+                )
+        tensor.shape = list(shape)
+
+
+def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) -> None:
+    """Raise if any input dimension is unknown (the leading batch dimension may stay dynamic)."""
+    for tensor in graph.inputs:
+        dims = list(tensor.shape or [])
+        if tensor.shape is None:
+            raise ShapeError(
+                f"Input {tensor.name!r} has no shape in the model.",
+                fix=f"Pass it with --shapes {tensor.name}:1x3x224x224 (your real sizes).",
+            )
+        start = 1 if allow_dynamic_batch else 0
+        dynamic = [i for i, d in enumerate(dims) if i >= start and not (isinstance(d, int) and d > 0)]
+        if dynamic:
+            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in dims)
+            raise ShapeError(
+                f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {_fmt(dims)}); trtopt needs "
+                f"concrete sizes there to preprocess data and build the plan.",
+                fix=f"Pass them with --shapes {tensor.name}:{example.replace('?', 'N')}, "
+                f"e.g. --shapes {tensor.name}:1x3x224x224.",
+            )
+
+
+def _fmt(shape: object) -> str:
+    dims = list(shape) if shape is not None else []  # type: ignore[call-overload]
+    return "[" + ", ".join(str(d) for d in dims) + "]"
