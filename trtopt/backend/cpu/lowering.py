@@ -1,0 +1,114 @@
+"""Lower TensorRT-form Q/DQ (symmetric int8 activations) to the encoding ONNX Runtime runs fastest.
+
+Same thresholds, different encoding. ONNX Runtime's CPU kernels (MLAS) are u8s8: activations uint8,
+weights int8. With symmetric int8 activations its QDQ fusion leaves many convolutions in float; with
+uint8 activations every quantised Conv becomes a QLinearConv (measured in issue #5 of this project).
+- a tensor that cannot be negative (after Relu, ReLU6, Sigmoid, pooling of such) keeps the whole
+  threshold T in [0, 255]: scale T/255, zero point 0 — twice the resolution of the symmetric form;
+- any other tensor: scale T/127, zero point 128 — exactly the symmetric grid, shifted;
+- Conv/Gemm bias becomes int32 with scale s_x * s_w (what QLinearConv consumes directly).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+# Ops whose output is non-negative whatever their input.
+NON_NEGATIVE_OPS = {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp", "Softplus"}
+# Ops whose output is non-negative when their (first) input is; Q/DQ themselves included.
+SIGN_PRESERVING_OPS = {
+    "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose",
+    "Squeeze", "Unsqueeze", "Identity", "Resize", "Upsample", "Split", "Slice", "Concat", "DequantizeLinear",
+    "QuantizeLinear", "DepthToSpace", "SpaceToDepth", "Gather", "Tile", "Expand", "ReduceMax", "ReduceMean",
+}
+
+
+def lower_for_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(model)
+    graph = lowered.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    non_negative = _non_negative_tensors(graph, producers, inits)
+    lowered_outputs = set()
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear" and _is_activation_pair(node, inits):
+            _to_uint8(inits, node, nonneg=node.input[0] in non_negative)
+            lowered_outputs.add(node.output[0])
+    for info in graph.value_info:
+        if info.name in lowered_outputs:
+            info.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    _quantize_biases(graph, inits, producers)
+    return lowered
+
+
+def _is_activation_pair(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    zp = inits.get(node.input[2]) if len(node.input) > 2 else None
+    return zp is not None and zp.data_type == onnx.TensorProto.INT8 and not zp.dims
+
+
+def _to_uint8(inits: dict[str, onnx.TensorProto], q: onnx.NodeProto, *, nonneg: bool) -> None:
+    """Rewrite the pair's shared scale and zero point (the DQ of the pair reads the same constants)."""
+    scale = float(numpy_helper.to_array(inits[q.input[1]]))
+    if nonneg:
+        scale *= 127.0 / 255.0
+    inits[q.input[1]].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), q.input[1]))
+    zero = np.array(0 if nonneg else 128, np.uint8)
+    inits[q.input[2]].CopyFrom(numpy_helper.from_array(zero, q.input[2]))
+
+
+def _non_negative_tensors(
+    graph: onnx.GraphProto, producers: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
+) -> set[str]:
+    result: set[str] = set()
+    for node in graph.node:  # topological order: inputs are decided before outputs
+        if node.op_type in NON_NEGATIVE_OPS or (node.op_type == "Clip" and _clip_min(node, inits) >= 0):
+            result.update(node.output)
+        elif node.op_type in SIGN_PRESERVING_OPS:
+            data = [i for i in node.input[:1] if i] if node.op_type != "Concat" else [i for i in node.input if i]
+            if data and all(i in result for i in data):
+                result.update(node.output)
+    return result
+
+
+def _clip_min(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> float:
+    for attr in node.attribute:
+        if attr.name == "min":
+            return float(attr.f)
+    if len(node.input) > 1 and node.input[1] in inits:
+        return float(numpy_helper.to_array(inits[node.input[1]]))
+    return -np.inf
+
+
+def _quantize_biases(
+    graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], producers: dict[str, onnx.NodeProto]
+) -> None:
+    new_nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type not in ("Conv", "Gemm") or len(node.input) < 3 or node.input[2] not in inits:
+            continue
+        act, weight = producers.get(node.input[0]), producers.get(node.input[1])
+        if not (act and weight and act.op_type == weight.op_type == "DequantizeLinear"):
+            continue
+        if node.op_type == "Gemm" and inits[node.input[2]].dims and len(inits[node.input[2]].dims) != 1:
+            continue
+        s_x = float(numpy_helper.to_array(inits[act.input[1]]))
+        s_w = numpy_helper.to_array(inits[weight.input[1]]).astype(np.float64)
+        bias = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64)
+        scale = (s_x * s_w * np.ones_like(bias)).astype(np.float32)
+        q = np.clip(np.rint(bias / scale), -(2**31), 2**31 - 1).astype(np.int32)
+        name = node.input[2]
+        names = (f"{name}/int32", f"{name}/int32/scale", f"{name}/int32/zero_point")
+        for tensor_name, value in zip(names, (q, scale, np.zeros_like(q))):
+            graph.initializer.append(numpy_helper.from_array(value, tensor_name))
+        restored = f"{name}/int32/dequantized/{node.name}"
+        new_nodes.append(
+            onnx.helper.make_node("DequantizeLinear", list(names), [restored], name=f"{restored}/DQ", axis=0)
+        )
+        node.input[2] = restored
+    # The new DQ nodes read only initializers, so putting them first keeps the graph sorted.
+    existing = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(new_nodes + existing)

@@ -1,0 +1,249 @@
+"""The whole build in one short function: load -> optimise -> calibrate -> quantise -> build -> plan.
+
+    graph = graph_from_onnx(path)              # frontend
+    optimized = optimize(graph, passes)        # passes
+    amax = calibrate(graph, data, tensors)     # calib (or a cache)
+    insert_qdq(graph, plan, amax)              # quant
+    sections = build_sections(backend, model)  # backend
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt import __version__
+from trtopt.backend import BuildOptions, Profile, build_sections, select_backend
+from trtopt.errors import TrtoptError
+from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
+from trtopt.frontend.shapes import Shape
+from trtopt.plan import Plan, TensorSpec
+from trtopt.quant import QdqReport, QuantConfig, insert_qdq, plan_quantization
+
+log = logging.getLogger(__name__)
+# Per-axis QuantizeLinear/DequantizeLinear (per-channel weights) exist from opset 13.
+MIN_QDQ_OPSET = 13
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything `trtopt build` can be told. None means default."""
+
+    backend: str = "auto"
+    int8: bool = True
+    calib: str | list[str] | None = None
+    calib_cache: Path | None = None
+    save_cache: Path | None = None
+    calib_count: int | None = None
+    calib_batch: int = 8
+    calib_method: str = "entropy"
+    preset: str | None = None
+    shapes: dict[str, Shape] | None = None
+    batch: int = 1
+    passes: tuple[str, ...] | None = None
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    fp16: bool = False
+    labels: list[str] | None = None
+    workspace_mib: int | None = None
+    timing_cache: Path | None = None
+    optimization_level: int | None = None
+    sparsity: bool = False
+    threads: int | None = None
+
+
+@dataclass
+class BuildResult:
+    plan: Plan
+    backend_reason: str
+    stage_seconds: dict[str, float]
+    qdq: QdqReport | None
+    optimizer: Any
+    calibration: Any
+    kernels: Any = None
+
+
+ProgressHook = Callable[[int, int], None]
+
+
+def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
+    """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
+    from trtopt.passes import optimize
+
+    if config.int8 and not (config.calib or config.calib_cache):
+        raise TrtoptError(
+            "--int8 needs calibration data or a calibration cache.",
+            fix="Add --calib DIR (a folder of representative images) or --calib-cache FILE.",
+        )
+    times: dict[str, float] = {}
+    with _timed(times, "load"):
+        graph = _load(Path(model_path), config)
+    with _timed(times, "optimize"):
+        optimized = optimize(graph, config.passes)
+        graph = optimized.graph
+    backend, reason = select_backend(config.backend)
+    spec = _preprocess_spec(Path(model_path), graph, config)
+    calibration = qdq = None
+    if config.int8:
+        qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=backend == "cpu"))
+        with _timed(times, "calibrate"):
+            calibration = _calibrate(graph, config, spec, progress)
+        with _timed(times, "quantize"):
+            qdq = insert_qdq(graph, qplan, calibration.amax)
+    model = onnx_from_graph(graph)
+    if config.fp16:
+        from trtopt.precision.fp16 import convert_to_fp16
+
+        model = convert_to_fp16(model)
+    with _timed(times, "build"):
+        sections, versions = build_sections(backend, model, _build_options(graph, config))
+    plan = Plan(
+        backend=backend,
+        inputs=_specs(graph.inputs),
+        outputs=_specs(graph.outputs),
+        sections=sections,
+        metadata=_metadata(Path(model_path), config, spec, optimized, calibration, qdq, _labels(graph, config)),
+        versions={"trtopt": __version__, **versions},
+    )
+    kernels = None
+    if backend == "cpu" and config.int8:
+        from trtopt.backend.cpu.builder import kernel_report
+
+        kernels = kernel_report(sections["onnx"])
+    return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels)
+
+
+def _load(path: Path, config: BuildConfig) -> gs.Graph:
+    loaded = load_model(path)
+    model = loaded.model
+    if config.int8 and loaded.opset < MIN_QDQ_OPSET:
+        log.info("converting opset %d to %d for per-channel Q/DQ", loaded.opset, MIN_QDQ_OPSET)
+        model = onnx.version_converter.convert_version(model, MIN_QDQ_OPSET)
+    graph = graph_from_onnx(model, shapes=config.shapes)
+    require_static_shapes(graph)
+    return graph
+
+
+def _calibrate(graph: gs.Graph, config: BuildConfig, spec: Any, progress: ProgressHook | None) -> Any:
+    from trtopt.calib import CalibConfig, calibrate, check_cache_matches, load_cache, save_cache
+
+    # Calibrate what any backend may quantise, so one cache serves CPU and TensorRT builds alike.
+    tensors = plan_quantization(graph, replace(config.quant, quantize_outputs=True)).activation_tensors
+    model = onnx_from_graph(graph)
+    if config.calib_cache:
+        calibration = load_cache(config.calib_cache)
+        check_cache_matches(calibration, tensors, model=model)
+        return calibration
+    dataset = _dataset(graph, config.calib or "", spec, config.calib_count)
+    calibration = calibrate(
+        model,
+        lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
+        tensors,
+        CalibConfig(method=config.calib_method),
+        progress=progress,
+        total=len(dataset),
+        description=f"{len(dataset)} samples from {config.calib}",
+    )
+    if config.save_cache:
+        save_cache(config.save_cache, calibration)
+    return calibration
+
+
+def _dataset(graph: gs.Graph, source: str | list[str], spec: Any, count: int | None) -> Any:
+    from trtopt.data import load_dataset
+
+    return load_dataset(source, input_infos(graph), spec, count=count)
+
+
+def input_infos(graph: gs.Graph) -> list[Any]:
+    from trtopt.data import input_infos_from_graph
+
+    return list(input_infos_from_graph(graph))
+
+
+def _preprocess_spec(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
+    """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet."""
+    from trtopt.data import PreprocessSpec, spec_for_input
+
+    image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
+    if len(graph.inputs) != 1 or not image_inputs:
+        return None
+    tensor = image_inputs[0]
+    sidecar = model_path.with_suffix(".json")
+    if config.preset is None and sidecar.is_file():
+        described = json.loads(sidecar.read_text()).get("preprocess")
+        if described:
+            return PreprocessSpec.from_dict(described)
+    return spec_for_input(tuple(tensor.shape), tensor.dtype, preset=config.preset)
+
+
+def _labels(graph: gs.Graph, config: BuildConfig) -> list[str] | None:
+    from trtopt.classify import default_labels
+
+    if config.labels:
+        return config.labels
+    shape = graph.outputs[0].shape if graph.outputs else None
+    return default_labels(int(shape[-1])) if shape and isinstance(shape[-1], int) else None
+
+
+def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
+    return tuple(
+        TensorSpec(
+            t.name,
+            tuple(d if isinstance(d, int) and d > 0 else -1 for d in (t.shape or [])),
+            str(onnx.helper.tensor_dtype_to_np_dtype(onnx.helper.np_dtype_to_tensor_dtype(t.dtype))),
+        )
+        for t in tensors
+    )
+
+
+def _build_options(graph: gs.Graph, config: BuildConfig) -> BuildOptions:
+    profiles = {}
+    for t in graph.inputs:
+        dims = list(t.shape or [])
+        if dims and not (isinstance(dims[0], int) and dims[0] > 0):
+            rest = tuple(int(d) for d in dims[1:])
+            profiles[t.name] = Profile((1, *rest), (config.batch, *rest), (config.batch, *rest))
+    return BuildOptions(
+        profiles=profiles or None,
+        workspace_mib=config.workspace_mib,
+        timing_cache=config.timing_cache,
+        optimization_level=config.optimization_level,
+        sparsity=config.sparsity,
+        fp16=config.fp16,
+        threads=config.threads,
+    )
+
+
+def _metadata(
+    model_path: Path, config: BuildConfig, spec: Any, optimized: Any, calibration: Any, qdq: QdqReport | None,
+    labels: list[str] | None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "source_model": model_path.name,
+        "preprocess": spec.to_dict() if spec is not None else None,
+        "labels": labels,
+        "precision": ("int8" if config.int8 else "fp32") + ("+fp16" if config.fp16 else ""),
+        "optimizer": optimized.summary() if hasattr(optimized, "summary") else None,
+    }
+    if calibration is not None and qdq is not None:
+        meta["calibration"] = {"method": calibration.method, "samples": calibration.num_samples}
+        meta["thresholds"] = qdq.thresholds
+        meta["int8_layers"] = list(qdq.quantized_layers)
+        meta["float_layers"] = qdq.float_layers
+    return meta
+
+
+@contextmanager
+def _timed(times: dict[str, float], stage: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    times[stage] = time.perf_counter() - start

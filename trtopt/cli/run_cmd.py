@@ -1,0 +1,72 @@
+"""Run a plan on images (or .npy/.npz tensors) and print the top-5 classes per image.
+
+Each image is preprocessed exactly as the plan says (resize, crop, mean/std, layout stored at build
+time), batched, and run; the closing line gives the throughput. ImageNet classifiers get ImageNet class
+names.
+
+examples:
+  trtopt run plan.engine images/
+  trtopt run plan.engine cat.jpg dog.jpg --top 3
+  trtopt run plan.engine images/ --batch 16 --json > predictions.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("plan", help="plan file written by `trtopt build`")
+    parser.add_argument("inputs", nargs="+", help="image files or folders, or .npy/.npz tensor files")
+    parser.add_argument("--batch", type=int, default=8, help="images per inference call (default 8)")
+    parser.add_argument("--top", type=int, default=5, help="how many classes to show per image (default 5)")
+    parser.add_argument("--count", type=int, default=None, help="use only the first N inputs")
+    parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: all cores)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtopt.classify import top_k
+    from trtopt.cli.console import err, out, print_json
+    from trtopt.cli.datasets import dataset_for_plan
+    from trtopt.engine import Engine
+    from trtopt.errors import TrtoptError
+
+    if args.batch < 1 or args.top < 1:
+        raise TrtoptError("--batch and --top must be at least 1.")
+    engine = Engine.load(args.plan, threads=args.threads)
+    dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count)
+    output = engine.outputs[0].name
+    results = []
+    started = time.perf_counter()
+    compute = 0.0
+    for batch in dataset.batches(args.batch):
+        t0 = time.perf_counter()
+        scores = engine.infer(batch.feeds)[output]
+        compute += time.perf_counter() - t0
+        for source, preds in zip(batch.sources, top_k(scores, args.top, engine.labels)):
+            results.append({"input": source, "top": [p.__dict__ for p in preds]})
+            if not args.json:
+                shown = ", ".join(f"{p.label} ({p.probability:.1%})" for p in preds)
+                out.print(f"[bold]{source}[/]: {shown}", markup=True, soft_wrap=True)
+    elapsed = time.perf_counter() - started
+    n = len(results)
+    summary = {
+        "images": n,
+        "skipped": [{"path": s.path, "reason": s.reason} for s in dataset.skipped],
+        "backend": engine.backend,
+        "seconds": elapsed,
+        "images_per_second": n / compute if compute else 0.0,
+        "end_to_end_images_per_second": n / elapsed if elapsed else 0.0,
+    }
+    if args.json:
+        print_json({"predictions": results, "summary": summary})
+    else:
+        for s in dataset.skipped:
+            err.print(f"[yellow]skipped[/] {s.path}: {s.reason}", markup=True)
+        err.print(
+            f"{n} images on {engine.backend} in {elapsed:.2f} s: {summary['images_per_second']:.1f} img/s inference, "
+            f"{summary['end_to_end_images_per_second']:.1f} img/s with preprocessing (batch {args.batch})."
+        )
+    return 0

@@ -1,0 +1,139 @@
+"""The runtime API: load a plan once, call it many times, from many threads.
+
+    engine = trtopt.Engine.load("plan.engine")
+    logits = engine(engine.preprocess(["cat.jpg"]))
+
+`Engine` validates inputs (names, shapes, dtypes) once, here, then hands them to the backend's runner,
+which was created once with its session and buffers. Thread safety: one Engine may be shared by all
+threads of a service. The CPU runner shares one ONNX Runtime session (whose `run` is thread-safe);
+the TensorRT runner keeps one execution context, stream and buffer set per thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtopt.backend import RunOptions, Runner, create_runner
+from trtopt.errors import ShapeError
+from trtopt.plan import Plan, TensorSpec, read_plan
+
+
+class Engine:
+    """A deserialised plan ready to run."""
+
+    def __init__(self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0) -> None:
+        self.plan = plan
+        self._runner: Runner = create_runner(plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device))
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, threads: int | None = None, cuda_graph: bool = False, device: int = 0
+    ) -> Engine:
+        """Read, verify and deserialise a plan file (see `trtopt.plan.format` for what is checked)."""
+        return cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device)
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.plan.inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self.plan.outputs
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.plan.labels
+
+    def __call__(self, inputs: Any) -> Any:
+        """`engine(array)` for a single-input plan returns the single output (or a dict if several);
+        `engine({name: array})` is `engine.infer(...)`."""
+        if isinstance(inputs, Mapping):
+            return self.infer(inputs)
+        if len(self.inputs) != 1:
+            names = [t.name for t in self.inputs]
+            raise ShapeError(
+                f"This plan takes {len(names)} inputs {names}; a single array is ambiguous.",
+                fix="Pass a dict: engine({name: array, ...}).",
+            )
+        outputs = self.infer({self.inputs[0].name: inputs})
+        return next(iter(outputs.values())) if len(outputs) == 1 else outputs
+
+    def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run once. Arrays may be numpy, or device arrays (`__cuda_array_interface__` / DLPack) for
+        the TensorRT backend. Returns numpy arrays keyed by output name."""
+        self._validate(feeds)
+        return self._runner.infer(feeds)
+
+    def preprocess(self, images: Sequence[Any]) -> np.ndarray:
+        """Apply the plan's stored preprocessing to images (paths, PIL images or HWC uint8 arrays)."""
+        from trtopt.data import PreprocessSpec, preprocess_images
+
+        if not self.plan.preprocess:
+            raise ShapeError(
+                "This plan stores no preprocessing (it was built from tensors, not images).",
+                fix="Preprocess the data yourself and call engine(array).",
+            )
+        return preprocess_images(images, PreprocessSpec.from_dict(self.plan.preprocess))
+
+    def close(self) -> None:
+        self._runner.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _validate(self, feeds: Mapping[str, Any]) -> None:
+        expected = {t.name: t for t in self.inputs}
+        unknown = sorted(set(feeds) - set(expected))
+        missing = sorted(set(expected) - set(feeds))
+        if unknown or missing:
+            raise ShapeError(
+                f"Input names do not match the plan: missing {missing}, unknown {unknown}.",
+                fix=f"The plan takes {sorted(expected)}.",
+            )
+        for name, spec in expected.items():
+            shape, dtype = _shape_and_dtype(feeds[name])
+            if dtype != spec.dtype:
+                raise ShapeError(
+                    f"Input {name!r} has dtype {dtype}; the plan expects {spec.dtype}.",
+                    fix=f"Convert it first, e.g. array.astype(np.{spec.dtype}).",
+                )
+            if len(shape) != len(spec.shape) or any(e not in (-1, s) for e, s in zip(spec.shape, shape)):
+                raise ShapeError(
+                    f"Input {name!r} has shape {list(shape)}; the plan expects {_fmt(spec.shape)} "
+                    f"(-1 = any size).",
+                    fix="Resize or batch the data to match; `trtopt inspect` on the source model shows its shapes.",
+                )
+
+
+def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
+    interface = getattr(value, "__cuda_array_interface__", None)
+    if interface is not None:
+        return tuple(interface["shape"]), np.dtype(interface["typestr"]).name
+    if isinstance(value, np.ndarray):
+        return value.shape, value.dtype.name
+    if hasattr(value, "__dlpack__") and hasattr(value, "shape"):
+        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+        return tuple(value.shape), dtype
+    array = np.asarray(value)
+    return array.shape, array.dtype.name
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def load(path: str | os.PathLike[str] | Path, **kwargs: Any) -> Engine:
+    """Shorthand for `Engine.load`."""
+    return Engine.load(path, **kwargs)

@@ -1,0 +1,12 @@
+"""INT8 quantisation: decide where Q/DQ go (placement), insert them (qdq), lower them per backend.
+
+Handlers in `rules.py` only *mark* which inputs of which nodes are quantised; `placement.py` turns the
+marks into a `QuantPlan`; one place, `qdq.py`, inserts the nodes (the split ONNX Runtime's quantiser
+uses, STYLE.md).
+"""
+
+from trtopt.quant.config import QuantConfig
+from trtopt.quant.placement import QuantPlan, QuantSite, plan_quantization
+from trtopt.quant.qdq import QdqReport, insert_qdq
+
+__all__ = ["QdqReport", "QuantConfig", "QuantPlan", "QuantSite", "insert_qdq", "plan_quantization"]

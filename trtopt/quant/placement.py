@@ -1,0 +1,148 @@
+"""Placement: decide every Q/DQ site from the graph, the fusion groups and the config, without editing.
+
+Rules (TensorRT explicit quantization, as summarised in DESIGN.md "Where Q/DQ go"):
+- the inputs of Conv / ConvTranspose / Gemm / MatMul are quantised (activation per tensor, weight per
+  output channel); outputs are not, so nothing lands inside a fused Conv+bias+activation group;
+- the identity branch of a fused residual Add is quantised (the conv branch fuses into the epilogue);
+- a Concat whose output is quantised gets its inputs quantised with the *same* threshold as its output,
+  so TensorRT can write the producers straight into the output (concat elimination in INT8);
+- graph outputs and every other op stay float; each consumer gets its own Q/DQ pair;
+- for ONNX Runtime only (`quantize_outputs`), each quantised layer's output edges are quantised too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx_graphsurgeon as gs
+
+from trtopt.quant.config import QuantConfig
+from trtopt.quant.rules import RULES, Mark, input_channels, output_channels
+
+
+@dataclass(frozen=True)
+class QuantSite:
+    """One Q/DQ pair to insert: on input `index` of node `consumer`, reading `tensor`."""
+
+    tensor: str
+    consumer: str
+    index: int
+    kind: str  # "activation" | "weight"
+    role: str  # "input" | "weight" | "residual" | "concat"
+    axis: int = 0
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    sites: tuple[QuantSite, ...]
+    shared: tuple[tuple[str, ...], ...]  # tensors that must share one threshold (Concat groups)
+    quantized_layers: tuple[str, ...]
+    float_layers: dict[str, str] = field(default_factory=dict)  # node name -> why it stays float
+
+    @property
+    def activation_tensors(self) -> list[str]:
+        """Tensors the calibrator must measure, in a stable order."""
+        names = [s.tensor for s in self.sites if s.kind == "activation"]
+        names += [t for group in self.shared for t in group]
+        return list(dict.fromkeys(names))
+
+
+def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> QuantPlan:
+    config = config or QuantConfig()
+    layers, float_layers = _eligible_layers(graph, config)
+    sites: list[QuantSite] = []
+    for node in layers:
+        for mark in RULES.get(node.op)(node):
+            sites.append(_site(node, mark))
+    quantized = {n.name for n in layers}
+    sites += _residual_sites(graph, quantized) if config.quantize_residual else []
+    sites += _output_sites(graph, layers, sites) if config.quantize_outputs else []
+    concat_sites, shared = _concat_sites(graph, {s.tensor for s in sites if s.kind == "activation"}, config)
+    sites += concat_sites
+    return QuantPlan(
+        sites=tuple(sites),
+        shared=tuple(shared),
+        quantized_layers=tuple(n.name for n in layers),
+        float_layers=float_layers,
+    )
+
+
+def _site(node: gs.Node, mark: Mark) -> QuantSite:
+    role = "weight" if mark.kind == "weight" else "input"
+    return QuantSite(node.inputs[mark.index].name, node.name, mark.index, mark.kind, role, mark.axis)
+
+
+def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node], dict[str, str]]:
+    excluded = set(config.exclude)
+    layers: list[gs.Node] = []
+    float_layers: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.op not in RULES:
+            continue
+        if node.name in excluded or node.op in excluded:
+            float_layers[node.name] = "excluded by --exclude"
+        elif not RULES.get(node.op)(node):
+            float_layers[node.name] = f"{node.op} form without an INT8 kernel"
+        elif _is_tiny(node, config.min_channels):
+            float_layers[node.name] = f"fewer than {config.min_channels} channels"
+        else:
+            layers.append(node)
+    if config.keep_first_last and layers:
+        for node in {layers[0].name: layers[0], layers[-1].name: layers[-1]}.values():
+            float_layers[node.name] = "first/last layer kept in float"
+            layers.remove(node)
+    return layers, float_layers
+
+
+def _is_tiny(node: gs.Node, min_channels: int) -> bool:
+    sizes = [c for c in (input_channels(node), output_channels(node)) if c is not None]
+    return any(c < min_channels for c in sizes)
+
+
+def _residual_sites(graph: gs.Graph, quantized: set[str]) -> list[QuantSite]:
+    from trtopt.passes import find_fusion_groups
+
+    nodes = {n.name: n for n in graph.nodes}
+    sites = []
+    for group in find_fusion_groups(graph):
+        if group.residual is None or group.nodes[0] not in quantized:
+            continue
+        add = next(nodes[name] for name in group.nodes if nodes[name].op == "Add")
+        index = next(i for i, t in enumerate(add.inputs) if t.name == group.residual)
+        sites.append(QuantSite(group.residual, add.name, index, "activation", "residual"))
+    return sites
+
+
+def _output_sites(graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite]) -> list[QuantSite]:
+    from trtopt.passes import find_fusion_groups
+
+    group_output = {g.nodes[0]: g.output for g in find_fusion_groups(graph)}
+    tensors = graph.tensors()
+    taken = {(s.tensor, s.consumer, s.index) for s in sites}
+    added = []
+    for layer in layers:
+        out = tensors.get(group_output.get(layer.name, layer.outputs[0].name))
+        for consumer in out.outputs if out is not None else []:
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is out and (out.name, consumer.name, index) not in taken:
+                    added.append(QuantSite(out.name, consumer.name, index, "activation", "output"))
+                    taken.add((out.name, consumer.name, index))
+    return added
+
+
+def _concat_sites(
+    graph: gs.Graph, quantized_tensors: set[str], config: QuantConfig
+) -> tuple[list[QuantSite], list[tuple[str, ...]]]:
+    excluded = set(config.exclude)
+    sites, shared = [], []
+    for node in graph.nodes:
+        if node.op != "Concat" or node.outputs[0].name not in quantized_tensors:
+            continue
+        if node.name in excluded or "Concat" in excluded:
+            continue
+        inputs = [t for t in node.inputs if isinstance(t, gs.Variable)]
+        if len(inputs) != len(node.inputs):
+            continue  # constant inputs: leave this Concat float
+        shared.append((node.outputs[0].name, *dict.fromkeys(t.name for t in inputs)))
+        sites += [QuantSite(t.name, node.name, i, "activation", "concat") for i, t in enumerate(node.inputs)]
+    return sites, shared

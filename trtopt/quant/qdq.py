@@ -1,0 +1,127 @@
+"""Insert QuantizeLinear/DequantizeLinear pairs for a `QuantPlan` in TensorRT's symmetric form.
+
+Activations: Q(scale=T/127, zero point int8 0) -> DQ, one pair per consumer edge. Weights: stored as
+INT8 constants with per-output-channel scale max|w|/127, followed by a DequantizeLinear (TensorRT
+and ONNX Runtime both accept pre-quantised weights with a DQ-only chain). Bias stays float: TensorRT
+fuses it into the INT8 convolution itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trtopt.errors import CalibrationError
+from trtopt.quant.placement import QuantPlan, QuantSite
+
+QMAX = 127.0
+# A tensor that was all zeros during calibration still needs a positive scale.
+MIN_AMAX = 1e-8
+
+
+@dataclass(frozen=True)
+class QdqReport:
+    activation_pairs: int
+    weight_dequantizers: int
+    quantized_layers: tuple[str, ...]
+    float_layers: dict[str, str]
+    thresholds: dict[str, float]
+
+
+def shared_thresholds(amax: Mapping[str, float], shared: tuple[tuple[str, ...], ...]) -> dict[str, float]:
+    """Give every tensor of a shared group (merged where groups overlap) the group's largest threshold."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for group in shared:
+        for name in group[1:]:
+            parent[find(name)] = find(group[0])
+    result = dict(amax)
+    roots: dict[str, float] = {}
+    for name in parent:
+        if name in amax:
+            roots[find(name)] = max(roots.get(find(name), 0.0), float(amax[name]))
+    for name in parent:
+        if find(name) in roots:
+            result[name] = roots[find(name)]
+    return result
+
+
+def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> QdqReport:
+    """Edit `graph` in place; `amax` maps each activation tensor to its calibrated threshold T."""
+    missing = [t for t in plan.activation_tensors if t not in amax]
+    if missing:
+        raise CalibrationError(
+            f"No calibrated threshold for {len(missing)} tensor(s) the plan quantises: {missing[:8]}"
+            f"{' ...' if len(missing) > 8 else ''}.",
+            fix="Recalibrate this model (the cache was made for another graph or other options).",
+        )
+    thresholds = shared_thresholds(amax, plan.shared)
+    nodes = {n.name: n for n in graph.nodes}
+    weights: dict[tuple[str, int], gs.Variable] = {}
+    n_act = n_weight = 0
+    for site in plan.sites:
+        consumer = nodes[site.consumer]
+        if site.kind == "weight":
+            key = (site.tensor, site.axis)
+            if key not in weights:
+                weights[key] = _dequantized_weight(graph, consumer.inputs[site.index], site.axis)
+                n_weight += 1
+            consumer.inputs[site.index] = weights[key]
+        else:
+            consumer.inputs[site.index] = _qdq_pair(graph, consumer.inputs[site.index], site, thresholds[site.tensor])
+            n_act += 1
+    graph.cleanup().toposort()
+    return QdqReport(
+        activation_pairs=n_act,
+        weight_dequantizers=n_weight,
+        quantized_layers=plan.quantized_layers,
+        float_layers=dict(plan.float_layers),
+        thresholds={t: thresholds[t] for t in plan.activation_tensors},
+    )
+
+
+def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: float) -> gs.Variable:
+    base = f"{site.tensor}/{site.consumer}.{site.index}"
+    scale = gs.Constant(f"{base}/scale", np.array(max(threshold, MIN_AMAX) / QMAX, dtype=np.float32))
+    zero = gs.Constant(f"{base}/zero_point", np.array(0, dtype=np.int8))
+    quantized = gs.Variable(f"{base}/quantized", dtype=np.int8, shape=tensor.shape)
+    restored = gs.Variable(f"{base}/dequantized", dtype=np.float32, shape=tensor.shape)
+    graph.nodes.append(gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized]))
+    graph.nodes.append(gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored]))
+    return restored
+
+
+def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-channel INT8: returns (int8 values, float32 scale per channel along `axis`)."""
+    axis = axis % values.ndim
+    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
+    amax = np.abs(values).max(axis=reduce_axes) if reduce_axes else np.abs(values)
+    scale = (np.maximum(amax, MIN_AMAX) / QMAX).astype(np.float32)
+    shape = [1] * values.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(values / scale.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    return q, scale
+
+
+def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int) -> gs.Variable:
+    values = np.asarray(weight.values, dtype=np.float32)
+    axis = axis % values.ndim
+    q, scale = quantize_weight(values, axis)
+    base = f"{weight.name}/int8"
+    inputs = [
+        gs.Constant(base, q),
+        gs.Constant(f"{base}/scale", scale),
+        gs.Constant(f"{base}/zero_point", np.zeros_like(scale, dtype=np.int8)),
+    ]
+    restored = gs.Variable(f"{weight.name}/dequantized", dtype=np.float32, shape=list(values.shape))
+    graph.nodes.append(gs.Node("DequantizeLinear", f"{base}/DQ", attrs={"axis": axis}, inputs=inputs, outputs=[restored]))
+    return restored
