@@ -1,0 +1,207 @@
+"""`.npy` / `.npz` sample files: check their headers against the model inputs cheaply, load them later.
+
+Batch rules, per array: rank equal to the input's rank means a batch ``[N, ...]``; one less means a single
+sample. Static dimensions must match; dynamic ones accept any size. A `.npy` holds one array and so feeds
+a single-input model; a `.npz` holds one array per input, named by input name (a single-input model also
+accepts an `.npz` with exactly one array, whatever its name).
+
+Dtypes must be of the same kind as the input's: floats are cast between widths (float64 data for a float32
+input is common and harmless); integers are cast when every value fits; anything else is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtopt.data.images import UnreadableFileError
+from trtopt.data.inputs import InputInfo, format_shape
+from trtopt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+ARRAY_EXTENSIONS = (".npy", ".npz")
+_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError)
+
+
+@dataclass(frozen=True)
+class ArrayFile:
+    """A validated array file: which key feeds which input, how many samples, batched or one sample."""
+
+    path: Path
+    keys: tuple[tuple[str, str, bool], ...]  # (input name, key in the file or "" for .npy, batched?)
+    samples: int
+
+    @property
+    def batched(self) -> bool:
+        """True when the file holds a batch (so its samples are named `path[i]`), not one sample."""
+        return any(batched for _, _, batched in self.keys)
+
+
+def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
+    """Read the headers of `path` and check them against `inputs`.
+
+    Raises `UnreadableFileError` for files that cannot be read (the data set skips those) and `DataError`
+    for data that does not fit the model (a mistake the user must fix).
+    """
+    headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
+    keys = _match_keys(path, headers, inputs)
+    batched = [_is_batched(path, key, headers[key][0], info) for info, key in zip(inputs, keys, strict=True)]
+    counts = {headers[key][0][0] if b else 1 for key, b in zip(keys, batched, strict=True)}
+    if len(counts) > 1:
+        found = {key: list(headers[key][0]) for key in keys}
+        raise DataError(
+            f"{path}: the arrays hold different numbers of samples (shapes {found}).",
+            fix="Give every input the same batch size (or store single samples without a batch dimension).",
+        )
+    samples = counts.pop()
+    if samples == 0:
+        raise UnreadableFileError(f"Cannot use {path}: its arrays hold no samples (batch dimension 0).")
+    for info, key in zip(inputs, keys, strict=True):
+        _check_dtype(path, key, headers[key][1], info)
+    keyed = tuple((i.name, k, b) for i, k, b in zip(inputs, keys, batched, strict=True))
+    return ArrayFile(path, keyed, samples)
+
+
+def load_arrays(item: ArrayFile, inputs: Sequence[InputInfo]) -> dict[str, np.ndarray]:
+    """Arrays per input name, each with a leading sample dimension and the input's dtype."""
+    dtypes = {info.name: info.dtype for info in inputs}
+    try:
+        if item.path.suffix.lower() == ".npz":
+            with np.load(item.path, allow_pickle=False) as archive:
+                raw = {name: archive[key] for name, key, _ in item.keys}
+        else:
+            raw = {item.keys[0][0]: np.load(item.path, mmap_mode="r", allow_pickle=False)}
+    except _READ_ERRORS as exc:
+        raise UnreadableFileError(f"Cannot read {item.path}: {_why(exc)}.") from exc
+    out = {}
+    for name, _, batched in item.keys:
+        array = raw[name] if batched else raw[name][None]
+        out[name] = _cast(item.path, name, array, dtypes[name])
+    return out
+
+
+Header = tuple[tuple[int, ...], np.dtype[Any]]
+
+
+def _npy_header(path: Path) -> Header:
+    try:
+        with open(path, "rb") as f:
+            shape, dtype = _read_header(f)
+            expected = f.tell() + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if path.stat().st_size < expected:
+            raise ValueError(f"the file is truncated ({path.stat().st_size} of {expected} bytes)")
+    except _READ_ERRORS as exc:
+        raise UnreadableFileError(f"Cannot read {path}: {_why(exc)}.") from exc
+    return shape, dtype
+
+
+def _npz_headers(path: Path) -> dict[str, Header]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            headers = {}
+            for member in archive.namelist():
+                if member.endswith(".npy"):
+                    with archive.open(member) as f:
+                        headers[member[: -len(".npy")]] = _read_header(f)
+    except _READ_ERRORS as exc:
+        raise UnreadableFileError(f"Cannot read {path}: {_why(exc)}.") from exc
+    if not headers:
+        raise UnreadableFileError(f"Cannot read {path}: the .npz archive holds no arrays.")
+    return headers
+
+
+def _read_header(f: Any) -> Header:
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+    if dtype.hasobject:
+        raise ValueError("it stores Python objects (pickles), which trtopt does not load")
+    return tuple(shape), dtype
+
+
+def _match_keys(path: Path, headers: dict[str, Header], inputs: Sequence[InputInfo]) -> list[str]:
+    names = [info.name for info in inputs]
+    if "" in headers and len(inputs) > 1:
+        raise DataError(
+            f"{path} is a .npy file (one array), but the model has {len(inputs)} inputs "
+            f"({', '.join(names)}).",
+            fix=f"Save the samples as .npz with one array per input: np.savez(file, {_kwargs(names)}).",
+        )
+    if len(inputs) == 1 and len(headers) == 1:
+        return list(headers)
+    missing = [n for n in names if n not in headers]
+    if missing:
+        raise DataError(
+            f"{path} has arrays {sorted(headers)}, but the model's input(s) {missing} are not among them.",
+            fix=f"Name the arrays after the model inputs: np.savez(file, {_kwargs(names)}).",
+        )
+    extra = sorted(set(headers) - set(names))
+    if extra:
+        log.warning("%s: ignoring arrays %s that name no model input", path, extra)
+    return names
+
+
+def _is_batched(path: Path, key: str, shape: tuple[int, ...], info: InputInfo) -> bool:
+    sample: tuple[int, ...] | None
+    if len(shape) == len(info.shape):
+        batched, sample = True, shape[1:]
+    elif len(shape) == len(info.shape) - 1:
+        batched, sample = False, shape
+    else:
+        batched, sample = False, None
+    if sample is None or any(
+        w is not None and g != w for g, w in zip(sample, info.sample_shape, strict=True)
+    ):
+        what = f"array {key!r}" if key else "the array"
+        raise DataError(
+            f"{path}: {what} has shape {list(shape)}, but input {info.name!r} expects a batch "
+            f"{format_shape(info.shape)} or one sample {format_shape(info.sample_shape)}.",
+            fix="Save data in the model's input shape (dynamic sizes can be set with --shapes).",
+        )
+    return batched
+
+
+def _check_dtype(path: Path, key: str, dtype: np.dtype[Any], info: InputInfo) -> None:
+    want = info.dtype
+    same_kind = dtype.kind == want.kind or (dtype.kind in "iu" and want.kind in "iu")
+    if dtype == want or (same_kind and dtype.kind in "fiu"):
+        return
+    what = f"array {key!r}" if key else "the array"
+    raise DataError(
+        f"{path}: {what} has dtype {dtype}, but input {info.name!r} is {want}.",
+        fix=f"Convert it before saving, e.g. array.astype(np.{want.name}).",
+    )
+
+
+def _cast(path: Path, name: str, array: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    if array.dtype == dtype:
+        return array
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        low, high = int(array.min()), int(array.max())
+        if low < info.min or high > info.max:
+            raise DataError(
+                f"{path}: values for input {name!r} range over [{low}, {high}], outside {dtype}'s "
+                f"[{info.min}, {info.max}].",
+                fix=f"Store the data as {dtype.name} with values in range.",
+            )
+    return array.astype(dtype)
+
+
+def _kwargs(names: Sequence[str]) -> str:
+    return ", ".join(f"{name}=..." for name in names)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, zipfile.BadZipFile):
+        return "not a valid .npz (zip) archive"
+    return (str(exc).strip() or type(exc).__name__).rstrip(".")

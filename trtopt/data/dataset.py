@@ -1,0 +1,294 @@
+"""Calibration / inference data sets: a folder, a file or a list of paths -> deterministic batches of feeds.
+
+Files are taken in a fixed order (a folder recursively, sorted by relative path; a list in the order given),
+so a run is reproducible. Images feed a single-input model through a `PreprocessSpec`; `.npy` / `.npz`
+arrays feed any model (see `trtopt.data.arrays`). Hidden files and folders (a leading '.', e.g. macOS
+``._photo.jpg`` resource forks) and files with other extensions are ignored.
+
+Bad files never stop a run: a file that fails the cheap header check up front, or that fails to decode
+later while batches are made, is logged as a warning, recorded in `Dataset.skipped` and replaced by the next
+usable file. Data that *does not fit the model* (wrong shape or dtype) is a `DataError` instead, since
+skipping it would silently calibrate on nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtopt.data.arrays import ARRAY_EXTENSIONS, ArrayFile, array_file_from_path, load_arrays
+from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, check_image_header, read_image
+from trtopt.data.input_spec import spec_for_input
+from trtopt.data.inputs import InputInfo, format_shape
+from trtopt.data.preprocess import PreprocessSpec, preprocess_image
+from trtopt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+_EXPECTED = f"images ({', '.join(IMAGE_EXTENSIONS)}) or arrays (.npy, .npz)"
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Feeds for one model call (input name -> `[n, ...]` array) and the sample each row came from."""
+
+    feeds: dict[str, np.ndarray]
+    sources: list[str]
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+
+@dataclass(frozen=True)
+class _ImageFile:
+    path: Path
+    samples: int = 1
+
+
+_Item = _ImageFile | ArrayFile
+
+
+class Dataset:
+    """Validated samples for a model; iterate with `batches()`, as often as needed, in the same order.
+
+    `len()` counts the samples that will be used. Files that passed the header check but fail to decode
+    are found only while batching; `len()` and `skipped` are exact after one full pass.
+    """
+
+    def __init__(
+        self,
+        items: Sequence[_Item],
+        inputs: Sequence[InputInfo],
+        spec: PreprocessSpec | None,
+        count: int | None,
+        skipped: list[SkippedFile],
+    ) -> None:
+        self.inputs = tuple(inputs)
+        self.spec = spec
+        self.count = count
+        self.skipped = skipped
+        self._items = tuple(items)
+        self._bad: set[Path] = set()
+
+    def __len__(self) -> int:
+        usable = sum(item.samples for item in self._items if item.path not in self._bad)
+        return usable if self.count is None else min(self.count, usable)
+
+    def batches(self, batch_size: int) -> Iterator[Batch]:
+        """Batches of `batch_size` samples (the last may be smaller), restarting from the first sample."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+            raise DataError(
+                f"Batch size must be a positive integer, received {batch_size!r}.", fix="Pass e.g. 8."
+            )
+        return self._batches(batch_size)
+
+    def _batches(self, batch_size: int) -> Iterator[Batch]:
+        rows: list[dict[str, np.ndarray]] = []
+        sources: list[str] = []
+        for row, source in self._samples():
+            rows.append(row)
+            sources.append(source)
+            if len(rows) == batch_size:
+                yield self._batch(rows, sources)
+                rows, sources = [], []
+        if rows:
+            yield self._batch(rows, sources)
+
+    def _batch(self, rows: list[dict[str, np.ndarray]], sources: list[str]) -> Batch:
+        feeds = {info.name: np.stack([row[info.name] for row in rows]) for info in self.inputs}
+        return Batch(feeds=feeds, sources=sources)
+
+    def _samples(self) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+        limit = self.count
+        produced = 0
+        for item in self._items:
+            if limit is not None and produced >= limit:
+                return
+            if item.path in self._bad:
+                continue
+            try:
+                arrays = self._load(item)
+            except UnreadableFileError as exc:
+                self._skip(item.path, exc.what)
+                continue
+            take = item.samples if limit is None else min(item.samples, limit - produced)
+            for i in range(take):
+                source = (
+                    f"{item.path}[{i}]" if isinstance(item, ArrayFile) and item.batched else str(item.path)
+                )
+                yield {name: array[i] for name, array in arrays.items()}, source
+                produced += 1
+        if produced == 0:
+            raise _nothing_usable("none of the files could be decoded", self.skipped, [])
+
+    def _load(self, item: _Item) -> dict[str, np.ndarray]:
+        if isinstance(item, ArrayFile):
+            return load_arrays(item, self.inputs)
+        assert self.spec is not None  # set by load_dataset whenever there are images
+        return {self.inputs[0].name: preprocess_image(read_image(item.path), self.spec)[None]}
+
+    def _skip(self, path: Path, reason: str) -> None:
+        log.warning("Skipping %s: %s", path, reason)
+        self._bad.add(path)
+        self.skipped.append(SkippedFile(str(path), reason))
+
+
+def load_dataset(
+    source: Source,
+    inputs: Sequence[InputInfo],
+    spec: PreprocessSpec | None = None,
+    count: int | None = None,
+) -> Dataset:
+    """Find, check and order the samples in `source` for a model with `inputs`.
+
+    `spec=None` derives the image preprocessing from the (single) input with `spec_for_input`; `count=None`
+    uses every usable sample, `count=N` the first N. Raises `DataError` for missing paths, folders without
+    usable files, images for multi-input models and data that does not fit the inputs.
+    """
+    inputs = list(inputs)
+    if not inputs:
+        raise DataError("The model has no inputs to feed data to.", fix="Check the model file.")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count <= 0):
+        raise DataError(f"Sample count must be a positive integer, received {count!r}.", fix="Pass e.g. 500.")
+    files, ignored = _collect_files(source)
+    images = [f for f in files if f.suffix.lower() in IMAGE_EXTENSIONS]
+    if images:
+        spec = _image_spec(images, inputs, spec)
+    items, skipped = _validate(files, inputs)
+    if not items:
+        raise _nothing_usable(f"no usable files in {_describe(source)}", skipped, ignored)
+    available = sum(item.samples for item in items)
+    if count is not None and count > available:
+        log.warning(
+            "Asked for %d samples but %s holds only %d usable; using all %d",
+            count,
+            _describe(source),
+            available,
+            available,
+        )
+    log.info(
+        "Data set: %d samples from %d files in %s (%d skipped, %d ignored)",
+        min(available, count or available),
+        len(items),
+        _describe(source),
+        len(skipped),
+        len(ignored),
+    )
+    return Dataset(items, inputs, spec, count, skipped)
+
+
+def _collect_files(source: Source) -> tuple[list[Path], list[Path]]:
+    """(files with a known extension, in order; files ignored for their extension)."""
+    entries = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not entries:
+        raise DataError("The data source is an empty list of paths.", fix="Pass a folder or files.")
+    files: list[Path] = []
+    for entry in entries:
+        path = Path(entry)
+        if path.is_dir():
+            files.extend(_walk(path))
+        elif path.exists() or path.is_symlink():
+            if not _known(path):
+                raise DataError(
+                    f"Data file {str(path)!r} has extension {path.suffix or '(none)'!r}, which trtopt "
+                    "does not read.",
+                    fix=f"Pass {_EXPECTED}, or a folder of them.",
+                )
+            files.append(path)
+        else:
+            raise DataError(
+                f"Data path {str(path)!r} does not exist.",
+                fix=f"Pass an existing folder or file of {_EXPECTED}.",
+            )
+    return [f for f in files if _known(f)], [f for f in files if not _known(f)]
+
+
+def _walk(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        found.extend(Path(folder) / name for name in names if not name.startswith("."))
+    if not found:
+        raise DataError(
+            f"Data folder {str(root)!r} is empty (hidden files are ignored).",
+            fix=f"Put {_EXPECTED} in it, or pass another folder.",
+        )
+    return sorted(found, key=lambda p: p.relative_to(root).parts)
+
+
+def _known(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTENSIONS + ARRAY_EXTENSIONS
+
+
+def _image_spec(images: list[Path], inputs: list[InputInfo], spec: PreprocessSpec | None) -> PreprocessSpec:
+    if len(inputs) > 1:
+        names = ", ".join(info.name for info in inputs)
+        raise DataError(
+            f"The data has {len(images)} image file(s) (e.g. {images[0]}), but the model has {len(inputs)} "
+            f"inputs ({names}); images can only feed a single-input model.",
+            fix="Save each sample as an .npz with one array per input: np.savez(file, "
+            + ", ".join(f"{info.name}=..." for info in inputs)
+            + ").",
+        )
+    info = inputs[0]
+    if spec is None:
+        return spec_for_input(info.shape, info.dtype, name=info.name)
+    fits = len(info.shape) == 4 and all(
+        w is None or w == g for g, w in zip(spec.sample_shape, info.sample_shape, strict=True)
+    )
+    if not fits or np.dtype(spec.dtype) != info.dtype:
+        raise DataError(
+            f"The preprocessing makes samples of shape {list(spec.sample_shape)} ({spec.layout}, "
+            f"{spec.dtype}), but input {info.name!r} takes {format_shape(info.sample_shape)} "
+            f"({info.dtype}) per sample.",
+            fix="Derive the spec from the model with spec_for_input(), or fix its crop, layout and dtype.",
+        )
+    return spec
+
+
+def _validate(files: list[Path], inputs: list[InputInfo]) -> tuple[list[_Item], list[SkippedFile]]:
+    items: list[_Item] = []
+    skipped: list[SkippedFile] = []
+    for path in files:
+        try:
+            if path.suffix.lower() in IMAGE_EXTENSIONS:
+                check_image_header(path)
+                items.append(_ImageFile(path))
+            else:
+                items.append(array_file_from_path(path, inputs))
+        except UnreadableFileError as exc:
+            log.warning("Skipping %s: %s", path, exc.what)
+            skipped.append(SkippedFile(str(path), exc.what))
+    return items, skipped
+
+
+def _nothing_usable(what: str, skipped: list[SkippedFile], ignored: list[Path]) -> DataError:
+    found: list[str] = []
+    if skipped:
+        examples = "; ".join(s.reason for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        found.append(f"{len(skipped)} unreadable ({examples})")
+    if ignored:
+        suffixes = sorted({p.suffix.lower() or "(no extension)" for p in ignored})
+        found.append(f"{len(ignored)} with other extensions ({', '.join(suffixes[:8])})")
+    return DataError(
+        f"Cannot build a data set: {what}. Found {' and '.join(found) or 'no files'}; expected {_EXPECTED}.",
+        fix="Add readable data files, fix or remove the broken ones, or point to another folder.",
+    )
+
+
+def _describe(source: Source) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return repr(str(source))
+    return f"{len(source)} paths"

@@ -1,0 +1,160 @@
+"""Read image files into 8-bit RGB robustly: every common format and pixel mode, EXIF orientation honoured.
+
+Decisions, so that calibration sees what a person looking at the file sees:
+
+* **Orientation.** The EXIF Orientation tag is applied (`PIL.ImageOps.exif_transpose`); phone photos are
+  stored sideways and say so only there.
+* **Alpha** (RGBA, LA, PA, P with a transparent colour, premultiplied RGBa/La) is composited onto
+  **white**, the way browsers and viewers show it. Dropping the alpha channel instead would expose whatever
+  colour happens to be stored under fully transparent pixels (often black or leftover garbage).
+* **16-bit** greyscale (I;16, I;16B, I;16L, I;16N, and 32-bit "I" whose values fit in 0..65535, which is
+  how Pillow stores 16-bit PNG/TIFF) is **rescaled**, ``round(v * 255 / 65535)`` (0 -> 0, 32768 -> 128,
+  65535 -> 255), never clipped. An "I" image with values outside 0..65535 is min-max stretched to 0..255.
+* **Float "F"** images: values in [0, 1] are multiplied by 255; values in [0, 255] are rounded as they
+  are; anything else is min-max stretched. NaN and infinities become 0.
+* Grey (L), 1-bit and CMYK use Pillow's own conversions; GIF/WebP/TIFF with several frames give the first.
+
+Truncated files are errors: `PIL.ImageFile.LOAD_TRUNCATED_IMAGES` is left False and every image is fully
+decoded (`img.load()`) inside `read_image`, so a cut-off JPEG raises here instead of yielding grey rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from trtopt.errors import DataError
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+
+
+# What Pillow raises for unreadable, corrupt or hostile files (UnidentifiedImageError is an OSError).
+class UnreadableFileError(DataError):
+    """A data file exists in the data set but cannot be decoded; data sets skip it and say why."""
+
+
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+_WHITE = (255, 255, 255, 255)
+
+
+def is_image_path(path: str | os.PathLike[str]) -> bool:
+    """True when the file name ends in one of `IMAGE_EXTENSIONS` (case-insensitive)."""
+    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
+
+
+def read_image(path: str | os.PathLike[str]) -> Image.Image:
+    """Decode an image file fully into an 8-bit RGB `PIL.Image`, upright per its EXIF orientation.
+
+    Raises `UnreadableFileError` (a `DataError`) naming the file and the reason when it is missing, a
+    directory, not an image, corrupt or truncated.
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            img.load()  # decode now: truncation and corrupt scans only show up here
+            upright = ImageOps.exif_transpose(img)
+    except _DECODE_ERRORS as exc:
+        raise UnreadableFileError(
+            f"Cannot read image {str(path)!r}: {_reason(exc)}.",
+            fix="Replace or delete the file; trtopt reads JPEG, PNG, BMP, WebP, TIFF and GIF images.",
+        ) from exc
+    try:
+        return rgb_from_image(upright)
+    except DataError as exc:
+        raise UnreadableFileError(f"Cannot read image {str(path)!r}: {exc.what}", fix=exc.fix) from exc
+
+
+def check_image_header(path: str | os.PathLike[str]) -> None:
+    """Cheap validation without decoding pixels: Pillow identifies the file and `verify()` accepts it.
+
+    Catches empty, non-image, unreadable and many corrupt files; a truncated JPEG passes and is only
+    caught by `read_image`. Raises `UnreadableFileError` with the reason.
+    """
+    path = Path(path)
+    try:
+        with Image.open(path) as img:
+            img.verify()
+    except _DECODE_ERRORS as exc:
+        raise UnreadableFileError(
+            f"Cannot read image {str(path)!r}: {_reason(exc)}.",
+            fix="Replace or delete the file; trtopt reads JPEG, PNG, BMP, WebP, TIFF and GIF images.",
+        ) from exc
+
+
+def rgb_from_image(img: Image.Image) -> Image.Image:
+    """Convert any Pillow mode to 8-bit RGB following the decisions in the module docstring."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode == "P" and "transparency" in img.info:
+        return _composite_on_white(img.convert("RGBA"))
+    if mode in _ALPHA_MODES:
+        return _composite_on_white(img.convert("RGBA"))
+    if mode in _SIXTEEN_BIT_MODES or mode.startswith("I"):
+        return _rgb_from_grey(_eight_bit_from_integer(np.asarray(img)))
+    if mode == "F":
+        return _rgb_from_grey(_eight_bit_from_float(np.asarray(img)))
+    try:
+        return img.convert("RGB")
+    except ValueError as exc:
+        raise UnreadableFileError(
+            f"Cannot convert an image with pixel mode {mode!r} to RGB: {exc}.",
+            fix="Save it as 8-bit RGB or greyscale (e.g. PNG or JPEG) and try again.",
+        ) from exc
+
+
+def _composite_on_white(rgba: Image.Image) -> Image.Image:
+    background = Image.new("RGBA", rgba.size, _WHITE)
+    return Image.alpha_composite(background, rgba).convert("RGB")
+
+
+def _eight_bit_from_integer(values: np.ndarray) -> np.ndarray:
+    values = values.astype(np.int64)
+    if values.size == 0 or (values.min() >= 0 and values.max() <= 65535):
+        return np.rint(values * (255.0 / 65535.0)).astype(np.uint8)
+    log.debug("Integer image outside 0..65535 (min %d, max %d); stretching", values.min(), values.max())
+    return _stretch(values.astype(np.float64))
+
+
+def _eight_bit_from_float(values: np.ndarray) -> np.ndarray:
+    values = np.where(np.isfinite(values), values, 0.0).astype(np.float64)
+    if values.size == 0:
+        return values.astype(np.uint8)
+    low, high = float(values.min()), float(values.max())
+    if low >= 0.0 and high <= 1.0:
+        return np.rint(values * 255.0).astype(np.uint8)
+    if low >= 0.0 and high <= 255.0:
+        return np.rint(values).astype(np.uint8)
+    return _stretch(values)
+
+
+def _stretch(values: np.ndarray) -> np.ndarray:
+    low, high = float(values.min()), float(values.max())
+    if high == low:
+        return np.zeros(values.shape, np.uint8)
+    return np.rint((values - low) * (255.0 / (high - low))).astype(np.uint8)
+
+
+def _rgb_from_grey(grey: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(grey, dtype=np.uint8)).convert("RGB")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, IsADirectoryError):
+        return "it is a directory, not a file"
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, Image.UnidentifiedImageError):
+        return "not an image Pillow can identify (empty, corrupt, or another file type)"
+    text = str(exc).strip() or type(exc).__name__
+    return text.rstrip(".")

@@ -1,0 +1,171 @@
+"""Derive a `PreprocessSpec` from a model input: size and layout from its shape, dtype from its type.
+
+Layout is read from where the channel dimension (3 or 1) sits in a 4-D shape: ``[N, 3, H, W]`` is NCHW,
+``[N, H, W, 3]`` NHWC. Shapes where both positions could be channels (``[N, 3, 3, 3]``, ``[N, 1, 8, 1]``)
+are ambiguous and need an explicit layout. The batch dimension may be dynamic; H and W may not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from trtopt.data.preprocess import DTYPES, LAYOUTS, PRESETS, PreprocessSpec
+from trtopt.errors import DataError, ShapeError
+
+log = logging.getLogger(__name__)
+
+Dim = int | str | None
+DEFAULT_PRESET = "imagenet"
+DEFAULT_UINT8_PRESET = "raw"
+
+
+def spec_for_input(
+    input_shape: Sequence[Dim],
+    dtype: npt.DTypeLike,
+    preset: str | PreprocessSpec | None = None,
+    *,
+    name: str = "input",
+    layout: str | None = None,
+    resize: int | None = None,
+    interpolation: str | None = None,
+    color: str | None = None,
+    scale: float | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> PreprocessSpec:
+    """The spec that feeds images to model input `name` of `input_shape` and `dtype`.
+
+    `preset` is a name in `PRESETS` or a spec; None means 'imagenet' (torchvision) for float inputs and
+    'raw' for uint8 inputs. Keyword overrides left as None keep the preset's value; `layout=None` is
+    detected from the shape. Raises `ShapeError` for shapes that images cannot fill and `DataError` for
+    dtypes and settings that do not fit.
+    """
+    dims = list(input_shape)
+    layout = detect_layout(dims, layout, name=name)
+    height, width = _spatial_size(dims, layout, name)
+    channels = dims[1] if layout == "NCHW" else dims[3]
+    dtype_name = _image_dtype(dtype, name)
+    base = _base_spec(preset, dtype_name)
+    color = _color_for(channels, color if color is not None else base.color, name)
+    if color == "L" and mean is None:
+        mean = _one_channel(base.mean, "mean", name)
+    if color == "L" and std is None:
+        std = _one_channel(base.std, "std", name)
+    overrides = {
+        "resize": resize,
+        "interpolation": interpolation,
+        "scale": scale,
+        "mean": tuple(mean) if mean is not None else None,
+        "std": tuple(std) if std is not None else None,
+    }
+    changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+    return dataclasses.replace(
+        base, crop=(height, width), layout=layout, dtype=dtype_name, color=color, **changes
+    )
+
+
+def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str = "input") -> str:
+    """'NCHW' or 'NHWC' for a 4-D image input; `layout` (if given) is checked instead of guessed."""
+    dims = list(shape)
+    if len(dims) != 4:
+        raise ShapeError(
+            f"Input {name!r} has shape {_fmt(dims)}; images can only feed a 4-D input, [N, C, H, W] or "
+            "[N, H, W, C].",
+            fix="Provide the data as .npy/.npz arrays of the input's shape instead of images.",
+        )
+    first, last = dims[1] in (1, 3), dims[3] in (1, 3)
+    if layout is not None:
+        if layout not in LAYOUTS:
+            raise DataError(f"Unknown layout {layout!r} for input {name!r}.", fix="Use NCHW or NHWC.")
+        if not (first if layout == "NCHW" else last):
+            raise ShapeError(
+                f"Layout {layout} puts the channels of input {name!r} (shape {_fmt(dims)}) at a dimension of "
+                f"size {dims[1] if layout == 'NCHW' else dims[3]}; images have 3 (RGB/BGR) or 1 (grey).",
+                fix="Check --layout, or pass the model's real input size with --shapes.",
+            )
+        return layout
+    if first and last:
+        raise ShapeError(
+            f"Cannot tell the layout of input {name!r} (shape {_fmt(dims)}): dimensions 1 and 3 could both "
+            "be the channel dimension.",
+            fix="Pass --layout NCHW or --layout NHWC.",
+        )
+    if not (first or last):
+        raise ShapeError(
+            f"Input {name!r} (shape {_fmt(dims)}) has no channel dimension of size 3 or 1 at position 1 "
+            "(NCHW) or 3 (NHWC), so it does not look like an image input.",
+            fix="Fix dynamic dimensions with --shapes (e.g. --shapes "
+            f"{name}:1x3x224x224), or feed .npy/.npz arrays instead of images.",
+        )
+    return "NCHW" if first else "NHWC"
+
+
+def _spatial_size(dims: list[Dim], layout: str, name: str) -> tuple[int, int]:
+    height, width = (dims[2], dims[3]) if layout == "NCHW" else (dims[1], dims[2])
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in (height, width)):
+        channels = 3 if (dims[1] if layout == "NCHW" else dims[3]) == 3 else 1
+        example = f"1x{channels}x224x224" if layout == "NCHW" else f"1x224x224x{channels}"
+        raise ShapeError(
+            f"Input {name!r} has a dynamic height or width (shape {_fmt(dims)}); images need a fixed size "
+            "to be resized and cropped to.",
+            fix=f"Set it with --shapes {name}:{example} (your model's real size).",
+        )
+    return int(height), int(width)  # type: ignore[arg-type]
+
+
+def _image_dtype(dtype: npt.DTypeLike, name: str) -> str:
+    try:
+        dtype_name = np.dtype(dtype).name
+    except TypeError:
+        dtype_name = str(dtype)
+    if dtype_name not in DTYPES:
+        raise DataError(
+            f"Input {name!r} has dtype {dtype_name}; images can be preprocessed to {', '.join(DTYPES)} only.",
+            fix="Provide the data as .npy/.npz arrays with the input's dtype instead of images.",
+        )
+    return dtype_name
+
+
+def _base_spec(preset: str | PreprocessSpec | None, dtype_name: str) -> PreprocessSpec:
+    if isinstance(preset, PreprocessSpec):
+        return preset
+    if preset is None:
+        preset = DEFAULT_UINT8_PRESET if dtype_name == "uint8" else DEFAULT_PRESET
+        log.info("No preprocessing preset given; using %r (choose one of: %s)", preset, ", ".join(PRESETS))
+    return PRESETS.get(preset)
+
+
+def _color_for(channels: Dim, color: str, name: str) -> str:
+    if channels == 1:
+        if color not in ("L", "RGB"):  # RGB is every preset's default; a 1-channel input means grey
+            raise DataError(
+                f"Input {name!r} has 1 channel but the preprocessing asks for color {color!r}.",
+                fix="Use color 'L' (grey) for single-channel inputs.",
+            )
+        return "L"
+    if color == "L":
+        raise DataError(
+            f"Input {name!r} has 3 channels but the preprocessing asks for grey ('L').",
+            fix="Use color 'RGB' or 'BGR'.",
+        )
+    return color
+
+
+def _one_channel(values: tuple[float, ...], field: str, name: str) -> tuple[float, ...]:
+    if len(set(values)) == 1:
+        return values[:1]
+    raise DataError(
+        f"Input {name!r} has 1 (grey) channel, but the preset's {field} has a different value per RGB "
+        f"channel ({list(values)}).",
+        fix="Pass one mean and one std value for grey inputs (e.g. --mean 0.5 --std 0.5).",
+    )
+
+
+def _fmt(dims: Sequence[Dim]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"

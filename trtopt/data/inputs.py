@@ -1,0 +1,80 @@
+"""What a data set must fill: each model input's name, shape (None for a dynamic dimension) and dtype."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from trtopt.errors import DataError, ModelError, ShapeError
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """One model input. Dimensions that are not positive ints (symbolic names, -1, None) become None."""
+
+    name: str
+    shape: tuple[int | None, ...]
+    dtype: np.dtype[Any]
+
+    def __init__(self, name: str, shape: Sequence[int | str | None], dtype: npt.DTypeLike) -> None:
+        dims = tuple(
+            int(d) if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 else None
+            for d in shape
+        )
+        try:
+            resolved = np.dtype(dtype)
+        except TypeError as exc:
+            raise DataError(
+                f"Input {name!r} has dtype {dtype!r}, which numpy cannot represent.",
+                fix="Use a model whose inputs are float, integer or bool tensors.",
+            ) from exc
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "dtype", resolved)
+
+    @property
+    def sample_shape(self) -> tuple[int | None, ...]:
+        """The shape of one sample: everything after the batch dimension."""
+        return self.shape[1:]
+
+
+def input_infos_from_graph(graph: Any) -> list[InputInfo]:
+    """`InputInfo` for each input of an onnx-graphsurgeon graph, in the graph's order."""
+    infos = []
+    for tensor in graph.inputs:
+        if tensor.shape is None:
+            raise ShapeError(
+                f"Input {tensor.name!r} has no shape in the model, so data cannot be checked against it.",
+                fix=f"Pass it with --shapes {tensor.name}:1x3x224x224 (your real sizes).",
+            )
+        infos.append(InputInfo(tensor.name, list(tensor.shape), _numpy_dtype(tensor)))
+    return infos
+
+
+def _numpy_dtype(tensor: Any) -> np.dtype[Any]:
+    dtype = tensor.dtype
+    if isinstance(dtype, int) and not isinstance(dtype, bool):
+        # onnx-graphsurgeon keeps the ONNX enum for types numpy lacks (e.g. bfloat16).
+        import onnx
+
+        name = onnx.TensorProto.DataType.Name(dtype)
+        raise ModelError(
+            f"Input {tensor.name!r} has ONNX type {name}, which numpy (and so trtopt's data loader) "
+            "cannot represent.",
+            fix="Export the model with float32, float16 or integer inputs.",
+        )
+    if dtype is None:
+        raise ModelError(
+            f"Input {tensor.name!r} has no element type in the model.",
+            fix="Re-export the model with typed inputs.",
+        )
+    return np.dtype(dtype)
+
+
+def format_shape(shape: Sequence[int | None]) -> str:
+    """`[N?, 3, 224, 224]`-style text, '?' for dynamic dimensions."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -1,0 +1,277 @@
+"""Image preprocessing as data: a frozen `PreprocessSpec`, named presets, and one deterministic pipeline.
+
+The pipeline (torchvision's evaluation transform, done with Pillow):
+
+    RGB (or L) -> resize shorter side to `resize` -> centre crop `crop` -> [BGR] -> / scale
+    -> (x - mean) / std -> NCHW/NHWC sample -> dtype
+
+`resize=None` means ``round(max(crop) / 0.875)`` (224 -> 256, the ImageNet evaluation convention). If the
+resized image would still be smaller than the crop in one dimension (a very wide image with a tall crop),
+it is scaled up just enough to cover the crop instead of being padded. Arithmetic runs in float64 and is
+cast once at the end, so results are exact to the output dtype's rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+from PIL import Image
+
+from trtopt.data.images import read_image, rgb_from_image
+from trtopt.errors import DataError
+from trtopt.registry import Registry
+
+ImageLike = Image.Image | str | os.PathLike | np.ndarray
+
+INTERPOLATIONS = {
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "nearest": Image.Resampling.NEAREST,
+}
+COLORS = ("RGB", "BGR", "L")
+LAYOUTS = ("NCHW", "NHWC")
+DTYPES = ("float32", "float16", "uint8")
+CROP_FRACTION = 0.875  # 224 / 256: the centre-crop fraction of the ImageNet evaluation recipe
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """How to turn an image into one model input sample. Every field is validated on construction.
+
+    `mean` and `std` are in the order of the output channels (BGR for `color="BGR"`); one value applies
+    to every channel. For `dtype="uint8"` the pixels are fed raw, so scale, mean and std must be neutral.
+    """
+
+    crop: int | tuple[int, int] = 224  # (height, width); an int means a square, stored as (n, n)
+    resize: int | None = None  # shorter side before cropping; None: round(max(crop) / 0.875)
+    interpolation: str = "bilinear"
+    color: str = "RGB"  # "RGB", "BGR" or "L" (one grey channel)
+    scale: float = 1.0  # pixels (0..255) are divided by this first
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    layout: str = "NCHW"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "crop", _check_crop(self.crop))
+        if self.resize is not None:
+            set_(self, "resize", _check_positive_int("resize", self.resize))
+        _check_choice("interpolation", self.interpolation, tuple(INTERPOLATIONS))
+        _check_choice("color", self.color, COLORS)
+        _check_choice("layout", self.layout, LAYOUTS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        set_(self, "scale", _check_positive_float("scale", self.scale))
+        set_(self, "mean", _check_channels("mean", self.mean, self.channels))
+        set_(self, "std", _check_channels("std", self.std, self.channels))
+        if any(s == 0.0 for s in self.std):
+            _fail("std", self.std, "non-zero values (pixels are divided by std)")
+        if self.dtype == "uint8" and (self.scale != 1.0 or any(self.mean) or any(s != 1.0 for s in self.std)):
+            raise DataError(
+                f"Preprocessing spec has dtype 'uint8' but normalises pixels (scale {self.scale}, mean "
+                f"{list(self.mean)}, std {list(self.std)}); uint8 inputs take raw 0..255 pixels.",
+                fix="Use preset 'raw' (scale 1, mean 0, std 1) or a float dtype.",
+            )
+
+    @property
+    def crop_hw(self) -> tuple[int, int]:
+        crop = self.crop
+        return (crop, crop) if isinstance(crop, int) else crop
+
+    @property
+    def resize_short(self) -> int:
+        """The shorter side before cropping, with `resize=None` resolved."""
+        return self.resize if self.resize is not None else round(max(self.crop_hw) / CROP_FRACTION)
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.color == "L" else 3
+
+    @property
+    def sample_shape(self) -> tuple[int, int, int]:
+        """Shape of one preprocessed sample (no batch dimension)."""
+        h, w = self.crop_hw
+        return (self.channels, h, w) if self.layout == "NCHW" else (h, w, self.channels)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (lists, not tuples); `from_dict(spec.to_dict()) == spec`."""
+        out = asdict(self)
+        out["crop"] = list(self.crop_hw)
+        out["mean"], out["std"] = list(self.mean), list(self.std)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: object, *, where: str = "preprocessing spec") -> PreprocessSpec:
+        """Build from `to_dict()` output (e.g. read from a plan file), naming `where` in any error."""
+        if not isinstance(data, Mapping):
+            raise DataError(
+                f"{where}: expected a JSON object of preprocessing fields, received {type(data).__name__}.",
+                fix="Store the output of PreprocessSpec.to_dict().",
+            )
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(str(k) for k in data if k not in valid)
+        if unknown:
+            raise DataError(
+                f"{where}: unknown preprocessing field(s) {unknown}.",
+                fix=f"Valid fields: {', '.join(valid)}.",
+            )
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        try:
+            return cls(**kwargs)
+        except DataError as exc:
+            raise DataError(f"{where}: {exc.what}", fix=exc.fix) from None
+
+
+def _fail(name: str, value: object, expected: str) -> NoReturn:
+    raise DataError(
+        f"Preprocessing spec field {name!r} is {value!r}; expected {expected}.",
+        fix=f"Set {name} to {expected}.",
+    )
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(name, value, "one of " + ", ".join(repr(c) for c in choices))
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        _fail(name, value, "a positive integer")
+    return int(value)
+
+
+def _check_positive_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        _fail(name, value, "a positive number")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        _fail(name, value, "a positive number")
+    return number
+
+
+def _check_crop(value: object) -> tuple[int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        side = _check_positive_int("crop", value)
+        return (side, side)
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return (_check_positive_int("crop", value[0]), _check_positive_int("crop", value[1]))
+    _fail("crop", value, "a positive integer or a (height, width) pair")
+
+
+def _check_channels(name: str, value: object, channels: int) -> tuple[float, ...]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or len(value) not in (1, channels):
+        _fail(name, value, f"1 or {channels} numbers (one per output channel)")
+    if not all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool) for v in value):
+        _fail(name, value, f"1 or {channels} numbers (one per output channel)")
+    numbers = tuple(float(v) for v in value)
+    if not all(math.isfinite(v) for v in numbers):
+        _fail(name, value, "finite numbers")
+    return numbers
+
+
+PRESETS: Registry[PreprocessSpec] = Registry("preprocessing preset")
+
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+# torchvision / timm ImageNet models: https://pytorch.org/vision/stable/models.html
+PRESETS.add("imagenet", PreprocessSpec(scale=255.0, mean=_IMAGENET_MEAN, std=_IMAGENET_STD))
+# TF-slim Inception / MobileNet preprocessing to [-1, 1]: (x / 255 - 0.5) / 0.5 == (x - 127.5) / 127.5
+# (tensorflow/models research/slim/preprocessing/inception_preprocessing.py).
+_TF = PreprocessSpec(scale=255.0, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+PRESETS.add("tf", _TF)
+PRESETS.add("inception", _TF)
+# EfficientNet-Lite: MEAN_RGB = [127.0] * 3, STDDEV_RGB = [128.0] * 3 on 0..255 pixels
+# (tensorflow/tpu models/official/efficientnet/lite/efficientnet_lite_builder.py).
+PRESETS.add("efficientnet-lite", PreprocessSpec(mean=(127.0, 127.0, 127.0), std=(128.0, 128.0, 128.0)))
+# Caffe / Keras "caffe" mode (VGG, ResNet-50 v1 Caffe weights): BGR, per-channel mean subtraction in BGR
+# order, no scaling (keras/applications/imagenet_utils.py, _preprocess_numpy_input).
+PRESETS.add("caffe", PreprocessSpec(color="BGR", mean=(103.939, 116.779, 123.68)))
+PRESETS.add("unit", PreprocessSpec(scale=255.0))  # [0, 1]
+PRESETS.add("raw", PreprocessSpec())  # 0..255 as float
+
+
+def preprocess_image(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
+    """One image -> one sample of `spec.sample_shape` (CHW or HWC) and `spec.dtype`.
+
+    Any Pillow mode is accepted (see `trtopt.data.images`); EXIF orientation is *not* applied here,
+    `read_image` does that when it reads a file.
+    """
+    img = rgb_from_image(img)
+    if spec.color == "L":
+        img = img.convert("L")
+    img = _resize_and_crop(img, spec)
+    pixels = np.asarray(img)
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    if spec.color == "BGR":
+        pixels = pixels[:, :, ::-1]
+    if spec.dtype == "uint8":
+        sample = pixels
+    else:
+        mean = np.asarray(spec.mean, np.float64)
+        std = np.asarray(spec.std, np.float64)
+        sample = (pixels.astype(np.float64) / spec.scale - mean) / std
+    if spec.layout == "NCHW":
+        sample = sample.transpose(2, 0, 1)
+    return np.ascontiguousarray(sample, dtype=np.dtype(spec.dtype))
+
+
+def preprocess_images(images: Sequence[ImageLike], spec: PreprocessSpec) -> np.ndarray:
+    """Images (PIL images, file paths, or HWC / HW uint8 arrays) -> one batch `[N, *spec.sample_shape]`."""
+    samples = [preprocess_image(_image_from(item, i), spec) for i, item in enumerate(images)]
+    if not samples:
+        return np.zeros((0, *spec.sample_shape), np.dtype(spec.dtype))
+    return np.stack(samples)
+
+
+def resized_size(width: int, height: int, short: int, crop_hw: tuple[int, int]) -> tuple[int, int]:
+    """(width, height) after scaling the shorter side to `short` (torchvision's rule: the longer side is
+    truncated, ``int(short * long / short_side)``), enlarged if needed so the crop fits."""
+    crop_h, crop_w = crop_hw
+    if width <= height:
+        new_w, new_h = short, int(short * height / width)
+    else:
+        new_w, new_h = int(short * width / height), short
+    if new_w < crop_w or new_h < crop_h:
+        factor = max(crop_w / width, crop_h / height)
+        new_w, new_h = max(crop_w, round(width * factor)), max(crop_h, round(height * factor))
+    return new_w, new_h
+
+
+def _resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> Image.Image:
+    crop_h, crop_w = spec.crop_hw
+    size = resized_size(img.width, img.height, spec.resize_short, spec.crop_hw)
+    if size != img.size:
+        img = img.resize(size, INTERPOLATIONS[spec.interpolation])
+    # torchvision's CenterCrop offsets: int(round((size - crop) / 2)).
+    top = int(round((img.height - crop_h) / 2.0))
+    left = int(round((img.width - crop_w) / 2.0))
+    return img.crop((left, top, left + crop_w, top + crop_h))
+
+
+def _image_from(item: ImageLike, index: int) -> Image.Image:
+    if isinstance(item, Image.Image):
+        return item
+    if isinstance(item, (str, os.PathLike, Path)):
+        return read_image(item)
+    if isinstance(item, np.ndarray):
+        ok_shape = item.ndim == 2 or (item.ndim == 3 and item.shape[2] in (1, 3))
+        if item.dtype != np.uint8 or not ok_shape:
+            raise DataError(
+                f"Image {index} is an array of shape {list(item.shape)} and dtype {item.dtype}; expected "
+                "an HWC (or HW) uint8 array with 1 or 3 channels.",
+                fix="Convert it with np.asarray(pil_image.convert('RGB')) or pass the PIL image or path.",
+            )
+        grey = item.ndim == 3 and item.shape[2] == 1
+        return Image.fromarray(np.ascontiguousarray(item[:, :, 0] if grey else item))
+    raise DataError(
+        f"Image {index} is a {type(item).__name__}; expected a PIL image, a file path or a uint8 array.",
+        fix="Pass PIL.Image objects, str/Path file names or HWC uint8 numpy arrays.",
+    )
