@@ -67,7 +67,9 @@ class OrtSession:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.exposed = list(expose)
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         names = list(outputs) if outputs is not None else self.output_names
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
@@ -76,12 +78,15 @@ class OrtSession:
             )
         try:
             values = self.session.run(names, {k: v for k, v in feeds.items() if k in self.input_names})
-        except (ort.capi.onnxruntime_pybind11_state.InvalidArgument, ort.capi.onnxruntime_pybind11_state.Fail) as e:
+        except (
+            ort.capi.onnxruntime_pybind11_state.InvalidArgument,
+            ort.capi.onnxruntime_pybind11_state.Fail,
+        ) as e:
             raise TrtoptError(
                 f"ONNX Runtime rejected the inputs: {str(e).splitlines()[0]}",
                 fix="Check the input shapes and dtypes against `trtopt inspect`.",
             ) from None
-        return dict(zip(names, values))
+        return dict(zip(names, values, strict=True))
 
 
 def run_model(
@@ -99,7 +104,9 @@ def with_exposed_tensors(model: onnx.ModelProto, names: Sequence[str]) -> onnx.M
     """A copy of `model` whose graph also outputs the named intermediate tensors."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
-    known = {v.name: v for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    known = {
+        v.name: v for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    }
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     present = {o.name for o in exposed.graph.output}
     for name in names:
@@ -111,7 +118,9 @@ def with_exposed_tensors(model: onnx.ModelProto, names: Sequence[str]) -> onnx.M
         if info is not None:
             exposed.graph.output.append(info)
         else:
-            exposed.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            exposed.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+            )
         present.add(name)
     return exposed
 
@@ -121,7 +130,10 @@ def _make_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.In
     if proto.ByteSize() < PROTOBUF_LIMIT:
         return ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
     # Over 2 GiB: ONNX Runtime must read the weights from files.
+    # onnx.save_model moves the weights out of the message it is given: save a copy, not the caller's.
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
     with tempfile.TemporaryDirectory(prefix="trtopt-ort-") as tmp:
         path = Path(tmp, "model.onnx")
-        onnx.save_model(proto, path, save_as_external_data=True, location="model.data")
+        onnx.save_model(copy, path, save_as_external_data=True, location="model.data")
         return ort.InferenceSession(str(path), options, providers=providers)

@@ -8,6 +8,8 @@ shape inference and constant folding run, so passes see concrete shapes and cons
 
 from __future__ import annotations
 
+import difflib
+import functools
 import logging
 import os
 import tempfile
@@ -16,8 +18,8 @@ from pathlib import Path
 
 import onnx
 import onnx_graphsurgeon as gs
-from onnx_graphsurgeon.logger import G_LOGGER
 from google.protobuf.message import DecodeError
+from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
 from trtopt.frontend.shapes import Shape, apply_shapes
@@ -51,15 +53,17 @@ def load_model(source: str | os.PathLike[str] | bytes) -> LoadedModel:
     if isinstance(source, (bytes, bytearray)):
         model = _parse(bytes(source), "<bytes>")
         path = None
+        _check_no_external_data(model)
     else:
         path = Path(source)
         _check_file(path)
         model = _parse(path.read_bytes(), str(path))
         _load_external_data(model, path)
     where = str(path) if path else "<bytes>"
-    _check_is_model(model, where)
+    _check_has_graph(model, where)
     opset = _default_opset(model, where)
     _check_ops(model, where)
+    _check_valid(model, where)
     return LoadedModel(model=model, path=path, opset=opset)
 
 
@@ -70,10 +74,7 @@ def graph_from_onnx(
     fold_constants: bool = True,
 ) -> gs.Graph:
     """Load a model into a gs.Graph with inferred shapes and folded constants."""
-    if isinstance(source, onnx.ModelProto):
-        model = source
-    else:
-        model = load_model(source).model
+    model = source if isinstance(source, onnx.ModelProto) else load_model(source).model
     graph = gs.import_onnx(model)
     if shapes:
         apply_shapes(graph, shapes)
@@ -103,9 +104,13 @@ def _check_file(path: Path) -> None:
     if not path.exists():
         raise ModelError(f"Model file {str(path)!r} does not exist.", fix="Check the path and try again.")
     if path.is_dir():
-        raise ModelError(f"{str(path)!r} is a folder, not an ONNX model file.", fix="Pass the .onnx file itself.")
+        raise ModelError(
+            f"{str(path)!r} is a folder, not an ONNX model file.", fix="Pass the .onnx file itself."
+        )
     if path.stat().st_size == 0:
-        raise ModelError(f"Model file {str(path)!r} is empty (0 bytes).", fix="Re-export or re-copy the model.")
+        raise ModelError(
+            f"Model file {str(path)!r} is empty (0 bytes).", fix="Re-export or re-copy the model."
+        )
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -121,13 +126,19 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return model
 
 
-def _check_is_model(model: onnx.ModelProto, where: str) -> None:
+def _check_has_graph(model: onnx.ModelProto, where: str) -> None:
     if model.ir_version <= 0 or not model.opset_import or not model.graph.output:
         raise ModelError(
             f"{where} is not an ONNX model: it has no IR version, opset or graph outputs "
-            f"(ir_version={model.ir_version}, opsets={len(model.opset_import)}, outputs={len(model.graph.output)}).",
+            f"(ir_version={model.ir_version}, opsets={len(model.opset_import)}, "
+            f"outputs={len(model.graph.output)}). "
+            f"It may be another kind of file, or a model truncated by an interrupted copy.",
             fix="Pass a model exported with torch.onnx.export, tf2onnx or another ONNX exporter.",
         )
+
+
+def _check_valid(model: onnx.ModelProto, where: str) -> None:
+    """onnx.checker, after the opset and op checks so that those get their own, clearer messages."""
     try:
         if model.ByteSize() < PROTOBUF_LIMIT:
             onnx.checker.check_model(model)
@@ -139,10 +150,25 @@ def _check_is_model(model: onnx.ModelProto, where: str) -> None:
         ) from None
 
 
+def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
+    helper = onnx.external_data_helper
+    return [t for t in helper._get_all_tensors(model) if helper.uses_external_data(t)]
+
+
+def _check_no_external_data(model: onnx.ModelProto) -> None:
+    """Bytes have no folder, so weights kept in side files cannot be found (or safely resolved)."""
+    external = _external_tensors(model)
+    if external:
+        raise ModelError(
+            f"The model given as bytes keeps {len(external)} tensor(s) (e.g. {external[0].name!r}) in "
+            f"external data files, which cannot be found without the model's folder.",
+            fix="Load the model from its .onnx path instead, with the weight files next to it.",
+        )
+
+
 def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
     base = path.parent.resolve()
-    tensors = [t for t in onnx.external_data_helper._get_all_tensors(model) if t.HasField("data_location")]
-    external = [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    external = _external_tensors(model)
     for tensor in external:
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         target = (base / location).resolve()
@@ -155,7 +181,8 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
             )
         if not target.is_file():
             raise ModelError(
-                f"Tensor {tensor.name!r} in {str(path)!r} keeps its weights in {location!r}, which is missing.",
+                f"Tensor {tensor.name!r} in {str(path)!r} keeps its weights in {location!r}, "
+                "which is missing.",
                 fix=f"Copy {location!r} into {str(base)!r} next to the model.",
             )
     if external:
@@ -165,13 +192,15 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions:
-        raise ModelError(f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17.")
+        raise ModelError(
+            f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17."
+        )
     opset = versions[0]
     if not MIN_OPSET <= opset <= MAX_OPSET:
         raise ModelError(
             f"{where} uses ONNX opset {opset}; trtopt supports opsets {MIN_OPSET} to {MAX_OPSET}.",
-            fix=f"Re-export with an opset in that range (torch.onnx.export(..., opset_version=17)) or convert "
-            f"it: onnx.version_converter.convert_version(model, 17).",
+            fix="Re-export with an opset in that range (torch.onnx.export(..., opset_version=17)) or convert "
+            "it: onnx.version_converter.convert_version(model, 17).",
         )
     return opset
 
@@ -184,12 +213,19 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
         if node.domain in DEFAULT_DOMAINS and onnx.defs.has(node.op_type, ""):
             continue
         domain = node.domain or "ai.onnx"
+        close = difflib.get_close_matches(node.op_type, _standard_op_names(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close and node.domain in DEFAULT_DOMAINS else ""
         raise ModelError(
-            f"{where}: node {node.name or f'#{index}'!r} uses op {node.op_type!r} from domain {domain!r}, which "
-            f"is not a standard ONNX op trtopt knows.",
+            f"{where}: node {node.name or f'#{index}'!r} uses op {node.op_type!r} from domain {domain!r}, "
+            f"which is not a standard ONNX op trtopt knows{hint}.",
             fix="Export the model without custom ops (or with their ONNX-standard decomposition); custom "
             "TensorRT plugins are not supported.",
         )
+
+
+@functools.cache
+def _standard_op_names() -> tuple[str, ...]:
+    return tuple(sorted({schema.name for schema in onnx.defs.get_all_schemas() if schema.domain == ""}))
 
 
 def _infer_shapes(graph: gs.Graph) -> gs.Graph:
@@ -212,7 +248,7 @@ def _infer_shapes_on_disk(model: onnx.ModelProto) -> onnx.ModelProto:
     with tempfile.TemporaryDirectory(prefix="trtopt-shapes-") as tmp:
         src, dst = Path(tmp, "in.onnx"), Path(tmp, "out.onnx")
         onnx.save_model(model, src, save_as_external_data=True, location="in.data")
-        onnx.shape_inference.infer_shapes_path(str(src), str(dst))
+        onnx.shape_inference.infer_shapes_path(str(src), str(dst), data_prop=True)
         inferred = onnx.load_model(dst, load_external_data=False)
         onnx.external_data_helper.load_external_data_for_model(inferred, tmp)
     return inferred

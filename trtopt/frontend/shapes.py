@@ -45,10 +45,11 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                 f"rank {len(old)} ({_fmt(old)}).",
                 fix="Give one size per dimension.",
             )
-        for i, (want, have) in enumerate(zip(shape, old or shape)):
+        for i, (want, have) in enumerate(zip(shape, old or shape, strict=True)):
             if isinstance(have, int) and have > 0 and have != want:
                 raise ShapeError(
-                    f"--shapes sets dimension {i} of input {name!r} to {want}, but the model fixes it at {have}.",
+                    f"--shapes sets dimension {i} of input {name!r} to {want}, "
+                    f"but the model fixes it at {have}.",
                     fix=f"Only dynamic dimensions can be set; the model's shape is {_fmt(old)}.",
                 )
         tensor.shape = list(shape)
@@ -68,8 +69,8 @@ def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) 
         if dynamic:
             example = "x".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in dims)
             raise ShapeError(
-                f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {_fmt(dims)}); trtopt needs "
-                f"concrete sizes there to preprocess data and build the plan.",
+                f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {_fmt(dims)}); "
+                f"trtopt needs concrete sizes there to preprocess data and build the plan.",
                 fix=f"Pass them with --shapes {tensor.name}:{example.replace('?', 'N')}, "
                 f"e.g. --shapes {tensor.name}:1x3x224x224.",
             )

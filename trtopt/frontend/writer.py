@@ -32,11 +32,23 @@ def _temp_beside(path: Path) -> Iterator[Path]:
         raise
 
 
+@contextlib.contextmanager
+def _os_errors_as_user_errors(target: Path) -> Iterator[None]:
+    """A full disk or a vanished folder is the user's to fix: a clean message, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        raise TrtoptError(
+            f"Could not write {str(target)!r}: {exc.strerror or exc}. Nothing was written.",
+            fix="Check free disk space and permissions of the output folder, then retry.",
+        ) from exc
+
+
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` via a temporary file and a rename."""
     target = Path(path)
     _check_writable(target)
-    with _temp_beside(target) as tmp:
+    with _os_errors_as_user_errors(target), _temp_beside(target) as tmp:
         tmp.write_bytes(data)
         os.replace(tmp, target)
     return target
@@ -48,11 +60,20 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
     _check_writable(target)
     if model.ByteSize() < PROTOBUF_LIMIT:
         return write_atomic(target, model.SerializeToString())
+    with _os_errors_as_user_errors(target):
+        _save_with_external_data(model, target)
+    return target
+
+
+def _save_with_external_data(model: onnx.ModelProto, target: Path) -> None:
     data_name = target.name + ".data"
+    # onnx.save_model moves the weights out of the message it is given: save a copy, not the caller's.
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
     with _temp_beside(target.with_name(data_name)) as tmp_data, _temp_beside(target) as tmp_model:
         tmp_data.unlink()
         onnx.save_model(
-            model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True, location=tmp_data.name
+            copy, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True, location=tmp_data.name
         )
         # The model refers to its weights by file name: rewrite the reference to the final name.
         saved = onnx.load_model(tmp_model, load_external_data=False)
@@ -63,7 +84,6 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
         tmp_model.write_bytes(saved.SerializeToString())
         os.replace(tmp_data, target.with_name(data_name))
         os.replace(tmp_model, target)
-    return target
 
 
 def _check_writable(target: Path) -> None:

@@ -1,0 +1,138 @@
+"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs and fusion opportunities.
+
+examples:
+  trtopt inspect model.onnx
+  trtopt inspect model.onnx --shapes input:1x3x224x224 --layers
+  trtopt inspect model.onnx --json > summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtopt.analysis import ModelSummary
+
+TOP_LAYERS = 10
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument(
+        "--shapes",
+        action="append",
+        metavar="NAME:DxDxD",
+        help="concrete sizes for dynamic input dimensions, e.g. input:1x3x224x224 (repeat or comma-separate)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the full summary as JSON on stdout")
+    parser.add_argument(
+        "--layers",
+        action="store_true",
+        help=f"list every layer in graph order (default: the top {TOP_LAYERS} by MACs)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtopt.analysis import summarize
+    from trtopt.cli.console import print_json
+    from trtopt.frontend import graph_from_onnx, load_model, parse_shapes
+
+    shapes = parse_shapes(args.shapes)
+    loaded = load_model(args.model)
+    graph = graph_from_onnx(loaded.model, shapes=shapes, fold_constants=False)
+    summary = summarize(graph, source=str(args.model), opset=loaded.opset)
+    if args.json:
+        print_json(summary.to_dict())
+    else:
+        print_summary(summary, all_layers=args.layers)
+    return 0
+
+
+def print_summary(summary: ModelSummary, *, all_layers: bool = False) -> None:
+    from rich.table import Table
+
+    from trtopt.cli.console import err, out
+
+    out.print(f"[bold]{summary.source}[/]  opset {summary.opset}", markup=True)
+    io = Table(title="Inputs and outputs", title_justify="left")
+    for column in ("", "name", "shape", "dtype"):
+        io.add_column(column)
+    for kind, tensors in (("input", summary.inputs), ("output", summary.outputs)):
+        for t in tensors:
+            io.add_row(kind, t.name, _fmt_shape(t.shape), t.dtype)
+    out.print(io)
+
+    ops = Table(title="Ops", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, count in summary.op_histogram.items():
+        ops.add_row(op, str(count))
+    out.print(ops)
+
+    unknown = f" + {len(summary.unknown_cost)} layers unknown" if summary.unknown_cost else ""
+    out.print(
+        f"nodes {len(summary.layers)}   parameters {_human(summary.params)}   "
+        f"MACs {_human(summary.macs)}{unknown}   elementwise ops {_human(summary.elementwise)}"
+    )
+    _print_layers(summary, all_layers)
+    _print_opportunities(summary)
+    if summary.unknown_cost:
+        example = ",".join(f"{t.name}:{_fmt_shape(t.shape, unknown='N')}" for t in summary.inputs)
+        err.print(
+            f"[yellow]note:[/] the cost of {len(summary.unknown_cost)} layer(s) is unknown because some "
+            f"shapes are dynamic; pass concrete sizes, e.g. --shapes {example} (N: your sizes).",
+            markup=True,
+            soft_wrap=True,
+            highlight=False,
+        )
+
+
+def _print_layers(summary: ModelSummary, all_layers: bool) -> None:
+    from rich.table import Table
+
+    from trtopt.cli.console import out
+
+    layers = list(summary.layers) if all_layers else summary.top_layers(TOP_LAYERS)
+    title = "Layers" if all_layers else f"Top {len(layers)} layers by MACs"
+    table = Table(title=title, title_justify="left")
+    for name in ("layer", "op", "output"):
+        table.add_column(name)
+    table.add_column("MACs", justify="right")
+    table.add_column("%", justify="right")
+    for layer in layers:
+        share = f"{100 * layer.macs / summary.macs:.1f}" if summary.macs and layer.macs else ""
+        macs = "?" if layer.macs is None else _human(layer.macs)
+        table.add_row(layer.name, layer.op, _fmt_shape(layer.output_shape), macs, share)
+    out.print(table)
+
+
+def _print_opportunities(summary: ModelSummary) -> None:
+    from rich.table import Table
+
+    from trtopt.cli.console import out
+
+    if not summary.opportunities:
+        out.print("No fusion opportunities found.")
+        return
+    table = Table(title="Fusion opportunities", title_justify="left")
+    table.add_column("kind")
+    table.add_column("where")
+    for match in summary.opportunities:
+        table.add_row(match.kind, match.describe())
+    out.print(table)
+
+
+def _fmt_shape(shape: tuple[int | str | None, ...] | None, *, unknown: str | None = None) -> str:
+    """1x3xHxW; `unknown` replaces every non-integer dimension when given."""
+    if shape is None:
+        return "?"
+    dims = [str(d) if isinstance(d, int) else unknown or (d or "?") for d in shape]
+    return "x".join(dims) or "scalar"
+
+
+def _human(n: int) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
