@@ -1,0 +1,257 @@
+"""Wiring of the TensorRT runner against stand-in `tensorrt` and `cuda.bindings.runtime` modules.
+
+These tests do NOT verify TensorRT or CUDA: "device" memory is host memory, the "engine" computes
+y = 2x, and stream capture is simulated. They check trtopt's own logic - buffers sized once per max
+shape, input shapes set only on change, zero-copy binding, CUDA-graph capture then replay, one context
+per thread, cleanup - which would otherwise first run on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trtopt.backend import RunOptions
+from trtopt.backend.tensorrt import detect
+from trtopt.backend.tensorrt.runner import create_runner
+from trtopt.errors import ShapeError
+
+
+class Err(enum.IntEnum):
+    cudaSuccess = 0
+
+
+class FakeCudart(types.ModuleType):
+    """Host memory posing as device memory; captured work runs only when its graph is launched."""
+
+    def __init__(self) -> None:
+        super().__init__("cuda.bindings.runtime")
+        self.buffers: dict[int, Any] = {}
+        self.capturing: list[Callable[[], None]] | None = None
+        self.calls: list[str] = []
+        self.cudaMemcpyKind = types.SimpleNamespace(cudaMemcpyHostToDevice=1, cudaMemcpyDeviceToHost=2)
+        self.cudaStreamCaptureMode = types.SimpleNamespace(cudaStreamCaptureModeThreadLocal=1)
+
+    def _alloc(self, nbytes: int) -> tuple[Err, int]:
+        buffer = ctypes.create_string_buffer(nbytes)
+        self.buffers[ctypes.addressof(buffer)] = buffer
+        return Err.cudaSuccess, ctypes.addressof(buffer)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        method = getattr(type(self), "_" + name, None)
+
+        def call(*args: Any) -> tuple[Any, ...]:
+            self.calls.append(name)
+            return method(self, *args) if method else (Err.cudaSuccess,)
+
+        return call
+
+    def _cudaMalloc(self, n: int) -> tuple[Err, int]:
+        return self._alloc(n)
+
+    def _cudaMallocHost(self, n: int) -> tuple[Err, int]:
+        return self._alloc(n)
+
+    def _cudaFree(self, ptr: int) -> tuple[Err]:
+        del self.buffers[ptr]
+        return (Err.cudaSuccess,)
+
+    _cudaFreeHost = _cudaFree
+
+    def _cudaStreamCreate(self) -> tuple[Err, int]:
+        return Err.cudaSuccess, 1000 + len(self.calls)
+
+    def _cudaEventCreate(self) -> tuple[Err, object]:
+        return Err.cudaSuccess, object()
+
+    def _cudaEventElapsedTime(self, start: object, end: object) -> tuple[Err, float]:
+        return Err.cudaSuccess, 1.5
+
+    def _cudaMemcpyAsync(self, dst: int, src: int, n: int, kind: int, stream: int) -> tuple[Err]:
+        ctypes.memmove(dst, src, n)
+        return (Err.cudaSuccess,)
+
+    def _cudaStreamBeginCapture(self, stream: int, mode: int) -> tuple[Err]:
+        self.capturing = []
+        return (Err.cudaSuccess,)
+
+    def _cudaStreamEndCapture(self, stream: int) -> tuple[Err, list[Callable[[], None]]]:
+        work, self.capturing = self.capturing, None
+        return Err.cudaSuccess, work or []
+
+    def _cudaGraphInstantiate(self, graph: list[Callable[[], None]], flags: int) -> tuple[Err, Any]:
+        return Err.cudaSuccess, graph
+
+    def _cudaGraphLaunch(self, graph: list[Callable[[], None]], stream: int) -> tuple[Err]:
+        for work in graph:
+            work()
+        return (Err.cudaSuccess,)
+
+
+def fake_tensorrt(cudart: FakeCudart) -> types.ModuleType:
+    trt = types.ModuleType("tensorrt")
+    trt.__version__ = "11.0.0.1"  # type: ignore[attr-defined]
+    trt.TensorIOMode = types.SimpleNamespace(INPUT="in", OUTPUT="out")  # type: ignore[attr-defined]
+    trt.nptype = lambda dtype: np.float32  # type: ignore[attr-defined]
+
+    class Context:
+        def __init__(self) -> None:
+            self.shape: tuple[int, ...] = (1, 4)
+            self.addr: dict[str, int] = {}
+            self.shape_sets = 0
+
+        def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+            self.shape, self.shape_sets = tuple(shape), self.shape_sets + 1
+            return True
+
+        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+            return self.shape
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            self.addr[name] = ptr
+            return True
+
+        def execute_async_v3(self, stream: int) -> bool:
+            n = int(np.prod(self.shape))
+            src, dst = self.addr["x"], self.addr["y"]
+
+            def work() -> None:
+                x = np.ctypeslib.as_array((ctypes.c_float * n).from_address(src))
+                np.ctypeslib.as_array((ctypes.c_float * n).from_address(dst))[:] = 2 * x
+
+            if cudart.capturing is not None:
+                cudart.capturing.append(work)
+            else:
+                work()
+            return True
+
+    class Engine:
+        num_io_tensors = 2
+        contexts: list[Context] = []
+
+        def get_tensor_name(self, i: int) -> str:
+            return ["x", "y"][i]
+
+        def get_tensor_mode(self, name: str) -> str:
+            return "in" if name == "x" else "out"
+
+        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+            return (-1, 4)
+
+        def get_tensor_dtype(self, name: str) -> str:
+            return "float32"
+
+        def get_tensor_profile_shape(self, name: str, profile: int) -> list[tuple[int, ...]]:
+            return [(1, 4), (8, 4), (8, 4)]
+
+        def create_execution_context(self) -> Context:
+            context = Context()
+            self.contexts.append(context)
+            return context
+
+    class Runtime:
+        def __init__(self, logger: object) -> None:
+            pass
+
+        def deserialize_cuda_engine(self, data: bytes) -> Engine:
+            return Engine()
+
+    class ILogger:
+        INTERNAL_ERROR, ERROR, WARNING = range(3)
+
+        def __init__(self) -> None:
+            pass
+
+    trt.Runtime, trt.ILogger = Runtime, ILogger  # type: ignore[attr-defined]
+    return trt
+
+
+@pytest.fixture
+def cudart(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCudart]:
+    fake = FakeCudart()
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.runtime = fake  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", fake)
+    trt = fake_tensorrt(fake)
+    monkeypatch.setattr(detect, "require", lambda: trt)
+    yield fake
+
+
+class Plan:
+    sections = {"engine": b"ENGINE"}
+    versions = {"tensorrt": "11.0.0.1"}
+
+
+def test_wiring_host_inputs_dynamic_batch_and_cleanup(cudart: FakeCudart) -> None:
+    runner = create_runner(Plan(), RunOptions())
+    allocated = cudart.calls.count("cudaMalloc")
+    for batch in (2, 8, 8):
+        x = np.arange(batch * 4, dtype=np.float32).reshape(batch, 4)
+        np.testing.assert_array_equal(runner.infer({"x": x})["y"], 2 * x)
+    assert cudart.calls.count("cudaMalloc") == allocated + 2  # one context: x and y at max shape, once
+    context = runner._context().context
+    assert context.shape_sets == 2  # shapes set on change only (2 -> 8), not per call
+    outputs, ms = runner.timed_infer({"x": np.ones((1, 4), np.float32)})
+    assert ms == 1.5 and outputs["y"].shape == (1, 4)
+    with pytest.raises(ShapeError, match="up to"):
+        runner.infer({"x": np.ones((9, 4), np.float32)})
+    runner.close()
+    assert cudart.buffers == {}  # every device and pinned buffer freed
+
+
+def test_wiring_cuda_graph_captured_once_then_replayed(cudart: FakeCudart) -> None:
+    runner = create_runner(Plan(), RunOptions(cuda_graph=True))
+    x = np.full((3, 4), 1.5, np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(runner.infer({"x": x})["y"], 2 * x)
+    assert cudart.calls.count("cudaStreamBeginCapture") == 1
+    assert cudart.calls.count("cudaGraphLaunch") == 3
+    runner.close()
+
+
+def test_wiring_device_array_input_is_bound_without_a_copy(cudart: FakeCudart) -> None:
+    runner = create_runner(Plan(), RunOptions())
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+    class GpuArray:  # a CUDA-array-interface producer whose "device" memory is x's buffer
+        __cuda_array_interface__ = {
+            "shape": (2, 4),
+            "typestr": "<f4",
+            "data": (x.ctypes.data, False),
+            "version": 3,
+        }
+
+    copies = cudart.calls.count("cudaMemcpyAsync")
+    np.testing.assert_array_equal(runner.infer({"x": GpuArray()})["y"], 2 * x)
+    assert cudart.calls.count("cudaMemcpyAsync") == copies + 1  # only the output comes back
+    assert runner._context().context.addr["x"] == x.ctypes.data
+    runner.close()
+
+
+def test_wiring_each_thread_gets_its_own_context(cudart: FakeCudart) -> None:
+    runner = create_runner(Plan(), RunOptions())
+    contexts = []
+
+    def work() -> None:
+        runner.infer({"x": np.ones((1, 4), np.float32)})
+        contexts.append(runner._context())
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(c) for c in contexts}) == 3
+    runner.close()

@@ -1,0 +1,165 @@
+"""Device pointers from other libraries' GPU arrays, for zero-copy inputs. Pure: no CUDA needed.
+
+Two protocols describe a GPU buffer without copying it:
+
+- ``__cuda_array_interface__`` (Numba's CUDA Array Interface, v3): a dict with ``data`` (pointer,
+  read-only flag), ``shape``, ``typestr`` (numpy array-interface type string), ``strides`` (bytes, or
+  None for C-contiguous), optional ``mask`` (must be None) and ``stream`` (the producer's stream, which
+  the consumer must synchronise with before reading). PyTorch, CuPy, Numba and PyCUDA expose it.
+- DLPack (``__dlpack__`` / ``__dlpack_device__``, Python array API standard): ``__dlpack__(stream=s)``
+  returns a PyCapsule named "dltensor" holding a ``DLManagedTensor`` whose first member is a
+  ``DLTensor {void* data; DLDevice device; int32 ndim; DLDataType dtype; int64* shape; int64* strides;
+  uint64 byte_offset}`` (dlpack.h). Passing our stream makes the producer order its pending work
+  before that stream, so no synchronisation is needed on our side.
+
+The interface is preferred when both exist (no capsule to unpack). The capsule is not consumed (not
+renamed "used_dltensor"): the caller's array owns the memory and outlives the call, and the capsule
+is kept on the `DeviceArray` so its deleter runs only after we are done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtopt.errors import DataError
+
+# DLDeviceType values (dlpack.h).
+DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
+_DL_GPU_TYPES = (DL_CUDA, DL_CUDA_MANAGED)
+# DLDataTypeCode values (dlpack.h) -> numpy kind letter.
+_DL_KIND = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
+
+
+@dataclass(frozen=True)
+class DeviceArray:
+    """A C-contiguous buffer in GPU memory, described by pointer, shape and dtype."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    stream: int | None = None  # producer stream to synchronise with (CUDA array interface v3)
+    owner: Any = None  # keeps a DLPack capsule alive while the pointer is in use
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def device_array_from(obj: Any, stream: int | None = None) -> DeviceArray | None:
+    """The GPU buffer behind `obj`, or None when `obj` lives in host memory (numpy, CPU tensors)."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return from_cuda_array_interface(obj.__cuda_array_interface__)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        device_type = int(obj.__dlpack_device__()[0])
+        if device_type in _DL_GPU_TYPES:
+            return from_dlpack(obj, stream=stream)
+    return None
+
+
+def from_cuda_array_interface(cai: dict[str, Any]) -> DeviceArray:
+    """Parse a CUDA Array Interface (v0-v3) dict; refuse masked or non-contiguous arrays."""
+    shape = tuple(int(d) for d in cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    if cai.get("mask") is not None:
+        raise DataError(
+            "A GPU input has a mask (CUDA array interface 'mask'); masked arrays are not supported."
+        )
+    strides = cai.get("strides")
+    if strides is not None and not _is_c_contiguous(shape, tuple(strides), dtype.itemsize):
+        raise _not_contiguous(shape, tuple(strides))
+    ptr = int(cai["data"][0])
+    stream = cai.get("stream")
+    return DeviceArray(ptr=ptr, shape=shape, dtype=dtype, stream=None if stream is None else int(stream))
+
+
+def from_dlpack(obj: Any, stream: int | None = None) -> DeviceArray:
+    """Read pointer, shape and dtype from `obj.__dlpack__()` without consuming the capsule."""
+    capsule = obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
+    address = _capsule_pointer(capsule, b"dltensor")
+    tensor = _DLTensor.from_address(address)
+    shape = tuple(int(tensor.shape[i]) for i in range(tensor.ndim))
+    dtype = _dtype_from_dl(tensor.dtype)
+    if tensor.strides:
+        strides = tuple(int(tensor.strides[i]) * dtype.itemsize for i in range(tensor.ndim))
+        if not _is_c_contiguous(shape, strides, dtype.itemsize):
+            raise _not_contiguous(shape, strides)
+    ptr = int(tensor.data or 0) + int(tensor.byte_offset)
+    return DeviceArray(ptr=ptr, shape=shape, dtype=dtype, owner=capsule)
+
+
+def dlpack_device_type(obj: Any) -> int:
+    return int(obj.__dlpack_device__()[0])
+
+
+def _is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """Row-major check; a dimension of size 1 may carry any stride (PyTorch leaves them arbitrary)."""
+    if any(d == 0 for d in shape):
+        return True
+    step = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if dim != 1 and stride != step:
+            return False
+        step *= dim
+    return True
+
+
+def _not_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> DataError:
+    return DataError(
+        f"A GPU input of shape {list(shape)} is not C-contiguous (byte strides {list(strides)}).",
+        fix="Pass a contiguous array, e.g. tensor.contiguous() in PyTorch or cupy.ascontiguousarray(x).",
+    )
+
+
+def _dtype_from_dl(dl: _DLDataType) -> np.dtype:
+    kind = _DL_KIND.get(int(dl.code))
+    if kind is None or int(dl.lanes) != 1:
+        raise DataError(
+            f"A DLPack input has a data type numpy cannot describe (code {dl.code}, {dl.bits} bits, "
+            f"{dl.lanes} lanes).",
+            fix="Convert it to float32, float16, int8, int32 or int64 before inference.",
+        )
+    if kind == "b":
+        return np.dtype(np.bool_)
+    return np.dtype(f"{kind}{int(dl.bits) // 8}")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+# A private prototype, so we never change the shared `ctypes.pythonapi.PyCapsule_GetPointer.restype`.
+_PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+
+def _capsule_pointer(capsule: Any, name: bytes) -> int:
+    try:
+        address = _PyCapsule_GetPointer(capsule, name)
+    except ValueError:
+        raise DataError(
+            "An input's __dlpack__() did not return a 'dltensor' capsule (already consumed, or a versioned "
+            "DLPack 1.x capsule).",
+            fix="Pass the array itself, not a capsule, or convert it with torch.as_tensor / cupy.asarray.",
+        ) from None
+    return int(address)
