@@ -73,6 +73,16 @@ class Engine:
         self._validate(feeds)
         return self._runner.infer(feeds)
 
+    def timed_infer(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], float | None]:
+        """`infer` plus the device time in milliseconds where the backend measures it (TensorRT: CUDA
+        events around the GPU work); None where it does not (CPU: time the call on the host)."""
+        self._validate(feeds)
+        timed = getattr(self._runner, "timed_infer", None)
+        if timed is None:
+            return self._runner.infer(feeds), None
+        outputs, device_ms = timed(feeds)
+        return outputs, float(device_ms)
+
     def preprocess(self, images: Sequence[Any]) -> np.ndarray:
         """Apply the plan's stored preprocessing to images (paths, PIL images or HWC uint8 arrays)."""
         from trtopt.data import PreprocessSpec, preprocess_images

@@ -85,11 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def timing_function(engine: Any) -> tuple[Callable[[Any], Any], str]:
     """GPU-event timing where the engine offers it (TensorRT runner's `timed_infer`), else host clock."""
-    timed = getattr(engine, "timed_infer", None) or getattr(
-        getattr(engine, "runner", None), "timed_infer", None
-    )
-    if engine.backend == "tensorrt" and callable(timed):
-        return (lambda feeds: float(timed(feeds)[1])), "cuda-events"
+    if engine.backend == "tensorrt":
+        return (lambda feeds: engine.timed_infer(feeds)[1]), "cuda-events"
     return engine.infer, "host"
 
 
