@@ -1,0 +1,141 @@
+"""The whole pipeline (and each pass alone) on every zoo model and on the real light models, plus the CLI."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from light_models import LIGHT_NAMES, light_model
+from pass_helpers import RTOL, assert_canonical, max_relative_error, random_feeds
+
+from trtopt.cli.main import main
+from trtopt.errors import UnknownNameError
+from trtopt.execution.ort_session import run_model
+from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.passes import DEFAULT_ORDER, PASSES, optimize, read_metadata, record_metadata
+from trtopt.zoo import NAMES, build_model
+
+FAST_LIGHT = tuple(n for n in LIGHT_NAMES if n != "vgg19")  # VGG-19 is 550 MB of weights: slow-marked
+
+
+def check(graph: gs.Graph, passes: tuple[str, ...] | None, reference: dict[str, np.ndarray]) -> gs.Graph:
+    """Optimise, check canonical form, idempotence and outputs; returns the optimised graph."""
+    result = optimize(graph, passes)
+    assert_canonical(result.graph)
+    again = optimize(result.graph, passes)
+    assert not again.changed, [r.summary() for r in again.reports if r.changed]
+    if result.changed:
+        feeds = random_feeds(graph)
+        error = max_relative_error(reference, run_model(result.graph, feeds, opt_level="disable"))
+        assert error <= RTOL, f"{passes}: {error:.2e}"
+    else:  # nothing matched: the graph must come out as it went in
+        assert onnx_from_graph(result.graph).graph == onnx_from_graph(gs.Graph.copy(graph)).graph
+    return result.graph
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_zoo_model_pipeline_and_each_pass(name: str) -> None:
+    graph = graph_from_onnx(build_model(name, batch=2, seed=3))
+    reference = run_model(graph, random_feeds(graph), opt_level="disable")
+    for passes in [None, *((p,) for p in DEFAULT_ORDER)]:
+        check(graph, passes, reference)
+
+
+@pytest.mark.parametrize("opset", [11, 12, 14, 21])
+def test_tiny_cnn_across_opsets(opset: int) -> None:
+    graph = graph_from_onnx(build_model("tiny_cnn", batch=1, opset=opset))
+    check(graph, None, run_model(graph, random_feeds(graph), opt_level="disable"))
+
+
+@cache
+def _light(name: str) -> tuple[gs.Graph, dict[str, np.ndarray]]:
+    graph = graph_from_onnx(light_model(name))
+    return graph, run_model(graph, random_feeds(graph), opt_level="disable")
+
+
+# What the default pipeline must find in each real topology (structure, not just numbers).
+EXPECTED_LIGHT = {
+    "resnet50": {"fold_batchnorm": {"fold_bn": 53}, "fuse_cbr": {"sum_to_add": 16}},
+    "inception_v1": {"fuse_parallel_convs": {"fuse_parallel": 9}},
+    "densenet121": {"fold_batchnorm": {"fold_bn": 59, "fold_mul": 59, "fold_add": 59}},
+    "squeezenet": {},
+    "shufflenet": {"fold_batchnorm": {"fold_bn": 49}, "fuse_cbr": {"sum_to_add": 13}},
+    "vgg19": {},
+}
+
+
+def _light_case(name: str) -> None:
+    graph, reference = _light(name)
+    optimised = check(graph, None, reference)
+    reports = {r.name: r.counts() for r in optimize(graph).reports if r.changed}
+    assert reports == EXPECTED_LIGHT[name]
+    assert "BatchNormalization" not in {n.op for n in optimised.nodes} or name == "densenet121"
+    for name_ in DEFAULT_ORDER:
+        check(graph, (name_,), reference)
+
+
+@pytest.mark.parametrize("name", FAST_LIGHT)
+def test_light_model(name: str) -> None:
+    _light_case(name)
+
+
+@pytest.mark.slow
+def test_light_vgg19() -> None:
+    _light_case("vgg19")
+
+
+def test_resnet50_groups() -> None:
+    result = optimize(_light("resnet50")[0])
+    kinds = [g.kind for g in result.fusion_groups]
+    assert kinds.count("conv+add+relu") == 16 and kinds.count("conv+relu") == 33
+    assert result.launches_saved > 100 and result.bytes_saved > 0
+
+
+def test_metadata_round_trip() -> None:
+    result = optimize(graph_from_onnx(build_model("tiny_cnn")))
+    model = onnx_from_graph(result.graph)
+    record_metadata(model, result)
+    record_metadata(model, result)  # replaces, never duplicates
+    assert sum(p.key == "trtopt.optimizer" for p in model.metadata_props) == 1
+    meta = read_metadata(onnx.load_from_string(model.SerializeToString()))
+    assert meta is not None and meta.passes == DEFAULT_ORDER
+    assert meta.fusion_groups == result.fusion_groups and meta.concat_groups == result.concat_groups
+    assert read_metadata(build_model("tiny_cnn")) is None
+
+
+def test_unknown_pass_lists_valid_ones() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        optimize(graph_from_onnx(build_model("tiny_cnn")), ["fold_batchnorm", "fold_bn"])
+    assert set(info.value.valid) == set(PASSES.names())
+
+
+def test_cli_optimize(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    source, target = tmp_path / "m.onnx", tmp_path / "out" / "m.opt.onnx"
+    onnx.save(build_model("tiny_cnn"), source)
+    assert main(["optimize", str(source), "-o", str(target), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in report["passes"]] == list(DEFAULT_ORDER)
+    assert report["after"]["kernel_launches"] < report["before"]["kernel_launches"]
+    meta = read_metadata(onnx.load(target))
+    assert meta is not None and meta.fusion_groups
+    assert main(["optimize", str(source), "-o", str(target), "--passes", "fuse_cbr"]) == 0
+    assert "fuse_cbr" in capsys.readouterr().out
+    assert main(["optimize", str(source), "-o", str(target), "--passes", "fold,fuse_cbr"]) == 2
+    assert "fold_batchnorm" in capsys.readouterr().err
+
+
+EFFNET = Path(__file__).resolve().parents[1] / "models" / "efficientnet_lite0.onnx"
+
+
+@pytest.mark.skipif(not EFFNET.exists(), reason="models/efficientnet_lite0.onnx is not in this checkout")
+def test_efficientnet_lite0_real_weights() -> None:
+    """The pretrained model (BN already folded by the exporter): ReLU6 groups, residual Adds."""
+    graph = graph_from_onnx(EFFNET, shapes={"input": (1, 3, 224, 224)})
+    check(graph, None, run_model(graph, random_feeds(graph), opt_level="disable"))
+    kinds = {g.kind for g in optimize(graph).fusion_groups}
+    assert {"conv+relu6", "conv+add"} <= kinds

@@ -1,0 +1,117 @@
+"""Run the graph passes on an ONNX model and write the optimised model.
+
+  trtopt optimize model.onnx -o model.opt.onnx
+  trtopt optimize model.onnx -o out.onnx --passes fold_batchnorm,fuse_cbr --json
+
+Default passes, in order: fold_batchnorm, fuse_parallel_convs, eliminate_concat, fuse_cbr. The output
+stays standard ONNX (TensorRT re-fuses what the report lists); fusion and concat groups are stored in
+the model's metadata for `trtopt build`/the quantizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="input ONNX model")
+    parser.add_argument("-o", "--output", required=True, help="where to write the optimised ONNX model")
+    parser.add_argument(
+        "--passes",
+        help="comma-separated passes to run in this order (default: all, in the default order)",
+    )
+    parser.add_argument(
+        "--shapes", action="append", help="input shapes for dynamic models, e.g. input:1x3x224x224"
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtopt.frontend import graph_from_onnx, onnx_from_graph, parse_shapes, save_onnx
+    from trtopt.passes import optimize, record_metadata
+
+    passes = _parse_passes(args.passes)
+    graph = graph_from_onnx(args.model, shapes=parse_shapes(args.shapes))
+    result = optimize(graph, passes)
+    model = onnx_from_graph(result.graph)
+    record_metadata(model, result)
+    save_onnx(model, args.output)
+    if args.json:
+        from trtopt.cli.console import print_json
+
+        print_json(report_dict(result, args.model, args.output))
+    else:
+        _print_tables(result, args.output)
+    return 0
+
+
+def _parse_passes(text: str | None) -> list[str] | None:
+    """None (default order) or the listed names; unknown names fail before any work is done."""
+    if text is None:
+        return None
+    from trtopt.errors import TrtoptError
+    from trtopt.passes import PASSES
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise TrtoptError("--passes is empty.", fix=f"List passes from: {', '.join(PASSES.names())}.")
+    for name in names:
+        PASSES.get(name)  # raises UnknownNameError listing the valid names
+    return names
+
+
+def report_dict(result: Any, source: str, output: str) -> dict[str, Any]:
+    return {
+        "model": source,
+        "output": output,
+        "seconds": result.seconds,
+        "passes": [r.to_dict() for r in result.reports],
+        "before": vars(result.before),
+        "after": vars(result.after),
+        "fusion_groups": [vars(g) for g in result.fusion_groups],
+        "concat_groups": [vars(g) for g in result.concat_groups],
+    }
+
+
+def _print_tables(result: Any, output: str) -> None:
+    from rich.table import Table
+
+    from trtopt.cli.console import out
+
+    passes = Table(title="Passes", title_justify="left")
+    for column in ("pass", "changes", "nodes", "time"):
+        passes.add_column(column, justify="right" if column in ("nodes", "time") else "left")
+    for report in result.reports:
+        nodes = f"{report.nodes_before} -> {report.nodes_after}"
+        passes.add_row(report.name, report.summary(), nodes, f"{report.seconds * 1e3:.1f} ms")
+    out.print(passes)
+
+    summary = Table(title="Graph (TensorRT cost model)", title_justify="left")
+    for column in ("", "before", "after", "saved"):
+        summary.add_column(column, justify="left" if not column else "right")
+    b, a = result.before, result.after
+    rows = [
+        ("nodes", b.nodes, a.nodes),
+        ("fused layers", b.fused_layers, a.fused_layers),
+        ("est. kernel launches", b.kernel_launches, a.kernel_launches),
+    ]
+    for label, x, y in rows:
+        summary.add_row(label, str(x), str(y), str(x - y))
+    summary.add_row(
+        "intermediate tensors",
+        _mib(b.intermediate_bytes),
+        _mib(a.intermediate_bytes),
+        _mib(b.intermediate_bytes - a.intermediate_bytes),
+    )
+    out.print(summary)
+    in_place = sum(g.in_place for g in result.concat_groups)
+    concats = f"{in_place}/{len(result.concat_groups)} concats in place"
+    out.print(
+        f"{len(result.fusion_groups)} fusion groups, {concats}; "
+        f"optimised in {result.seconds * 1e3:.0f} ms; wrote {output}"
+    )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"

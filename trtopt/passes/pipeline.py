@@ -1,0 +1,74 @@
+"""`optimize`: run passes in order on a copy of a graph, then derive groups and the cost summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from trtopt.passes.base import PASSES, PassReport
+from trtopt.passes.cost import GraphCost, estimate_cost
+from trtopt.passes.edit import canonicalize
+from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, find_fusion_groups
+
+# BN first (it hides the conv-activation adjacency); horizontal fusion before concat elimination
+# (it creates Split->Concat round trips); CBR last, so it records groups on the final graph.
+DEFAULT_ORDER = ("fold_batchnorm", "fuse_parallel_convs", "eliminate_concat", "fuse_cbr")
+
+
+@dataclass(frozen=True)
+class OptimizeResult:
+    graph: gs.Graph
+    reports: tuple[PassReport, ...]
+    fusion_groups: tuple[FusionGroup, ...]
+    concat_groups: tuple[ConcatGroup, ...]
+    before: GraphCost
+    after: GraphCost
+    seconds: float
+
+    @property
+    def nodes_before(self) -> int:
+        return self.before.nodes
+
+    @property
+    def nodes_after(self) -> int:
+        return self.after.nodes
+
+    @property
+    def launches_saved(self) -> int:
+        return self.before.kernel_launches - self.after.kernel_launches
+
+    @property
+    def bytes_saved(self) -> int:
+        return self.before.intermediate_bytes - self.after.intermediate_bytes
+
+    @property
+    def changed(self) -> bool:
+        return any(r.changed for r in self.reports)
+
+
+def optimize(graph: gs.Graph, passes: Sequence[str] | None = None) -> OptimizeResult:
+    """Run `passes` (None: `DEFAULT_ORDER`) on a copy of `graph`; the caller's graph is not changed.
+
+    Unknown pass names raise `UnknownNameError` listing the valid ones, before anything runs.
+    """
+    start = time.perf_counter()
+    names = DEFAULT_ORDER if passes is None else tuple(passes)
+    functions = [PASSES.get(name) for name in names]
+    work = canonicalize(graph.copy())
+    before = estimate_cost(work)
+    reports = tuple(fn(work) for fn in functions)
+    fusion_groups = find_fusion_groups(work)
+    concat_groups = find_concat_groups(work)
+    after = estimate_cost(work, fusion_groups, concat_groups)
+    return OptimizeResult(
+        graph=work,
+        reports=reports,
+        fusion_groups=tuple(fusion_groups),
+        concat_groups=tuple(concat_groups),
+        before=before,
+        after=after,
+        seconds=time.perf_counter() - start,
+    )
