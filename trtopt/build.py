@@ -46,6 +46,7 @@ class BuildConfig:
     calib_count: int | None = None
     calib_batch: int = 8
     calib_method: str = "entropy"
+    bounded_max: bool = True
     preset: str | None = None
     shapes: dict[str, Shape] | None = None
     batch: int = 1
@@ -71,7 +72,7 @@ class BuildResult:
     kernels: Any = None
 
 
-ProgressHook = Callable[[int, int], None]
+ProgressHook = Callable[[str, int, int], None]  # (phase, samples done, samples in the phase)
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
@@ -85,17 +86,17 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         )
     times: dict[str, float] = {}
     with _timed(times, "load"):
-        graph = _load(Path(model_path), config)
+        graph = load_graph(Path(model_path), config)
     with _timed(times, "optimize"):
         optimized = optimize(graph, config.passes)
         graph = optimized.graph
     backend, reason = select_backend(config.backend)
-    spec = _preprocess_spec(Path(model_path), graph, config)
+    spec = preprocess_spec_for(Path(model_path), graph, config)
     calibration = qdq = None
     if config.int8:
         qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=backend == "cpu"))
         with _timed(times, "calibrate"):
-            calibration = _calibrate(graph, config, spec, progress)
+            calibration = calibrate_graph(graph, config, spec, progress)
         with _timed(times, "quantize"):
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)
@@ -121,7 +122,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels)
 
 
-def _load(path: Path, config: BuildConfig) -> gs.Graph:
+def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
     loaded = load_model(path)
     model = loaded.model
     if config.int8 and loaded.opset < MIN_QDQ_OPSET:
@@ -132,29 +133,41 @@ def _load(path: Path, config: BuildConfig) -> gs.Graph:
     return graph
 
 
-def _calibrate(graph: gs.Graph, config: BuildConfig, spec: Any, progress: ProgressHook | None) -> Any:
-    from trtopt.calib import CalibConfig, calibrate, check_cache_matches, load_cache, save_cache
+def calibrate_graph(graph: gs.Graph, config: BuildConfig, spec: Any, progress: ProgressHook | None = None) -> Any:
+    from trtopt.calib import CalibConfig, calibrate, check_cache_matches, load_cache, model_fingerprint, save_cache
 
     # Calibrate what any backend may quantise, so one cache serves CPU and TensorRT builds alike.
     tensors = plan_quantization(graph, replace(config.quant, quantize_outputs=True)).activation_tensors
     model = onnx_from_graph(graph)
     if config.calib_cache:
         calibration = load_cache(config.calib_cache)
-        check_cache_matches(calibration, tensors, model=model)
+        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model))
         return calibration
-    dataset = _dataset(graph, config.calib or "", spec, config.calib_count)
+    sources = [config.calib] if isinstance(config.calib, str) else list(config.calib or [])
+    dataset = _dataset(graph, sources if len(sources) > 1 else sources[0], spec, config.calib_count)
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
         tensors,
         CalibConfig(method=config.calib_method),
-        progress=progress,
-        total=len(dataset),
-        description=f"{len(dataset)} samples from {config.calib}",
+        progress=(lambda p: progress(p.phase, p.samples, p.total_samples or len(dataset))) if progress else None,
+        data_description=f"{len(dataset)} samples from {' '.join(sources)}",
     )
+    calibration = _bounded_at_max(graph, calibration) if config.bounded_max else calibration
     if config.save_cache:
         save_cache(config.save_cache, calibration)
     return calibration
+
+
+def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
+    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges)."""
+    from trtopt.quant.ranges import bounded_tensors
+
+    histograms = calibration.histograms or {}
+    amax = dict(calibration.amax)
+    for name in bounded_tensors(graph) & set(histograms):
+        amax[name] = max(amax[name], float(histograms[name].amax))
+    return replace(calibration, amax=amax)
 
 
 def _dataset(graph: gs.Graph, source: str | list[str], spec: Any, count: int | None) -> Any:
@@ -169,7 +182,7 @@ def input_infos(graph: gs.Graph) -> list[Any]:
     return list(input_infos_from_graph(graph))
 
 
-def _preprocess_spec(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
+def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
     """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet."""
     from trtopt.data import PreprocessSpec, spec_for_input
 

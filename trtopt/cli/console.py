@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trtopt.errors import TrtoptError
 
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=False, markup=False)
+err = Console(stderr=True, highlight=False, markup=False)
 
 
 def print_error(exc: TrtoptError) -> None:

@@ -20,6 +20,10 @@ from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark, input_channels, output_channels
 
 
+# Activations ONNX Runtime folds into a preceding QLinearConv's output quantisation.
+CPU_FOLDED_ACTIVATIONS = {"Relu", "Clip"}
+
+
 @dataclass(frozen=True)
 class QuantSite:
     """One Q/DQ pair to insert: on input `index` of node `consumer`, reading `tensor`."""
@@ -114,20 +118,27 @@ def _residual_sites(graph: gs.Graph, quantized: set[str]) -> list[QuantSite]:
 
 
 def _output_sites(graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite]) -> list[QuantSite]:
-    from trtopt.passes import find_fusion_groups
-
-    group_output = {g.nodes[0]: g.output for g in find_fusion_groups(graph)}
-    tensors = graph.tensors()
     taken = {(s.tensor, s.consumer, s.index) for s in sites}
+    graph_outputs = {t.name for t in graph.outputs}
     added = []
     for layer in layers:
-        out = tensors.get(group_output.get(layer.name, layer.outputs[0].name))
-        for consumer in out.outputs if out is not None else []:
+        out = _int8_kernel_output(layer, graph_outputs)
+        for consumer in out.outputs:
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is out and (out.name, consumer.name, index) not in taken:
                     added.append(QuantSite(out.name, consumer.name, index, "activation", "output"))
                     taken.add((out.name, consumer.name, index))
     return added
+
+
+def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str]) -> gs.Tensor:
+    """The tensor ONNX Runtime's INT8 kernel of `layer` can write: the layer's output, or past a sole
+    Relu / Clip that follows it (ONNX Runtime drops those into the Q's range). Any other activation
+    (SiLU, Sigmoid, HardSwish) or a residual Add runs in float after the INT8 layer."""
+    out = layer.outputs[0]
+    while len(out.outputs) == 1 and out.outputs[0].op in CPU_FOLDED_ACTIVATIONS and out.name not in graph_outputs:
+        out = out.outputs[0].outputs[0]
+    return out
 
 
 def _concat_sites(

@@ -40,8 +40,70 @@ def lower_for_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
     for info in graph.value_info:
         if info.name in lowered_outputs:
             info.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+    _share_duplicate_pairs(graph, inits)
     _quantize_biases(graph, inits, producers)
     return lowered
+
+
+def _share_duplicate_pairs(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto]) -> None:
+    """One Q/DQ pair per tensor and encoding, shared by all its consumers.
+
+    TensorRT wants a pair per consumer; ONNX Runtime fuses DQ -> Conv -> Q into QLinearConv only when
+    the Conv's output has a single consumer, so the CPU form shares one pair.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    keep: dict[tuple[str, bytes, bytes], str] = {}  # (tensor, scale, zero point) -> kept DQ output
+    replace: dict[str, str] = {}
+    dropped: set[int] = set()
+    for q in graph.node:
+        if q.op_type != "QuantizeLinear" or len(q.input) < 3 or q.input[1] not in inits:
+            continue
+        dqs = consumers.get(q.output[0], [])
+        if len(dqs) != 1 or dqs[0].op_type != "DequantizeLinear" or q.input[2] not in inits:
+            continue
+        key = (q.input[0], inits[q.input[1]].raw_data, inits[q.input[2]].raw_data)
+        if key in keep:
+            replace[dqs[0].output[0]] = keep[key]
+            dropped.update((id(q), id(dqs[0])))
+        else:
+            keep[key] = dqs[0].output[0]
+    if not replace:
+        return
+    nodes = [n for n in graph.node if id(n) not in dropped]
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name in replace:
+                node.input[i] = replace[name]
+    del graph.node[:]
+    graph.node.extend(_toposorted(nodes, graph))
+
+
+def _toposorted(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """Kahn's algorithm, stable: ready nodes keep their original relative order."""
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    producer = {out: index for index, node in enumerate(nodes) for out in node.output}
+    waiting = [sum(1 for i in node.input if i not in known and i in producer) for node in nodes]
+    users: dict[int, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            if name not in known and name in producer:
+                users.setdefault(producer[name], []).append(index)
+    import heapq
+
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        index = heapq.heappop(ready)
+        ordered.append(nodes[index])
+        for user in users.get(index, []):
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    return ordered
 
 
 def _is_activation_pair(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
@@ -78,7 +140,7 @@ def _clip_min(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> float
         if attr.name == "min":
             return float(attr.f)
     if len(node.input) > 1 and node.input[1] in inits:
-        return float(numpy_helper.to_array(inits[node.input[1]]))
+        return float(numpy_helper.to_array(inits[node.input[1]]).reshape(-1)[0])
     return -np.inf
 
 

@@ -1,0 +1,58 @@
+"""The result of calibration: a threshold T per tensor, and where it came from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trtopt.calib.histogram import TensorHistogram
+from trtopt.calib.thresholds import QMAX
+
+
+@dataclass(frozen=True)
+class CalibTimings:
+    """Wall time of each stage, in seconds, and the end-to-end throughput."""
+
+    range_pass_s: float
+    histogram_pass_s: float
+    threshold_s: float
+    num_samples: int
+
+    @property
+    def total_s(self) -> float:
+        return self.range_pass_s + self.histogram_pass_s + self.threshold_s
+
+    @property
+    def images_per_s(self) -> float:
+        """Samples calibrated per second, both passes and the threshold search included."""
+        return self.num_samples / self.total_s if self.total_s > 0 else float("inf")
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """Saturation thresholds T (amax) per tensor; the INT8 scale of a tensor is T / 127.
+
+    Computed by `calibrate()` or read by `load_cache()`. Fields a source does not record are `None`:
+    a TensorRT cache has no fingerprint, sample count or histograms.
+    """
+
+    amax: Mapping[str, float]
+    method: str
+    num_samples: int | None = None
+    histograms: Mapping[str, TensorHistogram] | None = None
+    fingerprint: str | None = None
+    timings: CalibTimings | None = None
+    data_description: str | None = None
+    source: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "amax", {str(k): float(v) for k, v in self.amax.items()})
+
+    @property
+    def scales(self) -> dict[str, float]:
+        """INT8 scale T / 127 per tensor (symmetric, zero point 0)."""
+        return {name: t / QMAX for name, t in self.amax.items()}
+
+    @property
+    def tensors(self) -> list[str]:
+        return list(self.amax)

@@ -1,0 +1,112 @@
+"""Optimise, calibrate, quantise and build a model into one plan file.
+
+Stages: load (shape inference, constant folding) -> optimise (BN folding, CBR groups, horizontal
+fusion, concat elimination) -> calibrate (entropy thresholds from your images, or a cache) -> quantise
+(Q/DQ in TensorRT's explicit-quantization form) -> build for the backend -> write the plan atomically.
+
+examples:
+  trtopt build model.onnx --int8 --calib calib_data/ -o plan.engine
+  trtopt build model.onnx --int8 --calib-cache cache.json -o plan.engine
+  trtopt build model.onnx --int8 --calib imgs/ --exclude Gemm --keep-first-last -o plan.engine
+  trtopt build model.onnx -o fp32.engine                      # no quantisation
+  trtopt build model.onnx --int8 --calib imgs/ --backend tensorrt --batch 32 --fp16 -o gpu.engine
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="ONNX model")
+    parser.add_argument("-o", "--output", required=True, help="plan file to write (e.g. plan.engine)")
+    parser.add_argument("--int8", action="store_true", help="quantise to INT8 (needs --calib or --calib-cache)")
+    g = parser.add_argument_group("calibration")
+    g.add_argument("--calib", nargs="+", metavar="PATH", help="calibration images / .npy / .npz (folders or files)")
+    g.add_argument("--calib-cache", type=Path, help="reuse thresholds from a trtopt, TensorRT or ONNX Runtime cache")
+    g.add_argument("--save-cache", type=Path, help="also write the thresholds to this trtopt cache (JSON)")
+    g.add_argument("--calib-count", type=int, default=None, help="use the first N calibration samples (default all)")
+    g.add_argument("--calib-batch", type=int, default=8, help="calibration batch size (default 8)")
+    g.add_argument(
+        "--method", default="entropy", help="activation threshold method: entropy (default), max, percentile, mse"
+    )
+    g.add_argument(
+        "--preset",
+        default=None,
+        help="image preprocessing preset (imagenet, tf, efficientnet-lite, caffe, unit, raw); default: the "
+        "model's sidecar <model>.json if present, else imagenet",
+    )
+    q = parser.add_argument_group("quantisation")
+    q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
+    q.add_argument("--keep-first-last", action="store_true", help="keep the first and last layers in float")
+    q.add_argument("--min-channels", type=int, default=16, help="layers with fewer channels stay float (default 16)")
+    b = parser.add_argument_group("build")
+    b.add_argument("--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt")
+    b.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes, e.g. input:1x3x224x224")
+    b.add_argument("--batch", type=int, default=1, help="largest batch for dynamic-batch plans (TensorRT profile)")
+    b.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all, in order)")
+    b.add_argument("--fp16", action="store_true", help="convert the non-INT8 regions to FP16 (for GPUs)")
+    b.add_argument("--labels", type=Path, help="class names, one per line (default: ImageNet for 1000 classes)")
+    b.add_argument("--workspace", type=int, default=None, help="TensorRT workspace limit in MiB")
+    b.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file to reuse and update")
+    b.add_argument("--opt-level", type=int, default=None, help="TensorRT builder optimisation level 0-5")
+    b.add_argument("--sparsity", action="store_true", help="let TensorRT use 2:4 sparse weights")
+    parser.add_argument("--json", action="store_true", help="print the build summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.cli.console import err, print_json, progress
+    from trtopt.cli.summaries import build_summary, print_build_summary
+    from trtopt.errors import TrtoptError
+    from trtopt.frontend import parse_shapes
+    from trtopt.plan import write_plan
+    from trtopt.quant import QuantConfig
+
+    if (args.calib or args.calib_cache) and not args.int8:
+        raise TrtoptError("--calib / --calib-cache given without --int8.", fix="Add --int8 to quantise.")
+    labels = None
+    if args.labels:
+        if not args.labels.is_file():
+            raise TrtoptError(f"Labels file {str(args.labels)!r} does not exist.", fix="One class name per line.")
+        labels = args.labels.read_text(encoding="utf-8").splitlines()
+    config = BuildConfig(
+        backend=args.backend,
+        int8=args.int8,
+        calib=args.calib,
+        calib_cache=args.calib_cache,
+        save_cache=args.save_cache,
+        calib_count=args.calib_count,
+        calib_batch=args.calib_batch,
+        calib_method=args.method,
+        preset=args.preset,
+        shapes=parse_shapes(args.shapes),
+        batch=args.batch,
+        passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
+        quant=QuantConfig(exclude=tuple(args.exclude), keep_first_last=args.keep_first_last, min_channels=args.min_channels),
+        fp16=args.fp16,
+        labels=labels,
+        workspace_mib=args.workspace,
+        timing_cache=args.timing_cache,
+        optimization_level=args.opt_level,
+        sparsity=args.sparsity,
+    )
+    with progress(disable=args.json) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"calibration: {phase} pass", total=total, rate="")
+            elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
+            bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
+
+        result = build_plan(args.model, config, progress=on_progress)
+    path = write_plan(result.plan, args.output)
+    summary = build_summary(result, path)
+    if args.json:
+        print_json(summary)
+    else:
+        print_build_summary(summary, result.backend_reason)
+    return 0

@@ -1,0 +1,130 @@
+"""Calibrate a model on representative data and write its INT8 thresholds to a cache.
+
+The model is optimised first (as `trtopt build` does), so the cache names exactly the tensors a build
+quantises; `trtopt build --int8 --calib-cache FILE` then skips collection. Formats: trtopt's JSON
+(default; with the model fingerprint), TensorRT's text cache (TRT-<version>-EntropyCalibration2, for
+trtexec and TensorRT <= 10 tools) and ONNX Runtime's calibration table.
+
+examples:
+  trtopt calibrate model.onnx --calib calib_data/ -o cache.json
+  trtopt calibrate model.onnx --calib calib_data/ --method percentile -o cache.json
+  trtopt calibrate model.onnx --calib calib_data/ --format tensorrt -o calib.cache
+  trtopt calibrate model.onnx --calib calib_data/ -o cache.json --plot-dir hist/ --plot-top 6
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="ONNX model")
+    parser.add_argument("--calib", nargs="+", required=True, metavar="PATH", help="images / .npy / .npz")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="cache file to write")
+    parser.add_argument(
+        "--format", default="trtopt", help="trtopt (JSON, default), tensorrt, onnxruntime-json, onnxruntime-text"
+    )
+    parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
+    parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
+    parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
+    parser.add_argument("--preset", default=None, help="image preprocessing preset (see `trtopt build --help`)")
+    parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
+    parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
+    parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")
+    parser.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
+    parser.add_argument("--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)")
+    parser.add_argument(
+        "--plot-top", type=int, default=4, help="with --plot-dir and no --plot: the N most clipped tensors"
+    )
+    parser.add_argument("--json", action="store_true", help="print a summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
+    from trtopt.calib import CACHE_FORMATS, save_cache
+    from trtopt.cli.console import err, out, print_json, progress
+    from trtopt.frontend import parse_shapes
+    from trtopt.passes import optimize
+
+    CACHE_FORMATS.get(args.format)  # fail on a bad name before the slow part
+    config = BuildConfig(
+        calib=args.calib,
+        calib_count=args.calib_count,
+        calib_batch=args.calib_batch,
+        calib_method=args.method,
+        bounded_max=not args.no_bounded_max,
+        preset=args.preset,
+        shapes=parse_shapes(args.shapes),
+        passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
+    )
+    model = Path(args.model)
+    graph = optimize(load_graph(model, config), config.passes).graph
+    spec = preprocess_spec_for(model, graph, config)
+    with progress(disable=args.json) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on_progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"{phase} pass", total=total, rate="")
+            elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
+            bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
+
+        calibration = calibrate_graph(graph, config, spec, on_progress)
+    save_cache(args.output, calibration, format=args.format)
+    plots = _plots(args, calibration) if args.plot_dir else []
+    summary = _summary(args, calibration, plots)
+    if args.json:
+        print_json(summary)
+    else:
+        out.print(
+            f"wrote {len(calibration.amax)} thresholds ({calibration.method}, {calibration.num_samples} samples, "
+            f"{summary['seconds']:.1f} s, {summary['samples_per_second']:.1f} samples/s) to {args.output}"
+        )
+        for path in plots:
+            err.print(f"histogram: {path}")
+    return 0
+
+
+def _plots(args: argparse.Namespace, calibration: Any) -> list[str]:
+    from trtopt.calib import CalibConfig, compute_thresholds, plot_histogram
+    from trtopt.errors import TrtoptError
+
+    histograms = calibration.histograms or {}
+    names = args.plot or _most_clipped(calibration, args.plot_top)
+    unknown = [n for n in names if n not in histograms]
+    if unknown:
+        raise TrtoptError(
+            f"No histogram for {unknown}: not a calibrated tensor.",
+            fix=f"Calibrated tensors include {', '.join(list(histograms)[:5])} …",
+        )
+    methods = ("entropy", "max", "percentile", "mse")
+    by_method = {m: compute_thresholds({n: histograms[n] for n in names}, CalibConfig(method=m)) for m in methods}
+    paths = []
+    for name in names:
+        lines = {"chosen": calibration.amax[name], **{m: by_method[m][name] for m in methods}}
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).strip("_")
+        paths.append(str(plot_histogram(histograms[name], args.plot_dir / f"{safe}.png", lines)))
+    return paths
+
+
+def _most_clipped(calibration: Any, n: int) -> list[str]:
+    histograms = calibration.histograms or {}
+    ratio = {t: calibration.amax[t] / h.amax for t, h in histograms.items() if h.amax > 0}
+    return sorted(ratio, key=ratio.__getitem__)[:n]
+
+
+def _summary(args: argparse.Namespace, calibration: Any, plots: list[str]) -> dict[str, Any]:
+    timings = calibration.timings
+    return {
+        "cache": str(args.output),
+        "format": args.format,
+        "method": calibration.method,
+        "samples": calibration.num_samples,
+        "tensors": len(calibration.amax),
+        "seconds": timings.total_s if timings else 0.0,
+        "samples_per_second": timings.images_per_s if timings else 0.0,
+        "thresholds": dict(calibration.amax),
+        "plots": plots,
+    }

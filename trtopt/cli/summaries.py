@@ -1,0 +1,63 @@
+"""Closing summaries the CLI prints (tables) or emits (`--json`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from trtopt.cli.console import out
+
+
+def build_summary(result: Any, path: Path) -> dict[str, Any]:
+    meta = result.plan.metadata
+    int8 = meta.get("int8_layers") or []
+    floats = meta.get("float_layers") or {}
+    summary: dict[str, Any] = {
+        "plan": str(path),
+        "backend": result.plan.backend,
+        "precision": meta.get("precision"),
+        "file_bytes": path.stat().st_size,
+        "stage_seconds": result.stage_seconds,
+        "int8_layers": len(int8),
+        "float_layers": floats,
+        "calibration": meta.get("calibration"),
+        "optimizer": meta.get("optimizer"),
+    }
+    if result.kernels is not None:
+        summary["onnxruntime_kernels"] = {
+            "int8_convs": result.kernels.int8_convs,
+            "float_convs": result.kernels.float_convs,
+            "int8_matmuls": result.kernels.int8_matmuls,
+        }
+    return summary
+
+
+def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
+    table = Table(title=f"built {summary['plan']}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("backend", backend_reason)
+    table.add_row("precision", str(summary["precision"]))
+    table.add_row("plan size", f"{summary['file_bytes'] / 2**20:.2f} MiB")
+    if summary.get("calibration"):
+        cal = summary["calibration"]
+        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples")
+    table.add_row("INT8 layers", str(summary["int8_layers"]))
+    floats = summary["float_layers"]
+    if floats:
+        reasons: dict[str, int] = {}
+        for why in floats.values():
+            reasons[why] = reasons.get(why, 0) + 1
+        table.add_row("float layers", ", ".join(f"{n} ({why})" for why, n in reasons.items()))
+    kernels = summary.get("onnxruntime_kernels")
+    if kernels:
+        table.add_row(
+            "ONNX Runtime kernels",
+            f"{kernels['int8_convs']} INT8 convs, {kernels['float_convs']} float convs, "
+            f"{kernels['int8_matmuls']} INT8 matmuls",
+        )
+    times = summary["stage_seconds"]
+    table.add_row("time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)")
+    out.print(table)

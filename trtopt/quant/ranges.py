@@ -1,0 +1,52 @@
+"""What the graph says about a tensor's range, before any data is seen.
+
+A tensor produced by a bounded activation (ReLU6 as Clip(0, 6), Sigmoid, HardSigmoid), directly or
+through ops that cannot widen its range (Pad with zeros, pooling, reshapes), has a hard upper bound.
+Saturating such a tensor below its observed maximum clips the mass that piles up at the bound — the
+most informative values of a ReLU6 network — so its threshold is the observed maximum instead.
+Measured on EfficientNet-Lite0 (ReLU6 everywhere): entropy thresholds on these tensors alone cost
+about 7 points of top-1 agreement with FP32 (see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+BOUNDED_OPS = {"Sigmoid", "HardSigmoid", "Tanh", "Softmax"}
+RANGE_PRESERVING_OPS = {
+    "Pad", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose",
+    "Squeeze", "Unsqueeze", "Identity", "Resize", "Split", "Slice", "Concat", "DepthToSpace", "SpaceToDepth",
+}
+
+
+def bounded_tensors(graph: gs.Graph) -> set[str]:
+    """Names of tensors whose values are bounded by an activation's fixed range."""
+    bounded: set[str] = set()
+    for node in graph.toposort().nodes:
+        if node.op in BOUNDED_OPS or (node.op == "Clip" and np.isfinite(_clip_max(node))):
+            bounded.update(t.name for t in node.outputs)
+        elif node.op in RANGE_PRESERVING_OPS and _pads_with_zero(node):
+            data = node.inputs if node.op == "Concat" else node.inputs[:1]
+            if data and all(t.name in bounded for t in data):
+                bounded.update(t.name for t in node.outputs)
+    return bounded
+
+
+def _clip_max(node: gs.Node) -> float:
+    if "max" in node.attrs:
+        return float(node.attrs["max"])
+    if len(node.inputs) > 2 and isinstance(node.inputs[2], gs.Constant):
+        return float(np.asarray(node.inputs[2].values).reshape(-1)[0])
+    return float("inf")
+
+
+def _pads_with_zero(node: gs.Node) -> bool:
+    if node.op != "Pad":
+        return True
+    if node.attrs.get("mode", "constant") != "constant":
+        return True  # reflect / edge padding repeats values already in range
+    value = node.inputs[2] if len(node.inputs) > 2 else None
+    if value is None or (isinstance(value, gs.Variable) and not value.name):
+        return True
+    return isinstance(value, gs.Constant) and float(np.asarray(value.values).reshape(-1)[0]) == 0.0
