@@ -210,7 +210,7 @@ class _Stream:
             raise CalibrationError(
                 f"The calibration data gave {ranges.num_batches} batches ({ranges.num_samples} samples) on "
                 f"the first pass and {seen[0]} ({seen[1]}) on the second.",
-                fix="Calibration reads the data twice: the batch source must give the same samples each time.",
+                fix="Calibration reads the data twice: the batch source must give the same samples twice.",
             )
         return CollectedHistograms(
             {name: counters[name].result() for name in self.names},

@@ -7,15 +7,18 @@ the value count. Pass 2 (`HistogramCollector`) streams the same batches again an
 
 Why the result does not depend on batch size or order: amax is a maximum (order-free, exact), the bin
 of a value depends only on that value and amax, and the counts are integer sums. Batching changes
-neither, so two runs over the same samples give bit-identical histograms - unlike a range that grows
-with each batch (ONNX Runtime, onnxruntime#9597) or is fixed by the first batch. Memory is
-`num_bins` int64 counts per tensor plus one fixed scratch buffer, whatever the number of images.
+neither, so two runs over the same samples give bit-identical histograms - unlike a range fixed by the
+first batch and grown later (ONNX Runtime, onnxruntime#9597; TensorRT itself, per NVIDIA's MLPerf v0.5
+calibration notes), where bin edges depend on which batch came first. Memory is `num_bins` int64
+counters per tensor (times LANES while collecting) plus per-thread scratch buffers of CHUNK values,
+whatever the number of images. The price is reading the data twice.
 
 Bin of a value x: ``min(trunc(|x| * s), num_bins - 1)`` with ``s = float32(num_bins / amax)``; a value
-equal to amax lands in the last bin. The kernel computes ``trunc(x * s)`` with the sign kept (so it
-saves the |x| pass), counts those signed indices with one `np.bincount` per chunk, and folds the two
-halves together at the end: the multiplication is sign-symmetric in IEEE arithmetic and truncation
-rounds toward zero, so the fold is exact.
+equal to amax lands in the last bin. The kernel works on CHUNK values at a time (cache-resident):
+``trunc(x * s)`` with the sign kept (one multiply-and-cast, no |x| pass), a range check (values outside
+[-amax, amax] mean the data changed between passes), then `np.add.at` into LANES interleaved signed
+sub-histograms. `fold_signed_counts` folds the halves at the end: multiplication is sign-symmetric in
+IEEE arithmetic and truncation rounds toward zero, so trunc(-x * s) = -trunc(x * s) and the fold is exact.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Q is built from the un-clipped bins, as in the GTC pseudo-code, MXNet, pytorch-q
 Runtime: the clipped tail then shows up as a spike in P that Q does not have, which is what penalises
 clipping too much. Before the search, bin 0 takes bin 1's count (`CalibConfig.discard_zero_bin`): TensorRT
 discards the first bin (NVIDIA's MLPerf calibration notes), pytorch-quantization sets bins[0] = bins[1].
+
+Consequences worth knowing: T is never below amax * L / B (amax / 16); and a candidate whose last kept
+bin is empty while the tail is not has an infinite KL, so outliers more than 16x beyond the bulk cannot
+be clipped into it - T then stops at an outlier (tests/test_calib_thresholds.py shows both).
 """
 
 from __future__ import annotations

@@ -8,7 +8,13 @@ sorted and uniquely named, and returns a `PassReport`. Fusion and concat groups 
 graph by `find_fusion_groups` / `find_concat_groups` and travel with the model as metadata.
 """
 
-from trtopt.passes import eliminate_concat, fold_batchnorm, fuse_cbr, fuse_parallel_convs  # noqa: F401 (register)
+from trtopt.passes import (  # noqa: F401 (register)
+    eliminate_concat,
+    fold_batchnorm,
+    fold_pad,
+    fuse_cbr,
+    fuse_parallel_convs,
+)
 from trtopt.passes.base import PASSES, PassReport, Rewrite
 from trtopt.passes.cost import GraphCost, estimate_cost
 from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, find_fusion_groups

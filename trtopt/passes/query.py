@@ -52,11 +52,16 @@ def opset(graph: gs.Graph) -> int:
 
 
 def same_shape(a: gs.Tensor, b: gs.Tensor) -> bool:
-    """True only when both shapes are known, fully static and equal (no broadcasting)."""
+    """True only when both shapes are known and equal (no broadcasting): each dimension the same
+    integer, or the same named symbolic dimension (ONNX shape inference gives equal sizes one name,
+    as with a dynamic `batch`)."""
     sa, sb = a.shape, b.shape
     if sa is None or sb is None or len(sa) != len(sb):
         return False
-    return all(isinstance(x, int) and x == y for x, y in zip(sa, sb, strict=True))
+    return all(
+        (isinstance(x, int) and x >= 0 or isinstance(x, str) and bool(x)) and x == y
+        for x, y in zip(sa, sb, strict=True)
+    )
 
 
 @dataclass(frozen=True)
