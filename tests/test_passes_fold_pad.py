@@ -10,8 +10,16 @@ from pass_helpers import assert_same_outputs, ops, run_pass
 from trtopt.zoo import GraphBuilder
 
 
-def pad_conv(pads: list[int], *, value: float = 0.0, mode: str = "constant", conv_pads=(1, 1, 1, 1),
-             opset: int = 17, group: int = 1, extra_reader: bool = False) -> onnx.ModelProto:
+def pad_conv(
+    pads: list[int],
+    *,
+    value: float = 0.0,
+    mode: str = "constant",
+    conv_pads=(1, 1, 1, 1),
+    opset: int = 17,
+    group: int = 1,
+    extra_reader: bool = False,
+) -> onnx.ModelProto:
     """input ─ Pad(pads, value, mode) ─ Conv3x3(pads=conv_pads, group) ─ output   [─ Relu ─ side]"""
     b = GraphBuilder("pad_conv", seed=3, opset=opset)
     x = b.input("input", [1, 8, 9, 11])
@@ -21,14 +29,23 @@ def pad_conv(pads: list[int], *, value: float = 0.0, mode: str = "constant", con
         inputs = [x, b.const("pads", np.array(pads, np.int64)), b.const("value", np.array(value, np.float32))]
         padded = b.node("Pad", inputs, mode=mode)
     w = b.const("w", b.he_weight((8, 8 // group, 3, 3), 72 // group))
-    y = b.node("Conv", [padded, w, b.const("b", b.bias(8))], out="output", kernel_shape=[3, 3],
-               pads=list(conv_pads), group=group, strides=[2, 2])
+    y = b.node(
+        "Conv",
+        [padded, w, b.const("b", b.bias(8))],
+        out="output",
+        kernel_shape=[3, 3],
+        pads=list(conv_pads),
+        group=group,
+        strides=[2, 2],
+    )
     outputs = [y] + ([b.relu(padded, out="side")] if extra_reader else [])
     return b.build(outputs)
 
 
 @pytest.mark.parametrize("opset", [11, 13, 17, 21])
-@pytest.mark.parametrize("pads", [[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 2, 1, 0, 0, 0, 3]], ids=["same-tf", "asym"])
+@pytest.mark.parametrize(
+    "pads", [[0, 0, 0, 0, 0, 0, 1, 1], [0, 0, 2, 1, 0, 0, 0, 3]], ids=["same-tf", "asym"]
+)
 def test_zero_pad_folds_into_conv_pads(opset: int, pads: list[int]) -> None:
     model = pad_conv(pads, opset=opset)
     graph, report = run_pass(model, "fold_pad")

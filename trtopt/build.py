@@ -1,10 +1,10 @@
 """The whole build in one short function: load -> optimise -> calibrate -> quantise -> build -> plan.
 
-    graph = graph_from_onnx(path)              # frontend
-    optimized = optimize(graph, passes)        # passes
-    amax = calibrate(graph, data, tensors)     # calib (or a cache)
-    insert_qdq(graph, plan, amax)              # quant
-    sections = build_sections(backend, model)  # backend
+graph = graph_from_onnx(path)              # frontend
+optimized = optimize(graph, passes)        # passes
+amax = calibrate(graph, data, tensors)     # calib (or a cache)
+insert_qdq(graph, plan, amax)              # quant
+sections = build_sections(backend, model)  # backend
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt import __version__
 from trtopt.backend import BuildOptions, Profile, build_sections, select_backend
-from trtopt.errors import TrtoptError
+from trtopt.errors import ShapeError, TrtoptError
 from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
 from trtopt.frontend.shapes import Shape
 from trtopt.plan import Plan, TensorSpec
@@ -75,7 +75,9 @@ class BuildResult:
 ProgressHook = Callable[[str, int, int], None]  # (phase, samples done, samples in the phase)
 
 
-def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
+def build_plan(
+    model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None
+) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt.passes import optimize
 
@@ -111,7 +113,9 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         inputs=_specs(graph.inputs),
         outputs=_specs(graph.outputs),
         sections=sections,
-        metadata=_metadata(Path(model_path), config, spec, optimized, calibration, qdq, _labels(graph, config)),
+        metadata=_metadata(
+            Path(model_path), config, spec, optimized, calibration, qdq, _labels(graph, config)
+        ),
         versions={"trtopt": __version__, **versions},
     )
     kernels = None
@@ -133,11 +137,21 @@ def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
     return graph
 
 
-def calibrate_graph(graph: gs.Graph, config: BuildConfig, spec: Any, progress: ProgressHook | None = None) -> Any:
-    from trtopt.calib import CalibConfig, calibrate, check_cache_matches, load_cache, model_fingerprint, save_cache
+def calibrate_graph(
+    graph: gs.Graph, config: BuildConfig, spec: Any, progress: ProgressHook | None = None
+) -> Any:
+    from trtopt.calib import (
+        CalibConfig,
+        calibrate,
+        check_cache_matches,
+        load_cache,
+        model_fingerprint,
+        save_cache,
+    )
 
-    # Calibrate what any backend may quantise, so one cache serves CPU and TensorRT builds alike.
-    tensors = plan_quantization(graph, replace(config.quant, quantize_outputs=True)).activation_tensors
+    # Calibrate every tensor any backend or quantisation option may quantise, so one cache serves CPU
+    # and TensorRT builds, with or without --exclude / --min-channels, alike.
+    tensors = plan_quantization(graph, QuantConfig(min_channels=1, quantize_outputs=True)).activation_tensors
     model = onnx_from_graph(graph)
     if config.calib_cache:
         calibration = load_cache(config.calib_cache)
@@ -150,7 +164,9 @@ def calibrate_graph(graph: gs.Graph, config: BuildConfig, spec: Any, progress: P
         lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
         tensors,
         CalibConfig(method=config.calib_method),
-        progress=(lambda p: progress(p.phase, p.samples, p.total_samples or len(dataset))) if progress else None,
+        progress=(lambda p: progress(p.phase, p.samples, p.total_samples or len(dataset)))
+        if progress
+        else None,
         data_description=f"{len(dataset)} samples from {' '.join(sources)}",
     )
     calibration = _bounded_at_max(graph, calibration) if config.bounded_max else calibration
@@ -195,7 +211,12 @@ def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) 
         described = json.loads(sidecar.read_text()).get("preprocess")
         if described:
             return PreprocessSpec.from_dict(described)
-    return spec_for_input(tuple(tensor.shape), tensor.dtype, preset=config.preset)
+    try:
+        return spec_for_input(tuple(tensor.shape), tensor.dtype, preset=config.preset)
+    except ShapeError:
+        if config.preset is not None:
+            raise
+        return None  # not an image input: data must come as .npy/.npz, and the plan stores no preprocessing
 
 
 def _labels(graph: gs.Graph, config: BuildConfig) -> list[str] | None:
@@ -237,7 +258,12 @@ def _build_options(graph: gs.Graph, config: BuildConfig) -> BuildOptions:
 
 
 def _metadata(
-    model_path: Path, config: BuildConfig, spec: Any, optimized: Any, calibration: Any, qdq: QdqReport | None,
+    model_path: Path,
+    config: BuildConfig,
+    spec: Any,
+    optimized: Any,
+    calibration: Any,
+    qdq: QdqReport | None,
     labels: list[str] | None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.backend import RunOptions, Runner, create_runner
+from trtopt.backend import Runner, RunOptions, create_runner
 from trtopt.errors import ShapeError
 from trtopt.plan import Plan, TensorSpec, read_plan
 
@@ -26,13 +26,22 @@ from trtopt.plan import Plan, TensorSpec, read_plan
 class Engine:
     """A deserialised plan ready to run."""
 
-    def __init__(self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0) -> None:
+    def __init__(
+        self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0
+    ) -> None:
         self.plan = plan
-        self._runner: Runner = create_runner(plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device))
+        self._runner: Runner = create_runner(
+            plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device)
+        )
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], *, threads: int | None = None, cuda_graph: bool = False, device: int = 0
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        threads: int | None = None,
+        cuda_graph: bool = False,
+        device: int = 0,
     ) -> Engine:
         """Read, verify and deserialise a plan file (see `trtopt.plan.format` for what is checked)."""
         return cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device)
@@ -119,7 +128,7 @@ class Engine:
                     f"Input {name!r} has dtype {dtype}; the plan expects {spec.dtype}.",
                     fix=f"Convert it first, e.g. array.astype(np.{spec.dtype}).",
                 )
-            if len(shape) != len(spec.shape) or any(e not in (-1, s) for e, s in zip(spec.shape, shape)):
+            if len(shape) != len(spec.shape) or any(e not in (-1, s) for e, s in zip(spec.shape, shape, strict=True)):
                 raise ShapeError(
                     f"Input {name!r} has shape {list(shape)}; the plan expects {_fmt(spec.shape)} "
                     f"(-1 = any size).",

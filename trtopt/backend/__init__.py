@@ -76,7 +76,9 @@ class BackendInfo:
 
 
 BACKENDS: dict[str, BackendInfo] = {
-    "cpu": BackendInfo("cpu", "trtopt.backend.cpu.builder", "trtopt.backend.cpu.runner", "trtopt.backend.cpu.builder"),
+    "cpu": BackendInfo(
+        "cpu", "trtopt.backend.cpu.builder", "trtopt.backend.cpu.runner", "trtopt.backend.cpu.builder"
+    ),
     "tensorrt": BackendInfo(
         "tensorrt",
         "trtopt.backend.tensorrt.builder",
@@ -102,7 +104,9 @@ def select_backend(name: str = "auto") -> tuple[str, str]:
     if name != "auto":
         status = backend_status(name)
         if not status.available:
-            raise BackendUnavailableError(f"Backend {name!r} is not available here: {status.reason}", fix=_hint(name))
+            raise BackendUnavailableError(
+                f"Backend {name!r} is not available here: {status.reason}", fix=_hint(name)
+            )
         return name, f"{name} (asked for)"
     trt = backend_status("tensorrt")
     if trt.available:
@@ -110,7 +114,9 @@ def select_backend(name: str = "auto") -> tuple[str, str]:
     return "cpu", f"cpu (TensorRT not used: {trt.reason})"
 
 
-def build_sections(name: str, model: onnx.ModelProto, options: BuildOptions) -> tuple[dict[str, bytes], dict[str, str]]:
+def build_sections(
+    name: str, model: onnx.ModelProto, options: BuildOptions
+) -> tuple[dict[str, bytes], dict[str, str]]:
     """Run a backend's builder: (plan sections, versions of the libraries that built it)."""
     module = importlib.import_module(backend_info(name).builder)
     sections, versions = module.build(model, options)

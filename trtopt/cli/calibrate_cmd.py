@@ -24,17 +24,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calib", nargs="+", required=True, metavar="PATH", help="images / .npy / .npz")
     parser.add_argument("-o", "--output", type=Path, required=True, help="cache file to write")
     parser.add_argument(
-        "--format", default="trtopt", help="trtopt (JSON, default), tensorrt, onnxruntime-json, onnxruntime-text"
+        "--format",
+        default="trtopt",
+        help="trtopt (JSON, default), tensorrt, onnxruntime-json, onnxruntime-text",
     )
     parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
     parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
     parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument("--preset", default=None, help="image preprocessing preset (see `trtopt build --help`)")
+    parser.add_argument(
+        "--preset", default=None, help="image preprocessing preset (see `trtopt build --help`)"
+    )
     parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
     parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
     parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")
-    parser.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
-    parser.add_argument("--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)")
+    parser.add_argument(
+        "--plot-dir", type=Path, help="draw histograms with their thresholds into this folder"
+    )
+    parser.add_argument(
+        "--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)"
+    )
     parser.add_argument(
         "--plot-top", type=int, default=4, help="with --plot-dir and no --plot: the N most clipped tensors"
     )
@@ -100,7 +108,9 @@ def _plots(args: argparse.Namespace, calibration: Any) -> list[str]:
             fix=f"Calibrated tensors include {', '.join(list(histograms)[:5])} …",
         )
     methods = ("entropy", "max", "percentile", "mse")
-    by_method = {m: compute_thresholds({n: histograms[n] for n in names}, CalibConfig(method=m)) for m in methods}
+    by_method = {
+        m: compute_thresholds({n: histograms[n] for n in names}, CalibConfig(method=m)) for m in methods
+    }
     paths = []
     for name in names:
         lines = {"chosen": calibration.amax[name], **{m: by_method[m][name] for m in methods}}

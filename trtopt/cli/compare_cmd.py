@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count)
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
     classify = {t.name for t in engine.outputs if len(t.shape) == 2}
-    pairs = ((reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
+    pairs = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
     outputs = [s.to_dict() for s in compare_batches(pairs, names, classify=classify)]
     layers = _per_layer(args, engine, dataset) if args.per_layer else None
     if args.json:
@@ -78,14 +78,22 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     producers = {n.outputs[0].name: (n.name, n.op) for n in reference_graph.nodes}
     reference = OrtSession(onnx_from_graph(reference_graph), expose=names)
     test = OrtSession(test_model, expose=names, opt_level="basic")
-    pairs = ((reference.run(b.feeds), test.run(b.feeds)) for b in dataset.batches(args.batch))
+    pairs = (_rows(b, reference.run(b.feeds), test.run(b.feeds)) for b in dataset.batches(args.batch))
     rows, previous = [], 0.0
     for stats in compare_batches(pairs, names):
         loss = max(0.0, 1.0 - stats.cosine)
         node, op = producers[stats.name]
-        rows.append({"tensor": stats.name, "node": node, "op": op, **stats.to_dict(), "added": loss - previous})
+        rows.append(
+            {"tensor": stats.name, "node": node, "op": op, **stats.to_dict(), "added": loss - previous}
+        )
         previous = loss
     return rows
+
+
+def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """Drop the padding rows a fixed-batch model's last batch carries (see Dataset.batches)."""
+    n = len(batch)
+    return {k: v[:n] for k, v in reference.items()}, {k: v[:n] for k, v in test.items()}
 
 
 def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-untyped-def]
@@ -97,7 +105,11 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
     for o in outputs:
         agree = "-" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%}"
         table.add_row(
-            o["name"], agree, f"{o['cosine']:.5f}", f"{o['max_abs_error']:.4g}", f"{o['mean_abs_error']:.4g}",
+            o["name"],
+            agree,
+            f"{o['cosine']:.5f}",
+            f"{o['max_abs_error']:.4g}",
+            f"{o['mean_abs_error']:.4g}",
             f"{o['reference_abs_max']:.4g}",
         )
     return table
@@ -114,5 +126,7 @@ def _layers_table(layers, top: int):  # type: ignore[no-untyped-def]
     for col in ("node", "op", "cosine", "added error", "max abs err"):
         table.add_column(col, justify="left" if col in ("node", "op") else "right")
     for r in worst:
-        table.add_row(r["node"], r["op"], f"{r['cosine']:.5f}", f"{r['added']:.2e}", f"{r['max_abs_error']:.4g}")
+        table.add_row(
+            r["node"], r["op"], f"{r['cosine']:.5f}", f"{r['added']:.2e}", f"{r['max_abs_error']:.4g}"
+        )
     return table

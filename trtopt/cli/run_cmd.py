@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         scores = engine.infer(batch.feeds)[output]
         compute += time.perf_counter() - t0
-        for source, preds in zip(batch.sources, top_k(scores, args.top, engine.labels)):
+        for source, preds in zip(batch.sources, top_k(scores, args.top, engine.labels), strict=False):  # padding rows
             results.append({"input": source, "top": [p.__dict__ for p in preds]})
             if not args.json:
                 shown = ", ".join(f"{p.label} ({p.probability:.1%})" for p in preds)

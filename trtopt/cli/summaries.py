@@ -59,5 +59,7 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
             f"{kernels['int8_matmuls']} INT8 matmuls",
         )
     times = summary["stage_seconds"]
-    table.add_row("time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)")
+    table.add_row(
+        "time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)"
+    )
     out.print(table)

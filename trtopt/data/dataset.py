@@ -86,13 +86,24 @@ class Dataset:
         usable = sum(item.samples for item in self._items if item.path not in self._bad)
         return usable if self.count is None else min(self.count, usable)
 
+    @property
+    def fixed_batch(self) -> int | None:
+        """The batch size the model fixes in its input shapes, or None when the batch is dynamic."""
+        sizes = {info.shape[0] for info in self.inputs if info.shape}
+        return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
     def batches(self, batch_size: int) -> Iterator[Batch]:
-        """Batches of `batch_size` samples (the last may be smaller), restarting from the first sample."""
+        """Batches of `batch_size` samples (the last may be smaller), restarting from the first sample.
+
+        A model with a fixed batch B gets batches of exactly B whatever `batch_size` says: the last one
+        is padded by repeating its last sample, and `Batch.sources` lists only the real samples, so a
+        caller keeps the first `len(batch)` rows of each output.
+        """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise DataError(
                 f"Batch size must be a positive integer, received {batch_size!r}.", fix="Pass e.g. 8."
             )
-        return self._batches(batch_size)
+        return self._batches(self.fixed_batch or batch_size)
 
     def _batches(self, batch_size: int) -> Iterator[Batch]:
         rows: list[dict[str, np.ndarray]] = []
@@ -107,6 +118,9 @@ class Dataset:
             yield self._batch(rows, sources)
 
     def _batch(self, rows: list[dict[str, np.ndarray]], sources: list[str]) -> Batch:
+        fixed = self.fixed_batch
+        if fixed is not None and len(rows) < fixed:
+            rows = rows + [rows[-1]] * (fixed - len(rows))
         feeds = {info.name: np.stack([row[info.name] for row in rows]) for info in self.inputs}
         return Batch(feeds=feeds, sources=sources)
 

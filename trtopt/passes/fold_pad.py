@@ -38,7 +38,9 @@ def fold_pad(graph: gs.Graph) -> list[Rewrite]:
         conv.attrs["pads"] = [int(a + b) for a, b in zip(old, spatial, strict=True)]
         replace_uses(pad.outputs[0], pad.inputs[0], [conv])
         pad.outputs.clear()
-        rewrites.append(Rewrite("fold_pad", (pad.name, conv.name), f"Pad {pad.name!r} -> pads of {conv.name!r}"))
+        rewrites.append(
+            Rewrite("fold_pad", (pad.name, conv.name), f"Pad {pad.name!r} -> pads of {conv.name!r}")
+        )
     return rewrites
 
 

@@ -47,7 +47,9 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
-        return cls(name=str(data["name"]), shape=tuple(int(d) for d in data["shape"]), dtype=str(data["dtype"]))
+        return cls(
+            name=str(data["name"]), shape=tuple(int(d) for d in data["shape"]), dtype=str(data["dtype"])
+        )
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,10 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
     source = Path(path)
     if not source.is_file():
         what = "is a folder" if source.is_dir() else "does not exist"
-        raise PlanError(f"Plan file {str(source)!r} {what}.", fix="Build one with `trtopt build model.onnx -o plan.engine`.")
+        raise PlanError(
+            f"Plan file {str(source)!r} {what}.",
+            fix="Build one with `trtopt build model.onnx -o plan.engine`.",
+        )
     return plan_from_bytes(source.read_bytes(), str(source))
 
 
@@ -107,11 +112,14 @@ def plan_from_bytes(data: bytes, where: str = "<bytes>") -> Plan:
     rebuild = "Rebuild it with `trtopt build`."
     if len(data) < _PREFIX.size + _DIGEST_SIZE or data[:8] != MAGIC:
         looks = "a raw TensorRT engine or another file" if data[:8] != MAGIC else "cut short"
-        raise PlanError(f"{where} is not a trtopt plan (no {MAGIC.decode()} header; it looks like {looks}).", fix=rebuild)
+        raise PlanError(
+            f"{where} is not a trtopt plan (no {MAGIC.decode()} header; it looks like {looks}).", fix=rebuild
+        )
     _, version, header_len = _PREFIX.unpack_from(data)
     if version != FORMAT_VERSION:
         raise PlanError(
-            f"{where} is plan format version {version}; this trtopt ({_trtopt_version()}) reads version {FORMAT_VERSION}.",
+            f"{where} is plan format version {version}; this trtopt ({_trtopt_version()}) reads version "
+            f"{FORMAT_VERSION}.",
             fix=f"{rebuild} Or use the trtopt release that wrote it.",
         )
     body, digest = data[:-_DIGEST_SIZE], data[-_DIGEST_SIZE:]

@@ -19,7 +19,6 @@ import onnx_graphsurgeon as gs
 from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark, input_channels, output_channels
 
-
 # Activations ONNX Runtime folds into a preceding QLinearConv's output quantisation.
 CPU_FOLDED_ACTIVATIONS = {"Relu", "Clip"}
 
@@ -136,7 +135,11 @@ def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str]) -> gs.Tensor:
     Relu / Clip that follows it (ONNX Runtime drops those into the Q's range). Any other activation
     (SiLU, Sigmoid, HardSwish) or a residual Add runs in float after the INT8 layer."""
     out = layer.outputs[0]
-    while len(out.outputs) == 1 and out.outputs[0].op in CPU_FOLDED_ACTIVATIONS and out.name not in graph_outputs:
+    while (
+        len(out.outputs) == 1
+        and out.outputs[0].op in CPU_FOLDED_ACTIVATIONS
+        and out.name not in graph_outputs
+    ):
         out = out.outputs[0].outputs[0]
     return out
 

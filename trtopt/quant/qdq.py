@@ -77,7 +77,9 @@ def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> Q
                 n_weight += 1
             consumer.inputs[site.index] = weights[key]
         else:
-            consumer.inputs[site.index] = _qdq_pair(graph, consumer.inputs[site.index], site, thresholds[site.tensor])
+            consumer.inputs[site.index] = _qdq_pair(
+                graph, consumer.inputs[site.index], site, thresholds[site.tensor]
+            )
             n_act += 1
     graph.cleanup().toposort()
     return QdqReport(
@@ -95,8 +97,12 @@ def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: fl
     zero = gs.Constant(f"{base}/zero_point", np.array(0, dtype=np.int8))
     quantized = gs.Variable(f"{base}/quantized", dtype=np.int8, shape=tensor.shape)
     restored = gs.Variable(f"{base}/dequantized", dtype=np.float32, shape=tensor.shape)
-    graph.nodes.append(gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized]))
-    graph.nodes.append(gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored]))
+    graph.nodes.append(
+        gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized])
+    )
+    graph.nodes.append(
+        gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored])
+    )
     return restored
 
 
@@ -123,5 +129,7 @@ def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int) -> gs.V
         gs.Constant(f"{base}/zero_point", np.zeros_like(scale, dtype=np.int8)),
     ]
     restored = gs.Variable(f"{weight.name}/dequantized", dtype=np.float32, shape=list(values.shape))
-    graph.nodes.append(gs.Node("DequantizeLinear", f"{base}/DQ", attrs={"axis": axis}, inputs=inputs, outputs=[restored]))
+    graph.nodes.append(
+        gs.Node("DequantizeLinear", f"{base}/DQ", attrs={"axis": axis}, inputs=inputs, outputs=[restored])
+    )
     return restored

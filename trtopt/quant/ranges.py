@@ -15,15 +15,30 @@ import onnx_graphsurgeon as gs
 
 BOUNDED_OPS = {"Sigmoid", "HardSigmoid", "Tanh", "Softmax"}
 RANGE_PRESERVING_OPS = {
-    "Pad", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose",
-    "Squeeze", "Unsqueeze", "Identity", "Resize", "Split", "Slice", "Concat", "DepthToSpace", "SpaceToDepth",
+    "Pad",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Resize",
+    "Split",
+    "Slice",
+    "Concat",
+    "DepthToSpace",
+    "SpaceToDepth",
 }
 
 
 def bounded_tensors(graph: gs.Graph) -> set[str]:
     """Names of tensors whose values are bounded by an activation's fixed range."""
     bounded: set[str] = set()
-    for node in graph.toposort().nodes:
+    for node in graph.nodes:  # passes leave the graph topologically sorted
         if node.op in BOUNDED_OPS or (node.op == "Clip" and np.isfinite(_clip_max(node))):
             bounded.update(t.name for t in node.outputs)
         elif node.op in RANGE_PRESERVING_OPS and _pads_with_zero(node):

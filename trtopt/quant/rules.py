@@ -49,7 +49,10 @@ def gemm_rule(node: gs.Node) -> list[Mark]:
     if node.attrs.get("transA", 0):
         return []  # transposed activations: rare, and ONNX Runtime has no INT8 kernel for them
     # Output features run along B's axis 0 when transB=1, else axis 1.
-    return [Mark(0, "activation"), _weight_or_activation(node, 1, axis=0 if node.attrs.get("transB", 0) else 1)]
+    return [
+        Mark(0, "activation"),
+        _weight_or_activation(node, 1, axis=0 if node.attrs.get("transB", 0) else 1),
+    ]
 
 
 @RULES.register("MatMul")

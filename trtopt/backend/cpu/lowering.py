@@ -19,9 +19,30 @@ from onnx import numpy_helper
 NON_NEGATIVE_OPS = {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp", "Softplus"}
 # Ops whose output is non-negative when their (first) input is; Q/DQ themselves included.
 SIGN_PRESERVING_OPS = {
-    "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose",
-    "Squeeze", "Unsqueeze", "Identity", "Resize", "Upsample", "Split", "Slice", "Concat", "DequantizeLinear",
-    "QuantizeLinear", "DepthToSpace", "SpaceToDepth", "Gather", "Tile", "Expand", "ReduceMax", "ReduceMean",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Resize",
+    "Upsample",
+    "Split",
+    "Slice",
+    "Concat",
+    "DequantizeLinear",
+    "QuantizeLinear",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Gather",
+    "Tile",
+    "Expand",
+    "ReduceMax",
+    "ReduceMean",
 }
 
 
@@ -129,7 +150,9 @@ def _non_negative_tensors(
         if node.op_type in NON_NEGATIVE_OPS or (node.op_type == "Clip" and _clip_min(node, inits) >= 0):
             result.update(node.output)
         elif node.op_type in SIGN_PRESERVING_OPS:
-            data = [i for i in node.input[:1] if i] if node.op_type != "Concat" else [i for i in node.input if i]
+            data = (
+                [i for i in node.input[:1] if i] if node.op_type != "Concat" else [i for i in node.input if i]
+            )
             if data and all(i in result for i in data):
                 result.update(node.output)
     return result
@@ -163,7 +186,7 @@ def _quantize_biases(
         q = np.clip(np.rint(bias / scale), -(2**31), 2**31 - 1).astype(np.int32)
         name = node.input[2]
         names = (f"{name}/int32", f"{name}/int32/scale", f"{name}/int32/zero_point")
-        for tensor_name, value in zip(names, (q, scale, np.zeros_like(q))):
+        for tensor_name, value in zip(names, (q, scale, np.zeros_like(q)), strict=True):
             graph.initializer.append(numpy_helper.from_array(value, tensor_name))
         restored = f"{name}/int32/dequantized/{node.name}"
         new_nodes.append(

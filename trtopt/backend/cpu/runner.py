@@ -20,13 +20,15 @@ from trtopt.plan import Plan
 class CpuRunner:
     def __init__(self, plan: Plan, options: RunOptions) -> None:
         self.session = ort.InferenceSession(
-            plan.sections["onnx"], session_options(threads=options.threads), providers=["CPUExecutionProvider"]
+            plan.sections["onnx"],
+            session_options(threads=options.threads),
+            providers=["CPUExecutionProvider"],
         )
         self.output_names = [o.name for o in self.session.get_outputs()]
 
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         values = self.session.run(self.output_names, dict(feeds))
-        return dict(zip(self.output_names, values))
+        return dict(zip(self.output_names, values, strict=True))
 
     def close(self) -> None:
         del self.session

@@ -1,0 +1,56 @@
+"""Shared helpers for the quantisation tests: quantise a zoo model with max thresholds from random data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt.execution import run_model
+from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.passes import optimize
+from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
+from trtopt.zoo import build_model
+
+
+def feeds_for(graph: gs.Graph, seed: int = 0, batch: int | None = None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in graph.inputs:
+        shape = list(t.shape)
+        if batch is not None:
+            shape[0] = batch
+        feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def optimized_zoo_graph(name: str) -> gs.Graph:
+    return optimize(graph_from_onnx(build_model(name))).graph
+
+
+def quantize(
+    graph: gs.Graph, config: QuantConfig | None = None, seed: int = 0
+) -> tuple[onnx.ModelProto, QuantPlan, QdqReport]:
+    """Plan, calibrate with max|x| over a few random inputs, insert Q/DQ; returns the quantised model."""
+    config = config or QuantConfig(min_channels=1)
+    plan = plan_quantization(graph, config)
+    fp32 = onnx_from_graph(graph)
+    amax: dict[str, float] = {}
+    for s in range(3):
+        acts = run_model(fp32, feeds_for(graph, seed + s), expose=plan.activation_tensors)
+        for t in plan.activation_tensors:
+            amax[t] = max(amax.get(t, 0.0), float(np.abs(acts[t]).max()))
+    work = graph.copy()
+    report = insert_qdq(work, plan, amax)
+    return onnx_from_graph(work), plan, report
+
+
+def cpu_config(config: QuantConfig | None = None) -> QuantConfig:
+    return replace(config or QuantConfig(min_channels=1), quantize_outputs=True)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))

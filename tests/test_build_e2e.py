@@ -1,0 +1,155 @@
+"""End to end on CPU: build INT8 plans from zoo models and images, load, run, compare, reuse caches."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from PIL import Image
+
+import trtopt
+from trtopt.build import BuildConfig, build_plan
+from trtopt.calib import load_cache
+from trtopt.errors import BackendUnavailableError, CalibrationError, PlanError, ShapeError, TrtoptError
+from trtopt.execution import OrtSession
+from trtopt.plan import Plan, read_plan, write_plan
+from trtopt.zoo import build_model
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("e2e")
+    onnx.save_model(build_model("tiny_cnn", seed=1), root / "tiny.onnx")
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir()
+    for i in range(12):
+        # smooth random colour fields: closer to photos than white noise
+        small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+        Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / "images" / f"img{i:02d}.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(workdir: Path):  # type: ignore[no-untyped-def]
+    config = BuildConfig(
+        backend="cpu", calib=str(workdir / "images"), preset="imagenet", save_cache=workdir / "c.json"
+    )
+    result = build_plan(workdir / "tiny.onnx", config)
+    write_plan(result.plan, workdir / "tiny.engine")
+    return result
+
+
+def _images(workdir: Path) -> list[Path]:
+    return sorted((workdir / "images").glob("*.png"))
+
+
+def test_plan_is_int8_and_self_describing(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    plan = read_plan(workdir / "tiny.engine")
+    assert plan.backend == "cpu" and set(plan.sections) == {"onnx"}
+    assert plan.versions["trtopt"] == trtopt.__version__ and "onnxruntime" in plan.versions
+    meta = plan.metadata
+    assert meta["precision"] == "int8" and meta["calibration"]["samples"] == 12
+    assert meta["preprocess"]["crop"] == [32, 32] and meta["int8_layers"]
+    assert all(t > 0 for t in meta["thresholds"].values())
+    float_convs = [n for n in meta["float_layers"] if n.startswith("conv")]
+    assert built.kernels.float_convs == len(float_convs)  # every quantised conv became QLinearConv
+    assert built.kernels.int8_convs == len([n for n in meta["int8_layers"] if n.startswith("conv")])
+
+
+def test_engine_matches_fp32_on_real_inputs(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    engine = trtopt.Engine.load(workdir / "tiny.engine")
+    batch = engine.preprocess(_images(workdir))
+    assert batch.shape == (12, 3, 32, 32) and batch.dtype == np.float32
+    reference = OrtSession(build_model("tiny_cnn", seed=1))
+    for row in batch:  # the zoo model fixes batch 1
+        x = row[None]
+        ref, got = reference.run({"input": x})["logits"], engine(x)
+        cos = float((ref * got).sum() / np.linalg.norm(ref) / np.linalg.norm(got))
+        assert cos > 0.98
+
+
+def test_engine_is_safe_under_concurrent_load(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    """One Engine shared by 8 threads, 25 calls each: every result equals the single-threaded one."""
+    engine = trtopt.Engine.load(workdir / "tiny.engine", threads=1)
+    inputs = [x[None] for x in engine.preprocess(_images(workdir))]
+    expected = [engine(x) for x in inputs]
+    failures: list[str] = []
+
+    def worker(seed: int) -> None:
+        order = np.random.default_rng(seed).integers(0, len(inputs), 25)
+        for i in order:
+            if not np.array_equal(engine(inputs[i]), expected[i]):
+                failures.append(f"thread {seed} input {i}")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_engine_validates_inputs_once(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    engine = trtopt.Engine.load(workdir / "tiny.engine")
+    good = np.zeros((1, 3, 32, 32), np.float32)
+    with pytest.raises(ShapeError, match="dtype float64"):
+        engine(good.astype(np.float64))
+    with pytest.raises(ShapeError, match=r"shape \[1, 3, 16, 16\]"):
+        engine(np.zeros((1, 3, 16, 16), np.float32))
+    with pytest.raises(ShapeError, match="missing"):
+        engine.infer({"other": good})
+    assert engine.infer({"input": good})["logits"].shape == (1, 10)
+
+
+def test_cache_reuse_gives_the_same_plan(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    cache = load_cache(workdir / "c.json")
+    assert cache.amax == pytest.approx(dict(built.calibration.amax))
+    again = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "c.json"))
+    assert again.qdq.thresholds == built.qdq.thresholds
+    first, second = (onnx.load_model_from_string(r.plan.sections["onnx"]) for r in (built, again))
+    assert [(n.op_type, list(n.input)) for n in first.graph.node] == [
+        (n.op_type, list(n.input)) for n in second.graph.node
+    ]
+    assert {t.name: t.raw_data for t in first.graph.initializer} == {
+        t.name: t.raw_data for t in second.graph.initializer
+    }
+
+
+def test_cache_for_another_model_is_refused(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    onnx.save_model(build_model("resnet_basic"), workdir / "other.onnx")
+    with pytest.raises(CalibrationError, match="does not fit this model") as info:
+        build_plan(workdir / "other.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "c.json"))
+    assert "no threshold" in str(info.value) and info.value.fix
+
+
+def test_int8_without_data_is_a_clear_error(workdir: Path) -> None:
+    with pytest.raises(TrtoptError, match="needs calibration data"):
+        build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu"))
+
+
+def test_fp32_plan_builds_without_calibration(workdir: Path) -> None:
+    result = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", int8=False))
+    model = onnx.load_model_from_string(result.plan.sections["onnx"])
+    assert not [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+
+
+def test_plan_for_a_backend_not_here_is_refused(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    plan = read_plan(workdir / "tiny.engine")
+    foreign = Plan("tensorrt", plan.inputs, plan.outputs, {"engine": b"x"}, plan.metadata, plan.versions)
+    write_plan(foreign, workdir / "gpu.engine")
+    with pytest.raises(BackendUnavailableError, match="tensorrt"):
+        trtopt.Engine.load(workdir / "gpu.engine")
+    alien = Plan("fpga", plan.inputs, plan.outputs, {}, {}, {})
+    write_plan(alien, workdir / "alien.engine")
+    with pytest.raises(TrtoptError, match="Unknown backend 'fpga'"):
+        trtopt.Engine.load(workdir / "alien.engine")
+
+
+def test_truncated_plan_is_a_plan_error(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    data = (workdir / "tiny.engine").read_bytes()
+    (workdir / "cut.engine").write_bytes(data[: len(data) - 1000])
+    with pytest.raises(PlanError, match="integrity"):
+        trtopt.Engine.load(workdir / "cut.engine")

@@ -1,0 +1,204 @@
+"""The user's main job through the CLI: build -> run -> compare -> export, calibrate, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from PIL import Image
+
+from trtopt.cli.main import main
+from trtopt.zoo import build_model
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli")
+    onnx.save_model(build_model("tiny_cnn", seed=2), root / "tiny.onnx")
+    (root / "images").mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(6):
+        small = rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)
+        Image.fromarray(small).resize((40, 36), Image.BILINEAR).save(root / "images" / f"im{i}.jpg")
+    (root / "images" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    code = main(
+        [
+            "build",
+            str(root / "tiny.onnx"),
+            "--int8",
+            "--calib",
+            str(root / "images"),
+            "--backend",
+            "cpu",
+            "--preset",
+            "imagenet",
+            "--min-channels",
+            "1",
+            "-o",
+            str(root / "tiny.engine"),
+            "--json",
+        ]
+    )
+    assert code == 0
+    return root
+
+
+def _json(capsys: pytest.CaptureFixture[str]) -> dict:
+    return json.loads(capsys.readouterr().out)
+
+
+def test_build_summary_json(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(
+        [
+            "build",
+            str(work / "tiny.onnx"),
+            "--int8",
+            "--calib",
+            str(work / "images"),
+            "--backend",
+            "cpu",
+            "--preset",
+            "imagenet",
+            "--min-channels",
+            "1",
+            "-o",
+            str(work / "again.engine"),
+            "--json",
+        ]
+    )
+    summary = _json(capsys)
+    assert summary["backend"] == "cpu" and summary["precision"] == "int8"
+    assert summary["onnxruntime_kernels"]["float_convs"] == 0 and summary["int8_layers"] >= 10
+    assert set(summary["stage_seconds"]) == {"load", "optimize", "calibrate", "quantize", "build"}
+    assert summary["file_bytes"] == (work / "again.engine").stat().st_size
+
+
+def test_run_prints_top5_and_skips_unreadable_images(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(work / "tiny.engine"), str(work / "images"), "--json", "--top", "3"]) == 0
+    result = _json(capsys)
+    assert len(result["predictions"]) == 6
+    first = result["predictions"][0]
+    assert len(first["top"]) == 3 and first["top"][0]["label"].startswith("class ")
+    assert sum(p["probability"] for p in first["top"]) <= 1.0 + 1e-6
+    assert [Path(s["path"]).name for s in result["summary"]["skipped"]] == ["broken.jpg"]
+    assert result["summary"]["images_per_second"] > 0
+
+
+def test_run_table_output(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", str(work / "tiny.engine"), str(work / "images" / "im0.jpg")]) == 0
+    captured = capsys.readouterr()
+    assert "im0.jpg" in captured.out and "%" in captured.out and "img/s" in captured.err
+
+
+def test_compare_per_output_and_per_layer(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "compare",
+            str(work / "tiny.onnx"),
+            str(work / "tiny.engine"),
+            "--data",
+            str(work / "images"),
+            "--per-layer",
+            "--json",
+        ]
+    )
+    assert code == 0
+    result = _json(capsys)
+    (logits,) = result["outputs"]
+    assert logits["name"] == "logits" and logits["samples"] == 6
+    assert 0.9 < logits["cosine"] <= 1.0 + 1e-9 and logits["top1_agreement"] is not None
+    assert len(result["layers"]) > 5 and all(0 < r["cosine"] <= 1 + 1e-9 for r in result["layers"])
+
+
+def test_calibrate_then_build_from_each_cache_format(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt, name in (("trtopt", "c.json"), ("tensorrt", "c.cache")):
+        code = main(
+            [
+                "calibrate",
+                str(work / "tiny.onnx"),
+                "--calib",
+                str(work / "images"),
+                "--preset",
+                "imagenet",
+                "--format",
+                fmt,
+                "-o",
+                str(work / name),
+                "--json",
+            ]
+        )
+        assert code == 0
+        assert _json(capsys)["tensors"] > 5
+        code = main(
+            [
+                "build",
+                str(work / "tiny.onnx"),
+                "--int8",
+                "--calib-cache",
+                str(work / name),
+                "--backend",
+                "cpu",
+                "--min-channels",
+                "1",
+                "-o",
+                str(work / f"{fmt}.engine"),
+                "--json",
+            ]
+        )
+        assert code == 0, capsys.readouterr().err
+        capsys.readouterr()
+    assert (work / "c.cache").read_text().startswith("TRT-")
+
+
+def test_export_sections(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["export", str(work / "tiny.engine"), "--section", "onnx", "-o", str(work / "q.onnx")]) == 0
+    onnx.checker.check_model(onnx.load(work / "q.onnx"))
+    assert main(["export", str(work / "tiny.engine"), "--info"]) == 0
+    assert _json(capsys)["backend"] == "cpu"
+    assert main(["export", str(work / "tiny.engine"), "-o", str(work / "x.plan"), "--section", "engine"]) == 2
+    assert "no 'engine' section" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["build", "{m}", "--int8", "-o", "{d}/x.engine"], "needs calibration data"),
+        (["build", "{m}", "--calib", "{d}/images", "-o", "{d}/x.engine"], "without --int8"),
+        (["build", "{m}", "--int8", "--calib", "{d}/nothing", "-o", "{d}/x.engine"], "does not exist"),
+        (
+            ["build", "{m}", "--int8", "--calib", "{d}/images", "--method", "magic", "-o", "{d}/x.engine"],
+            "Unknown calibration method",
+        ),
+        (["build", "{m}", "--backend", "fpga", "-o", "{d}/x.engine"], "Unknown backend"),
+        (["build", "{m}", "--backend", "tensorrt", "-o", "{d}/x.engine"], "not available here"),
+        (["run", "{d}/tiny.onnx", "{d}/images"], "not a trtopt plan"),
+        (["run", "{d}/missing.engine", "{d}/images"], "does not exist"),
+        (["compare", "{m}", "{d}/tiny.engine", "--data", "{d}/empty"], "is empty"),
+    ],
+)
+def test_bad_input_is_a_clean_error(
+    work: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    (work / "empty").mkdir(exist_ok=True)
+    args = [a.format(m=work / "tiny.onnx", d=work) for a in argv]
+    assert main(args) in (2, 3)
+    captured = capsys.readouterr()
+    assert "error:" in captured.err and message.lower() in captured.err.lower(), captured.err
+    assert "Traceback" not in captured.err
+    assert not (work / "x.engine").exists()
+
+
+def test_no_traceback_from_a_real_process(work: Path) -> None:
+    (work / "garbage.engine").write_bytes(b"TRTOPLAN" + b"\x00" * 100)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtopt.cli.main", "run", str(work / "garbage.engine"), str(work / "images")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "error:" in proc.stderr

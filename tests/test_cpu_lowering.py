@@ -1,0 +1,79 @@
+"""CPU lowering: same thresholds, the encoding ONNX Runtime's INT8 kernels take (uint8 activations)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from quant_helpers import cosine, cpu_config, feeds_for, optimized_zoo_graph, quantize
+
+from trtopt.backend.cpu.builder import kernel_report
+from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.execution import run_model
+from trtopt.frontend import onnx_from_graph
+from trtopt.zoo import NAMES
+
+
+def _conv_layers_ort_can_run_int8(graph, plan) -> int:  # type: ignore[no-untyped-def]
+    """Quantised convs whose result is not itself a graph output (graph outputs stay float, and
+    ONNX Runtime has no QLinearConv with a float output)."""
+    outputs = {t.name for t in graph.outputs}
+    nodes = {n.name: n for n in graph.nodes}
+    count = 0
+    for name in plan.quantized_layers:
+        node = nodes[name]
+        out = node.outputs[0]
+        while len(out.outputs) == 1 and out.outputs[0].op in ("Relu", "Clip") and out.name not in outputs:
+            out = out.outputs[0].outputs[0]
+        count += node.op == "Conv" and out.name not in outputs
+    return count
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_quantized_conv_becomes_an_int8_kernel(name: str) -> None:
+    graph = optimized_zoo_graph(name)
+    model, plan, _ = quantize(graph, cpu_config())
+    lowered = lower_for_cpu(model)
+    onnx.checker.check_model(lowered)
+    report = kernel_report(lowered.SerializeToString())
+    assert report.int8_convs == _conv_layers_ort_can_run_int8(graph, plan), report.ops
+    feeds = feeds_for(graph, seed=3)
+    reference = run_model(onnx_from_graph(graph), feeds)
+    trt_form, cpu_form = run_model(model, feeds), run_model(lowered, feeds)
+    for out, ref in reference.items():
+        assert cosine(ref, cpu_form[out]) > 0.99, out
+        assert cosine(trt_form[out], cpu_form[out]) > 0.995, out
+
+
+def test_encoding_follows_the_sign_of_the_tensor() -> None:
+    """After Relu the whole threshold maps onto 0..255 (scale T/255, zero point 0); a signed tensor
+    (the graph input) keeps the symmetric grid shifted by 128 (scale T/127, zero point 128)."""
+    graph = optimized_zoo_graph("resnet_basic")
+    model, _, report = quantize(graph, cpu_config())
+    lowered = lower_for_cpu(model)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in lowered.graph.initializer}
+    producers = {o: n for n in lowered.graph.node for o in n.output}
+    seen = set()
+    for q in (n for n in lowered.graph.node if n.op_type == "QuantizeLinear"):
+        source = producers.get(q.input[0])
+        scale, zero = float(inits[q.input[1]]), inits[q.input[2]]
+        assert zero.dtype == np.uint8
+        threshold = report.thresholds[q.input[0]]
+        if source is not None and source.op_type == "Relu":
+            assert int(zero) == 0 and scale == pytest.approx(threshold / 255, rel=1e-6)
+            seen.add("relu")
+        elif source is None:  # the graph input: signed
+            assert int(zero) == 128 and scale == pytest.approx(threshold / 127, rel=1e-6)
+            seen.add("input")
+    assert seen == {"relu", "input"}
+
+
+def test_duplicate_pairs_are_shared_for_onnx_runtime() -> None:
+    """TensorRT form: one pair per consumer; CPU form: one pair per tensor and encoding."""
+    graph = optimized_zoo_graph("inception")  # `input` feeds several convs
+    model, _, _ = quantize(graph, cpu_config())
+    per_tensor = [n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    lowered = lower_for_cpu(model)
+    shared = [n.input[0] for n in lowered.graph.node if n.op_type == "QuantizeLinear"]
+    assert per_tensor.count("input") > 1 and shared.count("input") == 1
+    assert len(set(shared)) == len(shared)

@@ -1,0 +1,74 @@
+"""The shipped demo model (EfficientNet-Lite0, ImageNet) on real labelled photos: FP32 and an INT8 plan.
+
+Labels: tests/data/heldout/labels.json (acceptable ImageNet classes per photo, set by looking at the
+photos). Measured when written: FP32 top-1 37/44, top-5 44/44 (models/README.md); the bounds below
+leave room for other ONNX Runtime versions without letting a broken pipeline pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import trtopt
+from trtopt.build import BuildConfig, build_plan
+from trtopt.classify import imagenet_labels, top_k
+from trtopt.data import PreprocessSpec, preprocess_images
+from trtopt.execution import OrtSession
+from trtopt.frontend import load_model
+from trtopt.plan import write_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "efficientnet_lite0.onnx"
+HELDOUT = ROOT / "tests" / "data" / "heldout"
+
+
+@pytest.fixture(scope="module")
+def labelled() -> tuple[list[Path], list[list[int]]]:
+    labels = json.loads((HELDOUT / "labels.json").read_text())
+    files = sorted(labels)
+    return [HELDOUT / f for f in files], [labels[f] for f in files]
+
+
+@pytest.fixture(scope="module")
+def batch(labelled) -> np.ndarray:  # type: ignore[no-untyped-def]
+    spec = PreprocessSpec.from_dict(json.loads(MODEL.with_suffix(".json").read_text())["preprocess"])
+    return preprocess_images(labelled[0], spec)
+
+
+def _hits(logits: np.ndarray, truth: list[list[int]], k: int) -> int:
+    return sum(
+        bool(set(p.index for p in preds) & set(t)) for preds, t in zip(top_k(logits, k), truth, strict=True)
+    )
+
+
+def test_fp32_model_classifies_real_photos(labelled, batch) -> None:  # type: ignore[no-untyped-def]
+    logits = OrtSession(load_model(MODEL).model).run({"input": batch})["logits"]
+    assert logits.shape == (44, 1000)
+    assert _hits(logits, labelled[1], 5) >= 42
+    assert _hits(logits, labelled[1], 1) >= 33
+    chelsea = [
+        p.label
+        for p in top_k(logits, 5, imagenet_labels())[
+            [f.name for f in labelled[0]].index("skimage_chelsea.jpg")
+        ]
+    ]
+    assert {"tabby", "tiger cat", "Egyptian cat"} & set(chelsea)
+
+
+def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # type: ignore[no-untyped-def]
+    config = BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=48)
+    result = build_plan(MODEL, config)
+    assert result.kernels.float_convs == 1  # only the 3-channel stem stays float (DESIGN.md: tiny layers)
+    assert result.kernels.int8_convs == 48
+    path = write_plan(result.plan, tmp_path / "demo.engine")
+    engine = trtopt.Engine.load(path)
+    assert engine.labels == imagenet_labels()
+    int8 = engine(batch)
+    fp32 = OrtSession(load_model(MODEL).model).run({"input": batch})["logits"]
+    agreement = float((int8.argmax(1) == fp32.argmax(1)).mean())
+    assert agreement >= 0.85, agreement  # measured 0.93-0.95 with 48 images
+    assert _hits(int8, labelled[1], 5) >= 40

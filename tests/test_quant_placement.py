@@ -1,0 +1,156 @@
+"""Q/DQ placement and insertion in TensorRT's explicit-quantization form (DESIGN.md "Where Q/DQ go")."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from quant_helpers import cosine, feeds_for, optimized_zoo_graph, quantize
+
+from trtopt.execution import run_model
+from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.passes import find_fusion_groups, optimize
+from trtopt.quant import QuantConfig, plan_quantization
+from trtopt.quant.qdq import quantize_weight, shared_thresholds
+from trtopt.zoo import NAMES, GraphBuilder
+
+
+def _producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
+    return {o: n for n in model.graph.node for o in n.output}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_quantized_zoo_models_stay_close_to_fp32(name: str) -> None:
+    """Every zoo model, quantised with max thresholds, runs in ONNX Runtime and keeps its outputs'
+    direction (cosine > 0.99: 8-bit grids on a few layers; a misplaced scale or axis gives < 0.9)."""
+    graph = optimized_zoo_graph(name)
+    model, plan, report = quantize(graph)
+    onnx.checker.check_model(model)
+    feeds = feeds_for(graph, seed=7)
+    reference = run_model(onnx_from_graph(graph), feeds)
+    quantized = run_model(model, feeds)
+    for out, ref in reference.items():
+        assert cosine(ref, quantized[out]) > 0.99, out
+    assert report.activation_pairs > 0 and report.weight_dequantizers > 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_qdq_inside_a_fused_group_and_graph_outputs_stay_float(name: str) -> None:
+    graph = optimized_zoo_graph(name)
+    inside = set()
+    for group in find_fusion_groups(graph):
+        nodes = {n.name: n for n in graph.nodes}
+        members = [nodes[m] for m in group.nodes]
+        inside |= {t.name for n in members[:-1] for t in n.outputs}  # edges between members
+    plan = plan_quantization(graph, QuantConfig(min_channels=1))
+    assert not {s.tensor for s in plan.sites} & inside
+    model, _, _ = quantize(graph)
+    producers = _producers(model)
+    for out in model.graph.output:
+        assert producers[out.name].op_type not in ("QuantizeLinear", "DequantizeLinear")
+        assert out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+
+
+def test_conv_inputs_and_per_channel_weights() -> None:
+    """Every Conv reads its activation through Q->DQ (int8, zero point 0) and its weight through a DQ of
+    an INT8 constant with one scale per output channel (axis 0)."""
+    graph = optimized_zoo_graph("resnet_bottleneck")
+    model, _, _ = quantize(graph)
+    producers = _producers(model)
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert convs
+    for conv in convs:
+        act_dq, w_dq = producers[conv.input[0]], producers[conv.input[1]]
+        assert act_dq.op_type == w_dq.op_type == "DequantizeLinear"
+        assert producers[act_dq.input[0]].op_type == "QuantizeLinear"
+        assert inits[act_dq.input[2]].dtype == np.int8 and inits[act_dq.input[2]] == 0
+        weight, scale = inits[w_dq.input[0]], inits[w_dq.input[1]]
+        assert weight.dtype == np.int8 and scale.shape == (weight.shape[0],)
+        assert {a.name: a.i for a in w_dq.attribute}.get("axis", 1) == 0
+
+
+def test_residual_identity_branch_is_quantized() -> None:
+    """resnet_basic: Add(conv branch, identity); the identity input of the fused Add gets Q/DQ, the conv
+    branch does not (it fuses into the conv's epilogue)."""
+    graph = optimized_zoo_graph("resnet_basic")
+    groups = [g for g in find_fusion_groups(graph) if g.residual]
+    assert groups, "resnet_basic should have a conv+add group"
+    plan = plan_quantization(graph, QuantConfig(min_channels=1))
+    residual_sites = [s for s in plan.sites if s.role == "residual"]
+    assert {s.tensor for s in residual_sites} == {g.residual for g in groups}
+    conv_branch = {g.nodes[0] for g in groups}
+    outputs_of_conv_branch = {t.name for n in graph.nodes if n.name in conv_branch for t in n.outputs}
+    assert not {s.tensor for s in plan.sites} & outputs_of_conv_branch
+
+
+def test_concat_inputs_share_the_output_threshold() -> None:
+    """All Concat inputs get Q/DQ with the same scale as the Concat output that a conv reads:
+
+    input ─ Conv1x1 ─ Relu ─┐
+          └ Conv3x3 ─ Relu ─ Concat ─ Conv1x1 ─ output
+    """
+    b = GraphBuilder("concat_conv", seed=4)
+    x = b.input("input", [1, 16, 8, 8])
+    joined = b.concat([b.relu(b.conv(x, 16, 16, 1)), b.relu(b.conv(x, 16, 24, 3))])
+    graph = optimize(graph_from_onnx(b.build([b.conv(joined, 40, 16, 1, out="output")]))).graph
+    plan = plan_quantization(graph, QuantConfig(min_channels=1))
+    assert plan.shared, "expected a Concat group"
+    assert len(plan.shared) == 1 and len(plan.shared[0]) == 3  # output + two inputs
+    assert sum(s.role == "concat" for s in plan.sites) == 2
+    model, _, report = quantize(graph)
+    values = {report.thresholds[t] for t in plan.shared[0]}
+    assert len(values) == 1, report.thresholds
+    feeds = feeds_for(graph)
+    assert (
+        cosine(run_model(onnx_from_graph(graph), feeds)["output"], run_model(model, feeds)["output"]) > 0.99
+    )
+
+
+def test_one_qdq_pair_per_consumer() -> None:
+    graph = optimized_zoo_graph("inception")  # the input feeds several sibling convs
+    model, _, _ = quantize(graph)
+    q_nodes = [n for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    consumers: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n.op_type)
+    for q in q_nodes:
+        assert consumers[q.output[0]] == ["DequantizeLinear"]
+    dq_outputs = [n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert all(len(consumers.get(o, [])) <= 1 for o in dq_outputs)
+
+
+def test_exclude_keep_first_last_and_tiny_layers() -> None:
+    graph = optimized_zoo_graph("tiny_cnn")
+    convs = [n.name for n in graph.nodes if n.op == "Conv"]
+    full = plan_quantization(graph, QuantConfig(min_channels=1))
+    by_name = plan_quantization(graph, QuantConfig(min_channels=1, exclude=(convs[1],)))
+    assert (
+        convs[1] not in by_name.quantized_layers and by_name.float_layers[convs[1]] == "excluded by --exclude"
+    )
+    by_op = plan_quantization(graph, QuantConfig(min_channels=1, exclude=("Gemm",)))
+    assert not [n for n in by_op.quantized_layers if n.startswith("gemm")] and len(
+        by_op.quantized_layers
+    ) < len(full.quantized_layers)
+    first_last = plan_quantization(graph, QuantConfig(min_channels=1, keep_first_last=True))
+    assert full.quantized_layers[0] not in first_last.quantized_layers
+    assert full.quantized_layers[-1] not in first_last.quantized_layers
+    tiny = plan_quantization(graph, QuantConfig(min_channels=16))  # the stem reads 3 channels
+    assert "fewer than 16 channels" in tiny.float_layers.values()
+
+
+def test_quantize_weight_per_channel() -> None:
+    w = np.array([[[1.0, -2.0]], [[0.5, 0.25]], [[0.0, 0.0]]], dtype=np.float32)  # 3 output channels
+    q, scale = quantize_weight(w, axis=0)
+    np.testing.assert_allclose(scale[:2], [2 / 127, 0.5 / 127], rtol=1e-6)
+    assert q.dtype == np.int8 and q[0, 0, 1] == -127 and q[1, 0, 0] == 127 and not q[2].any()
+    assert scale[2] > 0  # an all-zero channel still gets a usable scale
+    np.testing.assert_allclose(q * scale.reshape(3, 1, 1), w, atol=scale.max() / 2)
+
+
+def test_shared_thresholds_merge_overlapping_groups() -> None:
+    amax = {"a": 1.0, "b": 3.0, "c": 2.0, "d": 5.0, "e": 0.5}
+    merged = shared_thresholds(amax, (("a", "b"), ("b", "c"), ("d",)))
+    assert merged["a"] == merged["b"] == merged["c"] == 3.0
+    assert merged["d"] == 5.0 and merged["e"] == 0.5
