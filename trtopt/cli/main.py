@@ -49,12 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if not exc.name or not exc.name.startswith(module_name):
-                raise
-            continue  # command not implemented yet in this build
+        module = importlib.import_module(module_name)
         cmd = sub.add_parser(
             name,
             help=summary,
