@@ -11,6 +11,7 @@ from trtopt.backend.cpu.builder import kernel_report
 from trtopt.backend.cpu.lowering import lower_for_cpu
 from trtopt.execution import run_model
 from trtopt.frontend import onnx_from_graph
+from trtopt.quant import QuantConfig
 from trtopt.zoo import NAMES
 
 
@@ -77,3 +78,16 @@ def test_duplicate_pairs_are_shared_for_onnx_runtime() -> None:
     shared = [n.input[0] for n in lowered.graph.node if n.op_type == "QuantizeLinear"]
     assert per_tensor.count("input") > 1 and shared.count("input") == 1
     assert len(set(shared)) == len(shared)
+
+
+def test_excluded_layer_stays_float_between_int8_layers() -> None:
+    """ONNX Runtime would quantise a float conv sitting between DQ and Q on its own; the CPU backend
+    stops it, so `--exclude` holds (one float conv more, one INT8 conv less)."""
+    graph = optimized_zoo_graph("resnet_bottleneck")
+    convs = [n.name for n in graph.nodes if n.op == "Conv"]
+    middle = convs[1]
+    base, _, _ = quantize(graph, cpu_config())
+    excluded, _, _ = quantize(graph, cpu_config(QuantConfig(min_channels=1, exclude=(middle,))))
+    before = kernel_report(lower_for_cpu(base).SerializeToString())
+    after = kernel_report(lower_for_cpu(excluded).SerializeToString())
+    assert (after.int8_convs, after.float_convs) == (before.int8_convs - 1, before.float_convs + 1)

@@ -17,6 +17,11 @@ from trtopt.execution.ort_session import session_options
 INT8_CONV_OPS = {"QLinearConv", "ConvInteger"}
 INT8_MATMUL_OPS = {"QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QGemm"}
 FLOAT_CONV_OPS = {"Conv", "FusedConv", "NchwcConv"}
+# ONNX Runtime's WeightBiasQuantization transformer quantises the float weights of a Conv/Gemm/MatMul
+# whose input comes from a DequantizeLinear and whose output goes to a QuantizeLinear. trtopt quantises
+# every weight it means to itself, so that transformer only ever overrides a user's `--exclude` (an
+# excluded layer between two INT8 layers); it is switched off for every CPU session.
+DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
 
 
 def status() -> BackendStatus:
@@ -49,7 +54,9 @@ def kernel_report(model_bytes: bytes) -> KernelReport:
         # "extended" is the level at which QDQ groups become INT8 kernels; the layout pass of "all"
         # rewrites float convs to NchwcConv, which we would count as float all the same.
         options = session_options(threads=1, opt_level="extended", optimized_model_path=str(path))
-        ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+        ort.InferenceSession(
+            model_bytes, options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED_OPTIMIZERS
+        )
         optimized = onnx.load_model(path, load_external_data=False)
     ops = Counter(node.op_type for node in optimized.graph.node)
     return KernelReport(

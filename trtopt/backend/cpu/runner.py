@@ -13,6 +13,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trtopt.backend import RunOptions
+from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
 from trtopt.execution.ort_session import session_options
 from trtopt.plan import Plan
 
@@ -23,6 +24,7 @@ class CpuRunner:
             plan.sections["onnx"],
             session_options(threads=options.threads),
             providers=["CPUExecutionProvider"],
+            disabled_optimizers=DISABLED_OPTIMIZERS,
         )
         self.output_names = [o.name for o in self.session.get_outputs()]
 
