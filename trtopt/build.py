@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,7 +41,7 @@ class BuildConfig:
 
     backend: str = "auto"
     int8: bool = True
-    calib: str | list[str] | None = None
+    calib: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None
     calib_cache: Path | None = None
     save_cache: Path | None = None
     calib_count: int | None = None
@@ -157,7 +158,8 @@ def calibrate_graph(
         calibration = load_cache(config.calib_cache)
         check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model))
         return calibration
-    sources = [config.calib] if isinstance(config.calib, str) else list(config.calib or [])
+    raw = config.calib
+    sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw or []]
     dataset = _dataset(graph, sources if len(sources) > 1 else sources[0], spec, config.calib_count)
     calibration = calibrate(
         model,

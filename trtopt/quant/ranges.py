@@ -4,8 +4,9 @@ A tensor produced by a bounded activation (ReLU6 as Clip(0, 6), Sigmoid, HardSig
 through ops that cannot widen its range (Pad with zeros, pooling, reshapes), has a hard upper bound.
 Saturating such a tensor below its observed maximum clips the mass that piles up at the bound — the
 most informative values of a ReLU6 network — so its threshold is the observed maximum instead.
-Measured on EfficientNet-Lite0 (ReLU6 everywhere): entropy thresholds on these tensors alone cost
-about 7 points of top-1 agreement with FP32 (see BENCHMARKS.md).
+Measured on EfficientNet-Lite0 (ReLU6 everywhere), entropy calibration on 154 photos: without this
+rule the logits' error (1 - cosine against FP32) is about four times larger, 0.019 instead of 0.005
+(notebooks/02_calibration.ipynb).
 """
 
 from __future__ import annotations

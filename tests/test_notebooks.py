@@ -1,0 +1,49 @@
+"""The notebooks in notebooks/ run top to bottom, headless, on their small settings.
+
+Each notebook reads TRTOPT_NOTEBOOK_SMALL=1 (16 calibration photos, 8 held-out photos, a few timing
+runs) and TRTOPT_REPO_ROOT (where the models and photos are). It runs from a copy in tmp_path, which is
+also the kernel's working directory and temporary folder: the committed notebooks, saved with the
+outputs of a full run, are never rewritten, and nothing a notebook writes lands in the checkout. Any
+cell error fails the test with the cell and its traceback.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+INSTALL_HINT = "pip install -e '.[dev]' (nbclient, nbformat, ipykernel, matplotlib)"
+nbformat = pytest.importorskip("nbformat", reason=f"executing notebooks needs nbformat: {INSTALL_HINT}")
+nbclient = pytest.importorskip("nbclient", reason=f"executing notebooks needs nbclient: {INSTALL_HINT}")
+pytest.importorskip("ipykernel", reason=f"executing notebooks needs a Python kernel: {INSTALL_HINT}")
+pytest.importorskip("matplotlib", reason=f"the notebooks draw with matplotlib: {INSTALL_HINT}")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+CELL_TIMEOUT_S = 180  # per cell; a whole small run takes seconds
+
+
+def test_the_notebooks_are_there() -> None:
+    assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_calibration.ipynb", "03_optimizer.ipynb"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_on_small_settings(notebook: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = tmp_path / notebook.name
+    shutil.copyfile(notebook, copy)
+    monkeypatch.setenv("TRTOPT_NOTEBOOK_SMALL", "1")  # the kernel inherits this environment
+    monkeypatch.setenv("TRTOPT_REPO_ROOT", str(ROOT))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' tempfile.mkdtemp() work folders land here
+    nb = nbformat.read(copy, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()  # raises CellExecutionError (cell source + traceback) on the first failing cell
+    errors = [o for cell in nb.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    assert any(  # the figures were drawn
+        "image/png" in o.get("data", {}) for cell in nb.cells for o in cell.get("outputs", [])
+    ), f"{notebook.name} produced no figure"
