@@ -175,6 +175,7 @@ def test_export_sections(work: Path, capsys: pytest.CaptureFixture[str]) -> None
             "Unknown calibration method",
         ),
         (["build", "{m}", "--backend", "fpga", "-o", "{d}/x.engine"], "Unknown backend"),
+        (["build", "{m}", "--fp16", "--backend", "cpu", "-o", "{d}/x.engine"], "--fp16 is for the TensorRT"),
         (["build", "{m}", "--backend", "tensorrt", "-o", "{d}/x.engine"], "not available here"),
         (["run", "{d}/tiny.onnx", "{d}/images"], "not a trtopt plan"),
         (["run", "{d}/missing.engine", "{d}/images"], "does not exist"),

@@ -94,6 +94,12 @@ def build_plan(
         optimized = optimize(graph, config.passes)
         graph = optimized.graph
     backend, reason = select_backend(config.backend)
+    if config.fp16 and backend != "tensorrt":
+        raise TrtoptError(
+            f"--fp16 is for the TensorRT backend; this build uses {reason}.",
+            fix="Drop --fp16 for CPU plans (ONNX Runtime's CPU kernels gain nothing from FP16), or build with "
+            "--backend tensorrt on a GPU machine. `trtopt.precision.convert_to_fp16` converts an ONNX file alone.",
+        )
     spec = preprocess_spec_for(Path(model_path), graph, config)
     calibration = qdq = None
     if config.int8:
@@ -102,11 +108,7 @@ def build_plan(
             calibration = calibrate_graph(graph, config, spec, progress)
         with _timed(times, "quantize"):
             qdq = insert_qdq(graph, qplan, calibration.amax)
-    model = onnx_from_graph(graph)
-    if config.fp16:
-        from trtopt.precision.fp16 import convert_to_fp16
-
-        model = convert_to_fp16(model)
+    model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
     with _timed(times, "build"):
         sections, versions = build_sections(backend, model, _build_options(graph, config))
     plan = Plan(
