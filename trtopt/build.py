@@ -76,9 +76,7 @@ class BuildResult:
 ProgressHook = Callable[[str, int, int], None]  # (phase, samples done, samples in the phase)
 
 
-def build_plan(
-    model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None
-) -> BuildResult:
+def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt.passes import optimize
 
@@ -116,9 +114,7 @@ def build_plan(
         inputs=_specs(graph.inputs),
         outputs=_specs(graph.outputs),
         sections=sections,
-        metadata=_metadata(
-            Path(model_path), config, spec, optimized, calibration, qdq, _labels(graph, config)
-        ),
+        metadata=_metadata(Path(model_path), config, spec, optimized, calibration, qdq, _labels(graph, config)),
         versions={"trtopt": __version__, **versions},
     )
     kernels = None
@@ -141,7 +137,12 @@ def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
 
 
 def calibrate_graph(
-    graph: gs.Graph, config: BuildConfig, spec: Any, progress: ProgressHook | None = None
+    graph: gs.Graph,
+    config: BuildConfig,
+    spec: Any,
+    progress: ProgressHook | None = None,
+    *,
+    keep_histograms: bool | None = None,
 ) -> Any:
     from trtopt.calib import (
         CalibConfig,
@@ -167,10 +168,8 @@ def calibrate_graph(
         model,
         lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
         tensors,
-        CalibConfig(method=config.calib_method),
-        progress=(lambda p: progress(p.phase, p.samples, p.total_samples or len(dataset)))
-        if progress
-        else None,
+        CalibConfig(method=config.calib_method, keep_histograms=keep_histograms),
+        progress=(lambda p: progress(p.phase, p.samples, p.total_samples or len(dataset))) if progress else None,
         data_description=f"{len(dataset)} samples from {' '.join(sources)}",
     )
     calibration = _bounded_at_max(graph, calibration) if config.bounded_max else calibration

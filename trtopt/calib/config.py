@@ -31,6 +31,8 @@ class CalibConfig:
       num_bins x 8 bytes a tensor: 16 KiB). `None`: keep them when the method needs them anyway, i.e.
       not for "max", which then reads the data once instead of twice. `True` forces them, `False` drops them.
     - `threads`: ONNX Runtime intra-op threads (`None`: ONNX Runtime decides).
+    - `histogram_threads`: threads that update the tensors' statistics of a batch in parallel while
+      ONNX Runtime is idle (`None`: up to 4, no more than the CPUs).
 
     Any field given as `None` takes its default, so optional CLI values can be passed straight through.
     """
@@ -42,6 +44,7 @@ class CalibConfig:
     percentile: float = DEFAULT_PERCENTILE
     keep_histograms: bool | None = None
     threads: int | None = None
+    histogram_threads: int | None = None
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -69,7 +72,7 @@ class CalibConfig:
                 f"CalibConfig.percentile is {self.percentile}; it must be in (0, 100].",
                 fix="Give the share of values to keep inside T in percent, e.g. 99.99.",
             )
-        if self.threads is not None and self.threads < 1:
-            raise CalibrationError(
-                f"CalibConfig.threads is {self.threads}.", fix="Use a positive thread count, or None."
-            )
+        for name in ("threads", "histogram_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise CalibrationError(f"CalibConfig.{name} is {value}.", fix="Use a positive thread count, or None.")

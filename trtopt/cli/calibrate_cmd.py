@@ -31,18 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
     parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
     parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument(
-        "--preset", default=None, help="image preprocessing preset (see `trtopt build --help`)"
-    )
+    parser.add_argument("--preset", default=None, help="image preprocessing preset (see `trtopt build --help`)")
     parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
     parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
     parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")
-    parser.add_argument(
-        "--plot-dir", type=Path, help="draw histograms with their thresholds into this folder"
-    )
-    parser.add_argument(
-        "--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)"
-    )
+    parser.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
+    parser.add_argument("--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)")
     parser.add_argument(
         "--plot-top", type=int, default=4, help="with --plot-dir and no --plot: the N most clipped tensors"
     )
@@ -79,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
             elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
             bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
 
-        calibration = calibrate_graph(graph, config, spec, on_progress)
+        keep = True if args.plot_dir else None  # None: only where the method needs histograms
+        calibration = calibrate_graph(graph, config, spec, on_progress, keep_histograms=keep)
     save_cache(args.output, calibration, format=args.format)
     plots = _plots(args, calibration) if args.plot_dir else []
     summary = _summary(args, calibration, plots)
@@ -108,9 +103,7 @@ def _plots(args: argparse.Namespace, calibration: Any) -> list[str]:
             fix=f"Calibrated tensors include {', '.join(list(histograms)[:5])} …",
         )
     methods = ("entropy", "max", "percentile", "mse")
-    by_method = {
-        m: compute_thresholds({n: histograms[n] for n in names}, CalibConfig(method=m)) for m in methods
-    }
+    by_method = {m: compute_thresholds({n: histograms[n] for n in names}, CalibConfig(method=m)) for m in methods}
     paths = []
     for name in names:
         lines = {"chosen": calibration.amax[name], **{m: by_method[m][name] for m in methods}}

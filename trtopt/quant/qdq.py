@@ -14,12 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.calib.thresholds import ZERO_AMAX
 from trtopt.errors import CalibrationError
 from trtopt.quant.placement import QuantPlan, QuantSite
 
 QMAX = 127.0
-# A tensor that was all zeros during calibration still needs a positive scale.
-MIN_AMAX = 1e-8
+# A tensor (or weight channel) that was all zeros still needs a positive scale: the calibrator's
+# choice, whose scale is float16's smallest normal number, so FP16 graphs keep it too.
+MIN_AMAX = ZERO_AMAX
 
 
 @dataclass(frozen=True)
