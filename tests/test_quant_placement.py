@@ -154,3 +154,18 @@ def test_shared_thresholds_merge_overlapping_groups() -> None:
     merged = shared_thresholds(amax, (("a", "b"), ("b", "c"), ("d",)))
     assert merged["a"] == merged["b"] == merged["c"] == 3.0
     assert merged["d"] == 5.0 and merged["e"] == 0.5
+
+
+def test_bounded_tensors_follow_relu6_through_zero_padding() -> None:
+    """input ─ Conv ─ Clip(0,6) ─ Pad(0) ─ MaxPool ─ Conv ─ Relu ─ output: Clip, Pad and MaxPool outputs are
+    bounded by 6; conv outputs and the unbounded Relu are not."""
+    from trtopt.quant.ranges import bounded_tensors
+
+    b = GraphBuilder("bounded", seed=5)
+    x = b.input("input", [1, 8, 8, 8])
+    six = b.clip(b.conv(x, 8, 8, 3), 0.0, 6.0)
+    padded = b.node("Pad", [six, b.const("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))])
+    pooled = b.maxpool(padded, 2, stride=2)
+    out = b.relu(b.conv(pooled, 8, 8, 1), out="output")
+    graph = graph_from_onnx(b.build([out]))
+    assert bounded_tensors(graph) == {six, padded, pooled}

@@ -23,7 +23,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt import __version__
-from trtopt.backend import BuildOptions, Profile, build_sections, select_backend
+from trtopt.backend import BuildOptions, build_sections, select_backend
 from trtopt.errors import ShapeError, TrtoptError
 from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
 from trtopt.frontend.shapes import Shape
@@ -50,7 +50,7 @@ class BuildConfig:
     bounded_max: bool = True
     preset: str | None = None
     shapes: dict[str, Shape] | None = None
-    batch: int = 1
+    batch: int | None = None
     passes: tuple[str, ...] | None = None
     quant: QuantConfig = field(default_factory=QuantConfig)
     fp16: bool = False
@@ -108,7 +108,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
     with _timed(times, "build"):
-        sections, versions = build_sections(backend, model, _build_options(graph, config))
+        sections, versions = build_sections(backend, model, _build_options(graph, config, backend))
     plan = Plan(
         backend=backend,
         inputs=_specs(graph.inputs),
@@ -242,15 +242,14 @@ def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
     )
 
 
-def _build_options(graph: gs.Graph, config: BuildConfig) -> BuildOptions:
-    profiles = {}
-    for t in graph.inputs:
-        dims = list(t.shape or [])
-        if dims and not (isinstance(dims[0], int) and dims[0] > 0):
-            rest = tuple(int(d) for d in dims[1:])
-            profiles[t.name] = Profile((1, *rest), (config.batch, *rest), (config.batch, *rest))
+def _build_options(graph: gs.Graph, config: BuildConfig, backend: str) -> BuildOptions:
+    profiles = None
+    if backend == "tensorrt":  # optimisation profiles are TensorRT's; ONNX Runtime takes any batch
+        from trtopt.backend.tensorrt.builder import profiles_for
+
+        profiles = profiles_for(graph.inputs, config.shapes, config.batch) or None
     return BuildOptions(
-        profiles=profiles or None,
+        profiles=profiles,
         workspace_mib=config.workspace_mib,
         timing_cache=config.timing_cache,
         optimization_level=config.optimization_level,

@@ -16,26 +16,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
     parser.add_argument("-o", "--output", required=True, help="plan file to write (e.g. plan.engine)")
-    parser.add_argument(
-        "--int8", action="store_true", help="quantise to INT8 (needs --calib or --calib-cache)"
-    )
+    parser.add_argument("--int8", action="store_true", help="quantise to INT8 (needs --calib or --calib-cache)")
     g = parser.add_argument_group("calibration")
-    g.add_argument(
-        "--calib", nargs="+", metavar="PATH", help="calibration images / .npy / .npz (folders or files)"
-    )
-    g.add_argument(
-        "--calib-cache", type=Path, help="reuse thresholds from a trtopt, TensorRT or ONNX Runtime cache"
-    )
+    g.add_argument("--calib", nargs="+", metavar="PATH", help="calibration images / .npy / .npz (folders or files)")
+    g.add_argument("--calib-cache", type=Path, help="reuse thresholds from a trtopt, TensorRT or ONNX Runtime cache")
     g.add_argument("--save-cache", type=Path, help="also write the thresholds to this trtopt cache (JSON)")
-    g.add_argument(
-        "--calib-count", type=int, default=None, help="use the first N calibration samples (default all)"
-    )
+    g.add_argument("--calib-count", type=int, default=None, help="use the first N calibration samples (default all)")
     g.add_argument("--calib-batch", type=int, default=8, help="calibration batch size (default 8)")
     g.add_argument(
         "--method",
@@ -49,28 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "model's sidecar <model>.json if present, else imagenet",
     )
     q = parser.add_argument_group("quantisation")
-    q.add_argument(
-        "--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float"
-    )
+    q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
     q.add_argument("--keep-first-last", action="store_true", help="keep the first and last layers in float")
-    q.add_argument(
-        "--min-channels", type=int, default=16, help="layers with fewer channels stay float (default 16)"
-    )
+    q.add_argument("--min-channels", type=int, default=16, help="layers with fewer channels stay float (default 16)")
     b = parser.add_argument_group("build")
+    b.add_argument("--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt")
+    b.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes, e.g. input:1x3x224x224")
     b.add_argument(
-        "--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt"
-    )
-    b.add_argument(
-        "--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes, e.g. input:1x3x224x224"
-    )
-    b.add_argument(
-        "--batch", type=int, default=1, help="largest batch for dynamic-batch plans (TensorRT profile)"
+        "--batch", type=int, default=None, help="largest batch for dynamic-batch plans (TensorRT profile; default 1)"
     )
     b.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all, in order)")
     b.add_argument("--fp16", action="store_true", help="convert the non-INT8 regions to FP16 (for GPUs)")
-    b.add_argument(
-        "--labels", type=Path, help="class names, one per line (default: ImageNet for 1000 classes)"
-    )
+    b.add_argument("--labels", type=Path, help="class names, one per line (default: ImageNet for 1000 classes)")
     b.add_argument("--workspace", type=int, default=None, help="TensorRT workspace limit in MiB")
     b.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file to reuse and update")
     b.add_argument("--opt-level", type=int, default=None, help="TensorRT builder optimisation level 0-5")
@@ -80,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trtopt.build import BuildConfig, build_plan
-    from trtopt.cli.console import print_json, progress
+    from trtopt.cli.console import phase_progress, print_json
     from trtopt.cli.summaries import build_summary, print_build_summary
     from trtopt.errors import TrtoptError
     from trtopt.frontend import parse_shapes
@@ -92,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     labels = None
     if args.labels:
         if not args.labels.is_file():
-            raise TrtoptError(
-                f"Labels file {str(args.labels)!r} does not exist.", fix="One class name per line."
-            )
+            raise TrtoptError(f"Labels file {str(args.labels)!r} does not exist.", fix="One class name per line.")
         labels = args.labels.read_text(encoding="utf-8").splitlines()
     config = BuildConfig(
         backend=args.backend,
@@ -119,15 +98,7 @@ def run(args: argparse.Namespace) -> int:
         optimization_level=args.opt_level,
         sparsity=args.sparsity,
     )
-    with progress(disable=args.json) as bar:
-        tasks: dict[str, Any] = {}
-
-        def on_progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(f"calibration: {phase} pass", total=total, rate="")
-            elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
-            bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
-
+    with phase_progress("calibration", disable=args.json) as on_progress:
         result = build_plan(args.model, config, progress=on_progress)
     path = write_plan(result.plan, args.output)
     summary = build_summary(result, path)

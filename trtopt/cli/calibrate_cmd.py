@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
     from trtopt.calib import CACHE_FORMATS, save_cache
-    from trtopt.cli.console import err, out, print_json, progress
+    from trtopt.cli.console import err, out, phase_progress, print_json
     from trtopt.frontend import parse_shapes
     from trtopt.passes import optimize
 
@@ -64,15 +64,7 @@ def run(args: argparse.Namespace) -> int:
     model = Path(args.model)
     graph = optimize(load_graph(model, config), config.passes).graph
     spec = preprocess_spec_for(model, graph, config)
-    with progress(disable=args.json) as bar:
-        tasks: dict[str, Any] = {}
-
-        def on_progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(f"{phase} pass", total=total, rate="")
-            elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
-            bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
-
+    with phase_progress("calibration", disable=args.json) as on_progress:
         keep = True if args.plot_dir else None  # None: only where the method needs histograms
         calibration = calibrate_graph(graph, config, spec, on_progress, keep_histograms=keep)
     save_cache(args.output, calibration, format=args.format)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -37,3 +39,18 @@ def progress(description: str = "", *, unit: str = "img", disable: bool = False)
         disable=disable or not err.is_terminal,
         transient=False,
     )
+
+
+@contextmanager
+def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[str, int, int], None]]:
+    """A callback `(phase, done, total)` that shows one bar per phase with its samples/s (calibration)."""
+    with progress(disable=disable) as bar:
+        tasks: dict[str, Any] = {}
+
+        def update(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(f"{label}: {phase} pass", total=total, rate="")
+            elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
+            bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
+
+        yield update

@@ -15,25 +15,13 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 BOUNDED_OPS = {"Sigmoid", "HardSigmoid", "Tanh", "Softmax"}
-RANGE_PRESERVING_OPS = {
-    "Pad",
-    "MaxPool",
-    "AveragePool",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "Reshape",
-    "Flatten",
-    "Transpose",
-    "Squeeze",
-    "Unsqueeze",
-    "Identity",
-    "Resize",
-    "Split",
-    "Slice",
-    "Concat",
-    "DepthToSpace",
-    "SpaceToDepth",
-}
+# Ops whose output values are taken from, or averaged over, their data input's values, so a bound on
+# the input (an upper bound here, non-negativity in the CPU lowering) holds for the output too.
+VALUE_PRESERVING_OPS = {
+    "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose",
+    "Squeeze", "Unsqueeze", "Identity", "Resize", "Upsample", "Split", "Slice", "Concat", "DepthToSpace",
+    "SpaceToDepth", "Gather", "Tile", "Expand", "ReduceMax", "ReduceMean", "QuantizeLinear", "DequantizeLinear",
+}  # fmt: skip
 
 
 def bounded_tensors(graph: gs.Graph) -> set[str]:
@@ -42,7 +30,7 @@ def bounded_tensors(graph: gs.Graph) -> set[str]:
     for node in graph.nodes:  # passes leave the graph topologically sorted
         if node.op in BOUNDED_OPS or (node.op == "Clip" and np.isfinite(_clip_max(node))):
             bounded.update(t.name for t in node.outputs)
-        elif node.op in RANGE_PRESERVING_OPS and _pads_with_zero(node):
+        elif (node.op in VALUE_PRESERVING_OPS or node.op == "Pad") and _pads_with_zero(node):
             data = node.inputs if node.op == "Concat" else node.inputs[:1]
             if data and all(t.name in bounded for t in data):
                 bounded.update(t.name for t in node.outputs)

@@ -15,35 +15,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from trtopt.quant.ranges import VALUE_PRESERVING_OPS
+
 # Ops whose output is non-negative whatever their input.
 NON_NEGATIVE_OPS = {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp", "Softplus"}
-# Ops whose output is non-negative when their (first) input is; Q/DQ themselves included.
-SIGN_PRESERVING_OPS = {
-    "MaxPool",
-    "AveragePool",
-    "GlobalAveragePool",
-    "GlobalMaxPool",
-    "Reshape",
-    "Flatten",
-    "Transpose",
-    "Squeeze",
-    "Unsqueeze",
-    "Identity",
-    "Resize",
-    "Upsample",
-    "Split",
-    "Slice",
-    "Concat",
-    "DequantizeLinear",
-    "QuantizeLinear",
-    "DepthToSpace",
-    "SpaceToDepth",
-    "Gather",
-    "Tile",
-    "Expand",
-    "ReduceMax",
-    "ReduceMean",
-}
 
 
 def lower_for_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -149,7 +124,7 @@ def _non_negative_tensors(
     for node in graph.node:  # topological order: inputs are decided before outputs
         if node.op_type in NON_NEGATIVE_OPS or (node.op_type == "Clip" and _clip_min(node, inits) >= 0):
             result.update(node.output)
-        elif node.op_type in SIGN_PRESERVING_OPS:
+        elif node.op_type in VALUE_PRESERVING_OPS:
             data = (
                 [i for i in node.input[:1] if i] if node.op_type != "Concat" else [i for i in node.input if i]
             )
