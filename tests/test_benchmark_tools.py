@@ -1,0 +1,119 @@
+"""Smoke tests for the benchmark scripts (tools/bench_accuracy.py, tools/bench_latency.py and
+tools/make_benchmarks.py): tiny runs that must produce the expected tables with finite numbers.
+No timing thresholds: the numbers of a tiny run on a shared machine mean nothing."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "models" / "efficientnet_lite0.onnx"
+NUMBER = re.compile(r"^\*{0,2}(-?\d+(?:\.\d+)?)(?:%|x| ms| s| s / \d+\.\d+ GiB)?\*{0,2}$")
+
+
+def run_tool(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def table_rows(markdown: str, header_start: str) -> list[list[str]]:
+    """The body cells of the markdown table whose header row starts with `header_start`."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def numbers(cells: list[str]) -> list[float]:
+    """Every numeric cell (percent, ms, x, s, 's / GiB'), '–' (not applicable) skipped."""
+    values = []
+    for cell in cells:
+        if cell == "–":
+            continue
+        match = NUMBER.match(cell)
+        assert match, f"not a number: {cell!r}"
+        values.extend(float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", cell))
+    return values
+
+
+def check_header(markdown: str, script: str) -> None:
+    keys = ("- date: ", "- machine: ", "- versions: Python", "onnxruntime", "trtopt", f"- command: `python {script}")
+    for key in keys:
+        assert key in markdown, key
+
+
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
+    out = tmp_path / "accuracy.md"
+    stdout = run_tool(
+        "tools/bench_accuracy.py", "--count", "4", "--eval-count", "6", "--methods", "max",
+        "--ort", "minmax", "--ort-raw", "minmax", "--out", str(out),
+    )
+    assert out.read_text() == stdout
+    check_header(stdout, "tools/bench_accuracy.py")
+    rows = table_rows(stdout, "| variant | top-1 agree, held-out (6) | top-1 agree, in-sample (10)")
+    names = ["FP32 (ONNX Runtime)", "trtopt max", "ORT QDQ minmax", "ORT QDQ minmax, no pre-process"]
+    assert [r[0] for r in rows] == names
+    for row in rows:
+        values = numbers(row[1:])
+        assert values and all(math.isfinite(v) for v in values), row
+    fp32, trtopt_max, ort_minmax, _ = rows
+    assert fp32[1] == "100.0%" and fp32[7] == "–"
+    assert trtopt_max[6] != "–", "labelled top-5 is reported for an ImageNet model"
+    assert int(trtopt_max[8]) > 0 and int(ort_minmax[8]) > 0, "INT8 conv kernels counted"
+
+
+def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
+    out = tmp_path / "latency.md"
+    stdout = run_tool(
+        "tools/bench_latency.py", "--model", "tiny_cnn", "--count", "4", "--batches", "1",
+        "--iterations", "2", "--warmup", "1", "--out", str(out),
+    )
+    assert out.read_text() == stdout
+    check_header(stdout, "tools/bench_latency.py")
+    assert "1 intra-op thread(s)" in stdout
+    rows = table_rows(stdout, "| batch | model | median | p90 | images/s | speed-up vs FP32 (paired) |")
+    assert [r[1] for r in rows] == ["FP32 (original)", "trtopt INT8", "ORT QDQ INT8", "ORT QDQ INT8, no pre-process"]
+    for row in rows:
+        values = numbers([row[0], *row[2:]])
+        assert len(values) == 5 and all(math.isfinite(v) and v > 0 for v in values), row
+
+
+def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:
+    done = subprocess.run(
+        [sys.executable, "tools/bench_latency.py", "--model", "tiny_cnn", "--batches", "8", "--no-ort"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode != 0 and "--batches 1" in done.stderr
+
+
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_make_benchmarks_quick_assembles_sections_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "BENCHMARKS.md"
+    subprocess.run(
+        [sys.executable, "tools/make_benchmarks.py", "--quick", "--only", "latency", "--out", str(out)],
+        cwd=ROOT, check=True, capture_output=True, timeout=120,
+    )
+    text = out.read_text()
+    assert text.startswith("# Benchmarks") and "python tools/make_benchmarks.py" in text
+    assert "--quick smoke run" in text
+    section = (tmp_path / "docs" / "benchmarks" / "latency.md").read_text()
+    assert section.strip() in text, "the section is copied verbatim"
+    assert "- [latency](#latency-fp32-vs-int8-on-onnx-runtime-cpu)" in text
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert (tmp_path / "docs" / "benchmarks" / "latency.png").stat().st_size > 0
+    assert "](docs/benchmarks/latency.png)" in text

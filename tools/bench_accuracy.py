@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""INT8 accuracy on real photos: trtopt's CPU plans (one per calibration method) and ONNX Runtime's own
+quantize_static, each against the FP32 model run by ONNX Runtime.
+
+    python tools/bench_accuracy.py [--model models/efficientnet_lite0.onnx | --model tiny_cnn]
+        [--calib calib_data] [--heldout tests/data/heldout] [--count N] [--eval-count N]
+        [--methods entropy max percentile mse] [--ort entropy minmax] [--out FILE.md] [--plot FILE.png]
+
+Every variant calibrates on the same images (--calib, the first --count), preprocessed as `trtopt build`
+does for the model (its sidecar JSON for the demo model). Held-out photos (--heldout) are never used for
+calibration; a second, in-sample column adds the calibration photos for a less noisy agreement figure.
+Labelled accuracy uses <heldout>/labels.json (file -> acceptable ImageNet class indices) for
+1000-class models. ORT's variants: quant_pre_process (ORT's recommended first step; --ort-raw rows skip
+it), then quantize_static with QDQ, per-channel QInt8 weights, QUInt8 activations, default calibrator
+settings. Build time is wall time: trtopt's whole build_plan, or the quantize_static call,
+both including image decoding; each build runs in a fresh process whose peak RSS is reported.
+Kernels: what ONNX Runtime's optimised graph of the quantised model runs (INT8 / float conv kernels,
+QuantizeLinear + DequantizeLinear nodes left as float<->int8 conversions, Pads left in float).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_setup import (  # noqa: E402
+    CALIB_DIR,
+    DEMO_MODEL,
+    HELDOUT_DIR,
+    ORT_METHODS,
+    Kernels,
+    ModelUnderTest,
+    even_batch,
+    header_lines,
+    image_dataset,
+    kernel_counts,
+    load_average,
+    ort_build,
+    plt_or_none,
+    resolve_model,
+    run_isolated,
+    stacked,
+    trtopt_build,
+)
+
+from trtopt.calib import METHODS  # noqa: E402
+from trtopt.execution.ort_session import OrtSession  # noqa: E402
+
+IMAGENET_CLASSES = 1000
+
+
+@dataclass
+class Variant:
+    name: str
+    build_s: float | None
+    peak_gib: float | None  # peak RSS of the process that built it
+    runner: OrtSession
+    kernels: Kernels | None = None
+
+
+@dataclass(frozen=True)
+class Scores:
+    agree_heldout: float
+    agree_all: float
+    cosine_heldout: float
+    cosine_min: float
+    top1: float | None
+    top5: float | None
+
+
+def build_variant(model: ModelUnderTest, kind: str, method: str, args: argparse.Namespace) -> Variant:
+    """Build one INT8 variant in its own process (for its own peak memory) and open it in ONNX Runtime.
+    `kind`: "trtopt", "ort" (quant_pre_process + quantize_static) or "ort-raw" (quantize_static alone)."""
+    data = (model, str(args.calib), args.count, method)
+    if kind == "trtopt":
+        name, ((seconds, model_bytes), peak_gib) = f"trtopt {method}", run_isolated(trtopt_build, *data)
+    else:
+        raw = kind == "ort-raw"
+        name = f"ORT QDQ {method}" + (", no pre-process" if raw else "")
+        (seconds, model_bytes), peak_gib = run_isolated(ort_build, *data, not raw)
+    runner = OrtSession(onnx.load_from_string(model_bytes))
+    return Variant(name, seconds, peak_gib, runner, kernel_counts(model_bytes))
+
+
+def logits(runner: OrtSession, images: np.ndarray, batch: int) -> np.ndarray:
+    name = runner.input_names[0]
+    out = [runner.run({name: images[i : i + batch]})[runner.output_names[0]] for i in range(0, len(images), batch)]
+    return np.concatenate(out).reshape(len(images), -1)
+
+
+def score(ref: np.ndarray, test: np.ndarray, heldout: int, labels: list[list[int] | None]) -> Scores:
+    """ref/test: [n, classes] logits; the first `heldout` rows are held-out photos, `labels` theirs."""
+    agree = ref.argmax(1) == test.argmax(1)
+    ref, test = ref.astype(np.float64), test.astype(np.float64)
+    cos = (ref * test).sum(1) / np.maximum(np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1), 1e-30)
+    top1 = top5 = None
+    labelled = [(row, lab) for row, lab in enumerate(labels) if lab]
+    if labelled:
+        order = np.argsort(-test[:heldout], axis=1)[:, :5]
+        top1 = float(np.mean([order[r, 0] in lab for r, lab in labelled]))
+        top5 = float(np.mean([bool(set(order[r]) & set(lab)) for r, lab in labelled]))
+    return Scores(
+        float(agree[:heldout].mean()),
+        float(agree.mean()),
+        float(cos[:heldout].mean()),
+        float(cos[:heldout].min()),
+        top1,
+        top5,
+    )
+
+
+def heldout_labels(model: ModelUnderTest, heldout: Path, sources: list[str]) -> list[list[int] | None]:
+    """Acceptable classes per held-out row (None: unlabelled), for ImageNet classifiers only."""
+    path = heldout / "labels.json"
+    if model.num_classes != IMAGENET_CLASSES or not path.is_file():
+        return [None] * len(sources)
+    table = json.loads(path.read_text())
+    return [table.get(Path(s).name) for s in sources]
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{value * 100:.1f}%"
+
+
+def table(variants: list[Variant], scores: list[Scores], counts: dict[str, int]) -> list[str]:
+    n_labelled = counts["labelled"]
+    rows = [
+        f"| variant | top-1 agree, held-out ({counts['heldout']}) "
+        f"| top-1 agree, in-sample ({counts['all']}) | mean cosine (held-out) | min cosine "
+        f"| labelled top-1 ({n_labelled}) | labelled top-5 ({n_labelled}) | build time / peak RSS "
+        "| INT8 convs | float convs | Q/DQ left | float Pads |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for v, s in zip(variants, scores, strict=True):
+        build = "–" if v.build_s is None else f"{v.build_s:.1f} s" if v.build_s >= 1 else f"{v.build_s:.2f} s"
+        build += "" if v.peak_gib is None else f" / {v.peak_gib:.2f} GiB"
+        k = v.kernels
+        kernels = "| – " * 4 if k is None else f"| {k.int8_convs} | {k.float_convs} | {k.conversions} | {k.float_pads} "
+        rows.append(
+            f"| {v.name} | {pct(s.agree_heldout)} | {pct(s.agree_all)} | {s.cosine_heldout:.4f} "
+            f"| {s.cosine_min:.4f} | {pct(s.top1)} | {pct(s.top5)} | {build} {kernels}|"
+        )
+    return rows
+
+
+def plot(path: Path, variants: list[Variant], scores: list[Scores], counts: dict[str, int]) -> None:
+    plt = plt_or_none()
+    if plt is None:
+        print("matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
+        return
+    names = [v.name.replace(", ", ",\n").replace(" QDQ ", " QDQ\n").replace("trtopt ", "trtopt\n")
+             for v in variants[1:]]
+    series = {
+        f"top-1 agreement, held-out ({counts['heldout']})": [s.agree_heldout for s in scores[1:]],
+        f"top-1 agreement, in-sample ({counts['all']})": [s.agree_all for s in scores[1:]],
+    }
+    if scores[0].top1 is not None:
+        series[f"labelled top-1 ({counts['labelled']}); FP32 dashed"] = [s.top1 or 0.0 for s in scores[1:]]
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    width = 0.8 / len(series)
+    x = np.arange(len(names))
+    for i, (label, values) in enumerate(series.items()):
+        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, np.array(values) * 100, width, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    if scores[0].top1 is not None:
+        ax.axhline(scores[0].top1 * 100, color="grey", linestyle="--", linewidth=1)
+    lowest = min(min(values) for values in series.values()) * 100
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set_ylabel("% (axis does not start at 0)")
+    ax.set_ylim(max(0.0, np.floor(lowest / 10) * 10 - 10), 102)
+    ax.set_title("INT8 vs FP32 on photos: trtopt calibration methods and ORT quantize_static")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(series))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(DEMO_MODEL), help="ONNX file or trtopt.zoo name (e.g. tiny_cnn)")
+    parser.add_argument("--calib", type=Path, default=CALIB_DIR, help="calibration images")
+    parser.add_argument("--heldout", type=Path, default=HELDOUT_DIR, help="held-out images (+ labels.json)")
+    parser.add_argument("--count", type=int, help="calibration images to use (default: all)")
+    parser.add_argument("--eval-count", type=int, help="held-out images to use (default: all)")
+    parser.add_argument("--methods", nargs="*", default=["entropy", "max", "percentile", "mse"],
+                        choices=list(METHODS.names()), help="trtopt calibration methods")
+    parser.add_argument("--ort", nargs="*", default=["entropy", "minmax"], choices=list(ORT_METHODS),
+                        help="ONNX Runtime quantize_static calibration methods (after quant_pre_process)")
+    parser.add_argument("--ort-raw", nargs="*", default=["minmax"], choices=list(ORT_METHODS),
+                        help="quantize_static methods run on the model as it is (no quant_pre_process)")
+    parser.add_argument("--batch", type=int, default=8, help="evaluation batch (models with a dynamic batch)")
+    parser.add_argument("--out", type=Path, help="also write the markdown here")
+    parser.add_argument("--plot", type=Path, help="write a bar chart (PNG) here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_before = load_average()
+    with tempfile.TemporaryDirectory(prefix="bench-accuracy-") as tmp:
+        model = resolve_model(args.model, Path(tmp))
+        batch = model.static_batch or args.batch
+        heldout_images, heldout_sources = stacked(image_dataset(model, args.heldout, args.eval_count))
+        calib_images, _ = stacked(image_dataset(model, args.calib, args.count))
+        images = np.concatenate([heldout_images, calib_images])
+        labels = heldout_labels(model, args.heldout, heldout_sources)
+
+        variants = [Variant("FP32 (ONNX Runtime)", None, None, OrtSession(onnx.load(model.path)))]
+        variants += [build_variant(model, "trtopt", m, args) for m in args.methods]
+        variants += [build_variant(model, "ort", m, args) for m in args.ort]
+        variants += [build_variant(model, "ort-raw", m, args) for m in args.ort_raw]
+        reference = logits(variants[0].runner, images, batch)
+        scores = [score(reference, logits(v.runner, images, batch), len(heldout_images), labels) for v in variants]
+
+    counts = {
+        "heldout": len(heldout_images),
+        "all": len(images),
+        "labelled": sum(1 for lab in labels if lab),
+    }
+    ort_batch = model.static_batch or even_batch(len(calib_images))
+    argv_used = sys.argv[1:] if argv is None else argv
+    lines = [
+        "## Accuracy: trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
+        "",
+        *header_lines("tools/bench_accuracy.py", argv_used),
+        f"- 1-minute load average {load_before} before, {load_average()} after (this benchmark "
+        "alone accounts for up to ~2 on 2 cores; more means other jobs inflated the times)",
+        f"- model: `{model.name}`; calibration: {len(calib_images)} images from `{_rel(args.calib)}`; "
+        f"held-out: {counts['heldout']} images from `{_rel(args.heldout)}` "
+        f"({counts['labelled']} with ImageNet labels); in-sample = held-out + calibration images",
+        "- trtopt: `build_plan(BuildConfig(backend='cpu', calib_method=...))` (per-channel symmetric INT8 "
+        "weights, symmetric per-tensor activations); ORT: `quant_pre_process` (as ORT recommends; "
+        "not for the 'no pre-process' rows), then `quantize_static(QuantFormat.QDQ, per_channel=True, "
+        "activation_type=QUInt8, weight_type=QInt8, calibrate_method=...)` with default calibrator settings, "
+        f"calibration batches of {ort_batch} (ORT's histogram calibrators fail on a ragged last batch)",
+        "",
+        "### Agreement with FP32, labelled accuracy, build time, kernels",
+        "",
+        *table(variants, scores, counts),
+        "",
+        "Agreement: share of images whose INT8 top-1 class equals FP32's. Cosine: per-image cosine similarity "
+        "of INT8 and FP32 logits (mean and worst over held-out). Labelled: the top-1 / any of the top-5 "
+        "classes is one of the photo's acceptable ImageNet classes. Kernels: ONNX Runtime's optimised graph "
+        "(`trtopt.backend.cpu.builder.kernel_report`): INT8 / float conv kernels, QuantizeLinear + "
+        "DequantizeLinear nodes still run as float<->int8 conversions, Pads left in float.",
+    ]
+    if args.plot:
+        plot(args.plot, variants, scores, counts)
+    text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path(__file__).resolve().parents[1]))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

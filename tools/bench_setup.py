@@ -1,0 +1,274 @@
+"""What the accuracy and latency benchmarks share: the report header, the model under test, its image
+data preprocessed exactly as `trtopt build` does, and ONNX Runtime's own static quantizer.
+
+Not a benchmark itself; imported by tools/bench_accuracy.py and tools/bench_latency.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import platform
+import resource
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+import trtopt
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_MODEL = ROOT / "models" / "efficientnet_lite0.onnx"
+CALIB_DIR = ROOT / "calib_data"
+HELDOUT_DIR = ROOT / "tests" / "data" / "heldout"
+T = TypeVar("T")
+
+
+# --- header ------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> str:
+    """The INT8-relevant instruction sets the CPU reports (what ONNX Runtime's kernels can use)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return "unknown"
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+    return ", ".join(f for f in wanted if f in flags) or "none of avx2/avx512/vnni/amx"
+
+
+def load_average() -> str:
+    """The 1-minute load average: other jobs on the machine inflate wall times and latencies."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
+
+
+def source_revision() -> str:
+    """The git commit the benchmarked trtopt code is at, and whether trtopt/ has uncommitted changes."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "trtopt"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"git {commit}" + (" + uncommitted changes in trtopt/" if dirty else "")
+
+
+def header_lines(script: str, argv: Sequence[str]) -> list[str]:
+    """date, machine, versions and the exact command, as every benchmark section states them."""
+    return [
+        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({cpu_flags()}), "
+        f"{platform.system()} {platform.release()}",
+        f"- versions: Python {platform.python_version()}, numpy {np.__version__}, onnx {onnx.__version__}, "
+        f"onnxruntime {ort.__version__}, trtopt {trtopt.__version__} ({source_revision()})",
+        f"- command: `python {shlex.join([script, *argv])}`",
+    ]
+
+
+# --- the model and its data --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelUnderTest:
+    """An ONNX file on disk (a zoo model is written to a temporary folder) and how to feed it images."""
+
+    path: Path
+    name: str
+    input_name: str
+    static_batch: int | None  # the input's batch dimension when the model fixes it
+    sample_shape: tuple[int, ...]  # one sample, without the batch dimension
+    num_classes: int
+    spec: Any  # trtopt.data.PreprocessSpec, the one `trtopt build` applies to this model
+
+
+def resolve_model(model: str, workdir: Path) -> ModelUnderTest:
+    """`model` is an ONNX path or a trtopt.zoo name (built with batch 1 into `workdir`)."""
+    from trtopt.build import BuildConfig, load_graph, preprocess_spec_for
+    from trtopt.zoo import NAMES, build_model
+
+    path = Path(model)
+    if not path.exists():
+        if model not in NAMES:
+            raise SystemExit(f"--model {model!r}: no such file, and not a zoo model ({', '.join(NAMES)})")
+        path = workdir / f"{model}.onnx"
+        onnx.save_model(build_model(model, batch=1, seed=0, opset=13), path)
+    graph = load_graph(path, BuildConfig(int8=False))
+    tensor = graph.inputs[0]
+    batch = tensor.shape[0] if isinstance(tensor.shape[0], int) and tensor.shape[0] > 0 else None
+    return ModelUnderTest(
+        path=path,
+        name=path.stem,
+        input_name=tensor.name,
+        static_batch=batch,
+        sample_shape=tuple(int(d) for d in tensor.shape[1:]),
+        num_classes=int(graph.outputs[0].shape[-1]),
+        spec=preprocess_spec_for(path, graph, BuildConfig()),
+    )
+
+
+def image_dataset(model: ModelUnderTest, source: str | Path, count: int | None = None) -> Any:
+    """The images in `source`, read and preprocessed as `trtopt build` does for this model."""
+    from trtopt.data import InputInfo, load_dataset
+
+    info = InputInfo(model.input_name, (model.static_batch or -1, *model.sample_shape), "float32")
+    return load_dataset(str(source), [info], model.spec, count=count)
+
+
+def stacked(dataset: Any, batch: int = 8) -> tuple[np.ndarray, list[str]]:
+    """All samples of `dataset` as one [n, ...] array, with the file each row came from."""
+    arrays, sources = [], []
+    for b in dataset.batches(batch):
+        arrays.extend(next(iter(b.feeds.values())))
+        sources.extend(b.sources)
+    return np.stack(arrays), sources
+
+
+# --- ONNX Runtime's own quantizer --------------------------------------------------------------------
+
+ORT_METHODS = {"entropy": "Entropy", "minmax": "MinMax"}
+
+
+class DatasetReader:
+    """`onnxruntime.quantization.CalibrationDataReader` over a trtopt data set, `batch` images per call.
+
+    ORT's histogram calibrators stack all collected outputs with `np.asarray`, which fails (ValueError:
+    inhomogeneous shape) when the last batch is smaller than the others, so `batch` must divide the
+    image count (`even_batch`). Images are read lazily, so the quantizer's wall time includes decoding
+    and preprocessing, as trtopt's build time does.
+    """
+
+    def __init__(self, dataset: Any, batch: int) -> None:
+        self.dataset = dataset
+        self.batch = batch
+        self._iter: Iterator[dict[str, np.ndarray]] = iter(())
+        self.rewind()
+
+    def rewind(self) -> None:
+        self._iter = (b.feeds for b in self.dataset.batches(self.batch))
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._iter, None)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+
+def even_batch(count: int, limit: int = 8) -> int:
+    """The largest batch size <= `limit` that divides `count` (no ragged last batch)."""
+    return max(b for b in range(1, limit + 1) if count % b == 0)
+
+
+def ort_quantize(model: ModelUnderTest, dataset: Any, method: str, out_path: Path, preprocess: bool) -> float:
+    """quantize_static: QDQ, per-channel QInt8 weights, QUInt8 activations; returns wall seconds.
+
+    `preprocess`: first run `quant_pre_process` (shape inference and ORT's graph optimisations, which fold
+    the Pads into the Convs), the step ORT's quantization guide and quantize_static's own warning recommend.
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    start = time.perf_counter()
+    source = model.path
+    if preprocess:
+        source = out_path.with_name(out_path.stem + "_preprocessed.onnx")
+        quant_pre_process(str(model.path), str(source))
+    quantize_static(  # its augmented calibration model goes to a TemporaryDirectory of its own
+        str(source),
+        str(out_path),
+        DatasetReader(dataset, even_batch(len(dataset)) if model.static_batch is None else model.static_batch),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
+    )
+    return time.perf_counter() - start
+
+
+def trtopt_build(model: ModelUnderTest, calib: str, count: int | None, method: str) -> tuple[float, bytes]:
+    """trtopt's whole CPU INT8 build (load, optimise, calibrate, quantise, lower): (wall seconds, ONNX bytes)."""
+    from trtopt.build import BuildConfig, build_plan
+
+    config = BuildConfig(backend="cpu", calib=calib, calib_count=count, calib_method=method)
+    start = time.perf_counter()
+    result = build_plan(model.path, config)
+    return time.perf_counter() - start, result.plan.sections["onnx"]
+
+
+def ort_build(
+    model: ModelUnderTest, calib: str, count: int | None, method: str, preprocess: bool = True
+) -> tuple[float, bytes]:
+    """ORT's (quant_pre_process +) quantize_static on the same images: (wall seconds, QDQ ONNX bytes)."""
+    with tempfile.TemporaryDirectory(prefix="bench-ortq-") as tmp:
+        out = Path(tmp, "quantized.onnx")
+        seconds = ort_quantize(model, image_dataset(model, calib, count), method, out, preprocess)
+        return seconds, out.read_bytes()
+
+
+def run_isolated(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """`fn(*args)` in a fresh (spawned) process: (its result, the process's peak RSS in GiB).
+
+    A fresh process per build makes each peak memory its own, not the high-water mark of the ones before.
+    """
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_with_peak_rss, fn, *args).result()
+
+
+def _with_peak_rss(fn: Callable[..., T], *args: Any) -> tuple[T, float]:
+    result = fn(*args)
+    return result, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What ONNX Runtime made of a quantised model (trtopt.backend.cpu.builder.kernel_report)."""
+
+    int8_convs: int
+    float_convs: int
+    conversions: int  # QuantizeLinear / DequantizeLinear left to run: float <-> int8 round trips
+    float_pads: int
+
+
+def kernel_counts(model_bytes: bytes) -> Kernels:
+    from trtopt.backend.cpu.builder import kernel_report
+
+    report = kernel_report(model_bytes)
+    ops = report.ops
+    conversions = ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0)
+    return Kernels(report.int8_convs, report.float_convs, conversions, ops.get("Pad", 0))
+
+
+def plt_or_none() -> Any:
+    """matplotlib.pyplot with the file-only backend, or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
