@@ -42,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     q = parser.add_argument_group("quantisation")
     q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
     q.add_argument("--keep-first-last", action="store_true", help="keep the first and last layers in float")
-    q.add_argument("--min-channels", type=int, default=16, help="layers with fewer channels stay float (default 16)")
+    q.add_argument(
+        "--min-channels",
+        type=int,
+        default=None,
+        help="layers with fewer input or output channels stay float (default: 16 for TensorRT, 1 for CPU)",
+    )
     b = parser.add_argument_group("build")
     b.add_argument("--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt")
     b.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes, e.g. input:1x3x224x224")
