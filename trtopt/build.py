@@ -101,7 +101,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     spec = preprocess_spec_for(Path(model_path), graph, config)
     calibration = qdq = None
     if config.int8:
-        qplan = plan_quantization(graph, replace(config.quant.resolved(backend), quantize_outputs=backend == "cpu"))
+        qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=backend == "cpu"))
         with _timed(times, "calibrate"):
             calibration = calibrate_graph(graph, config, spec, progress)
         with _timed(times, "quantize"):

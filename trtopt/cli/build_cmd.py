@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument(
         "--min-channels",
         type=int,
-        default=None,
-        help="layers with fewer input or output channels stay float (default: 16 for TensorRT, 1 for CPU)",
+        default=16,
+        help="layers with fewer input or output channels stay float (default 16)",
     )
     b = parser.add_argument_group("build")
     b.add_argument("--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt")

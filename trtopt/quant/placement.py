@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from trtopt.quant.config import TENSORRT_MIN_CHANNELS, QuantConfig
+from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark, input_channels, output_channels
 
 # Activations ONNX Runtime folds into a preceding QLinearConv's output quantisation.
@@ -77,7 +77,6 @@ def _site(node: gs.Node, mark: Mark) -> QuantSite:
 
 def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node], dict[str, str]]:
     excluded = set(config.exclude)
-    min_channels = config.min_channels if config.min_channels is not None else TENSORRT_MIN_CHANNELS
     layers: list[gs.Node] = []
     float_layers: dict[str, str] = {}
     for node in graph.nodes:
@@ -87,8 +86,8 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
             float_layers[node.name] = "excluded by --exclude"
         elif not RULES.get(node.op)(node):
             float_layers[node.name] = f"{node.op} form without an INT8 kernel"
-        elif _is_tiny(node, min_channels):
-            float_layers[node.name] = f"fewer than {min_channels} channels"
+        elif _is_tiny(node, config.min_channels):
+            float_layers[node.name] = f"fewer than {config.min_channels} channels"
         else:
             layers.append(node)
     if config.keep_first_last and layers:
