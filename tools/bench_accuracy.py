@@ -39,6 +39,7 @@ from bench_setup import (  # noqa: E402
     ORT_METHODS,
     Kernels,
     ModelUnderTest,
+    emit,
     even_batch,
     header_lines,
     image_dataset,
@@ -257,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(args.plot, variants, scores, counts)
     text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    emit(text, args.out)
     return 0
 
 

@@ -35,6 +35,7 @@ from bench_setup import (  # noqa: E402
     CALIB_DIR,
     DEMO_MODEL,
     ModelUnderTest,
+    emit,
     header_lines,
     image_dataset,
     kernel_counts,
@@ -213,10 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(args.plot, results, args.threads)
     text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    emit(text, args.out)
     return 0
 
 

@@ -13,6 +13,7 @@ import platform
 import resource
 import shlex
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -272,3 +273,11 @@ def plt_or_none() -> Any:
     except ImportError:
         return None
     return plt
+
+
+def emit(text: str, out: Path | None) -> None:
+    """Print a benchmark's markdown section, and write it to `out` when given."""
+    sys.stdout.write(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
