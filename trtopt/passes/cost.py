@@ -73,7 +73,11 @@ def _inside_groups(graph: gs.Graph, groups: list[FusionGroup]) -> set[str]:
 
 
 def _bytes(tensor: gs.Tensor) -> int | None:
+    """Bytes of one sample: a symbolic leading (batch) dimension counts as 1, any other unknown dim
+    makes the size unknown."""
     shape, dtype = tensor.shape, tensor.dtype
+    if shape is not None and len(shape) > 0 and isinstance(shape[0], str):
+        shape = [1, *shape[1:]]
     if shape is None or dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
         return None
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
