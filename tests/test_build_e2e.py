@@ -54,6 +54,7 @@ def test_plan_is_int8_and_self_describing(workdir: Path, built) -> None:  # type
     assert meta["precision"] == "int8" and meta["calibration"]["samples"] == 12
     assert meta["preprocess"]["crop"] == [32, 32] and meta["int8_layers"]
     assert all(t > 0 for t in meta["thresholds"].values())
+    assert meta["optimizer"]["passes"][0] == "fold_pad" and meta["optimizer"]["fusion_groups"] > 0
     float_convs = [n for n in meta["float_layers"] if n.startswith("conv")]
     assert built.kernels.float_convs == len(float_convs)  # every quantised conv became QLinearConv
     assert built.kernels.int8_convs == len([n for n in meta["int8_layers"] if n.startswith("conv")])
