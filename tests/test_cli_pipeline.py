@@ -26,26 +26,17 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
         small = rng.integers(0, 256, (3, 3, 3), dtype=np.uint8)
         Image.fromarray(small).resize((40, 36), Image.BILINEAR).save(root / "images" / f"im{i}.jpg")
     (root / "images" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    code = main(
-        [
-            "build",
-            str(root / "tiny.onnx"),
-            "--int8",
-            "--calib",
-            str(root / "images"),
-            "--backend",
-            "cpu",
-            "--preset",
-            "imagenet",
-            "--min-channels",
-            "1",
-            "-o",
-            str(root / "tiny.engine"),
-            "--json",
-        ]
-    )
+    code = main(_build_args(root, "tiny.engine"))
     assert code == 0
     return root
+
+
+def _build_args(root: Path, plan: str) -> list[str]:
+    """`trtopt build` of the tiny model on the test images, every layer INT8, summary as JSON."""
+    return [
+        "build", str(root / "tiny.onnx"), "--int8", "--calib", str(root / "images"), "--backend", "cpu",
+        "--preset", "imagenet", "--min-channels", "1", "-o", str(root / plan), "--json",
+    ]  # fmt: skip
 
 
 def _json(capsys: pytest.CaptureFixture[str]) -> dict:
@@ -53,24 +44,7 @@ def _json(capsys: pytest.CaptureFixture[str]) -> dict:
 
 
 def test_build_summary_json(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    main(
-        [
-            "build",
-            str(work / "tiny.onnx"),
-            "--int8",
-            "--calib",
-            str(work / "images"),
-            "--backend",
-            "cpu",
-            "--preset",
-            "imagenet",
-            "--min-channels",
-            "1",
-            "-o",
-            str(work / "again.engine"),
-            "--json",
-        ]
-    )
+    main(_build_args(work, "again.engine"))
     summary = _json(capsys)
     assert summary["backend"] == "cpu" and summary["precision"] == "int8"
     assert summary["onnxruntime_kernels"]["float_convs"] == 0 and summary["int8_layers"] >= 10
