@@ -49,6 +49,7 @@ from bench_setup import (  # noqa: E402
     plt_or_none,
     resolve_model,
     run_isolated,
+    save_figure,
     stacked,
     trtopt_build,
 )
@@ -180,10 +181,7 @@ def plot(path: Path, variants: list[Variant], scores: list[Scores], counts: dict
     ax.set_ylim(max(0.0, np.floor(lowest / 10) * 10 - 10), 102)
     ax.set_title("INT8 vs FP32 on photos: trtopt calibration methods and ORT quantize_static")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(series))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -43,6 +43,7 @@ from bench_setup import (  # noqa: E402
     ort_build,
     plt_or_none,
     resolve_model,
+    save_figure,
     stacked,
     trtopt_build,
 )
@@ -152,10 +153,7 @@ def plot(path: Path, results: list[Timings], threads: int) -> None:
     ax.set_title(f"ONNX Runtime CPU throughput, {threads} intra-op thread(s); labels: speed-up vs FP32")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(names))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

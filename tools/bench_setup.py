@@ -281,3 +281,13 @@ def emit(text: str, out: Path | None) -> None:
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write (creating the folder) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
