@@ -152,6 +152,7 @@ def calibrate_graph(
         model_fingerprint,
         save_cache,
     )
+    from trtopt.data import input_infos_from_graph, load_dataset
 
     # Calibrate every tensor any backend or quantisation option may quantise, so one cache serves CPU
     # and TensorRT builds, with or without --exclude / --min-channels, alike.
@@ -163,7 +164,8 @@ def calibrate_graph(
         return calibration
     raw = config.calib
     sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw or []]
-    dataset = _dataset(graph, sources if len(sources) > 1 else sources[0], spec, config.calib_count)
+    source = sources if len(sources) > 1 else sources[0]
+    dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=config.calib_count)
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
@@ -187,18 +189,6 @@ def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
     for name in bounded_tensors(graph) & set(histograms):
         amax[name] = max(amax[name], float(histograms[name].amax))
     return replace(calibration, amax=amax)
-
-
-def _dataset(graph: gs.Graph, source: str | list[str], spec: Any, count: int | None) -> Any:
-    from trtopt.data import load_dataset
-
-    return load_dataset(source, input_infos(graph), spec, count=count)
-
-
-def input_infos(graph: gs.Graph) -> list[Any]:
-    from trtopt.data import input_infos_from_graph
-
-    return list(input_infos_from_graph(graph))
 
 
 def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:

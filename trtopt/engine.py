@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -151,8 +150,3 @@ def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
 
 def _fmt(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def load(path: str | os.PathLike[str] | Path, **kwargs: Any) -> Engine:
-    """Shorthand for `Engine.load`."""
-    return Engine.load(path, **kwargs)
