@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtopt.errors import ModelError
 from trtopt.precision import convert_to_fp16
+from trtopt.quant.qdq import quantize_weight
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 RNG = np.random.default_rng(0)
@@ -164,8 +165,7 @@ def qdq_conv(opset: int) -> onnx.ModelProto:
     """x -> Q -> DQ -+
     wq(int8) -> DQ -+-> Conv -> Relu -> y      (per-channel weights, per-tensor activation)"""
     w = RNG.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
-    ws = (np.abs(w).reshape(8, -1).max(1) / 127).astype(np.float32)
-    wq = np.clip(np.round(w / ws[:, None, None, None]), -127, 127).astype(np.int8)
+    wq, ws = quantize_weight(w, axis=0)  # per output channel, as trtopt's quantizer writes it
     inits = [
         numpy_helper.from_array(wq, "wq"),
         numpy_helper.from_array(ws, "ws"),

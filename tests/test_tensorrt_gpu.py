@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtopt.backend import BuildOptions, Profile, RunOptions
 from trtopt.plan import Plan, TensorSpec
+from trtopt.quant.qdq import quantize_weight
 
 pytestmark = pytest.mark.gpu
 RNG = np.random.default_rng(0)
@@ -23,8 +24,7 @@ def qdq_conv_model(opset: int = 17) -> onnx.ModelProto:
     """x[N,3,16,16] -> Q -> DQ -+
     w(int8, per-channel) -> DQ -+-> Conv -> Relu -> GlobalAveragePool -> Flatten -> y[N,8]"""
     w = RNG.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
-    ws = (np.abs(w).reshape(8, -1).max(1) / 127).astype(np.float32)
-    wq = np.clip(np.round(w / ws[:, None, None, None]), -127, 127).astype(np.int8)
+    wq, ws = quantize_weight(w, axis=0)  # per output channel, as trtopt's quantizer writes it
     inits = [
         numpy_helper.from_array(wq, "wq"),
         numpy_helper.from_array(ws, "ws"),
