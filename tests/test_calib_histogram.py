@@ -1,8 +1,10 @@
-"""Streaming |x| histograms: exact bins, invariance to batching and order, non-finite data, plotting."""
+"""Streaming |x| histograms: exact bins, exact re-binning as the range grows, invariance to batching and order,
+the compiled and numpy counting loops agreeing bit for bit, non-finite data, plotting."""
 
 from __future__ import annotations
 
 import builtins
+import math
 
 import numpy as np
 import pytest
@@ -12,26 +14,28 @@ from trtopt.calib import (
     RangeCollector,
     TensorHistogram,
     histogram_from_values,
+    kernels,
     plot_histogram,
 )
-from trtopt.calib.histogram import CHUNK, fold_signed_counts
+from trtopt.calib.histogram import grid_size
+from trtopt.calib.kernels import CHUNK
 from trtopt.errors import BackendUnavailableError, CalibrationError
 
 
-def reference_counts(values: np.ndarray, num_bins: int) -> tuple[np.ndarray, float]:
-    """The documented binning, written plainly: bin = min(floor(|x| * float32(B / amax)), B - 1)."""
-    a = np.abs(values.astype(np.float32).ravel())
+def reference_counts(values: np.ndarray, num_bins: int) -> tuple[np.ndarray, float, float]:
+    """The documented binning, written plainly in exact integer steps: grid bin g = floor(|x| * 2**(F - E))
+    with max|x| < 2**E and 2**F grid bins; runs of k = ceil((g(max) + 1) / B) grid bins form a bin."""
+    a = np.abs(values.astype(np.float64).ravel())
     amax = float(a.max())
-    scale = np.float32(num_bins / amax)
-    index = np.minimum(np.floor(a * scale).astype(np.int64), num_bins - 1)
-    return np.bincount(index, minlength=num_bins), amax
+    fine = grid_size(num_bins)
+    exponent = math.frexp(amax)[1]
+    grid = np.floor(a * (fine / 2.0**exponent)).astype(np.int64)
+    run = -(-(int(grid.max()) + 1) // num_bins)
+    return np.bincount(grid // run, minlength=num_bins), amax, num_bins * run * 2.0**exponent / fine
 
 
 def stream(batches: list[np.ndarray], num_bins: int = 2048) -> TensorHistogram:
-    ranges = RangeCollector("t")
-    for batch in batches:
-        ranges.update(batch)
-    counter = HistogramCollector("t", ranges.result().amax, num_bins)
+    counter = HistogramCollector("t", num_bins)
     for batch in batches:
         counter.update(batch)
     return counter.result()
@@ -43,23 +47,49 @@ def test_bins_match_the_plain_definition(num_bins: int) -> None:
     values = np.concatenate([rng.standard_normal(200_000), rng.laplace(size=50_000) * 3, [0.0, -0.0]])
     values = values.astype(np.float32)
     hist = histogram_from_values(values, num_bins, name="x")
-    expected, amax = reference_counts(values, num_bins)
+    expected, amax, top = reference_counts(values, num_bins)
     np.testing.assert_array_equal(hist.counts, expected)
-    assert hist.amax == amax and hist.count == values.size
+    assert hist.amax == amax and hist.top == top and hist.count == values.size
     assert hist.zeros == np.count_nonzero(values == 0)
+    assert amax < top <= 1.13 * amax  # the range is max|x| rounded up to whole grid runs
 
 
-def test_values_equal_to_amax_land_in_the_last_bin_from_both_signs() -> None:
+def test_max_lands_in_the_last_bin_from_both_signs() -> None:
+    # 4 bins -> a 64-bin grid over [0, 4) (3 < 2**2): width 1/16, max|x| = 3 in grid bin 48, so runs of
+    # ceil(49 / 4) = 13 grid bins make a bin: edges at multiples of 13/16 up to top = 3.25.
     values = np.array([-3.0, 3.0, 1.5, 0.0, -1e-30], dtype=np.float32)
     hist = histogram_from_values(values, 4)
-    assert hist.counts.tolist() == [2, 0, 1, 2]
-    assert hist.edges.tolist() == [0.0, 0.75, 1.5, 2.25, 3.0]
+    assert hist.counts.tolist() == [2, 1, 0, 2]
+    assert hist.edges.tolist() == [0.0, 0.8125, 1.625, 2.4375, 3.25]
+    assert hist.amax == 3.0 and hist.zeros == 1
 
 
-def test_fold_of_signed_indices() -> None:
-    # nb = 2: signed index k + 2 for k = trunc(x * s) in [-2, 2]
-    signed = np.array([1, 10, 100, 1000, 10000])  # k = -2, -1, 0, 1, 2
-    assert fold_signed_counts(signed).tolist() == [100, 10 + 1000 + 10000 + 1]
+def test_growing_range_re_bins_exactly() -> None:
+    # Small values first, then ever larger ones: every merge must give the grid of all values at once.
+    rng = np.random.default_rng(5)
+    parts = [rng.standard_normal(3000).astype(np.float32) * scale for scale in (1e-6, 1e-3, 0.5, 3.0, 700.0)]
+    grid, state = np.zeros(grid_size(2048), np.int64), kernels.new_state()
+    for part in parts:
+        kernels.count_abs(part, grid, state)
+    direct, direct_state = np.zeros_like(grid), kernels.new_state()
+    kernels.count_abs(np.concatenate(parts[::-1]), direct, direct_state)
+    np.testing.assert_array_equal(grid, direct)
+    np.testing.assert_array_equal(state, direct_state)
+
+
+def test_compiled_and_numpy_loops_agree_bit_for_bit() -> None:
+    rng = np.random.default_rng(6)
+    for trial in range(10):
+        values = (rng.standard_normal(40_000) * rng.uniform(1e-3, 1e3)).astype(np.float32)
+        values[rng.random(values.size) < 0.3] = 0.0
+        compiled, compiled_state = np.zeros(grid_size(256), np.int64), kernels.new_state()
+        plain, plain_state = np.zeros_like(compiled), kernels.new_state()
+        for part in np.array_split(values, 4):
+            kernels.count_abs(part, compiled, compiled_state)
+        for part in np.array_split(values[::-1], 3):
+            kernels._count_abs_numpy(np.ascontiguousarray(part), plain, plain_state)
+        np.testing.assert_array_equal(compiled, plain, err_msg=f"trial {trial}")
+        np.testing.assert_array_equal(compiled_state, plain_state)
 
 
 def test_result_does_not_depend_on_batch_size_or_order() -> None:
@@ -89,11 +119,12 @@ def test_all_zero_tensor_has_amax_zero_and_everything_in_bin_zero() -> None:
     assert hist.amax == 0.0 and hist.counts[0] == 20 and hist.counts[1:].sum() == 0 and hist.zeros == 20
 
 
+@pytest.mark.parametrize("collector_type", [RangeCollector, HistogramCollector])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_values_stop_calibration_with_the_tensor_name(bad: float) -> None:
+def test_non_finite_values_stop_calibration_with_the_tensor_name(bad: float, collector_type: type) -> None:
     values = np.ones(100, dtype=np.float32)
     values[[3, 7]] = bad
-    collector = RangeCollector("conv3_out")
+    collector = collector_type("conv3_out")
     collector.update(np.ones(4, dtype=np.float32))
     with pytest.raises(CalibrationError, match=r"'conv3_out'.*batch 2") as info:
         collector.update(values)
@@ -101,17 +132,10 @@ def test_non_finite_values_stop_calibration_with_the_tensor_name(bad: float) -> 
     assert "broken" in info.value.what and info.value.fix
 
 
-def test_second_pass_values_outside_the_first_pass_range_are_refused() -> None:
-    counter = HistogramCollector("t", amax=1.0, num_bins=8)
-    counter.update(np.array([0.5, -1.0, 1.0], dtype=np.float32))
-    for bad in (np.array([2.5], dtype=np.float32), np.array([-5.0], dtype=np.float32)):
-        with pytest.raises(CalibrationError, match="changed between the two passes"):
-            counter.update(bad)
-
-
 def test_integer_tensors_are_refused() -> None:
-    with pytest.raises(CalibrationError, match="int64"):
-        RangeCollector("shape").update(np.arange(4))
+    for collector in (RangeCollector("shape"), HistogramCollector("shape")):
+        with pytest.raises(CalibrationError, match="int64"):
+            collector.update(np.arange(4))
 
 
 def test_histogram_is_read_only_and_validated() -> None:
@@ -121,15 +145,19 @@ def test_histogram_is_read_only_and_validated() -> None:
     assert hist.upper_edge(2) == 2.0 and hist.bin_width == 1.0
     with pytest.raises(ValueError):
         TensorHistogram("t", np.array([1]), amax=float("nan"))
+    with pytest.raises(ValueError, match="top"):
+        TensorHistogram("t", np.array([1]), amax=2.0, top=1.0)
+    wide = TensorHistogram("t", np.array([1, 2, 3]), amax=2.5, top=3.0)
+    assert wide.bin_width == 1.0 and wide.edges.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_memory_does_not_grow_with_the_number_of_batches() -> None:
-    counter = HistogramCollector("t", amax=4.0, num_bins=2048)
-    state = counter._signed.nbytes
+    counter = HistogramCollector("t", num_bins=2048)
+    size = counter.grid.nbytes
     rng = np.random.default_rng(3)
-    for _ in range(20):
-        counter.update(np.clip(rng.standard_normal(10_000), -4, 4).astype(np.float32))
-    assert counter._signed.nbytes == state  # counters only: no per-batch storage
+    for scale in range(1, 21):
+        counter.update((rng.standard_normal(10_000) * scale).astype(np.float32))
+    assert counter.grid.nbytes == size == 32768 * 8  # counters only: no per-batch storage
 
 
 def test_plot_writes_a_png(tmp_path) -> None:

@@ -213,3 +213,17 @@ def test_weight_scales_per_output_channel() -> None:
     np.testing.assert_array_equal(weight_scales(deconv, -3), weight_scales(w, 0))
     with pytest.raises(CalibrationError, match="non-finite"):
         weight_scales(np.array([[np.nan, 1.0]]), 0, name="fc.weight")
+
+
+def test_a_histogram_whose_range_ends_above_max_searches_only_up_to_max() -> None:
+    # One pass over the data rounds the range up (HistogramCollector): the empty bins beyond max|x| must
+    # neither be offered as extra "no clipping" candidates nor give a T above max|x|.
+    rng = np.random.default_rng(11)
+    counts = np.bincount(np.minimum((np.abs(rng.standard_normal(200_000)) * 400).astype(int), 1899), minlength=2048)
+    wide = TensorHistogram("t", counts, amax=1900 / 400 - 1e-9, top=2048 / 400)
+    tight = TensorHistogram("t", counts[:1900], amax=1900 / 400 - 1e-9, top=1900 / 400)
+    assert wide.used_bins == 1900 and wide.bin_width == tight.bin_width
+    for method in METHODS:
+        assert threshold(wide, CalibConfig(method=method)) == pytest.approx(
+            threshold(tight, CalibConfig(method=method)), rel=1e-12), method
+        assert threshold(wide, CalibConfig(method=method)) <= wide.amax

@@ -13,18 +13,17 @@ from trtopt.calib.thresholds import QMAX
 class CalibTimings:
     """Wall time of each stage, in seconds, and the end-to-end throughput."""
 
-    range_pass_s: float
-    histogram_pass_s: float
+    collect_s: float  # the pass over the data: session set-up, inference, counting
     threshold_s: float
     num_samples: int
 
     @property
     def total_s(self) -> float:
-        return self.range_pass_s + self.histogram_pass_s + self.threshold_s
+        return self.collect_s + self.threshold_s
 
     @property
     def images_per_s(self) -> float:
-        """Samples calibrated per second, both passes and the threshold search included."""
+        """Samples calibrated per second, the threshold search included."""
         return self.num_samples / self.total_s if self.total_s > 0 else float("inf")
 
 

@@ -1,16 +1,16 @@
 """Streaming collection: run the FP32 model batch by batch, histogram the chosen tensors, pick thresholds.
 
 This is the only calibration module that executes a model (ONNX Runtime, via `OrtSession` with the
-calibrated tensors exposed as extra outputs); the math lives in `histogram.py` and `thresholds.py`.
+calibrated tensors exposed as extra outputs); the math lives in `histogram.py`, `kernels.py` and
+`thresholds.py`.
 
-Two passes over the data (see `histogram.py` for why): pass 1 finds max|x| per tensor, pass 2 counts
-the histogram over [0, max|x|]. The batch source is therefore read twice and must give the same samples
-both times: pass a re-iterable (a list, a dataset object whose `__iter__` starts over) or a function
-returning a fresh iterator (``lambda: load_dataset(...)``). A one-shot generator is refused up front.
-The "max" method needs pass 1 only (`collect_ranges`), and then takes any iterable.
+One pass over the data: each batch's activations go into per-tensor fine grids that re-bin exactly as
+the range grows (`trtopt.calib.kernels`), so the batch source is read once (a one-shot generator is
+fine) and the result does not depend on batch size or order. The tensors of a batch are counted in
+parallel threads (the compiled counting loop releases the GIL).
 
 Memory: one batch of activations at a time (each batch's outputs are released before the next batch
-runs), plus `num_bins` counters per tensor; nothing grows with the number of samples.
+runs), plus a fixed grid per tensor (256 KiB at 2048 bins); nothing grows with the number of samples.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import onnx
@@ -37,18 +37,19 @@ from trtopt.frontend.loader import load_model
 
 log = logging.getLogger(__name__)
 
-# numpy releases the GIL for the arithmetic of the histogram kernel but not for the counting (np.add.at),
-# so threads beyond a few add little: measured 1.5x with 2 threads on 2 cores.
+# Threads that count a batch's tensors; the compiled loop releases the GIL, so they run in parallel.
 DEFAULT_HISTOGRAM_THREADS = 4
 
 Feeds = Mapping[str, np.ndarray]
 BatchSource: TypeAlias = Callable[[], Iterable[Feeds]] | Iterable[Feeds]
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(frozen=True)
 class CalibProgress:
-    """Reported after every batch: the pass ("range" or "histogram"), batches and samples done so far,
-    and the sample total where known (pass 2 knows it from pass 1)."""
+    """Reported after every batch: the pass ("histogram", or "range" for the max method alone), batches
+    and samples done so far, and the sample total where known."""
 
     phase: str
     batches: int
@@ -59,33 +60,31 @@ class CalibProgress:
 ProgressFn = Callable[[CalibProgress], None]
 
 
-class CollectedHistograms(Mapping[str, TensorHistogram]):
-    """Histograms by tensor name (a read-only mapping), with what it took to collect them."""
+class Collected(Mapping[str, T], Generic[T]):
+    """Per-tensor results by name (a read-only mapping), with the samples, batches and seconds of the pass."""
 
-    def __init__(
-        self, histograms: dict[str, TensorHistogram], *, num_samples: int, num_batches: int,
-        range_pass_s: float, histogram_pass_s: float,
-    ) -> None:
-        self._histograms = histograms
+    def __init__(self, results: dict[str, T], *, num_samples: int, num_batches: int, seconds: float) -> None:
+        self._results = results
         self.num_samples = num_samples
         self.num_batches = num_batches
-        self.range_pass_s = range_pass_s
-        self.histogram_pass_s = histogram_pass_s
+        self.seconds = seconds
 
-    def __getitem__(self, name: str) -> TensorHistogram:
-        return self._histograms[name]
+    def __getitem__(self, name: str) -> T:
+        return self._results[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._histograms)
+        return iter(self._results)
 
     def __len__(self) -> int:
-        return len(self._histograms)
+        return len(self._results)
 
     @property
     def images_per_s(self) -> float:
-        """Samples per second over both passes."""
-        seconds = self.range_pass_s + self.histogram_pass_s
-        return self.num_samples / seconds if seconds > 0 else float("inf")
+        return self.num_samples / self.seconds if self.seconds > 0 else float("inf")
+
+
+CollectedHistograms = Collected[TensorHistogram]
+CollectedRanges = Collected[TensorRange]
 
 
 def calibrate(
@@ -99,34 +98,33 @@ def calibrate(
 ) -> Calibration:
     """Thresholds T for `tensors` of `model` from the FP32 activations on `batches` (see module doc).
 
-    The "max" method needs only the first pass, unless `config.keep_histograms` asks for histograms.
+    The "max" method keeps max|x| alone (no histograms), unless `config.keep_histograms` asks for them.
     """
     config = config if config is not None else CalibConfig()
     model = _load(model)
-    keep = config.keep_histograms
-    stream = _Stream(model, batches, tensors, config, progress, passes=1 if _max_only(config) else 2)
-    ranges = stream.ranges()
-    histograms = stream.histograms(ranges) if stream.passes == 2 else None
-    start = time.perf_counter()
-    if histograms is None:
+    if _max_only(config):
+        ranges = collect_ranges(model, batches, tensors, config, progress=progress)
         amax = {name: r.amax if r.amax > 0 else ZERO_AMAX for name, r in ranges.items()}
+        collected: Collected = ranges
+        histograms = None
+        threshold_s = 0.0
     else:
-        amax = compute_thresholds(histograms, config)
-    timings = CalibTimings(
-        range_pass_s=ranges.seconds,
-        histogram_pass_s=histograms.histogram_pass_s if histograms is not None else 0.0,
-        threshold_s=time.perf_counter() - start,
-        num_samples=ranges.num_samples,
-    )
+        histograms = collect_histograms(model, batches, tensors, config, progress=progress)
+        start = time.perf_counter()
+        with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:
+            amax = compute_thresholds(histograms, config, map_fn=pool.map)
+        threshold_s = time.perf_counter() - start
+        collected = histograms
+    timings = CalibTimings(collect_s=collected.seconds, threshold_s=threshold_s, num_samples=collected.num_samples)
     log.info(
         "calibrated %d tensors (%s) on %d samples in %.2f s (%.1f samples/s)",
-        len(amax), config.method, ranges.num_samples, timings.total_s, timings.images_per_s,
+        len(amax), config.method, collected.num_samples, timings.total_s, timings.images_per_s,
     )
     return Calibration(
         amax=amax,
         method=config.method,
-        num_samples=ranges.num_samples,
-        histograms=dict(histograms) if histograms is not None and keep is not False else None,
+        num_samples=collected.num_samples,
+        histograms=dict(histograms) if histograms is not None and config.keep_histograms is not False else None,
         fingerprint=model_fingerprint(model),
         timings=timings,
         data_description=data_description,
@@ -141,9 +139,10 @@ def collect_ranges(
     *,
     progress: ProgressFn | None = None,
 ) -> CollectedRanges:
-    """Pass 1 alone: max|x| and the value count of each of `tensors` (one pass; any iterable works)."""
+    """max|x| and the value count of each of `tensors`, in one pass over `batches`."""
     config = config if config is not None else CalibConfig()
-    return _Stream(_load(model), batches, tensors, config, progress, passes=1).ranges()
+    collectors = {name: RangeCollector(name) for name in _unique_names(tensors)}
+    return _collect(_load(model), batches, collectors, config, progress, "range")
 
 
 def collect_histograms(
@@ -154,116 +153,65 @@ def collect_histograms(
     *,
     progress: ProgressFn | None = None,
 ) -> CollectedHistograms:
-    """Histograms of |x| for each of `tensors`, streamed over `batches` in two passes."""
+    """Histograms of |x| (`config.num_bins` bins) for each of `tensors`, in one pass over `batches`."""
     config = config if config is not None else CalibConfig()
-    stream = _Stream(_load(model), batches, tensors, config, progress, passes=2)
-    return stream.histograms(stream.ranges())
+    collectors = {name: HistogramCollector(name, config.num_bins) for name in _unique_names(tensors)}
+    return _collect(_load(model), batches, collectors, config, progress, "histogram")
 
 
-class CollectedRanges(Mapping[str, TensorRange]):
-    """Pass-1 results by tensor name, with the sample and batch counts and the pass's wall time."""
+class _Collector(Protocol[T_co]):
+    def update(self, values: np.ndarray) -> None: ...
 
-    def __init__(self, ranges: dict[str, TensorRange], *, num_samples: int, num_batches: int, seconds: float):
-        self._ranges = ranges
-        self.num_samples = num_samples
-        self.num_batches = num_batches
-        self.seconds = seconds
-
-    def __getitem__(self, name: str) -> TensorRange:
-        return self._ranges[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._ranges)
-
-    def __len__(self) -> int:
-        return len(self._ranges)
+    def result(self) -> T_co: ...
 
 
-class _Stream:
-    """One ONNX Runtime session over the model with the tensors exposed, and the passes over the data."""
+def _collect(
+    model: onnx.ModelProto | gs.Graph,
+    batches: BatchSource,
+    collectors: Mapping[str, _Collector[T]],
+    config: CalibConfig,
+    progress: ProgressFn | None,
+    phase: str,
+) -> Collected[T]:
+    """Run `model` on every batch with the collectors' tensors exposed, and feed each tensor to its
+    collector: largest first, spread over a thread pool; an error is raised for the first failing tensor
+    in the caller's order (the one nearest the model input)."""
+    from trtopt.execution import OrtSession
 
-    def __init__(
-        self, model: onnx.ModelProto | gs.Graph, batches: BatchSource, tensors: Sequence[str],
-        config: CalibConfig, progress: ProgressFn | None, *, passes: int,
-    ) -> None:
-        from trtopt.execution import OrtSession
-
-        self.names = _unique_names(tensors)
-        if passes > 1:
-            _check_reiterable(batches)
-        self.batches, self.config, self.progress, self.passes = batches, config, progress, passes
-        self.session = OrtSession(model, expose=self.names, threads=config.threads)
-        self.first_input = self.session.input_names[0] if self.session.input_names else None
-        self.workers = config.histogram_threads or min(DEFAULT_HISTOGRAM_THREADS, os.cpu_count() or 1)
-
-    def ranges(self) -> CollectedRanges:
-        start = time.perf_counter()
-        collectors = {name: RangeCollector(name) for name in self.names}
-        num_batches, num_samples = self._run("range", lambda name, x: collectors[name].update(x), None)
-        if num_batches == 0:
-            raise CalibrationError(
-                "The calibration data gave no batches.", fix="Point calibration at a non-empty set of inputs."
-            )
-        results = {name: c.result() for name, c in collectors.items()}
-        return CollectedRanges(results, num_samples=num_samples, num_batches=num_batches,
-                               seconds=time.perf_counter() - start)
-
-    def histograms(self, ranges: CollectedRanges) -> CollectedHistograms:
-        start = time.perf_counter()
-        bins = self.config.num_bins
-        counters = {name: HistogramCollector(name, ranges[name].amax, bins) for name in self.names}
-        seen = self._run("histogram", lambda name, x: counters[name].update(x), ranges.num_samples)
-        if seen != (ranges.num_batches, ranges.num_samples):
-            raise CalibrationError(
-                f"The calibration data gave {ranges.num_batches} batches ({ranges.num_samples} samples) on "
-                f"the first pass and {seen[0]} ({seen[1]}) on the second.",
-                fix="Calibration reads the data twice: the batch source must give the same samples twice.",
-            )
-        return CollectedHistograms(
-            {name: counters[name].result() for name in self.names},
-            num_samples=ranges.num_samples, num_batches=ranges.num_batches,
-            range_pass_s=ranges.seconds, histogram_pass_s=time.perf_counter() - start,
+    start = time.perf_counter()
+    names = list(collectors)
+    session = OrtSession(model, expose=names, threads=config.threads, spin=False)
+    first_input = session.input_names[0] if session.input_names else None
+    batch_count = sample_count = 0
+    with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:
+        for feeds in _open(batches):
+            outputs = session.run(feeds, outputs=names)
+            sizes = {name: outputs[name].size for name in names}
+            futures = {
+                name: pool.submit(collectors[name].update, outputs[name])
+                for name in sorted(names, key=sizes.__getitem__, reverse=True)
+            }
+            for name in names:
+                futures[name].result()
+            del outputs, futures  # release this batch's activations before the next batch runs
+            batch_count += 1
+            sample_count += _batch_size(feeds, first_input)
+            if progress is not None:
+                progress(CalibProgress(phase, batch_count, sample_count, None))
+    if batch_count == 0:
+        raise CalibrationError(
+            "The calibration data gave no batches.", fix="Point calibration at a non-empty set of inputs."
         )
-
-    def _run(
-        self, phase: str, update: Callable[[str, np.ndarray], None], total: int | None
-    ) -> tuple[int, int]:
-        batch_count = sample_count = 0
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="trtopt-calib") as pool:
-            for feeds in _open(self.batches):
-                outputs = self.session.run(feeds, outputs=self.names)
-                self._update_all(pool, update, outputs)
-                del outputs  # release this batch's activations before the next batch runs
-                batch_count += 1
-                sample_count += _batch_size(feeds, self.first_input)
-                if self.progress is not None:
-                    self.progress(CalibProgress(phase, batch_count, sample_count, total))
-        return batch_count, sample_count
+    results = {name: collector.result() for name, collector in collectors.items()}
+    return Collected(results, num_samples=sample_count, num_batches=batch_count, seconds=time.perf_counter() - start)
 
 
-    def _update_all(
-        self, pool: ThreadPoolExecutor, update: Callable[[str, np.ndarray], None], outputs: dict[str, np.ndarray]
-    ) -> None:
-        """Feed each tensor to its collector, largest first, spread over the pool's threads; an error is
-        raised for the first failing tensor in the caller's order (the one nearest the model input)."""
-        by_size = sorted(self.names, key=lambda name: -outputs[name].size)
-        futures = {name: pool.submit(update, name, outputs[name]) for name in by_size}
-        for name in self.names:
-            futures[name].result()
+def _workers(config: CalibConfig) -> int:
+    return config.histogram_threads or min(DEFAULT_HISTOGRAM_THREADS, os.cpu_count() or 1)
 
 
 def _max_only(config: CalibConfig) -> bool:
     return config.method == "max" and not config.keep_histograms
-
-
-def _check_reiterable(batches: BatchSource) -> None:
-    if not callable(batches) and iter(batches) is batches:
-        raise CalibrationError(
-            f"The calibration batches are a one-shot iterator ({type(batches).__name__}), but calibration "
-            "reads them twice (first the range of every tensor, then its histogram).",
-            fix="Pass a list, a re-iterable dataset, or a function returning a fresh iterator, e.g. "
-            "`lambda: load_dataset(...)`.",
-        )
 
 
 def _open(batches: BatchSource) -> Iterator[Feeds]:

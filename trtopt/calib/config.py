@@ -19,7 +19,8 @@ class CalibConfig:
     """How thresholds are found.
 
     - `method`: a name in `trtopt.calib.METHODS` ("entropy", "max", "percentile", "mse").
-    - `num_bins`: histogram bins over [0, amax] (TensorRT: 2048).
+    - `num_bins`: histogram bins over [0, max|x|] (TensorRT: 2048; see `HistogramCollector` for how the
+      range is rounded up so that one pass over the data gives exact counts).
     - `num_levels`: quantised levels the entropy search merges into (TensorRT: 128, i.e. 2**(8-1)).
     - `discard_zero_bin`: before the entropy search, give bin 0 the count of bin 1. TensorRT discards the
       first bin, "which typically contains a huge number of noise activations" (NVIDIA's MLPerf
@@ -29,10 +30,10 @@ class CalibConfig:
     - `percentile`: the share of |x| kept inside T by the "percentile" method, in percent.
     - `keep_histograms`: keep the per-tensor histograms in the result (for plots and re-thresholding;
       num_bins x 8 bytes a tensor: 16 KiB). `None`: keep them when the method needs them anyway, i.e.
-      not for "max", which then reads the data once instead of twice. `True` forces them, `False` drops them.
+      not for "max", which then keeps max|x| alone. `True` forces them, `False` drops them.
     - `threads`: ONNX Runtime intra-op threads (`None`: ONNX Runtime decides).
-    - `histogram_threads`: threads that update the tensors' statistics of a batch in parallel while
-      ONNX Runtime is idle (`None`: up to 4, no more than the CPUs).
+    - `histogram_threads`: threads that count the tensors of a batch in parallel while ONNX Runtime is
+      idle (`None`: up to 4, no more than the CPUs).
 
     Any field given as `None` takes its default, so optional CLI values can be passed straight through.
     """

@@ -1,50 +1,34 @@
-"""Streaming histograms of |x|, one per calibrated tensor: pure numpy, no model in sight.
+"""Streaming histograms of |x|, one per calibrated tensor: pure numpy (and one compiled loop), no model.
 
-Scheme: two passes, as TensorRT's histogram calibration needs a fixed range (DESIGN.md, "The entropy
-(KL) threshold search"). Pass 1 (`RangeCollector`) streams every batch once and keeps only max|x| and
-the value count. Pass 2 (`HistogramCollector`) streams the same batches again and counts |x| into
-`num_bins` equal bins over [0, amax], where amax is pass 1's global maximum.
+TensorRT's entropy calibration wants a histogram of |x| with 2048 bins over [0, max|x|] whose range
+does not depend on the order of the batches (DESIGN.md, "The entropy (KL) threshold search"). A range
+fixed by the first batch and grown later gives bin edges that depend on which batch came first (ONNX
+Runtime, onnxruntime#9597; TensorRT itself, per NVIDIA's MLPerf v0.5 calibration notes); a first pass
+for max|x| costs a second run of the model over the data.
 
-Why the result does not depend on batch size or order: amax is a maximum (order-free, exact), the bin
-of a value depends only on that value and amax, and the counts are integer sums. Batching changes
-neither, so two runs over the same samples give bit-identical histograms - unlike a range fixed by the
-first batch and grown later (ONNX Runtime, onnxruntime#9597; TensorRT itself, per NVIDIA's MLPerf v0.5
-calibration notes), where bin edges depend on which batch came first. Memory is `num_bins` int64
-counters per tensor (times LANES while collecting) plus per-thread scratch buffers of CHUNK values,
-whatever the number of images. The price is reading the data twice.
+trtopt reads the data once. `HistogramCollector` counts every value into a fine grid (16 bins per
+histogram bin) whose range grows by powers of two with exact re-binning (`trtopt.calib.kernels`), so
+the grid is bit-identical whatever the batch size and order. `result()` sums runs of consecutive grid
+bins into the 2048 histogram bins: the counts are exact, and the range `top` is max|x| rounded up to
+a whole run (at most about 12% above max|x|). Thresholds never exceed max|x| (`trtopt.calib.thresholds`).
 
-Bin of a value x: ``min(trunc(|x| * s), num_bins - 1)`` with ``s = float32(num_bins / amax)``; a value
-equal to amax lands in the last bin. The kernel works on CHUNK values at a time (cache-resident):
-``trunc(x * s)`` with the sign kept (one multiply-and-cast, no |x| pass), a range check (values outside
-[-amax, amax] mean the data changed between passes), then `np.add.at` into LANES interleaved signed
-sub-histograms. `fold_signed_counts` folds the halves at the end: multiplication is sign-symmetric in
-IEEE arithmetic and truncation rounds toward zero, so trunc(-x * s) = -trunc(x * s) and the fold is exact.
+`RangeCollector` keeps max|x| alone, for the "max" method.
 """
 
 from __future__ import annotations
 
-import threading
+import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
+from trtopt.calib import kernels
 from trtopt.errors import CalibrationError
-
-# Values per kernel step: large enough that the per-chunk Python overhead is negligible, small enough
-# that the int64 scratch buffer (512 KiB) stays in a core's L2 cache.
-CHUNK = 1 << 16
-# Consecutive values go to LANES interleaved sub-histograms (summed at the end): runs of equal values
-# (the zeros of a ReLU output) then do not serialise on one counter. Measured 1.4x faster than one lane.
-LANES = 4
-# np.add.at got a fast path in NumPy 1.25 (about 25% faster than bincount here); before, it is very slow.
-_FAST_ADD_AT = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
-_local = threading.local()
 
 
 @dataclass(frozen=True, eq=False)
 class TensorRange:
-    """Pass-1 statistics of one tensor: the histogram range and how many values were seen."""
+    """Max-pass statistics of one tensor: max|x| and how many values were seen."""
 
     name: str
     amax: float
@@ -53,17 +37,18 @@ class TensorRange:
 
 @dataclass(frozen=True, eq=False)
 class TensorHistogram:
-    """Counts of |x| in `num_bins` equal bins over [0, amax] for one tensor.
+    """Counts of |x| in `num_bins` equal bins over [0, top] for one tensor.
 
-    `counts[j]` holds the values with ``j * w <= |x| < (j + 1) * w``, w = amax / num_bins (the last bin
-    also holds |x| = amax). `zeros` is how many values were exactly 0 (they are in bin 0 too); a ReLU
-    output is often half zeros, which is worth seeing on a plot.
+    `counts[j]` holds the values with ``j * w <= |x| < (j + 1) * w``, w = top / num_bins. `amax` is the
+    exact max|x| (<= top; `top` defaults to it). `zeros` is how many values were exactly 0 (they are in
+    bin 0 too); a ReLU output is often half zeros, which is worth seeing on a plot.
     """
 
     name: str
     counts: np.ndarray
     amax: float
     zeros: int = 0
+    top: float | None = None
 
     def __post_init__(self) -> None:
         counts = np.asarray(self.counts, dtype=np.int64)
@@ -71,9 +56,13 @@ class TensorHistogram:
             raise ValueError(f"histogram counts of {self.name!r} must be a non-empty 1-D array")
         if not (np.isfinite(self.amax) and self.amax >= 0.0):
             raise ValueError(f"histogram amax of {self.name!r} must be finite and >= 0, got {self.amax}")
+        top = float(self.amax) if self.top is None else float(self.top)
+        if not (np.isfinite(top) and top >= self.amax):
+            raise ValueError(f"histogram top of {self.name!r} must be finite and >= amax {self.amax}, got {top}")
         counts.flags.writeable = False
         object.__setattr__(self, "counts", counts)
         object.__setattr__(self, "amax", float(self.amax))
+        object.__setattr__(self, "top", top)
 
     @property
     def num_bins(self) -> int:
@@ -85,21 +74,33 @@ class TensorHistogram:
         return int(self.counts.sum())
 
     @property
+    def used_bins(self) -> int:
+        """Bins up to the one holding max|x|: the candidates a threshold search should consider (the bins
+        beyond it, up to `top`, are empty and would only offer "no clipping" again)."""
+        if self.amax == 0.0:
+            return self.num_bins
+        return min(self.num_bins, int(self.amax / self.bin_width) + 1)
+
+    @property
+    def _top(self) -> float:
+        return float(self.top if self.top is not None else self.amax)  # a float after __post_init__
+
+    @property
     def bin_width(self) -> float:
-        return self.amax / self.num_bins
+        return self._top / self.num_bins
 
     @property
     def edges(self) -> np.ndarray:
-        """The num_bins + 1 bin edges, from 0 to amax."""
-        return np.arange(self.num_bins + 1, dtype=np.float64) * self.amax / self.num_bins
+        """The num_bins + 1 bin edges, from 0 to top."""
+        return np.arange(self.num_bins + 1, dtype=np.float64) * self._top / self.num_bins
 
     def upper_edge(self, bins: int | np.ndarray) -> float | np.ndarray:
-        """Upper edge of the first `bins` bins, ``bins * amax / num_bins`` (exact at bins = num_bins)."""
-        return np.asarray(bins, dtype=np.float64) * self.amax / self.num_bins
+        """Upper edge of the first `bins` bins, ``bins * top / num_bins`` (exact at bins = num_bins)."""
+        return np.asarray(bins, dtype=np.float64) * self._top / self.num_bins
 
 
 class RangeCollector:
-    """Pass 1 for one tensor: max|x| and the value count, batch by batch.
+    """max|x| and the value count of one tensor, batch by batch: all the "max" method needs.
 
     Non-finite values stop calibration with a `CalibrationError` naming the tensor and the batch: a NaN
     or Inf activation means the model or its input is broken, and any threshold built on it is noise.
@@ -128,90 +129,64 @@ class RangeCollector:
 
 
 class HistogramCollector:
-    """Pass 2 for one tensor: counts of |x| over the fixed range [0, amax] found by pass 1."""
+    """Streaming |x| statistics of one tensor in one pass: an exact fine grid (see `trtopt.calib.kernels`),
+    max|x|, the exact zeros and the value count; `result()` turns them into a `TensorHistogram`.
 
-    def __init__(self, name: str, amax: float, num_bins: int = 2048) -> None:
+    The grid has ``2**F = 16 * num_bins`` bins (rounded up to a power of two) over [0, 2**E), E the
+    smallest exponent with max|x| < 2**E. `result()` sums runs of k consecutive grid bins into each of
+    the `num_bins` bins, with k the smallest run that covers max|x|: the histogram's range `top` is max|x|
+    rounded up to k grid bins, between max|x| and about 1.125 max|x| (1.06 on average), and every count
+    is exact. Memory: ``2**F`` int64 counters (256 KiB at 2048 bins) whatever the number of batches.
+    Non-finite values stop calibration with a `CalibrationError` naming the tensor and the batch.
+    """
+
+    def __init__(self, name: str, num_bins: int = 2048) -> None:
         if num_bins < 1:
             raise ValueError(f"num_bins must be positive, got {num_bins}")
         self.name = name
-        self.amax = float(amax)
         self.num_bins = num_bins
-        # s = num_bins / amax, rounded once to float32 so float32 activations are binned in float32.
-        self.scale = np.float32(num_bins / self.amax) if self.amax > 0 else np.float32(0.0)
-        self._signed = np.zeros(LANES * (2 * num_bins + 1), dtype=np.int64)
-        self._zeros = 0
+        self.grid = np.zeros(grid_size(num_bins), dtype=np.int64)
+        self.state = kernels.new_state()
+        self.count = 0
+        self.batches = 0
 
     def update(self, values: np.ndarray) -> None:
         _check_float(self.name, values)
-        flat = values.reshape(-1)
-        for start in range(0, flat.size, CHUNK):
-            self._count_chunk(flat[start : start + CHUNK])
-
-    def _count_chunk(self, chunk: np.ndarray) -> None:
-        nb = self.num_bins
-        index, is_zero = _scratch(chunk.size)
-        with np.errstate(invalid="ignore"):  # NaN -> int gives INT_MIN on x86, caught just below
-            np.multiply(chunk, self.scale, out=index, casting="unsafe")  # trunc(x * s), sign kept
-        if index.min() < -nb or index.max() > nb:
-            raise self._outside_range_error()
-        index += _lane_offsets(nb)[: chunk.size]
-        _count_into(self._signed, index)
-        np.equal(chunk, 0, out=is_zero)  # twice as fast as count_nonzero on floats; -0.0 counts too
-        self._zeros += int(np.count_nonzero(is_zero))
+        self.batches += 1
+        flat = np.ascontiguousarray(values, dtype=np.float64 if values.dtype == np.float64 else np.float32)
+        kernels.count_abs(flat.reshape(-1), self.grid, self.state)
+        if self.state[kernels.NONFINITE]:
+            raise _nonfinite_error(self.name, values, self.batches)
+        self.count += int(values.size)
 
     def result(self) -> TensorHistogram:
-        signed = self._signed.reshape(LANES, -1).sum(axis=0)
-        counts = fold_signed_counts(signed)
-        return TensorHistogram(name=self.name, counts=counts, amax=self.amax, zeros=self._zeros)
-
-    def _outside_range_error(self) -> CalibrationError:
-        return CalibrationError(
-            f"Tensor {self.name!r} has values outside [-{self.amax:g}, {self.amax:g}], the range the first "
-            "calibration pass found (or NaN): the batches changed between the two passes.",
-            fix="Make the batch source deterministic: the same samples, in any order, on every pass "
-            "(no random augmentation; a fixed seed for synthetic data).",
+        amax = float(self.state[kernels.AMAX])
+        zeros = int(self.state[kernels.ZEROS])
+        if amax == 0.0:
+            counts = np.zeros(self.num_bins, dtype=np.int64)
+            counts[0] = self.count
+            return TensorHistogram(name=self.name, counts=counts, amax=0.0, zeros=zeros)
+        fine_width = math.ldexp(1.0, int(self.state[kernels.EXPONENT])) / self.grid.size
+        used = int(amax / fine_width) + 1  # grid bins up to the one holding max|x|
+        run = -(-used // self.num_bins)
+        padded = np.zeros(self.num_bins * run, dtype=np.int64)
+        padded[: min(used, padded.size)] = self.grid[:used]
+        counts = padded.reshape(self.num_bins, run).sum(axis=1)
+        return TensorHistogram(
+            name=self.name, counts=counts, amax=amax, zeros=zeros, top=self.num_bins * run * fine_width
         )
 
 
-def fold_signed_counts(signed: np.ndarray) -> np.ndarray:
-    """Counts of trunc(x * s) + nb, for nb = (len - 1) / 2, folded into counts of |x| bins 0..nb-1."""
-    nb = (signed.size - 1) // 2
-    counts = signed[nb : 2 * nb].copy()  # k = 0 .. nb-1 from x >= 0
-    counts[1:] += signed[nb - 1 : 0 : -1]  # k = 1 .. nb-1 from x < 0 (k = 0 holds both signs already)
-    counts[-1] += signed[2 * nb] + signed[0]  # |x| * s == nb, i.e. |x| == amax: the last bin
-    return counts
+def grid_size(num_bins: int) -> int:
+    """Bins of the fine grid for `num_bins` histogram bins: 16 per bin, rounded up to a power of two."""
+    return 1 << (16 * num_bins - 1).bit_length()
 
 
 def histogram_from_values(values: np.ndarray, num_bins: int = 2048, *, name: str = "") -> TensorHistogram:
-    """Both passes over one in-memory array (tests, weights, small tensors)."""
-    ranges = RangeCollector(name)
-    ranges.update(values)
-    collector = HistogramCollector(name, ranges.result().amax, num_bins)
-    collector.update(values)
+    """The histogram of one in-memory array (tests, weights, small tensors)."""
+    collector = HistogramCollector(name, num_bins)
+    collector.update(np.asarray(values))
     return collector.result()
-
-
-def _scratch(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-thread scratch buffers shared by all collectors, so memory does not grow with tensors."""
-    if not hasattr(_local, "index"):
-        _local.index = np.empty(CHUNK, dtype=np.intp)
-        _local.is_zero = np.empty(CHUNK, dtype=bool)
-    return _local.index[:size], _local.is_zero[:size]
-
-
-@lru_cache(maxsize=8)
-def _lane_offsets(num_bins: int) -> np.ndarray:
-    """Offset of each chunk position: num_bins (so trunc(x * s) >= 0) plus its lane's start."""
-    offsets = (num_bins + (np.arange(CHUNK) % LANES) * (2 * num_bins + 1)).astype(np.intp)
-    offsets.flags.writeable = False
-    return offsets
-
-
-def _count_into(counts: np.ndarray, index: np.ndarray) -> None:
-    if _FAST_ADD_AT:
-        np.add.at(counts, index, 1)
-    else:
-        counts += np.bincount(index, minlength=counts.size)
 
 
 def _check_float(name: str, values: np.ndarray) -> None:

@@ -12,21 +12,22 @@ NVIDIA's histogram calibrator in TensorRT/tools/pytorch-quantization). For each 
   floor(j * L / i), as pytorch-quantization's linspace/digitize does), each group's mass spread evenly
   over the group's bins that are non-empty in P; bins empty in P stay empty;
 - KL(P || Q) after normalising both; a P bin whose Q is 0 makes the divergence infinite;
-- the smallest KL wins (ties: the largest i, as pytorch-quantization's "last argmin"), T = i * B-bin width.
+- the smallest KL wins (ties: the largest i, as pytorch-quantization's "last argmin"), T = i * B-bin width
+  (at most max|x|: trtopt's histogram range can end slightly above it, see `threshold()`).
 
 Q is built from the un-clipped bins, as in the GTC pseudo-code, MXNet, pytorch-quantization and ONNX
 Runtime: the clipped tail then shows up as a spike in P that Q does not have, which is what penalises
 clipping too much. Before the search, bin 0 takes bin 1's count (`CalibConfig.discard_zero_bin`): TensorRT
 discards the first bin (NVIDIA's MLPerf calibration notes), pytorch-quantization sets bins[0] = bins[1].
 
-Consequences worth knowing: T is never below amax * L / B (amax / 16); and a candidate whose last kept
+Consequences worth knowing: T is never below top * L / B (about amax / 16); and a candidate whose last kept
 bin is empty while the tail is not has an infinite KL, so outliers more than 16x beyond the bulk cannot
 be clipped into it - T then stops at an outlier (tests/test_calib_thresholds.py shows both).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -60,14 +61,22 @@ def threshold(hist: TensorHistogram, config: CalibConfig | None = None) -> float
         )
     if hist.amax == 0.0:
         return ZERO_AMAX
-    return float(METHODS.get(config.method)(hist, config))
+    # A threshold beyond max|x| clips nothing more and only widens the INT8 step. The histogram's range
+    # may end above max|x| (`HistogramCollector` rounds it up to whole grid runs); T stops at max|x|.
+    return min(float(METHODS.get(config.method)(hist, config)), hist.amax)
 
 
 def compute_thresholds(
-    histograms: Mapping[str, TensorHistogram], config: CalibConfig | None = None
+    histograms: Mapping[str, TensorHistogram],
+    config: CalibConfig | None = None,
+    *,
+    map_fn: Callable[..., Iterable[float]] = map,
 ) -> dict[str, float]:
-    """`threshold()` for every histogram, by tensor name."""
-    return {name: threshold(hist, config) for name, hist in histograms.items()}
+    """`threshold()` for every histogram, by tensor name. `map_fn` may be a thread pool's `map`: the
+    searches are large numpy operations that release the GIL."""
+    names = list(histograms)
+    found = map_fn(threshold, [histograms[name] for name in names], [config] * len(names))
+    return dict(zip(names, found, strict=True))
 
 
 # --- entropy --------------------------------------------------------------------------------------
@@ -125,7 +134,8 @@ def entropy_bins(counts: np.ndarray, num_levels: int = 128, *, discard_zero_bin:
 @METHODS.register("entropy")
 def entropy_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
     """TensorRT's entropy calibration (IInt8EntropyCalibrator2's threshold search)."""
-    bins = entropy_bins(hist.counts, config.num_levels, discard_zero_bin=config.discard_zero_bin)
+    counts = hist.counts[: max(hist.used_bins, config.num_levels)]
+    bins = entropy_bins(counts, config.num_levels, discard_zero_bin=config.discard_zero_bin)
     return float(hist.upper_edge(bins))
 
 
@@ -163,7 +173,7 @@ def mse_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
     weights = hist.counts.astype(np.float64)
     used = weights > 0
     centres, weights = centres[used], weights[used]
-    candidates = (np.arange(config.num_levels, hist.num_bins) + 0.5) * hist.bin_width
+    candidates = (np.arange(config.num_levels, hist.used_bins) + 0.5) * hist.bin_width
     if candidates.size == 0:
         return hist.amax
     errors = np.empty(candidates.size)

@@ -30,10 +30,21 @@ _OPT_LEVELS = {
 
 
 def session_options(
-    *, threads: int | None = None, opt_level: OptLevel = "all", optimized_model_path: str | None = None
+    *,
+    threads: int | None = None,
+    opt_level: OptLevel = "all",
+    optimized_model_path: str | None = None,
+    spin: bool = True,
 ) -> ort.SessionOptions:
-    """SessionOptions with trtopt's defaults; `threads=None` lets ONNX Runtime choose."""
+    """SessionOptions with trtopt's defaults; `threads=None` lets ONNX Runtime choose.
+
+    `spin=False` stops ONNX Runtime's intra-op threads from busy-waiting after each run: right for a
+    caller that does its own CPU work between runs (calibration counts the activations), which the
+    spinning threads would otherwise slow down.
+    """
     options = ort.SessionOptions()
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = _OPT_LEVELS[opt_level]
     options.log_severity_level = 3
     if threads is not None:
@@ -57,11 +68,12 @@ class OrtSession:
         expose: Sequence[str] = (),
         threads: int | None = None,
         opt_level: OptLevel = "all",
+        spin: bool = True,
     ) -> None:
         proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else with_supported_ir(model)
         if expose:
             proto = with_exposed_tensors(proto, expose)
-        options = session_options(threads=threads, opt_level=opt_level)
+        options = session_options(threads=threads, opt_level=opt_level, spin=spin)
         self.session = _make_session(proto, options)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -1,0 +1,158 @@
+"""The per-value loop of calibration: count |x| into a fine grid whose range grows by powers of two.
+
+The grid of a tensor has ``2**F`` bins of width ``2**(E - F)`` over [0, 2**E), where E is the smallest
+exponent with max|x| < 2**E (so E depends on the largest value alone). A value a = |x| lands in bin
+``floor(a * 2**(F - E))``: the product is exact (a power-of-two scale only moves the exponent; a result
+too small for float32 is below 1 and lands in bin 0 either way), so the bin is a pure function of a
+and E. When a larger value raises E to E' the counts merge in place, bin j into bin ``j >> (E' - E)``,
+and ``floor(floor(a * 2**(F-E)) / 2**(E'-E)) = floor(a * 2**(F-E'))``: the grid after any sequence of
+batches, in any order and of any size, is bit-identical to the grid of all values counted at once with
+the final E. That is the "re-binning that is exact when the range grows" of DESIGN.md, and it lets
+calibration read the data once instead of twice (a first pass for max|x|, then a histogram).
+
+Two implementations with identical results: a compiled loop (numba, one read of each value, the GIL
+released so tensors are counted in parallel threads) and a numpy fallback for where numba is missing.
+Measured on EfficientNet-Lite0 activations (tools/bench_calibration.py): numpy's vectorised form needs
+about seven passes over the data and `np.add.at` holds the GIL, so the compiled loop is the one that
+makes single-pass calibration several times faster than ONNX Runtime's.
+
+State of a grid, kept by the caller in a float64 array of `STATE_SIZE`: [E, max|x|, exact zeros,
+non-finite values]. A new grid starts at `EMPTY_EXPONENT`, below every non-zero float32 and float64
+normal number, so the first non-zero value sets E.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from functools import lru_cache
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+STATE_SIZE = 4
+EXPONENT, AMAX, ZEROS, NONFINITE = range(STATE_SIZE)
+# 2**-1000 is a normal float64 and 2**F / 2**-1000 stays finite for F < 24.
+EMPTY_EXPONENT = -1000
+# Values per numpy step: the float64 temporaries of a chunk (512 KiB) stay in a core's L2 cache.
+CHUNK = 1 << 16
+
+CountFn = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def new_state() -> np.ndarray:
+    state = np.zeros(STATE_SIZE, dtype=np.float64)
+    state[EXPONENT] = EMPTY_EXPONENT
+    return state
+
+
+def exponent_above(value: float) -> int:
+    """The smallest E with value < 2**E (value > 0 and finite)."""
+    return math.frexp(value)[1]  # value = m * 2**e with 0.5 <= m < 1
+
+
+def count_abs(values: np.ndarray, counts: np.ndarray, state: np.ndarray) -> None:
+    """Count |values| (a contiguous 1-D float32 or float64 array) into `counts` (int64, 2**F bins).
+
+    Non-finite values are not counted; `state[NONFINITE]` says how many there were, and the caller
+    decides what that means (calibration stops with the tensor's name).
+    """
+    _count_fn()(values, counts, state)
+
+
+def compiled() -> bool:
+    """True when the compiled (numba) loop is in use."""
+    return _count_fn() is not _count_abs_numpy
+
+
+@lru_cache(maxsize=1)
+def _count_fn() -> CountFn:
+    try:
+        import numba  # heavy (LLVM): imported on the first calibration, not with trtopt
+    except ImportError:  # pragma: no cover - numba is a dependency; this keeps odd platforms working
+        log.warning("numba is not installed: calibration counts with numpy, several times slower "
+                    "(pip install numba)")
+        return _count_abs_numpy
+    jit = numba.njit(nogil=True, cache=True, error_model="numpy")
+    merge = jit(_merge_bins)
+    return jit(_make_counting_loop(merge))
+
+
+def _merge_bins(counts: np.ndarray, shift: int) -> None:
+    """Coarsen the grid in place by 2**shift: bin j goes to bin j >> shift (exact; see module doc)."""
+    shift = min(shift, 62)
+    for j in range(1, counts.size):
+        c = counts[j]
+        if c:
+            counts[j] = 0
+            counts[j >> shift] += c
+
+
+def _make_counting_loop(merge: Callable[[np.ndarray, int], None]) -> CountFn:
+    def count(values: np.ndarray, counts: np.ndarray, state: np.ndarray) -> None:
+        fine = counts.size
+        exponent = int(state[0])
+        top = math.ldexp(1.0, exponent)
+        scale = fine / top
+        amax = state[1]
+        zeros = 0
+        nonfinite = 0
+        for i in range(values.size):
+            a = abs(values[i])
+            if not a < top:  # a new range, or NaN / Inf: rare, so the branch predicts well
+                if not math.isfinite(a):
+                    nonfinite += 1
+                    continue
+                grown = math.frexp(a)[1]
+                merge(counts, grown - exponent)
+                exponent = grown
+                top = math.ldexp(1.0, exponent)
+                scale = fine / top
+            # No data-dependent branch below: `if a == 0` mispredicts on ReLU outputs (measured 1.4x slower).
+            counts[int(a * scale)] += 1
+            zeros += int(a == 0)
+            amax = max(amax, a)
+        state[0] = exponent
+        state[1] = amax
+        state[2] += zeros
+        state[3] += nonfinite
+
+    return count
+
+
+def _count_abs_numpy(values: np.ndarray, counts: np.ndarray, state: np.ndarray) -> None:
+    """The same grid with numpy: raise E once per call to cover the batch, then count chunk by chunk."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        state[NONFINITE] += values.size - int(np.count_nonzero(finite))
+        values = values[finite]
+    if values.size == 0:
+        return
+    batch_max = max(float(values.max()), -float(values.min()))
+    if batch_max >= math.ldexp(1.0, int(state[EXPONENT])):
+        grown = exponent_above(batch_max)
+        _merge_bins_numpy(counts, grown - int(state[EXPONENT]))
+        state[EXPONENT] = grown
+    scale = counts.size / math.ldexp(1.0, int(state[EXPONENT]))
+    for start in range(0, values.size, CHUNK):
+        chunk = values[start : start + CHUNK]
+        np.add.at(counts, (np.abs(chunk, dtype=np.float64) * scale).astype(np.intp), 1)
+        state[ZEROS] += int(np.count_nonzero(chunk == 0))
+    state[AMAX] = max(state[AMAX], batch_max)
+
+
+def _merge_bins_numpy(counts: np.ndarray, shift: int) -> None:
+    """`_merge_bins` vectorised: bins j * 2**shift .. (j + 1) * 2**shift - 1 sum into bin j."""
+    if shift <= 0:
+        return
+    if (1 << min(shift, 62)) >= counts.size:
+        total = counts.sum()
+        counts[:] = 0
+        counts[0] = total
+        return
+    groups = counts.size >> shift
+    merged = counts.reshape(groups, 1 << shift).sum(axis=1)
+    counts[:] = 0
+    counts[:groups] = merged
