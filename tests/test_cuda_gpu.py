@@ -220,3 +220,14 @@ def test_torch_through_dlpack_gets_our_stream_and_the_same_pointer() -> None:
         assert view is not None and producer.streams == [int(stream)]
         assert view.ptr == producer.tensor.data_ptr() and view.dtype == np.int64
         np.testing.assert_array_equal(read_device(view.ptr, view.shape, view.dtype, stream), host)
+
+
+def test_torch_tensor_that_requires_grad_is_a_user_error_with_the_fix() -> None:
+    """torch refuses both protocols for such a tensor with RuntimeError; the user must see how to fix it."""
+    torch = cuda_torch()
+    tensor = torch.ones((2, 3), device="cuda", requires_grad=True)
+    with pytest.raises(DataError, match=r"detach\(\)"):
+        device_array_from(tensor)
+    with pytest.raises(DataError, match=r"detach\(\)"):
+        device_array_from(DLPackOnly(tensor), stream=2)
+    assert device_array_from(tensor.detach()) is not None

@@ -32,7 +32,7 @@ from trtopt.backend import BackendStatus, RunOptions
 from trtopt.backend.tensorrt import cuda, detect
 from trtopt.backend.tensorrt.runner import TensorRTRunner, create_runner
 from trtopt.cli.main import main
-from trtopt.errors import ShapeError
+from trtopt.errors import DataError, ShapeError
 from trtopt.plan import Plan, TensorSpec, write_plan
 
 pytestmark = [
@@ -376,6 +376,15 @@ def test_engine_api_with_device_inputs_and_user_errors(cp: Any, knobs: StandIn) 
         assert ms is not None and ms > 0
         with pytest.raises(ShapeError, match="dtype float64"):
             engine(cp.asarray(x, dtype=cp.float64))
+
+
+def test_engine_refuses_a_torch_tensor_that_requires_grad_with_the_fix(knobs: StandIn) -> None:
+    torch = cuda_torch()
+    with trtopt.Engine(stand_in_plan(knobs)) as engine:
+        tensor = torch.ones((2, knobs.features), device="cuda", requires_grad=True)
+        with pytest.raises(DataError, match=r"detach\(\)"):
+            engine(tensor)
+        np.testing.assert_array_equal(engine(tensor.detach()), np.full((2, knobs.features), 3, np.float32))
 
 
 def test_bench_command_times_with_cuda_events(
