@@ -231,3 +231,13 @@ def test_torch_tensor_that_requires_grad_is_a_user_error_with_the_fix() -> None:
     with pytest.raises(DataError, match=r"detach\(\)"):
         device_array_from(DLPackOnly(tensor), stream=2)
     assert device_array_from(tensor.detach()) is not None
+
+
+def test_torch_bfloat16_is_refused_rather_than_read_as_raw_bytes() -> None:
+    """torch exports bfloat16 as typestr '<V2' (raw 2-byte void), which numpy cannot compute with."""
+    torch = cuda_torch()
+    tensor = torch.ones(4, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(DataError, match=r"Convert it"):
+        device_array_from(tensor)
+    with pytest.raises(DataError, match=r"Convert it"):
+        from_dlpack(tensor)

@@ -175,3 +175,9 @@ def test_engine_validation_reports_a_refusing_producer_as_a_user_error() -> None
 
     with pytest.raises(DataError, match=r"detach\(\)"):
         _shape_and_dtype(RefusingProducer())
+
+
+def test_raw_byte_typestr_bfloat16_from_torch_is_refused_with_a_fix() -> None:
+    """torch exports bfloat16 in the array interface as '<V2' (2 raw bytes), numpy's np.void."""
+    with pytest.raises(DataError, match=r"'<V2'.*Convert it"):
+        from_cuda_array_interface(FakeCudaArray((4,), "<V2").__cuda_array_interface__)
