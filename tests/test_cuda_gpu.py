@@ -44,6 +44,16 @@ def test_pinned_and_device_round_trip_is_bit_exact() -> None:
         assert down.tobytes() == source.tobytes()
 
 
+def test_allocations_are_the_memory_kinds_the_runner_relies_on() -> None:
+    """malloc_host must be page-locked (else cudaMemcpyAsync is synchronous and graphs cannot capture it)."""
+    rt = cuda.cudart()
+    with pinned_buffer(4096) as host, device_buffer(4096) as device:
+        host_kind = cuda.check(rt.cudaPointerGetAttributes(host.ctypes.data), "cudaPointerGetAttributes").type
+        device_kind = cuda.check(rt.cudaPointerGetAttributes(device), "cudaPointerGetAttributes").type
+    assert host_kind == rt.cudaMemoryType.cudaMemoryTypeHost
+    assert device_kind == rt.cudaMemoryType.cudaMemoryTypeDevice
+
+
 def test_pageable_numpy_memory_round_trips_too() -> None:
     source = RNG.integers(-128, 128, size=(7, 333), dtype=np.int8)
     with cuda_stream() as stream, device_buffer(source.nbytes) as device:

@@ -82,7 +82,7 @@ def from_cuda_array_interface(cai: dict[str, Any]) -> DeviceArray:
     if dtype.kind not in "biufc":  # torch exports bfloat16 as '<V2': raw bytes, no arithmetic type
         raise DataError(
             f"A GPU input has element type {cai['typestr']!r}, which is not a number type numpy can describe "
-            f"(PyTorch exports bfloat16 as '<V2').",
+            "(PyTorch exports bfloat16 as '<V2').",
             fix="Convert it to float32, float16, int8, int32 or int64 before inference.",
         )
     if cai.get("mask") is not None:
