@@ -278,49 +278,66 @@ def test_torch_input_is_bound_by_pointer_without_a_copy(knobs: StandIn, monkeypa
         runner.close()
 
 
-def pending_on_a_side_stream(cp: Any, knobs: StandIn, side: Any) -> Any:
-    """A zero array that becomes 7 only after 50 ms of work queued on `side` (a non-blocking stream,
-    which the runner's stream does not wait for by itself)."""
+def pending_on_a_side_stream(cp: Any, knobs: StandIn, side_handle: int) -> Any:
+    """A zero array that becomes 7 only after 50 ms of work queued on the stream `side_handle` (a
+    non-blocking stream, which the runner's stream does not wait for by itself)."""
     array = cp.zeros((4, knobs.features), cp.float32)
     cp.cuda.Device().synchronize()
     spin = cp.RawModule(code=KERNELS).get_function("spin")
-    with side:
+    with cp.cuda.ExternalStream(side_handle):
         spin((1,), (1,), (np.int64(50_000_000),))
         array.fill(7)
     return array
 
 
 def test_zero_copy_input_waits_for_the_producers_stream_cuda_array_interface(cp: Any, knobs: StandIn) -> None:
+    """Array interface v3: the producer exports its stream and leaves the waiting to the consumer.
+
+    A hand-made export: CuPy's own also synchronises on export (CUPY_CUDA_ARRAY_INTERFACE_SYNC=1 by
+    default), which would hide a runner that forgets to wait."""
     runner = runner_for(knobs)
     side = cp.cuda.Stream(non_blocking=True)
     try:
         runner.infer({"x": batch(4, knobs)})  # context ready, kernels loaded
-        array = pending_on_a_side_stream(cp, knobs, side)
-        with side:  # CuPy exports its current stream in the array interface (v3)
-            y = runner.infer({"x": array})["y"]
+        array = pending_on_a_side_stream(cp, knobs, side.ptr)
+        producer = types.SimpleNamespace(
+            __cuda_array_interface__={
+                "shape": array.shape,
+                "typestr": "<f4",
+                "data": (array.data.ptr, False),
+                "strides": None,
+                "stream": side.ptr,
+                "version": 3,
+            }
+        )
+        y = runner.infer({"x": producer})["y"]
         assert (y == 15).all(), f"read before the producer finished: {np.unique(y)[:5]}"
     finally:
         runner.close()
 
 
 def test_zero_copy_input_waits_for_the_producers_stream_dlpack(cp: Any, knobs: StandIn) -> None:
+    """DLPack: the runner passes its stream to __dlpack__, and PyTorch makes that stream wait for its
+    current one (a side stream here); with no stream or -1 it would not."""
+    torch = cuda_torch()
+
     class DLPackOnly:
-        def __init__(self, array: Any) -> None:
-            self.array = array
+        def __init__(self, tensor: Any) -> None:
+            self.tensor = tensor
 
         def __dlpack_device__(self) -> Any:
-            return self.array.__dlpack_device__()
+            return self.tensor.__dlpack_device__()
 
         def __dlpack__(self, stream: int | None = None) -> Any:
-            return self.array.__dlpack__(stream=stream)
+            return self.tensor.__dlpack__(stream=stream)
 
     runner = runner_for(knobs)
-    side = cp.cuda.Stream(non_blocking=True)
+    side = torch.cuda.Stream()
     try:
         runner.infer({"x": batch(4, knobs)})
-        array = pending_on_a_side_stream(cp, knobs, side)
-        with side:  # the runner passes its stream to __dlpack__; CuPy orders its current stream before it
-            y = runner.infer({"x": DLPackOnly(array)})["y"]
+        tensor = torch.as_tensor(pending_on_a_side_stream(cp, knobs, side.cuda_stream), device="cuda")
+        with torch.cuda.stream(side):
+            y = runner.infer({"x": DLPackOnly(tensor)})["y"]
         assert (y == 15).all(), f"read before the producer finished: {np.unique(y)[:5]}"
     finally:
         runner.close()
