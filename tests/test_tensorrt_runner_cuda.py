@@ -278,16 +278,21 @@ def test_torch_input_is_bound_by_pointer_without_a_copy(knobs: StandIn, monkeypa
         runner.close()
 
 
-def pending_on_a_side_stream(cp: Any, knobs: StandIn, side_handle: int) -> Any:
-    """A zero array that becomes 7 only after 50 ms of work queued on the stream `side_handle` (a
-    non-blocking stream, which the runner's stream does not wait for by itself)."""
-    array = cp.zeros((4, knobs.features), cp.float32)
-    cp.cuda.Device().synchronize()
+def fill_after_a_wait(cp: Any, array: Any, side_handle: int) -> None:
+    """Queue 50 ms of spinning, then ``array.fill(7)``, on the stream `side_handle` (non-blocking: the
+    runner's stream does not wait for it by itself), and check that the work is still pending.
+
+    Both kernels are loaded first: with CUDA's lazy loading a kernel's first launch can wait for the
+    device to go idle, which would finish the producer's work early and hide a runner that never waits."""
     spin = cp.RawModule(code=KERNELS).get_function("spin")
+    spin((1,), (1,), (np.int64(0),))
+    array.fill(1)  # a fill kernel (CuPy fills 0 with a memset instead)
+    cp.cuda.Device().synchronize()
     with cp.cuda.ExternalStream(side_handle):
         spin((1,), (1,), (np.int64(50_000_000),))
         array.fill(7)
-    return array
+    rt = cuda.cudart()
+    assert rt.cudaStreamQuery(side_handle)[0] == rt.cudaError_t.cudaErrorNotReady
 
 
 def test_zero_copy_input_waits_for_the_producers_stream_cuda_array_interface(cp: Any, knobs: StandIn) -> None:
@@ -299,7 +304,7 @@ def test_zero_copy_input_waits_for_the_producers_stream_cuda_array_interface(cp:
     side = cp.cuda.Stream(non_blocking=True)
     try:
         runner.infer({"x": batch(4, knobs)})  # context ready, kernels loaded
-        array = pending_on_a_side_stream(cp, knobs, side.ptr)
+        array = cp.empty((4, knobs.features), cp.float32)
         producer = types.SimpleNamespace(
             __cuda_array_interface__={
                 "shape": array.shape,
@@ -310,6 +315,7 @@ def test_zero_copy_input_waits_for_the_producers_stream_cuda_array_interface(cp:
                 "version": 3,
             }
         )
+        fill_after_a_wait(cp, array, side.ptr)
         y = runner.infer({"x": producer})["y"]
         assert (y == 15).all(), f"read before the producer finished: {np.unique(y)[:5]}"
     finally:
@@ -318,7 +324,7 @@ def test_zero_copy_input_waits_for_the_producers_stream_cuda_array_interface(cp:
 
 def test_zero_copy_input_waits_for_the_producers_stream_dlpack(cp: Any, knobs: StandIn) -> None:
     """DLPack: the runner passes its stream to __dlpack__, and PyTorch makes that stream wait for its
-    current one (a side stream here); with no stream or -1 it would not."""
+    current one (a side stream here); with stream=-1 ("no synchronisation") it would not."""
     torch = cuda_torch()
 
     class DLPackOnly:
@@ -335,7 +341,9 @@ def test_zero_copy_input_waits_for_the_producers_stream_dlpack(cp: Any, knobs: S
     side = torch.cuda.Stream()
     try:
         runner.infer({"x": batch(4, knobs)})
-        tensor = torch.as_tensor(pending_on_a_side_stream(cp, knobs, side.cuda_stream), device="cuda")
+        array = cp.empty((4, knobs.features), cp.float32)
+        tensor = torch.as_tensor(array, device="cuda")  # the same memory
+        fill_after_a_wait(cp, array, side.cuda_stream)
         with torch.cuda.stream(side):
             y = runner.infer({"x": DLPackOnly(tensor)})["y"]
         assert (y == 15).all(), f"read before the producer finished: {np.unique(y)[:5]}"
