@@ -1,5 +1,8 @@
 """Shared test setup: the `gpu` marker skips with the reason where there is no GPU/TensorRT, and fails
-with that reason when TRTOPT_REQUIRE_GPU=1 (so a GPU CI cannot pass by skipping)."""
+with that reason when TRTOPT_REQUIRE_GPU=1 (so a GPU CI cannot pass by skipping).
+
+``@pytest.mark.gpu`` needs TensorRT and a GPU; ``@pytest.mark.gpu(tensorrt=False)`` needs only CUDA
+(cuda-bindings and a GPU): the runtime's CUDA layer is checked there without TensorRT."""
 
 from __future__ import annotations
 
@@ -9,13 +12,17 @@ import pytest
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    if item.get_closest_marker("gpu") is None:
+    marker = item.get_closest_marker("gpu")
+    if marker is None:
         return
-    from trtopt.backend.tensorrt.detect import tensorrt_status
+    from trtopt.backend.tensorrt.detect import cuda_status, tensorrt_status
 
-    status = tensorrt_status()
+    if marker.kwargs.get("tensorrt", True):
+        status, needs = tensorrt_status(), "a GPU with TensorRT"
+    else:
+        status, needs = cuda_status(), "a CUDA GPU (cuda-bindings)"
     if status.available:
         return
     if os.environ.get("TRTOPT_REQUIRE_GPU") == "1":
         pytest.fail(f"TRTOPT_REQUIRE_GPU=1 but the GPU test cannot run: {status.reason}", pytrace=False)
-    pytest.skip(f"needs a GPU with TensorRT: {status.reason}")
+    pytest.skip(f"needs {needs}: {status.reason}")

@@ -144,3 +144,40 @@ def test_check_unpacks_results_and_names_the_failed_call() -> None:
     assert cuda.check((CudaErr.cudaSuccess, 1, 2), "x") == (1, 2)
     with pytest.raises(cuda.CudaError, match=r"cudaMalloc\(64 bytes\) failed: cudaErrorMemoryAllocation"):
         cuda.check((CudaErr.cudaErrorMemoryAllocation, None), "cudaMalloc(64 bytes)")
+
+
+class RefusingDLPack:
+    """What PyTorch does for a CUDA tensor that requires grad: both protocols raise, not AttributeError
+    (seen on torch 2.11: BufferError from __dlpack__, RuntimeError from the array interface)."""
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (DL_CUDA, 0)
+
+    def __dlpack__(self, stream: int | None = None) -> Any:
+        raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
+
+
+class RefusingProducer(RefusingDLPack):
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad. Use var.detach().")
+
+
+def test_a_producer_refusing_its_buffer_is_a_user_error_with_its_reason() -> None:
+    with pytest.raises(DataError, match=r"RuntimeError.*requires grad.*detach\(\)"):
+        device_array_from(RefusingProducer())
+    with pytest.raises(DataError, match=r"BufferError.*require gradient.*detach\(\)"):
+        device_array_from(RefusingDLPack(), stream=5)
+
+
+def test_engine_validation_reports_a_refusing_producer_as_a_user_error() -> None:
+    from trtopt.engine import _shape_and_dtype
+
+    with pytest.raises(DataError, match=r"detach\(\)"):
+        _shape_and_dtype(RefusingProducer())
+
+
+def test_raw_byte_typestr_bfloat16_from_torch_is_refused_with_a_fix() -> None:
+    """torch exports bfloat16 in the array interface as '<V2' (2 raw bytes), numpy's np.void."""
+    with pytest.raises(DataError, match=r"'<V2'.*Convert it"):
+        from_cuda_array_interface(FakeCudaArray((4,), "<V2").__cuda_array_interface__)

@@ -38,8 +38,10 @@ def fake_cudart(count: int = 1, err: CudaError = CudaError.cudaSuccess) -> types
 @pytest.fixture(autouse=True)
 def fresh_cache() -> Iterator[None]:
     detect.status.cache_clear()
+    detect.cuda_status.cache_clear()
     yield
     detect.status.cache_clear()
+    detect.cuda_status.cache_clear()
 
 
 def install(
@@ -110,3 +112,19 @@ def test_auto_falls_back_to_cpu_with_the_reason(monkeypatch: pytest.MonkeyPatch)
     install(monkeypatch, None, None)
     name, why = select_backend("auto")
     assert name == "cpu" and "not importable" in why
+
+
+def test_cuda_status_needs_no_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime's CUDA layer (and its `gpu(tensorrt=False)` tests) runs without TensorRT."""
+    install(monkeypatch, None, fake_cudart(count=1))
+    assert not detect.status().available
+    assert detect.cuda_status() == detect.BackendStatus(True, "1 CUDA device(s)")
+
+
+def test_cuda_status_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch, fake_tensorrt(), None)
+    assert "cuda-bindings" in detect.cuda_status().reason
+    install(monkeypatch, fake_tensorrt(), fake_cudart(count=0, err=CudaError.cudaErrorNoDevice))
+    detect.cuda_status.cache_clear()
+    status = detect.cuda_status()
+    assert not status.available and "cudaErrorNoDevice" in status.reason

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from trtopt.backend import Runner, RunOptions, create_runner
+from trtopt.backend.tensorrt.pointers import cuda_array_interface
 from trtopt.errors import ShapeError
 from trtopt.plan import Plan, TensorSpec, read_plan
 
@@ -136,7 +137,7 @@ class Engine:
 
 
 def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
-    interface = getattr(value, "__cuda_array_interface__", None)
+    interface = cuda_array_interface(value)  # DataError if the producer refuses (torch: requires grad)
     if interface is not None:
         return tuple(interface["shape"]), np.dtype(interface["typestr"]).name
     if isinstance(value, np.ndarray):

@@ -10,7 +10,10 @@ TensorRT counts as present only when all of these hold (checked in this order, f
 3. ``cuda.bindings.runtime`` (cuda-bindings, the CUDA Python low-level bindings) imports.
 4. ``cudaGetDeviceCount()`` reports at least one device (it returns ``(err, count)``).
 
-The answer is cached per process: probing loads the TensorRT and CUDA libraries, which is slow, and
+`cuda_status` checks 3 and 4 alone: the runtime's CUDA layer (``cuda.py``, ``pointers.py``, the
+runner's buffers, streams, events and graphs) needs no TensorRT, and its GPU tests run wherever CUDA does.
+
+The answers are cached per process: probing loads the TensorRT and CUDA libraries, which is slow, and
 the answer cannot change while the process runs. `status.cache_clear()` resets it (tests).
 """
 
@@ -47,6 +50,18 @@ def status() -> BackendStatus:
 
 # conftest.py and the CLI know it by this name.
 tensorrt_status = status
+
+
+@functools.cache
+def cuda_status() -> BackendStatus:
+    """Whether cuda-bindings and a GPU are usable here, TensorRT or not (see the module docstring)."""
+    cudart, reason = _import_cudart()
+    if cudart is None:
+        return BackendStatus(False, reason)
+    count, reason = _device_count(cudart)
+    if count < 1:
+        return BackendStatus(False, reason)
+    return BackendStatus(True, f"{count} CUDA device(s)")
 
 
 def tensorrt_major(trt: ModuleType) -> int:
@@ -118,7 +133,7 @@ def _device_count(cudart: ModuleType) -> tuple[int, str]:
             "check the NVIDIA driver (`nvidia-smi`)",
         )
     if int(count) < 1:
-        return 0, "CUDA reports 0 GPUs; this machine needs an NVIDIA GPU for the TensorRT backend"
+        return 0, "CUDA reports 0 GPUs; this machine needs an NVIDIA GPU"
     return int(count), ""
 
 

@@ -51,8 +51,9 @@ class DeviceArray:
 
 def device_array_from(obj: Any, stream: int | None = None) -> DeviceArray | None:
     """The GPU buffer behind `obj`, or None when `obj` lives in host memory (numpy, CPU tensors)."""
-    if hasattr(obj, "__cuda_array_interface__"):
-        return from_cuda_array_interface(obj.__cuda_array_interface__)
+    interface = cuda_array_interface(obj)
+    if interface is not None:
+        return from_cuda_array_interface(interface)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         device_type = int(obj.__dlpack_device__()[0])
         if device_type in _DL_GPU_TYPES:
@@ -60,10 +61,30 @@ def device_array_from(obj: Any, stream: int | None = None) -> DeviceArray | None
     return None
 
 
+def cuda_array_interface(obj: Any) -> dict[str, Any] | None:
+    """`obj.__cuda_array_interface__`, or None for objects without one (host arrays, CPU tensors).
+
+    Producers signal "not a GPU array" with AttributeError, but refuse some GPU arrays with other errors:
+    PyTorch raises RuntimeError for a CUDA tensor that requires grad (seen with torch 2.11 on a GPU;
+    its ``__dlpack__`` raises BufferError). That is the caller's to fix, so it becomes a `DataError` that
+    carries the producer's reason, not an internal traceback.
+    """
+    try:
+        return getattr(obj, "__cuda_array_interface__", None)
+    except (RuntimeError, BufferError) as exc:
+        raise _refused(obj, "__cuda_array_interface__", exc) from exc
+
+
 def from_cuda_array_interface(cai: dict[str, Any]) -> DeviceArray:
     """Parse a CUDA Array Interface (v0-v3) dict; refuse masked or non-contiguous arrays."""
     shape = tuple(int(d) for d in cai["shape"])
     dtype = np.dtype(cai["typestr"])
+    if dtype.kind not in "biufc":  # torch exports bfloat16 as '<V2': raw bytes, no arithmetic type
+        raise DataError(
+            f"A GPU input has element type {cai['typestr']!r}, which is not a number type numpy can describe "
+            "(PyTorch exports bfloat16 as '<V2').",
+            fix="Convert it to float32, float16, int8, int32 or int64 before inference.",
+        )
     if cai.get("mask") is not None:
         raise DataError(
             "A GPU input has a mask (CUDA array interface 'mask'); masked arrays are not supported."
@@ -78,7 +99,10 @@ def from_cuda_array_interface(cai: dict[str, Any]) -> DeviceArray:
 
 def from_dlpack(obj: Any, stream: int | None = None) -> DeviceArray:
     """Read pointer, shape and dtype from `obj.__dlpack__()` without consuming the capsule."""
-    capsule = obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
+    try:
+        capsule = obj.__dlpack__() if stream is None else obj.__dlpack__(stream=stream)
+    except (RuntimeError, BufferError) as exc:  # e.g. torch: BufferError for a tensor that requires grad
+        raise _refused(obj, "__dlpack__()", exc) from exc
     address = _capsule_pointer(capsule, b"dltensor")
     tensor = _DLTensor.from_address(address)
     shape = tuple(int(tensor.shape[i]) for i in range(tensor.ndim))
@@ -111,6 +135,14 @@ def _not_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> DataErr
     return DataError(
         f"A GPU input of shape {list(shape)} is not C-contiguous (byte strides {list(strides)}).",
         fix="Pass a contiguous array, e.g. tensor.contiguous() in PyTorch or cupy.ascontiguousarray(x).",
+    )
+
+
+def _refused(obj: Any, protocol: str, exc: BaseException) -> DataError:
+    return DataError(
+        f"A GPU input ({type(obj).__module__}.{type(obj).__qualname__}) refused to share its memory through "
+        f"{protocol}: {type(exc).__name__}: {exc}",
+        fix="Pass a plain device array: for a PyTorch tensor that requires grad, pass tensor.detach().",
     )
 
 
