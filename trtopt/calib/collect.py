@@ -127,6 +127,7 @@ def calibrate(
         method=config.method,
         num_samples=ranges.num_samples,
         histograms=dict(histograms) if histograms is not None and keep is not False else None,
+        channel_means={n: r.channel_mean for n, r in ranges.items() if r.channel_mean is not None},
         fingerprint=model_fingerprint(model),
         timings=timings,
         data_description=data_description,

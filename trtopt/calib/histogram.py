@@ -1,9 +1,10 @@
 """Streaming histograms of |x|, one per calibrated tensor: pure numpy, no model in sight.
 
 Scheme: two passes, as TensorRT's histogram calibration needs a fixed range (DESIGN.md, "The entropy
-(KL) threshold search"). Pass 1 (`RangeCollector`) streams every batch once and keeps only max|x| and
-the value count. Pass 2 (`HistogramCollector`) streams the same batches again and counts |x| into
-`num_bins` equal bins over [0, amax], where amax is pass 1's global maximum.
+(KL) threshold search"). Pass 1 (`RangeCollector`) streams every batch once and keeps only max|x|, the
+value count and the mean of each channel (axis 1; bias correction needs it, `trtopt.quant.bias`).
+Pass 2 (`HistogramCollector`) streams the same batches again and counts |x| into `num_bins` equal bins
+over [0, amax], where amax is pass 1's global maximum.
 
 Why the result does not depend on batch size or order: amax is a maximum (order-free, exact), the bin
 of a value depends only on that value and amax, and the counts are integer sums. Batching changes
@@ -44,11 +45,13 @@ _local = threading.local()
 
 @dataclass(frozen=True, eq=False)
 class TensorRange:
-    """Pass-1 statistics of one tensor: the histogram range and how many values were seen."""
+    """Pass-1 statistics of one tensor: the histogram range, how many values were seen, and the mean of
+    each channel along axis 1 (None for tensors of rank < 2)."""
 
     name: str
     amax: float
     count: int
+    channel_mean: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,7 +102,11 @@ class TensorHistogram:
 
 
 class RangeCollector:
-    """Pass 1 for one tensor: max|x| and the value count, batch by batch.
+    """Pass 1 for one tensor: max|x|, the value count and the per-channel sums, batch by batch.
+
+    Channels are axis 1 (NCHW activations, [batch, features] for Gemm). Each row's sum over its
+    contiguous trailing axes runs in float32 with NumPy's pairwise summation; the rows are then added
+    in float64, so the mean does not drift with the number of batches.
 
     Non-finite values stop calibration with a `CalibrationError` naming the tensor and the batch: a NaN
     or Inf activation means the model or its input is broken, and any threshold built on it is noise.
@@ -110,6 +117,7 @@ class RangeCollector:
         self.amax = 0.0
         self.count = 0
         self.batches = 0
+        self._channel_sum: np.ndarray | None = None
 
     def update(self, values: np.ndarray) -> None:
         _check_float(self.name, values)
@@ -122,9 +130,28 @@ class RangeCollector:
             raise _nonfinite_error(self.name, values, self.batches)
         self.amax = max(self.amax, amax)
         self.count += int(values.size)
+        if values.ndim >= 2:
+            self._add_channel_sums(values)
+
+    def _add_channel_sums(self, values: np.ndarray) -> None:
+        rows = np.ascontiguousarray(values).reshape(values.shape[0], values.shape[1], -1)
+        sums = rows.sum(axis=2).sum(axis=0, dtype=np.float64)
+        if self._channel_sum is None:
+            self._channel_sum = sums
+        elif self._channel_sum.shape == sums.shape:
+            self._channel_sum += sums
+        else:
+            raise CalibrationError(
+                f"Tensor {self.name!r} has {sums.size} channels (axis 1) in calibration batch {self.batches} "
+                f"and {self._channel_sum.size} in the batches before.",
+                fix="Calibrate with inputs of one shape (only the batch dimension may vary).",
+            )
 
     def result(self) -> TensorRange:
-        return TensorRange(name=self.name, amax=self.amax, count=self.count)
+        mean = None
+        if self._channel_sum is not None:
+            mean = self._channel_sum / (self.count / self._channel_sum.size)
+        return TensorRange(name=self.name, amax=self.amax, count=self.count, channel_mean=mean)
 
 
 class HistogramCollector:
