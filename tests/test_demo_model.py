@@ -62,9 +62,11 @@ def test_fp32_model_classifies_real_photos(labelled, batch) -> None:  # type: ig
 def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # type: ignore[no-untyped-def]
     config = BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=48)
     result = build_plan(MODEL, config)
-    assert result.kernels.float_convs == 1  # only the 3-channel stem stays float (DESIGN.md: tiny layers)
-    assert result.kernels.int8_convs == 48
-    assert len(result.plan.metadata["bias_corrected_layers"]) == 49
+    # The 3-channel stem stays float (DESIGN.md: tiny layers), and so does the depthwise conv it feeds
+    # (QuantConfig.float_leading_depthwise).
+    assert result.kernels.float_convs == 2
+    assert result.kernels.int8_convs == 47
+    assert len(result.plan.metadata["bias_corrected_layers"]) == 48
     path = write_plan(result.plan, tmp_path / "demo.engine")
     engine = trtopt.Engine.load(path)
     assert engine.labels == imagenet_labels()

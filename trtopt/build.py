@@ -106,7 +106,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     calibration = qdq = bias = None
     if config.int8:
         cpu = backend == "cpu"
-        qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=cpu))
+        qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=cpu, float_leading_depthwise=cpu))
         with _timed(times, "calibrate"):
             calibration = calibrate_graph(graph, config, spec, progress)
         with _timed(times, "quantize"):
