@@ -20,6 +20,7 @@ from trtopt.data import PreprocessSpec, preprocess_images
 from trtopt.execution import OrtSession
 from trtopt.frontend import load_model
 from trtopt.plan import write_plan
+from trtopt.quant import QuantConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "efficientnet_lite0.onnx"
@@ -75,3 +76,11 @@ def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # 
     agreement = float((int8.argmax(1) == fp32.argmax(1)).mean())
     assert agreement >= 0.9, agreement  # measured 1.00 with 48 images (0.93-0.95 before bias correction)
     assert _hits(int8, labelled[1], 5) >= 40
+
+
+def test_leading_depthwise_rule_can_be_switched_off() -> None:
+    config = BuildConfig(
+        backend="cpu", calib=str(ROOT / "calib_data"), calib_count=8, quant=QuantConfig(float_leading_depthwise=False)
+    )
+    result = build_plan(MODEL, config)
+    assert (result.kernels.float_convs, result.kernels.int8_convs) == (1, 48)

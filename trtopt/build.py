@@ -105,8 +105,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     spec = preprocess_spec_for(Path(model_path), graph, config)
     calibration = qdq = bias = None
     if config.int8:
-        cpu = backend == "cpu"
-        qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=cpu, float_leading_depthwise=cpu))
+        qplan = plan_quantization(graph, _backend_quant_config(config.quant, backend))
         with _timed(times, "calibrate"):
             calibration = calibrate_graph(graph, config, spec, progress)
         with _timed(times, "quantize"):
@@ -184,6 +183,14 @@ def calibrate_graph(
     if config.save_cache:
         save_cache(config.save_cache, calibration)
     return calibration
+
+
+def _backend_quant_config(quant: QuantConfig, backend: str) -> QuantConfig:
+    """What the backend adds: ONNX Runtime needs quantised layer outputs, and CPU plans keep a depthwise
+    conv fed by a float layer float unless the user said otherwise (see QuantConfig)."""
+    cpu = backend == "cpu"
+    leading = cpu if quant.float_leading_depthwise is None else quant.float_leading_depthwise
+    return replace(quant, quantize_outputs=cpu, float_leading_depthwise=leading)
 
 
 def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Any) -> BiasReport | None:

@@ -27,7 +27,8 @@ class QuantConfig:
     (a depthwise conv keeps the channel count), and a depthwise conv is the layer type INT8 weights hurt
     most (9 or 25 weights per channel, scaled up by BatchNorm folding). Measured on EfficientNet-Lite0's
     first block (bias correction on): 3-4 % lower latency at batch 1 and 8, and 1 - cosine to FP32 on
-    held-out photos 0.00112 instead of 0.00154. The CPU backend sets it.
+    held-out photos 0.00112 instead of 0.00154. `None` means the backend's default: `build_plan` turns it
+    on for CPU plans and off for TensorRT (`plan_quantization` alone reads `None` as off).
     """
 
     exclude: tuple[str, ...] = ()
@@ -35,4 +36,4 @@ class QuantConfig:
     min_channels: int = 16
     quantize_residual: bool = True
     quantize_outputs: bool = False
-    float_leading_depthwise: bool = False
+    float_leading_depthwise: bool | None = None
