@@ -12,7 +12,7 @@ from PIL import Image
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
-from trtopt.calib import load_cache
+from trtopt.calib import load_cache, save_cache
 from trtopt.errors import BackendUnavailableError, CalibrationError, PlanError, ShapeError, TrtoptError
 from trtopt.execution import OrtSession
 from trtopt.plan import Plan, read_plan, write_plan
@@ -54,6 +54,7 @@ def test_plan_is_int8_and_self_describing(workdir: Path, built) -> None:  # type
     assert meta["precision"] == "int8" and meta["calibration"]["samples"] == 12
     assert meta["preprocess"]["crop"] == [32, 32] and meta["int8_layers"]
     assert all(t > 0 for t in meta["thresholds"].values())
+    assert meta["bias_corrected_layers"] and set(meta["bias_corrected_layers"]) <= set(meta["int8_layers"])
     assert meta["optimizer"]["passes"][0] == "fold_pad" and meta["optimizer"]["fusion_groups"] > 0
     float_convs = [n for n in meta["float_layers"] if n.startswith("conv")]
     assert built.kernels.float_convs == len(float_convs)  # every quantised conv became QLinearConv
@@ -117,6 +118,36 @@ def test_cache_reuse_gives_the_same_plan(workdir: Path, built) -> None:  # type:
     assert {t.name: t.raw_data for t in first.graph.initializer} == {
         t.name: t.raw_data for t in second.graph.initializer
     }
+
+
+def test_bias_correction_needs_channel_means_and_can_be_switched_off(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    """A TensorRT cache has thresholds only: the plan is built as before, without bias correction, which
+    is exactly what `bias_correction=False` gives from trtopt's cache."""
+    save_cache(workdir / "trt.cache", built.calibration, format="tensorrt")
+    from_trt = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "trt.cache"))
+    switched_off = build_plan(
+        workdir / "tiny.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "c.json", bias_correction=False)
+    )
+    assert from_trt.bias is None and switched_off.bias is None and built.bias is not None
+    assert from_trt.plan.metadata["bias_corrected_layers"] == []
+    corrected, from_trt_biases, plain = (_biases(r) for r in (built, from_trt, switched_off))
+    assert corrected.keys() == from_trt_biases.keys() == plain.keys()
+    for layer, values in plain.items():  # the TensorRT cache rounds thresholds to float32 scales
+        np.testing.assert_allclose(from_trt_biases[layer], values, rtol=1e-4, atol=1e-6)
+    assert any(not np.allclose(corrected[layer], plain[layer]) for layer in built.bias.corrected)
+
+
+def _biases(result) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Layer name -> the float value of its int32 bias, in a CPU plan."""
+    model = onnx.load_model_from_string(result.plan.sections["onnx"])
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    biases = {}
+    for node in model.graph.node:
+        dq = producers.get(node.input[2]) if node.op_type in ("Conv", "Gemm") and len(node.input) > 2 else None
+        if dq is not None and dq.op_type == "DequantizeLinear":
+            biases[node.name] = inits[dq.input[0]] * inits[dq.input[1]]
+    return biases
 
 
 def test_cache_for_another_model_is_refused(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]

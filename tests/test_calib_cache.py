@@ -47,6 +47,20 @@ def test_trtopt_json_round_trips_exactly(tmp_path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["model.calib.json"]  # no temporary left behind
 
 
+def test_trtopt_json_keeps_channel_means_and_reads_caches_without_them(tmp_path) -> None:
+    means = {"input": np.array([0.1, -2.5, 1 / 3]), "relu/out": np.array([6.0])}
+    loaded = load_cache(save_cache(tmp_path / "m.json", calibration(channel_means=means)))
+    assert loaded.channel_means is not None and set(loaded.channel_means) == set(means)
+    for name, values in means.items():
+        assert loaded.channel_means[name].tolist() == values.tolist()  # bit-exact
+    assert load_cache(save_cache(tmp_path / "old.json", calibration())).channel_means is None
+    doc = json.loads((tmp_path / "m.json").read_text())
+    doc["channel_means"] = {"input": ["x"]}
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(CalibrationError, match="not a finite number"):
+        load_cache(tmp_path / "bad.json")
+
+
 def test_trtopt_json_from_a_newer_version_is_refused(tmp_path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"format": "trtopt-calibration", "version": 2, "thresholds": {}}))

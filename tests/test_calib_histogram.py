@@ -181,3 +181,29 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, monkeypatch) -> N
     with pytest.raises(BackendUnavailableError, match="matplotlib") as info:
         plot_histogram(hist, tmp_path / "x.png")
     assert info.value.fix == "pip install trtopt[plot]"
+
+
+@pytest.mark.parametrize("collector_type", [RangeCollector, HistogramCollector])
+def test_collectors_keep_the_mean_of_each_channel_over_all_batches(collector_type: type) -> None:
+    rng = np.random.default_rng(3)
+    offsets = np.array([0.0, 5.0, -2.0], dtype=np.float32).reshape(1, 3, 1, 1)
+    batches = [(rng.standard_normal((n, 3, 7, 5)) + offsets).astype(np.float32) for n in (4, 1, 3)]
+    collector = collector_type("t")
+    for batch in batches:
+        collector.update(batch)
+    expected = np.concatenate(batches).astype(np.float64).mean(axis=(0, 2, 3))
+    np.testing.assert_allclose(collector.result().channel_mean, expected, rtol=1e-6, atol=1e-7)
+    features = collector_type("fc_in")
+    features.update(np.array([[1.0, 2.0], [3.0, 6.0]], dtype=np.float32))
+    assert features.result().channel_mean.tolist() == [2.0, 4.0]
+    flat = collector_type("flat")
+    flat.update(np.ones(6, dtype=np.float32))
+    assert flat.result().channel_mean is None  # no channel axis
+
+
+@pytest.mark.parametrize("collector_type", [RangeCollector, HistogramCollector])
+def test_channel_count_that_changes_between_batches_is_refused(collector_type: type) -> None:
+    collector = collector_type("t")
+    collector.update(np.zeros((1, 3, 2, 2), dtype=np.float32))
+    with pytest.raises(CalibrationError, match=r"'t' has 4 channels .* batch 2 and 3"):
+        collector.update(np.zeros((1, 4, 2, 2), dtype=np.float32))

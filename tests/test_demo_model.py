@@ -20,6 +20,7 @@ from trtopt.data import PreprocessSpec, preprocess_images
 from trtopt.execution import OrtSession
 from trtopt.frontend import load_model
 from trtopt.plan import write_plan
+from trtopt.quant import QuantConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "efficientnet_lite0.onnx"
@@ -62,13 +63,24 @@ def test_fp32_model_classifies_real_photos(labelled, batch) -> None:  # type: ig
 def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # type: ignore[no-untyped-def]
     config = BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=48)
     result = build_plan(MODEL, config)
-    assert result.kernels.float_convs == 1  # only the 3-channel stem stays float (DESIGN.md: tiny layers)
-    assert result.kernels.int8_convs == 48
+    # The 3-channel stem stays float (DESIGN.md: tiny layers), and so does the depthwise conv it feeds
+    # (QuantConfig.float_leading_depthwise).
+    assert result.kernels.float_convs == 2
+    assert result.kernels.int8_convs == 47
+    assert len(result.plan.metadata["bias_corrected_layers"]) == 48
     path = write_plan(result.plan, tmp_path / "demo.engine")
     engine = trtopt.Engine.load(path)
     assert engine.labels == imagenet_labels()
     int8 = engine(batch)
     fp32 = OrtSession(load_model(MODEL).model).run({"input": batch})["logits"]
     agreement = float((int8.argmax(1) == fp32.argmax(1)).mean())
-    assert agreement >= 0.85, agreement  # measured 0.93-0.95 with 48 images
+    assert agreement >= 0.9, agreement  # measured 1.00 with 48 images (0.93-0.95 before bias correction)
     assert _hits(int8, labelled[1], 5) >= 40
+
+
+def test_leading_depthwise_rule_can_be_switched_off() -> None:
+    config = BuildConfig(
+        backend="cpu", calib=str(ROOT / "calib_data"), calib_count=8, quant=QuantConfig(float_leading_depthwise=False)
+    )
+    result = build_plan(MODEL, config)
+    assert (result.kernels.float_convs, result.kernels.int8_convs) == (1, 48)

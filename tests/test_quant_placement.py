@@ -169,3 +169,25 @@ def test_bounded_tensors_follow_relu6_through_zero_padding() -> None:
     out = b.relu(b.conv(pooled, 8, 8, 1), out="output")
     graph = graph_from_onnx(b.build([out]))
     assert bounded_tensors(graph) == {six, padded, pooled}
+
+
+def test_a_depthwise_conv_fed_by_a_float_layer_stays_float() -> None:
+    """input ─ Conv 3->16 ─ Clip ─ dw Conv 16 ─ Clip ─ Conv 1x1 ─ dw Conv 16 ─ output
+
+    The stem reads 3 channels (float under min_channels=16), so INT8 would start at the first depthwise
+    conv: with `float_leading_depthwise` it stays float. The second depthwise conv reads an INT8 layer and
+    is quantised. When the stem itself is INT8 (min_channels=1), nothing changes."""
+    b = GraphBuilder("leading_dw", seed=6)
+    x = b.input("input", [1, 3, 16, 16])
+    y = b.clip(b.conv(x, 3, 16, 3), 0.0, 6.0)
+    y = b.clip(b.conv(y, 16, 16, 3, group=16), 0.0, 6.0)
+    out = b.conv(b.conv(y, 16, 16, 1), 16, 16, 3, group=16, out="output")
+    graph = graph_from_onnx(b.build([out]))
+    stem, dw1, _, dw2 = (n.name for n in graph.nodes if n.op == "Conv")
+
+    plan = plan_quantization(graph, QuantConfig(float_leading_depthwise=True))
+    assert plan.float_layers == {stem: "fewer than 16 channels", dw1: "depthwise conv fed by a float layer"}
+    assert dw2 in plan.quantized_layers
+    assert dw1 in plan_quantization(graph, QuantConfig()).quantized_layers  # the TensorRT form: INT8
+    everything = plan_quantization(graph, QuantConfig(min_channels=1, float_leading_depthwise=True))
+    assert not everything.float_layers

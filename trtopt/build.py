@@ -3,6 +3,7 @@
 graph = graph_from_onnx(path)              # frontend
 optimized = optimize(graph, passes)        # passes
 amax = calibrate(graph, data, tensors)     # calib (or a cache)
+correct_biases(graph, plan, means)         # quant
 insert_qdq(graph, plan, amax)              # quant
 sections = build_sections(backend, model)  # backend
 """
@@ -28,7 +29,8 @@ from trtopt.errors import ShapeError, TrtoptError
 from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
 from trtopt.frontend.shapes import Shape
 from trtopt.plan import Plan, TensorSpec
-from trtopt.quant import QdqReport, QuantConfig, insert_qdq, plan_quantization
+from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
+from trtopt.quant.bias import BiasReport, correct_biases
 
 log = logging.getLogger(__name__)
 # Per-axis QuantizeLinear/DequantizeLinear (per-channel weights) exist from opset 13.
@@ -48,6 +50,7 @@ class BuildConfig:
     calib_batch: int = 8
     calib_method: str = "entropy"
     bounded_max: bool = True
+    bias_correction: bool = True
     preset: str | None = None
     shapes: dict[str, Shape] | None = None
     batch: int | None = None
@@ -71,6 +74,7 @@ class BuildResult:
     optimizer: Any
     calibration: Any
     kernels: Any = None
+    bias: BiasReport | None = None
 
 
 ProgressHook = Callable[[str, int, int], None]  # (phase, samples done, samples in the phase)
@@ -99,12 +103,13 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             "--backend tensorrt on a GPU machine. `trtopt.precision.convert_to_fp16` converts an ONNX file alone.",
         )
     spec = preprocess_spec_for(Path(model_path), graph, config)
-    calibration = qdq = None
+    calibration = qdq = bias = None
     if config.int8:
-        qplan = plan_quantization(graph, replace(config.quant, quantize_outputs=backend == "cpu"))
+        qplan = plan_quantization(graph, _backend_quant_config(config.quant, backend))
         with _timed(times, "calibrate"):
             calibration = calibrate_graph(graph, config, spec, progress)
         with _timed(times, "quantize"):
+            bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
     with _timed(times, "build"):
@@ -114,7 +119,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         inputs=_specs(graph.inputs),
         outputs=_specs(graph.outputs),
         sections=sections,
-        metadata=_metadata(Path(model_path), config, spec, optimized, calibration, qdq, _labels(graph, config)),
+        metadata=_metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, _labels(graph, config)),
         versions={"trtopt": __version__, **versions},
     )
     kernels = None
@@ -122,7 +127,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         from trtopt.backend.cpu.builder import kernel_report
 
         kernels = kernel_report(sections["onnx"])
-    return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels)
+    return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias)
 
 
 def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
@@ -178,6 +183,28 @@ def calibrate_graph(
     if config.save_cache:
         save_cache(config.save_cache, calibration)
     return calibration
+
+
+def _backend_quant_config(quant: QuantConfig, backend: str) -> QuantConfig:
+    """What the backend adds: ONNX Runtime needs quantised layer outputs, and CPU plans keep a depthwise
+    conv fed by a float layer float unless the user said otherwise (see QuantConfig)."""
+    cpu = backend == "cpu"
+    leading = cpu if quant.float_leading_depthwise is None else quant.float_leading_depthwise
+    return replace(quant, quantize_outputs=cpu, float_leading_depthwise=leading)
+
+
+def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Any) -> BiasReport | None:
+    """Bias correction (trtopt.quant.bias) needs the FP32 channel means that trtopt's calibrator and
+    cache record; TensorRT and ONNX Runtime caches have none, so those builds go without it."""
+    if not calibration.channel_means:
+        log.warning(
+            "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
+            "a trtopt cache written by this version, to get it", calibration.source or calibration.method
+        )
+        return None
+    report = correct_biases(graph, qplan, calibration.channel_means)
+    log.info("bias correction: %d layers corrected, %d left as they are", len(report.corrected), len(report.skipped))
+    return report
 
 
 def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
@@ -256,6 +283,7 @@ def _metadata(
     optimized: Any,
     calibration: Any,
     qdq: QdqReport | None,
+    bias: BiasReport | None,
     labels: list[str] | None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {
@@ -270,6 +298,7 @@ def _metadata(
         meta["thresholds"] = qdq.thresholds
         meta["int8_layers"] = list(qdq.quantized_layers)
         meta["float_layers"] = qdq.float_layers
+        meta["bias_corrected_layers"] = list(bias.corrected) if bias is not None else []
     return meta
 
 

@@ -3,7 +3,9 @@
 The formats (see `trtopt.calib.cache` for the public functions):
 
 - "trtopt": JSON ``{"format": "trtopt-calibration", "version": 1, "model_fingerprint", "method",
-  "data": {"description", "count"}, "thresholds": {tensor: T}}``; floats round-trip exactly.
+  "data": {"description", "count"}, "thresholds": {tensor: T}, "channel_means": {tensor: [mean, ...]}}``;
+  floats round-trip exactly. "channel_means" (for bias correction) is optional: readers that predate it
+  ignore it, and a cache without it builds without bias correction.
 - "tensorrt": first line ``TRT-<version>-<algorithm>`` (EntropyCalibration2, EntropyCalibration,
   MinMaxCalibration or LegacyCalibration), then ``tensor: xxxxxxxx`` lines where the hex is the
   big-endian IEEE-754 float32 *scale* T/127 (DESIGN.md; TensorRT ≤ 10 writeCalibrationCache).
@@ -25,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
+
+import numpy as np
 
 from trtopt import __version__
 from trtopt.calib.calibration import Calibration
@@ -85,6 +89,7 @@ def _read_trtopt(text: str, where: str) -> Calibration:
         amax=amax,
         method=str(doc.get("method", "unknown")),
         num_samples=data.get("count"),
+        channel_means=_read_channel_means(doc.get("channel_means"), where),
         fingerprint=doc.get("model_fingerprint"),
         data_description=data.get("description"),
         source=f"{where} (trtopt)",
@@ -101,7 +106,21 @@ def _write_trtopt(calibration: Calibration, options: Mapping[str, Any]) -> str:
         "data": {"description": calibration.data_description, "count": calibration.num_samples},
         "thresholds": dict(calibration.amax),
     }
+    if calibration.channel_means:
+        doc["channel_means"] = {name: [float(v) for v in m] for name, m in calibration.channel_means.items()}
     return json.dumps(doc, indent=1) + "\n"
+
+
+def _read_channel_means(raw: Any, where: str) -> dict[str, np.ndarray] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
+        raise CalibrationError(
+            f"{where!r}: \"channel_means\" must map tensor names to lists of numbers.",
+            fix="Recalibrate to rewrite the cache (or delete the \"channel_means\" key to build without bias "
+            "correction).",
+        )
+    return {str(name): np.array([_number(v, where, name) for v in values]) for name, values in raw.items()}
 
 
 # --- TensorRT text cache ------------------------------------------------------------------------------

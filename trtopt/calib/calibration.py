@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from trtopt.calib.histogram import TensorHistogram
 from trtopt.calib.thresholds import QMAX
 
@@ -32,13 +34,16 @@ class Calibration:
     """Saturation thresholds T (amax) per tensor; the INT8 scale of a tensor is T / 127.
 
     Computed by `calibrate()` or read by `load_cache()`. Fields a source does not record are `None`:
-    a TensorRT cache has no fingerprint, sample count or histograms.
+    a TensorRT cache has no fingerprint, sample count, histograms or channel means.
+    `channel_means` holds each tensor's FP32 mean per channel (axis 1), for bias correction
+    (`trtopt.quant.bias`).
     """
 
     amax: Mapping[str, float]
     method: str
     num_samples: int | None = None
     histograms: Mapping[str, TensorHistogram] | None = None
+    channel_means: Mapping[str, np.ndarray] | None = None
     fingerprint: str | None = None
     timings: CalibTimings | None = None
     data_description: str | None = None
@@ -46,6 +51,11 @@ class Calibration:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "amax", {str(k): float(v) for k, v in self.amax.items()})
+        if self.channel_means is not None:
+            means = {str(k): np.asarray(v, dtype=np.float64) for k, v in self.channel_means.items()}
+            for values in means.values():
+                values.flags.writeable = False
+            object.__setattr__(self, "channel_means", means)
 
     @property
     def scales(self) -> dict[str, float]:

@@ -125,6 +125,7 @@ def calibrate(
         method=config.method,
         num_samples=collected.num_samples,
         histograms=dict(histograms) if histograms is not None and config.keep_histograms is not False else None,
+        channel_means={n: r.channel_mean for n, r in collected.items() if r.channel_mean is not None},
         fingerprint=model_fingerprint(model),
         timings=timings,
         data_description=data_description,

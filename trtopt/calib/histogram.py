@@ -12,7 +12,8 @@ the grid is bit-identical whatever the batch size and order. `result()` sums run
 bins into the 2048 histogram bins: the counts are exact, and the range `top` is max|x| rounded up to
 a whole run (at most about 12% above max|x|). Thresholds never exceed max|x| (`trtopt.calib.thresholds`).
 
-`RangeCollector` keeps max|x| alone, for the "max" method.
+`RangeCollector` keeps max|x| alone, for the "max" method. Both also keep each tensor's mean per channel
+(axis 1), which bias correction needs (`trtopt.quant.bias`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from trtopt.errors import CalibrationError
 
 @dataclass(frozen=True, eq=False)
 class TensorRange:
-    """Max-pass statistics of one tensor: max|x| and how many values were seen."""
+    """Max-pass statistics of one tensor: max|x|, how many values were seen, and the mean of each channel
+    along axis 1 (None for tensors of rank < 2)."""
 
     name: str
     amax: float
     count: int
+    channel_mean: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +52,7 @@ class TensorHistogram:
     amax: float
     zeros: int = 0
     top: float | None = None
+    channel_mean: np.ndarray | None = None  # mean of each channel (axis 1), as in `TensorRange`
 
     def __post_init__(self) -> None:
         counts = np.asarray(self.counts, dtype=np.int64)
@@ -99,8 +103,44 @@ class TensorHistogram:
         return np.asarray(bins, dtype=np.float64) * self._top / self.num_bins
 
 
+class ChannelSums:
+    """The sum of each channel (axis 1: NCHW activations, [batch, features] for Gemm) over all batches.
+
+    Each row's sum over its contiguous trailing axes runs in float32 with NumPy's pairwise summation (a
+    SIMD reduction that releases the GIL); the rows are then added in float64, so the mean does not
+    drift with the number of batches.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sums: np.ndarray | None = None
+
+    def add(self, values: np.ndarray, batch: int) -> None:
+        if values.ndim < 2:
+            return
+        rows = np.ascontiguousarray(values).reshape(values.shape[0], values.shape[1], -1)
+        sums = rows.sum(axis=2).sum(axis=0, dtype=np.float64)
+        if self.sums is None:
+            self.sums = sums
+        elif self.sums.shape == sums.shape:
+            self.sums += sums
+        else:
+            raise CalibrationError(
+                f"Tensor {self.name!r} has {sums.size} channels (axis 1) in calibration batch {batch} and "
+                f"{self.sums.size} in the batches before.",
+                fix="Calibrate with inputs of one shape (only the batch dimension may vary).",
+            )
+
+    def mean(self, count: int) -> np.ndarray | None:
+        """Per-channel means, given the number of values added in all."""
+        if self.sums is None or count == 0:
+            return None
+        return self.sums / (count / self.sums.size)
+
+
 class RangeCollector:
-    """max|x| and the value count of one tensor, batch by batch: all the "max" method needs.
+    """max|x|, the value count and the channel means of one tensor, batch by batch: what the "max"
+    method needs.
 
     Non-finite values stop calibration with a `CalibrationError` naming the tensor and the batch: a NaN
     or Inf activation means the model or its input is broken, and any threshold built on it is noise.
@@ -111,6 +151,7 @@ class RangeCollector:
         self.amax = 0.0
         self.count = 0
         self.batches = 0
+        self.channels = ChannelSums(name)
 
     def update(self, values: np.ndarray) -> None:
         _check_float(self.name, values)
@@ -123,9 +164,11 @@ class RangeCollector:
             raise _nonfinite_error(self.name, values, self.batches)
         self.amax = max(self.amax, amax)
         self.count += int(values.size)
+        self.channels.add(values, self.batches)
 
     def result(self) -> TensorRange:
-        return TensorRange(name=self.name, amax=self.amax, count=self.count)
+        mean = self.channels.mean(self.count)
+        return TensorRange(name=self.name, amax=self.amax, count=self.count, channel_mean=mean)
 
 
 class HistogramCollector:
@@ -149,6 +192,7 @@ class HistogramCollector:
         self.state = kernels.new_state()
         self.count = 0
         self.batches = 0
+        self.channels = ChannelSums(name)
 
     def update(self, values: np.ndarray) -> None:
         _check_float(self.name, values)
@@ -158,14 +202,16 @@ class HistogramCollector:
         if self.state[kernels.NONFINITE]:
             raise _nonfinite_error(self.name, values, self.batches)
         self.count += int(values.size)
+        self.channels.add(values, self.batches)
 
     def result(self) -> TensorHistogram:
         amax = float(self.state[kernels.AMAX])
         zeros = int(self.state[kernels.ZEROS])
+        mean = self.channels.mean(self.count)
         if amax == 0.0:
             counts = np.zeros(self.num_bins, dtype=np.int64)
             counts[0] = self.count
-            return TensorHistogram(name=self.name, counts=counts, amax=0.0, zeros=zeros)
+            return TensorHistogram(name=self.name, counts=counts, amax=0.0, zeros=zeros, channel_mean=mean)
         fine_width = math.ldexp(1.0, int(self.state[kernels.EXPONENT])) / self.grid.size
         used = int(amax / fine_width) + 1  # grid bins up to the one holding max|x|
         run = -(-used // self.num_bins)
@@ -173,7 +219,8 @@ class HistogramCollector:
         padded[: min(used, padded.size)] = self.grid[:used]
         counts = padded.reshape(self.num_bins, run).sum(axis=1)
         return TensorHistogram(
-            name=self.name, counts=counts, amax=amax, zeros=zeros, top=self.num_bins * run * fine_width
+            name=self.name, counts=counts, amax=amax, zeros=zeros, top=self.num_bins * run * fine_width,
+            channel_mean=mean,
         )
 
 

@@ -48,6 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=16,
         help="layers with fewer input or output channels stay float (default 16)",
     )
+    q.add_argument(
+        "--no-bias-correction",
+        action="store_true",
+        help="leave the biases as they are (default: subtract the mean output shift INT8 weights cause)",
+    )
     b = parser.add_argument_group("build")
     b.add_argument("--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt")
     b.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes, e.g. input:1x3x224x224")
@@ -89,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         calib_count=args.calib_count,
         calib_batch=args.calib_batch,
         calib_method=args.method,
+        bias_correction=not args.no_bias_correction,
         preset=args.preset,
         shapes=parse_shapes(args.shapes),
         batch=args.batch,

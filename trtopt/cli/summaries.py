@@ -21,6 +21,7 @@ def build_summary(result: Any, path: Path) -> dict[str, Any]:
         "file_bytes": path.stat().st_size,
         "stage_seconds": result.stage_seconds,
         "int8_layers": len(int8),
+        "bias_corrected_layers": len(meta.get("bias_corrected_layers") or []),
         "float_layers": floats,
         "calibration": meta.get("calibration"),
         "optimizer": meta.get("optimizer"),
@@ -44,7 +45,7 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
     if summary.get("calibration"):
         cal = summary["calibration"]
         table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples")
-    table.add_row("INT8 layers", str(summary["int8_layers"]))
+    table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     floats = summary["float_layers"]
     if floats:
         reasons: dict[str, int] = {}

@@ -88,6 +88,8 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
             float_layers[node.name] = f"{node.op} form without an INT8 kernel"
         elif _is_tiny(node, config.min_channels):
             float_layers[node.name] = f"fewer than {config.min_channels} channels"
+        elif config.float_leading_depthwise and _is_depthwise(node) and _reads_float_layer(node, layers):
+            float_layers[node.name] = "depthwise conv fed by a float layer"
         else:
             layers.append(node)
     if config.keep_first_last and layers:
@@ -100,6 +102,28 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
 def _is_tiny(node: gs.Node, min_channels: int) -> bool:
     sizes = [c for c in (input_channels(node), output_channels(node)) if c is not None]
     return any(c < min_channels for c in sizes)
+
+
+def _is_depthwise(node: gs.Node) -> bool:
+    group = int(node.attrs.get("group", 1))
+    return node.op == "Conv" and group > 1 and group == input_channels(node) == output_channels(node)
+
+
+def _reads_float_layer(node: gs.Node, quantized: list[gs.Node]) -> bool:
+    """Whether `node`'s data input comes, through single-input ops (activations, padding, pooling), from the
+    graph input or from a quantisable layer that stays float. The graph is topologically sorted, so every
+    layer upstream has been decided."""
+    names = {n.name for n in quantized}
+    tensor = node.inputs[0]
+    while tensor.inputs:
+        producer = tensor.inputs[0]
+        if producer.op in RULES:
+            return producer.name not in names
+        data = [t for t in producer.inputs if isinstance(t, gs.Variable) and t.name]
+        if len(data) != 1:
+            return False  # a join (Add, Concat, ...): leave the decision to the other rules
+        tensor = data[0]
+    return True
 
 
 def _residual_sites(graph: gs.Graph, quantized: set[str]) -> list[QuantSite]:

@@ -1,0 +1,137 @@
+"""Bias correction: cancel the mean output shift that INT8 weights cause, one output channel at a time.
+
+Rounding a layer's weights to INT8 changes W into W + dW. For an input x the output moves by dW x,
+and that error is not zero on average: E[dW x] = dW E[x], which is far from zero where the input has a
+large mean (every ReLU / ReLU6 output) and the weights of one channel are large and nearly cancel (the
+edge detectors of a depthwise conv after BatchNorm folding). Nagel et al., "Data-Free Quantization
+Through Weight Equalization and Bias Correction" (ICCV 2019, arXiv:1906.04721), section 4.2, subtract
+that expected shift from the bias; their empirical variant takes E[x] from calibration data, as here.
+OpenVINO's post-training quantisation applies the same idea by default ("fast bias correction").
+
+E[x] is the FP32 mean of each input channel over the calibration set (`Calibration.channel_means`,
+collected in the calibrator's first pass at almost no cost). The shift of output channel o is
+sum_{c,k} dW[o, c, k] * E[x_c]: the zero padding at the borders is ignored. On EfficientNet-Lite0 that
+is as good as the exact mean over every output position (mean logit cosine to FP32 0.99826 vs 0.99825 on
+214 photos), and it needs C numbers per tensor instead of a C x H x W map.
+
+Measured on EfficientNet-Lite0, 154 calibration photos, CPU plan, entropy thresholds: the logits' mean
+squared error against FP32 falls from 0.0168 to 0.0055; 1 - cosine from 0.0048 to 0.0015 on 60 held-out
+photos. Most of the gain is one layer (the first depthwise conv), whose weight error was 60 % mean shift.
+
+Conv (any group) and Gemm (transA = 0) are corrected; MatMul has no bias input and ConvTranspose spreads
+a weight over several output positions, so both are left as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trtopt.quant.placement import QuantPlan
+from trtopt.quant.qdq import quantize_weight
+
+
+@dataclass(frozen=True)
+class BiasReport:
+    """What `correct_biases` did: the layers whose bias moved, and the others with the reason."""
+
+    corrected: tuple[str, ...]
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def weight_error(weight: np.ndarray, axis: int) -> np.ndarray:
+    """dW = dequantised INT8 weight - weight, with the quantisation `insert_qdq` applies (per channel)."""
+    q, scale = quantize_weight(weight, axis)
+    shape = [1] * weight.ndim
+    shape[axis % weight.ndim] = -1
+    return q.astype(np.float64) * scale.reshape(shape).astype(np.float64) - weight.astype(np.float64)
+
+
+def conv_output_shift(error: np.ndarray, input_mean: np.ndarray, group: int = 1) -> np.ndarray:
+    """E[dW * x] per output channel of a Conv: `error` is [M, C/group, *kernel], `input_mean` is [C]."""
+    out_channels, group_in = error.shape[0], error.shape[1]
+    per_tap = error.reshape(out_channels, group_in, -1).sum(axis=2)  # [M, C/group]
+    means = np.asarray(input_mean, dtype=np.float64).reshape(group, group_in)
+    group_of_output = np.arange(out_channels) // (out_channels // group)
+    return (per_tap * means[group_of_output]).sum(axis=1)
+
+
+def gemm_output_shift(error: np.ndarray, input_mean: np.ndarray, *, trans_b: bool) -> np.ndarray:
+    """E[x dB] per output feature of a Gemm (transA = 0): `error` is B's error, [K, N] or [N, K] if `trans_b`."""
+    mean = np.asarray(input_mean, dtype=np.float64)
+    return error @ mean if trans_b else mean @ error
+
+
+def correct_biases(graph: gs.Graph, plan: QuantPlan, channel_means: Mapping[str, np.ndarray]) -> BiasReport:
+    """Subtract the expected output shift from the bias of every quantised Conv / Gemm, in place.
+
+    Call before `insert_qdq` (the weights must still be constants). A layer without a bias gets one.
+    """
+    nodes = {n.name: n for n in graph.nodes}
+    axes = {s.consumer: s.axis for s in plan.sites if s.kind == "weight"}
+    corrected, skipped = [], {}
+    for name in plan.quantized_layers:
+        node = nodes[name]
+        shift, why = _expected_shift(node, axes.get(name), channel_means)
+        if shift is None:
+            skipped[name] = why
+            continue
+        _set_bias(node, _bias_values(node, shift.size) - shift)
+        corrected.append(name)
+    return BiasReport(tuple(corrected), skipped)
+
+
+def _expected_shift(
+    node: gs.Node, axis: int | None, channel_means: Mapping[str, np.ndarray]
+) -> tuple[np.ndarray | None, str]:
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    if node.op not in ("Conv", "Gemm"):
+        return None, f"{node.op} has no bias input to correct"
+    if axis is None or not isinstance(weight, gs.Constant):
+        return None, "weights are not an INT8 constant"
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if bias is not None and not isinstance(bias, gs.Constant) and bias.name:
+        return None, "the bias is computed at run time"
+    mean = channel_means.get(node.inputs[0].name)
+    values = np.asarray(weight.values, dtype=np.float32)
+    expected = values.shape[1] * int(node.attrs.get("group", 1)) if node.op == "Conv" else _gemm_k(node, values)
+    if mean is None or mean.size != expected:
+        return None, "no channel mean for its input" if mean is None else f"input mean has {mean.size} channels"
+    error = weight_error(values, axis)
+    if node.op == "Conv":
+        return conv_output_shift(error, mean, int(node.attrs.get("group", 1))), ""
+    if float(node.attrs.get("beta", 1.0)) == 0.0 and len(node.inputs) > 2:
+        return None, "Gemm with beta = 0 ignores its bias"
+    shift = float(node.attrs.get("alpha", 1.0)) * gemm_output_shift(error, mean, trans_b=_trans_b(node))
+    return shift / float(node.attrs.get("beta", 1.0)) if len(node.inputs) > 2 else shift, ""
+
+
+def _gemm_k(node: gs.Node, weight: np.ndarray) -> int:
+    return int(weight.shape[1] if _trans_b(node) else weight.shape[0])
+
+
+def _trans_b(node: gs.Node) -> bool:
+    return bool(node.attrs.get("transB", 0))
+
+
+def _bias_values(node: gs.Node, channels: int) -> np.ndarray:
+    """The bias as a [channels] (Conv) or broadcastable (Gemm C) float64 array; zeros if there is none."""
+    bias = node.inputs[2] if len(node.inputs) > 2 else None
+    if not isinstance(bias, gs.Constant):
+        return np.zeros(channels)  # absent, or an empty optional input
+    values = np.asarray(bias.values, dtype=np.float64)
+    return np.broadcast_to(values, np.broadcast_shapes(values.shape, (channels,))).copy()
+
+
+def _set_bias(node: gs.Node, values: np.ndarray) -> None:
+    """A new constant (the old one may be shared with a layer that is not corrected the same way)."""
+    if node.op == "Gemm" and len(node.inputs) <= 2:
+        node.attrs["beta"] = 1.0
+    constant = gs.Constant(f"{node.name}/bias_corrected", values.astype(np.float32))
+    if len(node.inputs) > 2:
+        node.inputs[2] = constant
+    else:
+        node.inputs.append(constant)
