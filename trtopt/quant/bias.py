@@ -9,7 +9,7 @@ that expected shift from the bias; their empirical variant takes E[x] from calib
 OpenVINO's post-training quantisation applies the same idea by default ("fast bias correction").
 
 E[x] is the FP32 mean of each input channel over the calibration set (`Calibration.channel_means`,
-collected in the calibrator's first pass at almost no cost). The shift of output channel o is
+collected in the same calibration pass as the histograms, at almost no cost). The shift of output channel o is
 sum_{c,k} dW[o, c, k] * E[x_c]: the zero padding at the borders is ignored. On EfficientNet-Lite0 that
 is as good as the exact mean over every output position (mean logit cosine to FP32 0.99826 vs 0.99825 on
 214 photos), and it needs C numbers per tensor instead of a C x H x W map.
