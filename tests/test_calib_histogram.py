@@ -68,11 +68,11 @@ def test_growing_range_re_bins_exactly() -> None:
     # Small values first, then ever larger ones: every merge must give the grid of all values at once.
     rng = np.random.default_rng(5)
     parts = [rng.standard_normal(3000).astype(np.float32) * scale for scale in (1e-6, 1e-3, 0.5, 3.0, 700.0)]
-    grid, state = np.zeros(grid_size(2048), np.int64), kernels.new_state()
+    grid, state, sums = np.zeros(grid_size(2048), np.int64), kernels.new_state(), np.zeros(1)
     for part in parts:
-        kernels.count_abs(part, grid, state)
+        kernels.count_abs(kernels.as_rows(part), grid, state, sums)
     direct, direct_state = np.zeros_like(grid), kernels.new_state()
-    kernels.count_abs(np.concatenate(parts[::-1]), direct, direct_state)
+    kernels.count_abs(kernels.as_rows(np.concatenate(parts[::-1])), direct, direct_state, np.zeros(1))
     np.testing.assert_array_equal(grid, direct)
     np.testing.assert_array_equal(state, direct_state)
 
@@ -80,16 +80,19 @@ def test_growing_range_re_bins_exactly() -> None:
 def test_compiled_and_numpy_loops_agree_bit_for_bit() -> None:
     rng = np.random.default_rng(6)
     for trial in range(10):
-        values = (rng.standard_normal(40_000) * rng.uniform(1e-3, 1e3)).astype(np.float32)
-        values[rng.random(values.size) < 0.3] = 0.0
-        compiled, compiled_state = np.zeros(grid_size(256), np.int64), kernels.new_state()
-        plain, plain_state = np.zeros_like(compiled), kernels.new_state()
+        values = (rng.standard_normal((12, 5, 700)) * rng.uniform(1e-3, 1e3)).astype(np.float32)
+        values[rng.random(values.shape) < 0.3] = 0.0
+        compiled, compiled_state, compiled_sums = np.zeros(grid_size(256), np.int64), kernels.new_state(), np.zeros(5)
+        plain, plain_state, plain_sums = np.zeros_like(compiled), kernels.new_state(), np.zeros(5)
         for part in np.array_split(values, 4):
-            kernels.count_abs(part, compiled, compiled_state)
+            kernels.count_abs(kernels.as_rows(part), compiled, compiled_state, compiled_sums)
         for part in np.array_split(values[::-1], 3):
-            kernels._count_abs_numpy(np.ascontiguousarray(part), plain, plain_state)
+            kernels._count_abs_numpy(kernels.as_rows(part), plain, plain_state, plain_sums)
         np.testing.assert_array_equal(compiled, plain, err_msg=f"trial {trial}")
         np.testing.assert_array_equal(compiled_state, plain_state)
+        exact = values.astype(np.float64).sum(axis=(0, 2))
+        np.testing.assert_allclose(compiled_sums, exact, rtol=1e-12)
+        np.testing.assert_allclose(plain_sums, exact, rtol=1e-5)  # float32 pairwise inside numpy
 
 
 def test_result_does_not_depend_on_batch_size_or_order() -> None:

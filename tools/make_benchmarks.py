@@ -42,7 +42,7 @@ SECTIONS = (
     Section(
         "calibration",
         "tools/bench_calibration.py",
-        ("--counts", "128", "512"),
+        ("--counts", "128", "512", "--repeat", "3"),
         ("--counts", "16", "--methods", "trtopt-entropy", "ort-entropy"),
         False,
     ),

@@ -104,32 +104,34 @@ class TensorHistogram:
 
 
 class ChannelSums:
-    """The sum of each channel (axis 1: NCHW activations, [batch, features] for Gemm) over all batches.
-
-    Each row's sum over its contiguous trailing axes runs in float32 with NumPy's pairwise summation (a
-    SIMD reduction that releases the GIL); the rows are then added in float64, so the mean does not
-    drift with the number of batches.
+    """The sum of each channel (axis 1: NCHW activations, [batch, features] for Gemm) over all batches,
+    in float64 so the mean does not drift with the number of batches. Tensors of rank < 2 have none.
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.sums: np.ndarray | None = None
 
-    def add(self, values: np.ndarray, batch: int) -> None:
+    def buffer(self, values: np.ndarray, batch: int) -> np.ndarray | None:
+        """The float64 sums to add this batch's channels to (None for rank < 2), checking the channel count."""
         if values.ndim < 2:
-            return
-        rows = np.ascontiguousarray(values).reshape(values.shape[0], values.shape[1], -1)
-        sums = rows.sum(axis=2).sum(axis=0, dtype=np.float64)
+            return None
+        channels = values.shape[1]
         if self.sums is None:
-            self.sums = sums
-        elif self.sums.shape == sums.shape:
-            self.sums += sums
-        else:
+            self.sums = np.zeros(channels, dtype=np.float64)
+        elif self.sums.size != channels:
             raise CalibrationError(
-                f"Tensor {self.name!r} has {sums.size} channels (axis 1) in calibration batch {batch} and "
+                f"Tensor {self.name!r} has {channels} channels (axis 1) in calibration batch {batch} and "
                 f"{self.sums.size} in the batches before.",
                 fix="Calibrate with inputs of one shape (only the batch dimension may vary).",
             )
+        return self.sums
+
+    def add(self, values: np.ndarray, batch: int) -> None:
+        """Add with numpy: each row's sum in float32 (pairwise, SIMD, GIL released), rows in float64."""
+        sums = self.buffer(values, batch)
+        if sums is not None:
+            sums += kernels.as_rows(values).sum(axis=2).sum(axis=0, dtype=np.float64)
 
     def mean(self, count: int) -> np.ndarray | None:
         """Per-channel means, given the number of values added in all."""
@@ -197,12 +199,12 @@ class HistogramCollector:
     def update(self, values: np.ndarray) -> None:
         _check_float(self.name, values)
         self.batches += 1
-        flat = np.ascontiguousarray(values, dtype=np.float64 if values.dtype == np.float64 else np.float32)
-        kernels.count_abs(flat.reshape(-1), self.grid, self.state)
+        sums = self.channels.buffer(values, self.batches)
+        sums = sums if sums is not None else np.zeros(1)  # rank < 2: one channel, summed and never read
+        kernels.count_abs(kernels.as_rows(values), self.grid, self.state, sums)
         if self.state[kernels.NONFINITE]:
             raise _nonfinite_error(self.name, values, self.batches)
         self.count += int(values.size)
-        self.channels.add(values, self.batches)
 
     def result(self) -> TensorHistogram:
         amax = float(self.state[kernels.AMAX])

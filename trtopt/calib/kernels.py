@@ -16,6 +16,8 @@ Measured on EfficientNet-Lite0 activations (tools/bench_calibration.py): numpy's
 about seven passes over the data and `np.add.at` holds the GIL, so the compiled loop is the one that
 makes single-pass calibration several times faster than ONNX Runtime's.
 
+The same read also adds up each channel (axis 1) in float64, for bias correction's channel means.
+
 State of a grid, kept by the caller in a float64 array of `STATE_SIZE`: [E, max|x|, exact zeros,
 non-finite values]. A new grid starts at `EMPTY_EXPONENT`, below every non-zero float32 and float64
 normal number, so the first non-zero value sets E.
@@ -39,7 +41,7 @@ EMPTY_EXPONENT = -1000
 # Values per numpy step: the float64 temporaries of a chunk (512 KiB) stay in a core's L2 cache.
 CHUNK = 1 << 16
 
-CountFn = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+CountFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], None]
 
 
 def new_state() -> np.ndarray:
@@ -53,13 +55,24 @@ def exponent_above(value: float) -> int:
     return math.frexp(value)[1]  # value = m * 2**e with 0.5 <= m < 1
 
 
-def count_abs(values: np.ndarray, counts: np.ndarray, state: np.ndarray) -> None:
-    """Count |values| (a contiguous 1-D float32 or float64 array) into `counts` (int64, 2**F bins).
+def count_abs(values: np.ndarray, counts: np.ndarray, state: np.ndarray, channel_sums: np.ndarray) -> None:
+    """Count |values| into `counts` (int64, 2**F bins) and add each channel's values to `channel_sums`.
 
-    Non-finite values are not counted; `state[NONFINITE]` says how many there were, and the caller
-    decides what that means (calibration stops with the tensor's name).
+    `values` is a contiguous float32 or float64 array of shape [N, C, K] (batch, channels, the rest;
+    see `as_rows`), `channel_sums` a float64 array of C. Non-finite values are not counted;
+    `state[NONFINITE]` says how many there were, and the caller decides what that means (calibration
+    stops with the tensor's name).
     """
-    _count_fn()(values, counts, state)
+    _count_fn()(values, counts, state, channel_sums)
+
+
+def as_rows(values: np.ndarray) -> np.ndarray:
+    """`values` as the contiguous [N, C, K] array `count_abs` takes (a view when it is contiguous already);
+    tensors of rank < 2 become one channel."""
+    flat = np.ascontiguousarray(values, dtype=np.float64 if values.dtype == np.float64 else np.float32)
+    if flat.ndim < 2:
+        return flat.reshape(1, 1, -1)
+    return flat.reshape(flat.shape[0], flat.shape[1], -1)
 
 
 def compiled() -> bool:
@@ -91,7 +104,7 @@ def _merge_bins(counts: np.ndarray, shift: int) -> None:
 
 
 def _make_counting_loop(merge: Callable[[np.ndarray, int], None]) -> CountFn:
-    def count(values: np.ndarray, counts: np.ndarray, state: np.ndarray) -> None:
+    def count(values: np.ndarray, counts: np.ndarray, state: np.ndarray, channel_sums: np.ndarray) -> None:
         fine = counts.size
         exponent = int(state[0])
         top = math.ldexp(1.0, exponent)
@@ -99,21 +112,32 @@ def _make_counting_loop(merge: Callable[[np.ndarray, int], None]) -> CountFn:
         amax = state[1]
         zeros = 0
         nonfinite = 0
-        for i in range(values.size):
-            a = abs(values[i])
-            if not a < top:  # a new range, or NaN / Inf: rare, so the branch predicts well
-                if not math.isfinite(a):
-                    nonfinite += 1
-                    continue
-                grown = math.frexp(a)[1]
-                merge(counts, grown - exponent)
-                exponent = grown
-                top = math.ldexp(1.0, exponent)
-                scale = fine / top
-            # No data-dependent branch below: `if a == 0` mispredicts on ReLU outputs (measured 1.4x slower).
-            counts[int(a * scale)] += 1
-            zeros += int(a == 0)
-            amax = max(amax, a)
+        rows, channels, length = values.shape
+        for n in range(rows):
+            for c in range(channels):
+                even = 0.0  # two accumulators: the float64 adds do not serialise the loop
+                odd = 0.0
+                for j in range(length):
+                    v = values[n, c, j]
+                    a = abs(v)
+                    if not a < top:  # a new range, or NaN / Inf: rare, so the branch predicts well
+                        if not math.isfinite(a):
+                            nonfinite += 1
+                            continue
+                        grown = math.frexp(a)[1]
+                        merge(counts, grown - exponent)
+                        exponent = grown
+                        top = math.ldexp(1.0, exponent)
+                        scale = fine / top
+                    # No data-dependent branch here: `if a == 0` mispredicts on ReLU outputs (1.4x slower).
+                    counts[int(a * scale)] += 1
+                    zeros += int(a == 0)
+                    amax = max(amax, a)
+                    if j & 1:
+                        odd += v
+                    else:
+                        even += v
+                channel_sums[c] += even + odd
         state[0] = exponent
         state[1] = amax
         state[2] += zeros
@@ -122,9 +146,12 @@ def _make_counting_loop(merge: Callable[[np.ndarray, int], None]) -> CountFn:
     return count
 
 
-def _count_abs_numpy(values: np.ndarray, counts: np.ndarray, state: np.ndarray) -> None:
+def _count_abs_numpy(values: np.ndarray, counts: np.ndarray, state: np.ndarray, channel_sums: np.ndarray) -> None:
     """The same grid with numpy: raise E once per call to cover the batch, then count chunk by chunk."""
     finite = np.isfinite(values)
+    channel_sums += np.where(finite, values, 0).sum(axis=(0, 2), dtype=np.float64)
+    values = values.reshape(-1)
+    finite = finite.reshape(-1)
     if not finite.all():
         state[NONFINITE] += values.size - int(np.count_nonzero(finite))
         values = values[finite]
