@@ -2,7 +2,7 @@
 """Benchmark the graph optimiser: optimisation time (and its growth with graph size) and ONNX Runtime
 CPU latency of original vs optimised models, with ORT's own graph optimisations off and on.
 
-    python tools/bench_optimizer.py [--out tools/results/optimizer.md] [--repeat 30] [--vgg19]
+    python tools/bench_optimizer.py [--out docs/benchmarks/optimizer.md] [--repeat 30] [--vgg19]
 
 Models: the real topologies shipped in the `onnx` package (tests/light_models.py; random weights),
 models/efficientnet_lite0.onnx when present, and synthetic stacks of ResNet bottleneck + Inception
