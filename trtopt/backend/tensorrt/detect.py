@@ -39,13 +39,8 @@ def status() -> BackendStatus:
     trt, reason = _import_tensorrt()
     if trt is None:
         return BackendStatus(False, reason)
-    cudart, reason = _import_cudart()
-    if cudart is None:
-        return BackendStatus(False, reason)
-    count, reason = _device_count(cudart)
-    if count < 1:
-        return BackendStatus(False, reason)
-    return BackendStatus(True, f"TensorRT {trt.__version__}, {count} CUDA device(s)")
+    cuda = _probe_cuda()
+    return BackendStatus(True, f"TensorRT {trt.__version__}, {cuda.reason}") if cuda.available else cuda
 
 
 # conftest.py and the CLI know it by this name.
@@ -55,6 +50,10 @@ tensorrt_status = status
 @functools.cache
 def cuda_status() -> BackendStatus:
     """Whether cuda-bindings and a GPU are usable here, TensorRT or not (see the module docstring)."""
+    return _probe_cuda()
+
+
+def _probe_cuda() -> BackendStatus:
     cudart, reason = _import_cudart()
     if cudart is None:
         return BackendStatus(False, reason)
