@@ -2,8 +2,8 @@
 
 Per output: top-1 agreement (for [batch, classes] outputs), cosine similarity, max and mean absolute
 error. Per layer: the plan's ONNX graph keeps the optimised FP32 graph's tensor names (Q/DQ sit on
-edges), so the same intermediate tensors are exposed in both and compared; the layer where the error
-jumps most is the first candidate for `--exclude`.
+edges), so the same intermediate tensors are exposed in both and compared; the layer that adds the most
+error to what it received (`added_errors`) is the first candidate for `--exclude`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import onnx_graphsurgeon as gs
 
 
 @dataclass
@@ -80,3 +81,28 @@ def compare_batches(
         for n in names:
             stats[n].update(np.asarray(ref[n]), np.asarray(test[n]), classify=n in (classify or set()))
     return [stats[n] for n in names]
+
+
+def added_errors(graph: gs.Graph, losses: Mapping[str, float]) -> dict[str, float]:
+    """The error each compared tensor adds: its loss minus the largest loss among the compared tensors it
+    reads from, found by walking back through the ops that were not compared (pooling, reshapes...).
+
+    `losses` maps compared tensor names to 1 - cosine. Graph inputs carry no error. In a branching graph
+    (residual blocks, Inception branches) this attributes error to the layer that made it, where the
+    difference between consecutive layers in graph order would compare unrelated branches. A negative
+    value means the layer shrank the error it received (a ReLU clipping noise below zero, an average).
+    """
+    carried: dict[str, float] = {}  # per tensor: its own loss if compared, else the worst loss feeding it
+    added: dict[str, float] = {}
+    for node in graph.nodes:  # topological order (the front end and every pass leave the graph sorted)
+        received = max(
+            (carried.get(t.name, 0.0) for t in node.inputs if not isinstance(t, gs.Constant) and t.name),
+            default=0.0,
+        )
+        for out in node.outputs:
+            if out.name in losses:
+                added[out.name] = losses[out.name] - received
+                carried[out.name] = losses[out.name]
+            else:
+                carried[out.name] = received
+    return added

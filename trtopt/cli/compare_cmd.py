@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type: ignore[no-untyped-def]
     import onnx
 
-    from trtopt.compare import compare_batches
+    from trtopt.compare import added_errors, compare_batches
     from trtopt.execution import OrtSession
     from trtopt.frontend import graph_from_onnx, onnx_from_graph
     from trtopt.passes import optimize
@@ -79,15 +79,13 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     reference = OrtSession(onnx_from_graph(reference_graph), expose=names)
     test = OrtSession(test_model, expose=names, opt_level="basic")
     pairs = (_rows(b, reference.run(b.feeds), test.run(b.feeds)) for b in dataset.batches(args.batch))
-    rows, previous = [], 0.0
-    for stats in compare_batches(pairs, names):
-        loss = max(0.0, 1.0 - stats.cosine)
-        node, op = producers[stats.name]
-        rows.append(
-            {"tensor": stats.name, "node": node, "op": op, **stats.to_dict(), "added": loss - previous}
-        )
-        previous = loss
-    return rows
+    stats = compare_batches(pairs, names)
+    added = added_errors(reference_graph, {s.name: max(0.0, 1.0 - s.cosine) for s in stats})
+    return [
+        {"tensor": s.name, "node": producers[s.name][0], "op": producers[s.name][1], **s.to_dict(),
+         "added": added[s.name]}
+        for s in stats
+    ]
 
 
 def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
@@ -120,7 +118,7 @@ def _layers_table(layers, top: int):  # type: ignore[no-untyped-def]
 
     worst = sorted(layers, key=lambda r: r["added"], reverse=True)[:top]
     table = Table(
-        title=f"layers adding the most error (of {len(layers)}; 1 - cosine, in graph order: see --json)",
+        title=f"layers adding the most error (of {len(layers)}; 1 - cosine over the worst input's: see --json)",
         title_justify="left",
     )
     for col in ("node", "op", "cosine", "added error", "max abs err"):
