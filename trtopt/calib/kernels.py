@@ -75,11 +75,6 @@ def as_rows(values: np.ndarray) -> np.ndarray:
     return flat.reshape(flat.shape[0], flat.shape[1], -1)
 
 
-def compiled() -> bool:
-    """True when the compiled (numba) loop is in use."""
-    return _count_fn() is not _count_abs_numpy
-
-
 @lru_cache(maxsize=1)
 def _count_fn() -> CountFn:
     try:
