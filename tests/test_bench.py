@@ -100,10 +100,21 @@ class Spec:
 class FakeEngine:
     backend = "cpu"
     inputs = (Spec("x", (-1, 3, 4, 4), "float32"), Spec("ids", (-1, 2), "int64"))
+    loaded: list[FakeEngine] = []
+
+    def __init__(self) -> None:
+        self.closed = False
 
     @classmethod
     def load(cls, path: object, *, threads: int | None = None, cuda_graph: bool = False) -> FakeEngine:
-        return cls()
+        cls.loaded.append(cls())
+        return cls.loaded[-1]
+
+    def __enter__(self) -> FakeEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closed = True
 
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"y": feeds["x"].sum(axis=(1, 2, 3))}
@@ -134,6 +145,7 @@ def test_timing_function_prefers_gpu_events_on_tensorrt() -> None:
 @pytest.fixture
 def fake_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(trtopt, "Engine", FakeEngine, raising=False)
+    FakeEngine.loaded.clear()
     yield
 
 
@@ -148,6 +160,7 @@ def test_bench_command_json_and_plot(fake_engine: None, tmp_path, capsys: pytest
     assert [r["batch"] for r in report["results"]] == [1, 4]
     assert all(r["iterations"] == 3 for r in report["results"])
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [e.closed for e in FakeEngine.loaded] == [True]  # the engine's sessions/GPU memory are released
 
 
 def test_bench_command_table(fake_engine: None, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:

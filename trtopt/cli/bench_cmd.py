@@ -52,12 +52,17 @@ def parse_batches(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     import trtopt
-    from trtopt.bench import measure
-    from trtopt.cli.console import print_json
 
     if args.iterations < 1 or args.warmup < 0:
         raise TrtoptError("--iterations must be at least 1 and --warmup at least 0.")
-    engine = trtopt.Engine.load(args.plan, threads=args.threads)
+    with trtopt.Engine.load(args.plan, threads=args.threads) as engine:
+        return _bench(args, engine)
+
+
+def _bench(args: argparse.Namespace, engine: Any) -> int:
+    from trtopt.bench import measure
+    from trtopt.cli.console import print_json
+
     fn, timing = timing_function(engine)
     results = measure(
         fn,

@@ -17,6 +17,10 @@ examples:
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtopt.engine import Engine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +35,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trtopt.engine import Engine
+
+    with Engine.load(args.plan) as engine:
+        return _compare(args, engine)
+
+
+def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.cli.console import out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.compare import compare_batches
-    from trtopt.engine import Engine
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
 
-    engine = Engine.load(args.plan)
     reference = OrtSession(load_model(args.model).model)
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count)
     names = [t.name for t in engine.outputs if t.name in reference.output_names]

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtopt.engine import Engine
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,15 +31,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtopt.classify import top_k
-    from trtopt.cli.console import err, out, print_json
-    from trtopt.cli.datasets import dataset_for_plan
     from trtopt.engine import Engine
     from trtopt.errors import TrtoptError
 
     if args.batch < 1 or args.top < 1:
         raise TrtoptError("--batch and --top must be at least 1.")
-    engine = Engine.load(args.plan, threads=args.threads)
+    with Engine.load(args.plan, threads=args.threads) as engine:
+        return _run(args, engine)
+
+
+def _run(args: argparse.Namespace, engine: Engine) -> int:
+    from trtopt.classify import top_k
+    from trtopt.cli.console import err, out, print_json
+    from trtopt.cli.datasets import dataset_for_plan
+
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count)
     output = engine.outputs[0].name
     results = []
