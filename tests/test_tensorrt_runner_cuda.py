@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pytest
 from gpu_helpers import cuda_torch, free_device_bytes, gpu_library
+from trt_stand_in import StandInContext
+from trt_stand_in import stand_in_tensorrt as trt_stand_in
 
 import trtopt
 from trtopt.backend import BackendStatus, RunOptions
@@ -70,79 +72,25 @@ def stand_in_tensorrt(cp: Any, knobs: StandIn) -> types.ModuleType:
     """A `tensorrt` module with the calls the runner makes; execution is real GPU work on the given stream."""
     module = cp.RawModule(code=KERNELS)
     spin, affine = module.get_function("spin"), module.get_function("affine")
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = "11.0.0.1"  # type: ignore[attr-defined]
-    trt.Builder = object  # type: ignore[attr-defined]
-    trt.TensorIOMode = types.SimpleNamespace(INPUT="in", OUTPUT="out")  # type: ignore[attr-defined]
-    trt.nptype = lambda dtype: np.float32  # type: ignore[attr-defined]
 
-    class Context:
-        def __init__(self) -> None:
-            self.shape: tuple[int, ...] = (1, knobs.features)
-            self.addr: dict[str, int] = {}
-            self.shape_sets = 0
+    def execute(context: StandInContext, stream_handle: int) -> bool:
+        assert isinstance(stream_handle, int) and stream_handle != 0  # TensorRT's Python API takes an int
+        n = int(np.prod(context.shape))
+        with cp.cuda.ExternalStream(stream_handle):
+            if knobs.spin_ns:
+                spin((1,), (1,), (np.int64(knobs.spin_ns),))
+            args = (np.uint64(context.addr["x"]), np.uint64(context.addr["y"]), np.int64(n))
+            affine((min((n + 255) // 256, 1024),), (256,), args)
+        knobs.launches += 1
+        return True
 
-        def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
-            self.shape, self.shape_sets = tuple(shape), self.shape_sets + 1
-            return True
-
-        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-            return self.shape
-
-        def set_tensor_address(self, name: str, ptr: int) -> bool:
-            self.addr[name] = ptr
-            return True
-
-        def execute_async_v3(self, stream_handle: int) -> bool:
-            assert isinstance(stream_handle, int) and stream_handle != 0  # TensorRT's Python API takes an int
-            n = int(np.prod(self.shape))
-            with cp.cuda.ExternalStream(stream_handle):
-                if knobs.spin_ns:
-                    spin((1,), (1,), (np.int64(knobs.spin_ns),))
-                args = (np.uint64(self.addr["x"]), np.uint64(self.addr["y"]), np.int64(n))
-                affine((min((n + 255) // 256, 1024),), (256,), args)
-            knobs.launches += 1
-            return True
-
-    class Engine:
-        num_io_tensors = 2
-
-        def get_tensor_name(self, i: int) -> str:
-            return ["x", "y"][i]
-
-        def get_tensor_mode(self, name: str) -> str:
-            return "in" if name == "x" else "out"
-
-        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-            return (-1, knobs.features)
-
-        def get_tensor_dtype(self, name: str) -> str:
-            return "float32"
-
-        def get_tensor_profile_shape(self, name: str, profile: int) -> list[tuple[int, ...]]:
-            return [(1, knobs.features), (knobs.max_batch, knobs.features), (knobs.max_batch, knobs.features)]
-
-        def create_execution_context(self) -> Context:
-            context = Context()
-            knobs.contexts.append(context)
-            return context
-
-    class Runtime:
-        def __init__(self, logger: object) -> None:
-            pass
-
-        def deserialize_cuda_engine(self, data: bytes) -> Engine:
-            assert data == b"stand-in engine"
-            return Engine()
-
-    class ILogger:
-        INTERNAL_ERROR, ERROR, WARNING = range(3)
-
-        def __init__(self) -> None:
-            pass
-
-    trt.Runtime, trt.ILogger = Runtime, ILogger  # type: ignore[attr-defined]
-    return trt
+    return trt_stand_in(
+        features=knobs.features,
+        max_batch=knobs.max_batch,
+        execute=execute,
+        contexts=knobs.contexts,
+        engine_bytes=b"stand-in engine",
+    )
 
 
 @pytest.fixture

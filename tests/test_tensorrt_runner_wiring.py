@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from trt_stand_in import StandInContext, stand_in_tensorrt
 
 from trtopt.backend import RunOptions
 from trtopt.backend.tensorrt import detect
@@ -99,81 +100,23 @@ class FakeCudart(types.ModuleType):
 
 
 def fake_tensorrt(cudart: FakeCudart) -> types.ModuleType:
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = "11.0.0.1"  # type: ignore[attr-defined]
-    trt.TensorIOMode = types.SimpleNamespace(INPUT="in", OUTPUT="out")  # type: ignore[attr-defined]
-    trt.nptype = lambda dtype: np.float32  # type: ignore[attr-defined]
+    """Executing doubles x into y on the host, or records that work while a CUDA graph is being captured."""
 
-    class Context:
-        def __init__(self) -> None:
-            self.shape: tuple[int, ...] = (1, 4)
-            self.addr: dict[str, int] = {}
-            self.shape_sets = 0
+    def execute(context: StandInContext, stream: int) -> bool:
+        n = int(np.prod(context.shape))
+        src, dst = context.addr["x"], context.addr["y"]
 
-        def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
-            self.shape, self.shape_sets = tuple(shape), self.shape_sets + 1
-            return True
+        def work() -> None:
+            x = np.ctypeslib.as_array((ctypes.c_float * n).from_address(src))
+            np.ctypeslib.as_array((ctypes.c_float * n).from_address(dst))[:] = 2 * x
 
-        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-            return self.shape
+        if cudart.capturing is not None:
+            cudart.capturing.append(work)
+        else:
+            work()
+        return True
 
-        def set_tensor_address(self, name: str, ptr: int) -> bool:
-            self.addr[name] = ptr
-            return True
-
-        def execute_async_v3(self, stream: int) -> bool:
-            n = int(np.prod(self.shape))
-            src, dst = self.addr["x"], self.addr["y"]
-
-            def work() -> None:
-                x = np.ctypeslib.as_array((ctypes.c_float * n).from_address(src))
-                np.ctypeslib.as_array((ctypes.c_float * n).from_address(dst))[:] = 2 * x
-
-            if cudart.capturing is not None:
-                cudart.capturing.append(work)
-            else:
-                work()
-            return True
-
-    class Engine:
-        num_io_tensors = 2
-        contexts: list[Context] = []
-
-        def get_tensor_name(self, i: int) -> str:
-            return ["x", "y"][i]
-
-        def get_tensor_mode(self, name: str) -> str:
-            return "in" if name == "x" else "out"
-
-        def get_tensor_shape(self, name: str) -> tuple[int, ...]:
-            return (-1, 4)
-
-        def get_tensor_dtype(self, name: str) -> str:
-            return "float32"
-
-        def get_tensor_profile_shape(self, name: str, profile: int) -> list[tuple[int, ...]]:
-            return [(1, 4), (8, 4), (8, 4)]
-
-        def create_execution_context(self) -> Context:
-            context = Context()
-            self.contexts.append(context)
-            return context
-
-    class Runtime:
-        def __init__(self, logger: object) -> None:
-            pass
-
-        def deserialize_cuda_engine(self, data: bytes) -> Engine:
-            return Engine()
-
-    class ILogger:
-        INTERNAL_ERROR, ERROR, WARNING = range(3)
-
-        def __init__(self) -> None:
-            pass
-
-    trt.Runtime, trt.ILogger = Runtime, ILogger  # type: ignore[attr-defined]
-    return trt
+    return stand_in_tensorrt(features=4, max_batch=8, execute=execute, contexts=[])
 
 
 @pytest.fixture
