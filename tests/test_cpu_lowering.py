@@ -91,3 +91,57 @@ def test_excluded_layer_stays_float_between_int8_layers() -> None:
     before = kernel_report(lower_for_cpu(base).SerializeToString())
     after = kernel_report(lower_for_cpu(excluded).SerializeToString())
     assert (after.int8_convs, after.float_convs) == (before.int8_convs - 1, before.float_convs + 1)
+
+
+def _dequantized_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    out = {}
+    for dq in (n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits):
+        q, scale, zero = (inits[i] for i in dq.input[:3])
+        if q.dtype == np.int8 and q.ndim == 4:
+            shape = (-1,) + (1,) * (q.ndim - 1)
+            out[dq.output[0]] = (q.astype(np.float64) - zero.reshape(shape)) * scale.reshape(shape)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "min_k", "expected"),
+    [("mobilenetv2_block", 64, 1), ("resnet_bottleneck", 64, 1), ("resnet_bottleneck", 1, 4)],
+)
+def test_gemm_routing_changes_the_kernel_not_the_numbers(name: str, min_k: int, expected: int) -> None:
+    """Dense convs with C_in*kh*kw >= min_k get weights q-1 with zero point -1: the same weights, so
+    ONNX Runtime's GEMM kernel must give what its symmetric-conv kernel gives. Short reductions and
+    depthwise convs keep zero point 0 (mobilenetv2_block: 1x1 16->96 stays, depthwise stays, 1x1 96->16 is
+    routed; resnet_bottleneck: its 3x3 conv on 8 channels, K = 72, or with min_k 1 all four convs)."""
+    graph = optimized_zoo_graph(name)
+    model, _, _ = quantize(graph, cpu_config(QuantConfig(min_channels=1)))
+    plain, routed = lower_for_cpu(model), lower_for_cpu(model, gemm_min_k=min_k)
+    onnx.checker.check_model(routed)
+    before, after = kernel_report(plain.SerializeToString()), kernel_report(routed.SerializeToString())
+    assert (before.gemm_convs, after.gemm_convs) == (0, expected), after.ops
+    assert (after.int8_convs, after.float_convs) == (before.int8_convs, before.float_convs)
+    assert {p.key: p.value for p in routed.metadata_props}["trtopt.cpu.gemm_routed_convs"] == str(expected)
+    w_plain, w_routed = _dequantized_weights(plain), _dequantized_weights(routed)
+    assert w_plain.keys() == w_routed.keys() and all(np.array_equal(w_plain[k], w_routed[k]) for k in w_plain)
+    feeds = feeds_for(graph, seed=5)
+    a, b = run_model(plain, feeds), run_model(routed, feeds)
+    for out in a:
+        # Same integer sums; the two kernels requantise alike, so at most a rare one-step difference.
+        step = np.abs(a[out]).max() / 127
+        assert np.abs(a[out] - b[out]).max() <= step, out
+        assert cosine(a[out], b[out]) > 0.9999, out
+
+
+def test_cpu_gemm_auto_follows_amx(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from trtopt.backend.cpu import builder
+    from trtopt.errors import TrtoptError
+
+    with_amx, without = tmp_path / "amx", tmp_path / "plain"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512_vnni amx_bf16 amx_tile amx_int8\n")
+    without.write_text("processor\t: 0\nflags\t\t: fpu avx512_vnni amx_tile\n")
+    assert builder.has_amx_int8(with_amx) and not builder.has_amx_int8(without)
+    assert not builder.has_amx_int8(tmp_path / "missing")
+    assert builder.gemm_routing("on") and not builder.gemm_routing("off")
+    assert builder.gemm_routing("auto") == builder.has_amx_int8()
+    with pytest.raises(TrtoptError, match="cpu_gemm"):
+        builder.gemm_routing("fast")

@@ -63,6 +63,7 @@ class BuildConfig:
     optimization_level: int | None = None
     sparsity: bool = False
     threads: int | None = None
+    cpu_gemm: str = "auto"
 
 
 @dataclass
@@ -273,6 +274,7 @@ def _build_options(graph: gs.Graph, config: BuildConfig, backend: str) -> BuildO
         sparsity=config.sparsity,
         fp16=config.fp16,
         threads=config.threads,
+        cpu_gemm=config.cpu_gemm,
     )
 
 

@@ -42,6 +42,7 @@ class BuildOptions:
     sparsity: bool = False
     fp16: bool = False
     threads: int | None = None
+    cpu_gemm: str = "auto"  # CPU: route long-reduction INT8 convs to the GEMM kernel: auto (where AMX), on, off
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ def build_summary(result: Any, path: Path) -> dict[str, Any]:
             "int8_convs": result.kernels.int8_convs,
             "float_convs": result.kernels.float_convs,
             "int8_matmuls": result.kernels.int8_matmuls,
+            "gemm_convs": result.kernels.gemm_convs,
         }
     return summary
 
@@ -56,8 +57,9 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
     if kernels:
         table.add_row(
             "ONNX Runtime kernels",
-            f"{kernels['int8_convs']} INT8 convs, {kernels['float_convs']} float convs, "
-            f"{kernels['int8_matmuls']} INT8 matmuls",
+            f"{kernels['int8_convs']} INT8 convs"
+            + (f" ({kernels['gemm_convs']} on the GEMM/AMX kernel)" if kernels.get("gemm_convs") else "")
+            + f", {kernels['float_convs']} float convs, {kernels['int8_matmuls']} INT8 matmuls",
         )
     times = summary["stage_seconds"]
     table.add_row(

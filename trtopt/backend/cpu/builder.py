@@ -12,6 +12,7 @@ import onnxruntime as ort
 
 from trtopt.backend import BackendStatus, BuildOptions
 from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.errors import TrtoptError
 from trtopt.execution.ort_session import session_options
 
 INT8_CONV_OPS = {"QLinearConv", "ConvInteger"}
@@ -28,8 +29,29 @@ def status() -> BackendStatus:
     return BackendStatus(True, f"ONNX Runtime {ort.__version__} CPU")
 
 
+# Dense INT8 convs with at least this reduction length go to ONNX Runtime's GEMM kernel when routing is on
+# (trtopt.backend.cpu.lowering.route_to_gemm has the measurements behind it).
+GEMM_MIN_K = 160
+CPU_GEMM_CHOICES = ("auto", "on", "off")
+
+
+def has_amx_int8(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has AMX int8 tiles (Linux: the `amx_int8` flag), which ONNX Runtime's u8s8 GEMM uses."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " amx_int8" in f"{line} " for line in text.splitlines())
+
+
+def gemm_routing(choice: str) -> bool:
+    if choice not in CPU_GEMM_CHOICES:
+        raise TrtoptError(f"cpu_gemm must be one of {', '.join(CPU_GEMM_CHOICES)}, got {choice!r}.")
+    return choice == "on" or (choice == "auto" and has_amx_int8())
+
+
 def build(model: onnx.ModelProto, options: BuildOptions) -> tuple[dict[str, bytes], dict[str, str]]:
-    lowered = lower_for_cpu(model)
+    lowered = lower_for_cpu(model, gemm_min_k=GEMM_MIN_K if gemm_routing(options.cpu_gemm) else None)
     return {"onnx": lowered.SerializeToString()}, {"onnxruntime": ort.__version__, "onnx": onnx.__version__}
 
 
@@ -41,6 +63,7 @@ class KernelReport:
     int8_convs: int
     float_convs: int
     int8_matmuls: int
+    gemm_convs: int = 0  # INT8 convs whose weights steer ONNX Runtime to its GEMM kernel (nonzero zero point)
 
     @property
     def all_convs_int8(self) -> bool:
@@ -64,4 +87,20 @@ def kernel_report(model_bytes: bytes) -> KernelReport:
         int8_convs=sum(ops[o] for o in INT8_CONV_OPS),
         float_convs=sum(ops[o] for o in FLOAT_CONV_OPS),
         int8_matmuls=sum(ops[o] for o in INT8_MATMUL_OPS),
+        gemm_convs=_gemm_convs(optimized.graph),
+    )
+
+
+def _gemm_convs(graph: onnx.GraphProto) -> int:
+    """QLinearConv nodes whose weight zero point (input 5) is a nonzero constant: not the symmetric kernel."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in graph.initializer}
+    return sum(
+        1
+        for node in graph.node
+        if node.op_type == "QLinearConv"
+        and len(node.input) > 5
+        and node.input[5] in inits
+        and numpy_helper.to_array(inits[node.input[5]]).any()
     )
