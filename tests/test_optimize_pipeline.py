@@ -10,7 +10,6 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from light_models import LIGHT_NAMES, light_model
 from pass_helpers import RTOL, assert_canonical, max_relative_error, random_feeds
 
 from trtopt.cli.main import main
@@ -19,6 +18,7 @@ from trtopt.execution.ort_session import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import DEFAULT_ORDER, PASSES, optimize, read_metadata, record_metadata
 from trtopt.zoo import NAMES, build_model
+from trtopt.zoo.light import LIGHT_NAMES, light_model
 
 FAST_LIGHT = tuple(n for n in LIGHT_NAMES if n != "vgg19")  # VGG-19 is 550 MB of weights: slow-marked
 

@@ -2,7 +2,7 @@
 """CPU latency and throughput per batch size: the FP32 model, trtopt's INT8 plan and ONNX Runtime's own
 quantize_static QDQ model, all on ONNX Runtime's CPU provider with the same thread count.
 
-    python tools/bench_latency.py [--model models/efficientnet_lite0.onnx | --model tiny_cnn] [--plan P]
+    python tools/bench_latency.py [--model models/efficientnet_lite0.onnx | tiny_cnn | light:resnet50] [--plan P]
         [--batches 1 8 32] [--threads 1] [--iterations 50] [--warmup 5] [--out FILE.md] [--plot FILE.png]
 
 The INT8 plan is built here (entropy calibration on the first --count images of --calib) unless --plan
@@ -158,7 +158,11 @@ def plot(path: Path, results: list[Timings], threads: int) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(DEMO_MODEL), help="ONNX file or trtopt.zoo name (e.g. tiny_cnn)")
+    parser.add_argument(
+        "--model",
+        default=str(DEMO_MODEL),
+        help="ONNX file, trtopt.zoo name (e.g. tiny_cnn) or light:NAME (e.g. light:resnet50, random weights)",
+    )
     parser.add_argument("--plan", type=Path, help="a CPU plan to time instead of building one here")
     parser.add_argument("--calib", type=Path, default=CALIB_DIR, help="calibration images (also the inputs)")
     parser.add_argument("--count", type=int, default=32, help="calibration images for the builds (default 32)")
@@ -193,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv_used = sys.argv[1:] if argv is None else argv
     lines = [
-        "## Latency: FP32 vs INT8 on ONNX Runtime CPU",
+        f"## Latency: FP32 vs INT8 on ONNX Runtime CPU, {model.name}",
         "",
         *header_lines("tools/bench_latency.py", argv_used),
         f"- 1-minute load average {load_before} before, {load_average()} after (this benchmark "

@@ -4,7 +4,7 @@ CPU latency of original vs optimised models, with ORT's own graph optimisations 
 
     python tools/bench_optimizer.py [--out docs/benchmarks/optimizer.md] [--repeat 30] [--vgg19]
 
-Models: the real topologies shipped in the `onnx` package (tests/light_models.py; random weights),
+Models: the real topologies shipped in the `onnx` package (trtopt/zoo/light.py; random weights),
 models/efficientnet_lite0.onnx when present, and synthetic stacks of ResNet bottleneck + Inception
 blocks at 1x and 10x size (linearity). Latency: batch 1, intra_op_num_threads=1, median of --repeat
 runs after warm-up. Writes a markdown table to stdout (and to --out).
@@ -29,15 +29,13 @@ import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from light_models import LIGHT_NAMES, light_model  # noqa: E402
 
 from trtopt.execution.ort_session import OrtSession  # noqa: E402
 from trtopt.frontend import graph_from_onnx, onnx_from_graph  # noqa: E402
 from trtopt.passes import optimize  # noqa: E402
 from trtopt.zoo import GraphBuilder  # noqa: E402
 from trtopt.zoo.inception import inception_block  # noqa: E402
+from trtopt.zoo.light import LIGHT_NAMES, light_model  # noqa: E402
 from trtopt.zoo.resnet import bottleneck_block  # noqa: E402
 
 

@@ -107,16 +107,26 @@ class ModelUnderTest:
 
 
 def resolve_model(model: str, workdir: Path) -> ModelUnderTest:
-    """`model` is an ONNX path or a trtopt.zoo name (built with batch 1 into `workdir`)."""
+    """`model` is an ONNX path, a trtopt.zoo name (built with batch 1 into `workdir`) or light:NAME, a real
+    topology from the onnx package with random weights and a dynamic batch (trtopt.zoo.light; timing only)."""
     from trtopt.build import BuildConfig, load_graph, preprocess_spec_for
     from trtopt.zoo import NAMES, build_model
+    from trtopt.zoo.light import LIGHT_NAMES, light_model
 
     path = Path(model)
+    light = model.removeprefix("light:")
     if not path.exists():
-        if model not in NAMES:
-            raise SystemExit(f"--model {model!r}: no such file, and not a zoo model ({', '.join(NAMES)})")
-        path = workdir / f"{model}.onnx"
-        onnx.save_model(build_model(model, batch=1, seed=0, opset=13), path)
+        if model.startswith("light:") and light in LIGHT_NAMES:
+            path = workdir / f"light_{light}.onnx"
+            onnx.save_model(light_model(light, dynamic_batch=True), path)
+        elif model in NAMES:
+            path = workdir / f"{model}.onnx"
+            onnx.save_model(build_model(model, batch=1, seed=0, opset=13), path)
+        else:
+            raise SystemExit(
+                f"--model {model!r}: no such file, not a zoo model ({', '.join(NAMES)}) and not "
+                f"light:NAME ({', '.join(LIGHT_NAMES)})"
+            )
     graph = load_graph(path, BuildConfig(int8=False))
     tensor = graph.inputs[0]
     batch = tensor.shape[0] if isinstance(tensor.shape[0], int) and tensor.shape[0] > 0 else None

@@ -60,6 +60,16 @@ SECTIONS = (
         ("--batches", "1", "--iterations", "3", "--warmup", "1", "--count", "4"),
         True,
     ),
+    # A dense-conv topology (random weights: latency only), to show what the INT8 kernels give where
+    # depthwise convs do not dominate.
+    Section(
+        "latency-resnet50",
+        "tools/bench_latency.py",
+        ("--model", "light:resnet50", "--batches", "1", "8", "--iterations", "30", "--count", "16"),
+        ("--model", "light:resnet50", "--batches", "1", "--iterations", "2", "--warmup", "1", "--count", "2",
+         "--no-ort"),  # fmt: skip
+        True,
+    ),
 )
 
 

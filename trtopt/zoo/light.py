@@ -4,7 +4,8 @@ They are Caffe2 exports at opset 9 whose weights are ConstantOfShape fills (ever
 they give real topologies (ResNet-50, GoogLeNet, DenseNet-121, SqueezeNet, ShuffleNet, VGG-19) but
 degenerate numbers. `light_model` upgrades them to a supported opset and replaces each fill with
 seeded random values of the right kind (He-initialised conv/fc weights, BatchNorm statistics with
-positive variance), so before/after comparisons exercise every weight. Not for accuracy.
+positive variance), so before/after comparisons exercise every weight. Not for accuracy: for
+timing a real topology (`tools/bench_latency.py --model light:resnet50`) and for the optimiser.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ def light_path(name: str) -> Path:
 
 
 def light_model(
-    name: str, *, seed: int = 0, opset: int = TARGET_OPSET, randomize: bool = True, logits: bool = True
+    name: str,
+    *,
+    seed: int = 0,
+    opset: int = TARGET_OPSET,
+    randomize: bool = True,
+    logits: bool = True,
+    dynamic_batch: bool = False,
 ) -> onnx.ModelProto:
     """A light model at `opset` with its data input first and real-looking weights.
 
     `logits=True` drops the final Softmax: with random weights it saturates to one-hot, which would
-    hide any numeric difference; the tensor before it is compared instead.
+    hide any numeric difference; the tensor before it is compared instead. `dynamic_batch=True` names
+    the batch dimension "N" (the exports fix it at 1) and lets constant Reshape targets follow it.
     """
     model = onnx.load(light_path(name))
     graph = model.graph
@@ -43,6 +51,8 @@ def light_model(
     graph.input.extend(real_inputs)
     if randomize:
         _randomize_fills(graph, inits, np.random.default_rng(seed))
+    if dynamic_batch:
+        _free_batch(graph, inits)
     model.ir_version = 7  # IR >= 4: initializers need not be graph inputs
     model = version_converter.convert_version(model, opset)
     model.ir_version = 10
@@ -57,6 +67,22 @@ def _drop_final_softmax(graph: onnx.GraphProto) -> None:
                 out.name = node.input[0]
                 out.type.tensor_type.ClearField("shape")
         graph.node.remove(node)
+
+
+def _free_batch(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto]) -> None:
+    for value in [*graph.input, *graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims:
+            dims[0].dim_param = "N"
+    del graph.value_info[:]  # shapes recorded for batch 1
+    for node in graph.node:
+        target = inits.get(node.input[1]) if node.op_type == "Reshape" else None
+        if target is None:
+            continue
+        shape = numpy_helper.to_array(target).copy()
+        if shape.size and shape[0] == 1 and -1 not in shape:
+            shape[0] = -1
+            target.CopyFrom(numpy_helper.from_array(shape.astype(np.int64), target.name))
 
 
 def _randomize_fills(
