@@ -36,6 +36,8 @@ def test_every_quantized_conv_becomes_an_int8_kernel(name: str) -> None:
     model, plan, _ = quantize(graph, cpu_config())
     lowered = lower_for_cpu(model)
     onnx.checker.check_model(lowered)
+    read = {i for n in lowered.graph.node for i in n.input} | {o.name for o in lowered.graph.output}
+    assert {t.name for t in lowered.graph.initializer} <= read, "the plan carries no dead constants"
     report = kernel_report(lowered.SerializeToString())
     assert report.int8_convs == _conv_layers_ort_can_run_int8(graph, plan), report.ops
     feeds = feeds_for(graph, seed=3)

@@ -44,7 +44,16 @@ def lower_for_cpu(model: onnx.ModelProto, *, gemm_min_k: int | None = None) -> o
     if gemm_min_k is not None:
         routed = route_to_gemm(graph, inits, producers, gemm_min_k)
         onnx.helper.set_model_props(lowered, {**_props(lowered), "trtopt.cpu.gemm_routed_convs": str(routed)})
+    _drop_unused_initializers(graph)
     return lowered
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """The float biases replaced by int32 ones and the constants of merged pairs: dead weight in the plan."""
+    used = _names_read(graph)
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def route_to_gemm(
@@ -82,6 +91,17 @@ def route_to_gemm(
             shifted.add(weight.input[0])
         routed += 1
     return routed
+
+
+def _names_read(graph: onnx.GraphProto) -> set[str]:
+    """Every name a node reads or the graph outputs, subgraphs (If/Loop bodies) included."""
+    names = {o.name for o in graph.output}
+    for node in graph.node:
+        names.update(node.input)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                names |= _names_read(sub)
+    return names
 
 
 def _props(model: onnx.ModelProto) -> dict[str, str]:
