@@ -3,13 +3,14 @@
 quantize_static, each against the FP32 model run by ONNX Runtime.
 
     python tools/bench_accuracy.py [--model models/efficientnet_lite0.onnx | --model tiny_cnn]
-        [--calib calib_data] [--heldout tests/data/heldout] [--count N] [--eval-count N]
+        [--calib calib_data] [--heldout tests/data/heldout tests/data/heldout_more] [--count N] [--eval-count N]
         [--methods entropy max percentile mse] [--ort entropy minmax] [--out FILE.md] [--plot FILE.png]
 
 Every variant calibrates on the same images (--calib, the first --count), preprocessed as `trtopt build`
 does for the model (its sidecar JSON for the demo model). Held-out photos (--heldout) are never used for
-calibration; a second, in-sample column adds the calibration photos for a less noisy agreement figure.
-Labelled accuracy uses <heldout>/labels.json (file -> acceptable ImageNet class indices) for
+calibration; the held-out agreement comes with a 95% Wilson interval and is also given per folder, and a
+second, in-sample column adds the calibration photos. Labelled accuracy uses each held-out folder's
+labels.json (file -> acceptable ImageNet class indices; photos it does not list are unlabelled) for
 1000-class models. ORT's variants: quant_pre_process (ORT's recommended first step; --ort-raw rows skip
 it), then quantize_static with QDQ, per-channel QInt8 weights, QUInt8 activations, default calibrator
 settings. Build time is wall time: trtopt's whole build_plan, or the quantize_static call,
@@ -36,6 +37,7 @@ from bench_setup import (  # noqa: E402
     CALIB_DIR,
     DEMO_MODEL,
     HELDOUT_DIR,
+    HELDOUT_MORE_DIR,
     ORT_METHODS,
     Kernels,
     ModelUnderTest,
@@ -72,6 +74,7 @@ class Variant:
 @dataclass(frozen=True)
 class Scores:
     agree_heldout: float
+    agree_per_set: tuple[float, ...]
     agree_all: float
     cosine_heldout: float
     cosine_min: float
@@ -99,8 +102,10 @@ def logits(runner: OrtSession, images: np.ndarray, batch: int) -> np.ndarray:
     return np.concatenate(out).reshape(len(images), -1)
 
 
-def score(ref: np.ndarray, test: np.ndarray, heldout: int, labels: list[list[int] | None]) -> Scores:
-    """ref/test: [n, classes] logits; the first `heldout` rows are held-out photos, `labels` theirs."""
+def score(ref: np.ndarray, test: np.ndarray, sets: list[int], labels: list[list[int] | None]) -> Scores:
+    """ref/test: [n, classes] logits; the first sum(`sets`) rows are held-out photos (one count per folder,
+    in order), `labels` theirs."""
+    heldout = sum(sets)
     agree = ref.argmax(1) == test.argmax(1)
     ref, test = ref.astype(np.float64), test.astype(np.float64)
     cos = (ref * test).sum(1) / np.maximum(np.linalg.norm(ref, axis=1) * np.linalg.norm(test, axis=1), 1e-30)
@@ -110,14 +115,25 @@ def score(ref: np.ndarray, test: np.ndarray, heldout: int, labels: list[list[int
         order = np.argsort(-test[:heldout], axis=1)[:, :5]
         top1 = float(np.mean([order[r, 0] in lab for r, lab in labelled]))
         top5 = float(np.mean([bool(set(order[r]) & set(lab)) for r, lab in labelled]))
+    bounds = np.cumsum([0, *sets])
     return Scores(
         float(agree[:heldout].mean()),
+        tuple(float(agree[a:b].mean()) for a, b in zip(bounds[:-1], bounds[1:], strict=True)),
         float(agree.mean()),
         float(cos[:heldout].mean()),
         float(cos[:heldout].min()),
         top1,
         top5,
     )
+
+
+def wilson(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion observed as `share` of `n` (Wilson 1927)."""
+    if n == 0:
+        return 0.0, 1.0
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def heldout_labels(model: ModelUnderTest, heldout: Path, sources: list[str]) -> list[list[int] | None]:
@@ -136,7 +152,7 @@ def pct(value: float | None) -> str:
 def table(variants: list[Variant], scores: list[Scores], counts: dict[str, int]) -> list[str]:
     n_labelled = counts["labelled"]
     rows = [
-        f"| variant | top-1 agree, held-out ({counts['heldout']}) "
+        f"| variant | top-1 agree, held-out ({counts['heldout']}), 95% CI "
         f"| top-1 agree, in-sample ({counts['all']}) | mean cosine (held-out) | min cosine "
         f"| labelled top-1 ({n_labelled}) | labelled top-5 ({n_labelled}) | build time / peak RSS "
         "| INT8 convs | float convs | Q/DQ left | float Pads |",
@@ -148,9 +164,26 @@ def table(variants: list[Variant], scores: list[Scores], counts: dict[str, int])
         k = v.kernels
         kernels = "| – " * 4 if k is None else f"| {k.int8_convs} | {k.float_convs} | {k.conversions} | {k.float_pads} "
         rows.append(
-            f"| {v.name} | {pct(s.agree_heldout)} | {pct(s.agree_all)} | {s.cosine_heldout:.4f} "
+            f"| {v.name} | {pct(s.agree_heldout)} ({_interval(s.agree_heldout, counts['heldout'])}) "
+            f"| {pct(s.agree_all)} | {s.cosine_heldout:.4f} "
             f"| {s.cosine_min:.4f} | {pct(s.top1)} | {pct(s.top5)} | {build} {kernels}|"
         )
+    return rows
+
+
+def _interval(share: float, n: int) -> str:
+    low, high = wilson(share, n)
+    return f"{low * 100:.1f}-{high * 100:.1f}%"
+
+
+def per_set_table(variants: list[Variant], scores: list[Scores], sets: list[tuple[str, int]]) -> list[str]:
+    rows = [
+        "| variant | " + " | ".join(f"`{name}` ({n})" for name, n in sets) + " |",
+        "|---|" + "---:|" * len(sets),
+    ]
+    for v, s in zip(variants[1:], scores[1:], strict=True):
+        cells = [f"{pct(a)} ({round(a * n)}/{n})" for a, (_, n) in zip(s.agree_per_set, sets, strict=True)]
+        rows.append(f"| {v.name} | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -188,7 +221,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=str(DEMO_MODEL), help="ONNX file or trtopt.zoo name (e.g. tiny_cnn)")
     parser.add_argument("--calib", type=Path, default=CALIB_DIR, help="calibration images")
-    parser.add_argument("--heldout", type=Path, default=HELDOUT_DIR, help="held-out images (+ labels.json)")
+    parser.add_argument("--heldout", type=Path, nargs="+", default=[HELDOUT_DIR, HELDOUT_MORE_DIR],
+                        help="held-out image folders (each may have a labels.json); default: both shipped sets")
     parser.add_argument("--count", type=int, help="calibration images to use (default: all)")
     parser.add_argument("--eval-count", type=int, help="held-out images to use (default: all)")
     parser.add_argument("--methods", nargs="*", default=["entropy", "max", "percentile", "mse"],
@@ -209,17 +243,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-") as tmp:
         model = resolve_model(args.model, Path(tmp))
         batch = model.static_batch or args.batch
-        heldout_images, heldout_sources = stacked(image_dataset(model, args.heldout, args.eval_count))
+        per_set = [stacked(image_dataset(model, folder, args.eval_count)) for folder in args.heldout]
+        heldout_images = np.concatenate([images for images, _ in per_set])
+        sets = [len(images) for images, _ in per_set]
         calib_images, _ = stacked(image_dataset(model, args.calib, args.count))
         images = np.concatenate([heldout_images, calib_images])
-        labels = heldout_labels(model, args.heldout, heldout_sources)
+        labels = [lab for folder, (_, src) in zip(args.heldout, per_set, strict=True)
+                  for lab in heldout_labels(model, folder, src)]
 
         variants = [Variant("FP32 (ONNX Runtime)", None, None, OrtSession(onnx.load(model.path)))]
         variants += [build_variant(model, "trtopt", m, args) for m in args.methods]
         variants += [build_variant(model, "ort", m, args) for m in args.ort]
         variants += [build_variant(model, "ort-raw", m, args) for m in args.ort_raw]
         reference = logits(variants[0].runner, images, batch)
-        scores = [score(reference, logits(v.runner, images, batch), len(heldout_images), labels) for v in variants]
+        scores = [score(reference, logits(v.runner, images, batch), sets, labels) for v in variants]
 
     counts = {
         "heldout": len(heldout_images),
@@ -235,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- 1-minute load average {load_before} before, {load_average()} after (this benchmark "
         "alone accounts for up to ~2 on 2 cores; more means other jobs inflated the times)",
         f"- model: `{model.name}`; calibration: {len(calib_images)} images from `{_rel(args.calib)}`; "
-        f"held-out: {counts['heldout']} images from `{_rel(args.heldout)}` "
+        f"held-out: {counts['heldout']} images from "
+        f"{' + '.join(f'`{_rel(f)}` ({n})' for f, n in zip(args.heldout, sets, strict=True))} "
         f"({counts['labelled']} with ImageNet labels); in-sample = held-out + calibration images",
         "- trtopt: `build_plan(BuildConfig(backend='cpu', calib_method=...))` (per-channel symmetric INT8 "
         "weights, symmetric per-tensor activations); ORT: `quant_pre_process` (as ORT recommends; "
@@ -251,7 +289,12 @@ def main(argv: list[str] | None = None) -> int:
         "of INT8 and FP32 logits (mean and worst over held-out). Labelled: the top-1 / any of the top-5 "
         "classes is one of the photo's acceptable ImageNet classes. Kernels: ONNX Runtime's optimised graph "
         "(`trtopt.backend.cpu.builder.kernel_report`): INT8 / float conv kernels, QuantizeLinear + "
-        "DequantizeLinear nodes still run as float<->int8 conversions, Pads left in float.",
+        "DequantizeLinear nodes still run as float<->int8 conversions, Pads left in float. 95% CI: Wilson "
+        "score interval of the held-out agreement (how far the true rate may lie from this sample's).",
+        "",
+        "### Held-out agreement per folder",
+        "",
+        *per_set_table(variants, scores, [(_rel(f), n) for f, n in zip(args.heldout, sets, strict=True)]),
     ]
     if args.plot:
         plot(args.plot, variants, scores, counts)

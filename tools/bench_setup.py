@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL = ROOT / "models" / "efficientnet_lite0.onnx"
 CALIB_DIR = ROOT / "calib_data"
 HELDOUT_DIR = ROOT / "tests" / "data" / "heldout"
+HELDOUT_MORE_DIR = ROOT / "tests" / "data" / "heldout_more"
 T = TypeVar("T")
 
 
