@@ -14,7 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "efficientnet_lite0.onnx"
-NUMBER = re.compile(r"^\*{0,2}(-?\d+(?:\.\d+)?)(?:%|x| ms| s| s / \d+\.\d+ GiB)?\*{0,2}$")
+NUMBER = re.compile(
+    r"^\*{0,2}(-?\d+(?:\.\d+)?)(?:%(?: \(\d+\.\d-\d+\.\d%\))?|x| ms| s| s / \d+\.\d+ GiB)?\*{0,2}$"
+)  # a percentage may carry its 95% interval: "95.0% (90.4-97.4%)"
 
 
 def run_tool(*args: str) -> str:
@@ -62,14 +64,19 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     )
     assert out.read_text() == stdout
     check_header(stdout, "tools/bench_accuracy.py")
-    rows = table_rows(stdout, "| variant | top-1 agree, held-out (6) | top-1 agree, in-sample (10)")
+    # --eval-count 6 from each of the two held-out folders: 12 held-out, + 4 calibration images in-sample
+    rows = table_rows(stdout, "| variant | top-1 agree, held-out (12), 95% CI | top-1 agree, in-sample (16)")
     names = ["FP32 (ONNX Runtime)", "trtopt max", "ORT QDQ minmax", "ORT QDQ minmax, no pre-process"]
     assert [r[0] for r in rows] == names
     for row in rows:
         values = numbers(row[1:])
         assert values and all(math.isfinite(v) for v in values), row
     fp32, trtopt_max, ort_minmax, _ = rows
-    assert fp32[1] == "100.0%" and fp32[7] == "–"
+    assert fp32[1].startswith("100.0% (") and fp32[7] == "–"
+    share, low, high = (float(v) for v in re.findall(r"\d+\.\d", trtopt_max[1]))
+    assert 0 <= low <= share <= high <= 100, trtopt_max[1]
+    per_folder = table_rows(stdout, "| variant | `tests/data/heldout` (6) | `tests/data/heldout_more` (6) |")
+    assert [r[0] for r in per_folder] == names[1:] and all(c.endswith("/6)") for r in per_folder for c in r[1:])
     assert trtopt_max[6] != "–", "labelled top-5 is reported for an ImageNet model"
     assert int(trtopt_max[8]) > 0 and int(ort_minmax[8]) > 0, "INT8 conv kernels counted"
 
