@@ -97,6 +97,20 @@ def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
         assert len(values) == 5 and all(math.isfinite(v) and v > 0 for v in values), row
 
 
+def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice() -> None:
+    from trtopt.backend.cpu.builder import GEMM_MIN_K
+
+    stdout = run_tool("tools/bench_conv_kernels.py", "--iterations", "1", "--warmup", "0")
+    check_header(stdout, "tools/bench_conv_kernels.py")
+    rows = table_rows(stdout, "| model | conv | K = C_in/group")
+    assert len(rows) >= 10
+    for row in rows:
+        values = numbers(row[2:9])
+        assert len(values) == 7 and all(math.isfinite(v) and v > 0 for v in values), row
+        dense, k = "depthwise" not in row[1], int(row[2])
+        assert row[9] == ("GEMM" if dense and k >= GEMM_MIN_K else "symmetric"), row
+
+
 def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:
     done = subprocess.run(
         [sys.executable, "tools/bench_latency.py", "--model", "tiny_cnn", "--batches", "8", "--no-ort"],

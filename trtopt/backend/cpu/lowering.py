@@ -42,8 +42,7 @@ def lower_for_cpu(model: onnx.ModelProto, *, gemm_min_k: int | None = None) -> o
     _share_duplicate_pairs(graph, inits)
     _quantize_biases(graph, inits, producers)
     if gemm_min_k is not None:
-        routed = route_to_gemm(graph, inits, producers, gemm_min_k)
-        onnx.helper.set_model_props(lowered, {**_props(lowered), "trtopt.cpu.gemm_routed_convs": str(routed)})
+        route_to_gemm(graph, inits, producers, gemm_min_k)
     _drop_unused_initializers(graph)
     return lowered
 
@@ -66,9 +65,10 @@ def route_to_gemm(
     the int8 weights have zero point 0 (`TryConvSymPrepack` in its qlinearconv.cc); otherwise it runs
     im2col + MlasGemm u8s8, which MLAS dispatches to AMX on CPUs that have it. Storing q - 1 with zero
     point -1 describes the very same weights: q lies in [-127, 127] (symmetric quantisation), so q - 1 fits
-    int8, and (q - 1) - (-1) = q. Measured on a Xeon with AVX-512 VNNI and AMX (issue #5): the GEMM path
-    wins for K >= ~160 (1.1-1.8x per conv, e.g. 1152->320 1x1 or 3x3 convs), loses for short K (1x1 convs
-    with 16-96 input channels, up to 3x slower), and depthwise convs must stay on the symmetric kernel.
+    int8, and (q - 1) - (-1) = q. `tools/bench_conv_kernels.py` measures both kernels per conv. On a Xeon
+    with AVX-512 VNNI and AMX the GEMM matched or beat the symmetric kernel for K >= 192 (1.00-1.84x). It
+    lost for short K (1x1 convs on 16-112 channels: 0.33-0.75x) and on depthwise convs (0.43x), which
+    therefore stay on the symmetric kernel.
     """
     routed = 0
     shifted: set[str] = set()
@@ -102,10 +102,6 @@ def _names_read(graph: onnx.GraphProto) -> set[str]:
             for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
                 names |= _names_read(sub)
     return names
-
-
-def _props(model: onnx.ModelProto) -> dict[str, str]:
-    return {p.key: p.value for p in model.metadata_props}
 
 
 def _share_duplicate_pairs(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto]) -> None:
