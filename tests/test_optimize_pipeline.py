@@ -139,3 +139,15 @@ def test_efficientnet_lite0_real_weights() -> None:
     check(graph, None, run_model(graph, random_feeds(graph), opt_level="disable"))
     kinds = {g.kind for g in optimize(graph).fusion_groups}
     assert {"conv+relu6", "conv+add"} <= kinds
+
+
+def test_light_model_dynamic_batch_runs_any_batch_like_batch_one() -> None:
+    """`dynamic_batch=True` (the benchmarks' light:NAME models): batch 2 gives what two batch-1 runs give."""
+    model = light_model("resnet50", dynamic_batch=True)
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    x = np.random.default_rng(0).standard_normal((2, 3, 224, 224)).astype(np.float32)
+    name = model.graph.input[0].name
+    both = next(iter(run_model(model, {name: x}).values()))
+    one = [next(iter(run_model(model, {name: x[i : i + 1]}).values())) for i in range(2)]
+    assert both.shape[0] == 2
+    np.testing.assert_allclose(both, np.concatenate(one), rtol=1e-4, atol=1e-4)
