@@ -81,6 +81,44 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     assert int(trtopt_max[8]) > 0 and int(ort_minmax[8]) > 0, "INT8 conv kernels counted"
 
 
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_bench_accuracy_analysis_tiny_run_cross_validates_and_splits_the_error() -> None:
+    stdout = run_tool(
+        "tools/bench_accuracy_analysis.py", "--count", "6", "--eval-count", "2", "--folds", "2",
+        "--methods", "entropy", "max",
+    )
+    check_header(stdout, "tools/bench_accuracy_analysis.py")
+    rows = table_rows(stdout, "| method | CV agreement, 95% CI | CV agreed |")
+    assert [r[0] for r in rows] == ["entropy", "max"]
+    for row in rows:
+        assert row[2].endswith("/6") and row[5].endswith("/4"), row  # 6 cross-validated, 2 + 2 held-out
+        assert all(math.isfinite(v) for v in numbers([row[1], row[3], row[4], row[6]])), row
+        assert float(row[3]) > 0 and float(row[6]) > 0, "INT8 always moves the softmax a little"
+    entropy, other = rows
+    assert entropy[7:] == ["–", "–", "–"]
+    only_entropy, only_max, p = int(other[7]), int(other[8]), float(other[9])
+    agreed = [int(r[2].split("/")[0]) + int(r[5].split("/")[0]) for r in rows]
+    assert agreed[0] - agreed[1] == only_entropy - only_max  # the paired counts explain the totals
+    assert 0.0 < p <= 1.0
+    split = table_rows(stdout, "| plan | in-sample agreement, 95% CI |")
+    assert [r[0] for r in split] == [
+        "entropy plan (INT8 weights and activations)", "same plan, activation Q/DQ removed (INT8 weights only)"
+    ]
+    full_kl, weights_kl = float(split[0][3]), float(split[1][3])
+    assert 0 < weights_kl < full_kl, "float activations must remove part of the error"
+
+
+def test_mcnemar_p_is_the_exact_two_sided_binomial_test() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_accuracy_analysis import mcnemar_p
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
+    assert mcnemar_p(0, 5) == pytest.approx(2 / 32) and mcnemar_p(5, 0) == mcnemar_p(0, 5)
+    assert mcnemar_p(1, 9) == pytest.approx(2 * 11 / 1024)
+
+
 def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
     out = tmp_path / "latency.md"
     stdout = run_tool(

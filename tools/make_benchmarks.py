@@ -53,6 +53,14 @@ SECTIONS = (
         ("--count", "8", "--eval-count", "8", "--methods", "entropy", "--ort", "minmax", "--ort-raw"),
         True,
     ),
+    # Cross-validated method choice and the weights/activations split behind the accuracy goal's status.
+    Section(
+        "accuracy-analysis",
+        "tools/bench_accuracy_analysis.py",
+        (),
+        ("--count", "8", "--eval-count", "4", "--folds", "2", "--methods", "entropy", "max"),
+        False,
+    ),
     Section(
         "latency",
         "tools/bench_latency.py",
