@@ -271,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
         *header_lines("tools/bench_accuracy.py", argv_used),
         f"- 1-minute load average {load_before} before, {load_average()} after (this benchmark "
         "alone accounts for up to ~2 on 2 cores; more means other jobs inflated the times)",
-        f"- model: `{model.name}`; calibration: {len(calib_images)} images from `{_rel(args.calib)}`; "
+        f"- model: `{model.name}`; calibration: {len(calib_images)} images from `{rel_path(args.calib)}`; "
         f"held-out: {counts['heldout']} images from "
-        f"{' + '.join(f'`{_rel(f)}` ({n})' for f, n in zip(args.heldout, sets, strict=True))} "
+        f"{' + '.join(f'`{rel_path(f)}` ({n})' for f, n in zip(args.heldout, sets, strict=True))} "
         f"({counts['labelled']} with ImageNet labels); in-sample = held-out + calibration images",
         "- trtopt: `build_plan(BuildConfig(backend='cpu', calib_method=...))` (per-channel symmetric INT8 "
         "weights, symmetric per-tensor activations); ORT: `quant_pre_process` (as ORT recommends; "
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "### Held-out agreement per folder",
         "",
-        *per_set_table(variants, scores, [(_rel(f), n) for f, n in zip(args.heldout, sets, strict=True)]),
+        *per_set_table(variants, scores, [(rel_path(f), n) for f, n in zip(args.heldout, sets, strict=True)]),
     ]
     if args.plot:
         plot(args.plot, variants, scores, counts)
@@ -303,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _rel(path: Path) -> str:
+def rel_path(path: Path) -> str:
+    """`path` relative to the repository root when it lies inside it (for the report), else as given."""
     try:
         return str(path.resolve().relative_to(Path(__file__).resolve().parents[1]))
     except ValueError:

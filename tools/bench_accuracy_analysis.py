@@ -39,7 +39,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_accuracy import logits, pct, wilson  # noqa: E402
+from bench_accuracy import logits, pct, rel_path, wilson  # noqa: E402
 from bench_setup import (  # noqa: E402
     CALIB_DIR,
     DEMO_MODEL,
@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             out = np.empty_like(ref_calib)
             for fold in folds:
-                train = [files[i] for i in range(len(files)) if i not in set(fold.tolist())]
+                scored = set(fold.tolist())
+                train = [file for i, file in enumerate(files) if i not in scored]
                 out[fold] = logits(OrtSession(plan_model(model, train, method)), calib[fold], batch)
             cv[method] = Errors.of(ref_calib, out)
             plans[method] = plan_model(model, list(files), method)
@@ -195,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         "## Accuracy analysis: calibration methods cross-validated, and where the error comes from",
         "",
         *header_lines("tools/bench_accuracy_analysis.py", argv_used),
-        f"- model: `{model.name}`; calibration: {len(calib)} images from `{_rel(args.calib)}` in {args.folds} "
+        f"- model: `{model.name}`; calibration: {len(calib)} images from `{rel_path(args.calib)}` in {args.folds} "
         f"folds (seed {args.seed}); held-out: {len(heldout)} images from "
-        f"{' + '.join(f'`{_rel(f)}`' for f in args.heldout)}; plans: trtopt CPU INT8, build defaults",
+        f"{' + '.join(f'`{rel_path(f)}`' for f in args.heldout)}; plans: trtopt CPU INT8, build defaults",
         "",
         "### Cross-validated (calibration photos only) and held-out, per method",
         "",
@@ -237,13 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     ]
     emit("\n".join(lines) + "\n", args.out)
     return 0
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path(__file__).resolve().parents[1]))
-    except ValueError:
-        return str(path)
 
 
 if __name__ == "__main__":
