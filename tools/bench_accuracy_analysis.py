@@ -51,6 +51,7 @@ from bench_setup import (  # noqa: E402
     image_dataset,
     resolve_model,
     stacked,
+    trtopt_build,
 )
 
 from trtopt.calib import METHODS  # noqa: E402
@@ -94,10 +95,7 @@ def mcnemar_p(only_a: int, only_b: int) -> float:
 
 def plan_model(model: ModelUnderTest, calib: list[str], method: str) -> onnx.ModelProto:
     """trtopt's CPU INT8 plan (its ONNX) calibrated on the files `calib` with `method`."""
-    from trtopt.build import BuildConfig, build_plan
-
-    result = build_plan(model.path, BuildConfig(backend="cpu", calib=calib, calib_method=method))
-    return onnx.load_from_string(result.plan.sections["onnx"])
+    return onnx.load_from_string(trtopt_build(model, calib, None, method)[1])
 
 
 def without_activation_quantization(model: onnx.ModelProto) -> onnx.ModelProto:

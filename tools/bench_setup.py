@@ -221,8 +221,11 @@ def ort_quantize(model: ModelUnderTest, dataset: Any, method: str, out_path: Pat
     return time.perf_counter() - start
 
 
-def trtopt_build(model: ModelUnderTest, calib: str, count: int | None, method: str) -> tuple[float, bytes]:
-    """trtopt's whole CPU INT8 build (load, optimise, calibrate, quantise, lower): (wall seconds, ONNX bytes)."""
+def trtopt_build(
+    model: ModelUnderTest, calib: str | Sequence[str], count: int | None, method: str
+) -> tuple[float, bytes]:
+    """trtopt's whole CPU INT8 build (load, optimise, calibrate, quantise, lower) on a folder or a list of
+    image files: (wall seconds, ONNX bytes)."""
     from trtopt.build import BuildConfig, build_plan
 
     config = BuildConfig(backend="cpu", calib=calib, calib_count=count, calib_method=method)
