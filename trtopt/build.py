@@ -5,7 +5,8 @@ optimized = optimize(graph, passes)        # passes
 amax = calibrate(graph, data, tensors)     # calib (or a cache)
 correct_biases(graph, plan, means)         # quant
 insert_qdq(graph, plan, amax)              # quant
-sections = build_sections(backend, model)  # backend
+sections = build_sections(backend, model)  # backend, each variant until one verifies:
+verify_plan(plan, fp32, held_back)         # verify: FP32 vs Q/DQ reference vs kernels
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt import __version__
-from trtopt.backend import BuildOptions, build_sections, select_backend
+from trtopt.backend import BuildOptions, build_sections, build_variants, select_backend
 from trtopt.errors import ShapeError, TrtoptError
 from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
 from trtopt.frontend.shapes import Shape
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
+from trtopt.verify import Verification, verify_plan
 
 log = logging.getLogger(__name__)
 # Per-axis QuantizeLinear/DequantizeLinear (per-channel weights) exist from opset 13.
@@ -64,6 +66,8 @@ class BuildConfig:
     sparsity: bool = False
     threads: int | None = None
     cpu_gemm: str = "auto"
+    cpu_encoding: str = "auto"
+    verify_samples: int = 8
 
 
 @dataclass
@@ -76,6 +80,7 @@ class BuildResult:
     calibration: Any
     kernels: Any = None
     bias: BiasReport | None = None
+    verification: Verification | None = None
 
 
 ProgressHook = Callable[[str, int, int], None]  # (phase, samples done, samples in the phase)
@@ -104,31 +109,120 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             "--backend tensorrt on a GPU machine. `trtopt.precision.convert_to_fp16` converts an ONNX file alone.",
         )
     spec = preprocess_spec_for(Path(model_path), graph, config)
+    calib_data, checks = _data_for(graph, config, spec)
+    fp32 = onnx_from_graph(graph)
     calibration = qdq = bias = None
     if config.int8:
         qplan = plan_quantization(graph, _backend_quant_config(config.quant, backend))
         with _timed(times, "calibrate"):
-            calibration = calibrate_graph(graph, config, spec, progress)
+            calibration = calibrate_graph(graph, config, spec, progress, dataset=calib_data)
         with _timed(times, "quantize"):
             bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
+    metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, _labels(graph, config))
     with _timed(times, "build"):
-        sections, versions = build_sections(backend, model, _build_options(graph, config, backend))
-    plan = Plan(
-        backend=backend,
-        inputs=_specs(graph.inputs),
-        outputs=_specs(graph.outputs),
-        sections=sections,
-        metadata=_metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, _labels(graph, config)),
-        versions={"trtopt": __version__, **versions},
-    )
+        io = (_specs(graph.inputs), _specs(graph.outputs))
+        plan, verification = _build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
+    plan = replace(plan, metadata={**metadata, "verification": verification.to_dict()})
     kernels = None
     if backend == "cpu" and config.int8:
         from trtopt.backend.cpu.builder import kernel_report
 
-        kernels = kernel_report(sections["onnx"])
-    return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias)
+        kernels = kernel_report(plan.sections["onnx"])
+    return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias, verification)
+
+
+def _build_verified(
+    backend: str,
+    model: onnx.ModelProto,
+    io: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
+    options: BuildOptions,
+    fp32: onnx.ModelProto,
+    checks: Checks,
+) -> tuple[Plan, Verification]:
+    """Build each of the backend's variants in turn until one computes what its Q/DQ graph says."""
+    from trtopt.backend.cpu.isa import cpu_isa
+    from trtopt.execution import OrtSession
+    from trtopt.verify import collect
+
+    expected = collect(OrtSession(fp32).run, checks.batches)
+    rejected: list[dict[str, Any]] = []
+    for label, variant in build_variants(backend, options):
+        sections, versions = build_sections(backend, model, variant)
+        plan = Plan(backend, *io, sections=sections, versions={"trtopt": __version__, **versions})
+        result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(), variant=label,
+                             rejected=rejected)  # fmt: skip
+        if result.ok:
+            if rejected:
+                log.warning("%s kernels did not match the plan on this CPU; built %s", rejected[0]["variant"], label)
+            return plan, result
+        log.info("variant %s: kernels vs reference %s (tolerance %.4f)", label, result.kernels_vs_reference.describe(),
+                 result.tolerance)  # fmt: skip
+        rejected.append({"variant": label, "rel_error": result.kernels_vs_reference.rel_error})
+    tried = ", ".join(f"{r['variant']} (relative error {r['rel_error']:.3g})" for r in rejected)
+    raise TrtoptError(
+        f"No build of this plan computes what its INT8 graph says on this CPU ({cpu_isa()}): tried {tried}, "
+        f"against a tolerance of {result.tolerance:.3g}. Nothing was written.",
+        fix="Build with --cpu-encoding auto (or u8u8, exact on every x86 CPU), --exclude the layers `trtopt compare "
+        "--per-layer` names, or report the model: the kernels should not differ from the reference.",
+    )
+
+
+@dataclass(frozen=True)
+class Checks:
+    """The samples a build verifies its plan on: (feeds, rows) batches, and where they came from."""
+
+    batches: list[tuple[dict[str, Any], int]]
+    source: str
+
+
+def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Checks]:
+    """(calibration data set or None, verification samples). A large enough calibration set gives its last
+    `verify_samples` samples to verification; a small one shares them; without data, random inputs."""
+    from trtopt.data import input_infos_from_graph, load_dataset
+
+    count = config.verify_samples
+    if count <= 0:
+        raise TrtoptError(f"verify_samples must be at least 1, received {count}.", fix="Pass e.g. 8 (the default).")
+    if not config.calib:
+        return None, _random_checks(graph, spec, count, config.calib_batch)
+    raw = config.calib
+    sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw]
+    data = load_dataset(sources if len(sources) > 1 else sources[0], input_infos_from_graph(graph), spec,
+                        count=config.calib_count)  # fmt: skip
+    if config.int8 and not config.calib_cache and len(data) >= 8 * count:
+        data, checks = data.split_tail(count)
+        source = f"the last {count} calibration samples, held back from calibration"
+    else:
+        checks = load_dataset(sources if len(sources) > 1 else sources[0], data.inputs, data.spec, count=count)
+        shared = "thresholds from the cache" if config.calib_cache else "too few to hold any back"
+        source = f"{min(count, len(data))} of the {len(data)} calibration samples ({shared})"
+    batches = [(b.feeds, len(b)) for b in checks.batches(config.calib_batch)]
+    return data, Checks(batches, source)
+
+
+def _random_checks(graph: gs.Graph, spec: Any, count: int, batch: int) -> Checks:
+    """Random inputs where no data was given: noise images through the model's preprocessing, else
+    standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
+    import numpy as np
+
+    from trtopt.data import input_infos_from_graph, preprocess_images
+
+    rng = np.random.default_rng(0)
+    infos = input_infos_from_graph(graph)
+    fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
+    rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
+    feeds: dict[str, Any] = {}
+    for info in infos:
+        if spec is not None and len(infos) == 1:
+            images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(rows)]
+            feeds[info.name] = preprocess_images(images, spec)
+            continue
+        shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
+        value = rng.standard_normal(shape) if np.issubdtype(info.dtype, np.floating) else np.zeros(shape)
+        feeds[info.name] = value.astype(info.dtype)
+    return Checks([(feeds, rows)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)")
 
 
 def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
@@ -149,6 +243,7 @@ def calibrate_graph(
     progress: ProgressHook | None = None,
     *,
     keep_histograms: bool | None = None,
+    dataset: Any = None,
 ) -> Any:
     from trtopt.calib import (
         CalibConfig,
@@ -171,7 +266,8 @@ def calibrate_graph(
     raw = config.calib
     sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw or []]
     source = sources if len(sources) > 1 else sources[0]
-    dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=config.calib_count)
+    if dataset is None:
+        dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=config.calib_count)
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
@@ -275,6 +371,7 @@ def _build_options(graph: gs.Graph, config: BuildConfig, backend: str) -> BuildO
         fp16=config.fp16,
         threads=config.threads,
         cpu_gemm=config.cpu_gemm,
+        cpu_encoding=config.cpu_encoding,
     )
 
 

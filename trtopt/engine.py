@@ -21,6 +21,7 @@ from trtopt.backend import Runner, RunOptions, create_runner
 from trtopt.backend.tensorrt.pointers import cuda_array_interface
 from trtopt.errors import ShapeError
 from trtopt.plan import Plan, TensorSpec, read_plan
+from trtopt.verify import Verification
 
 
 class Engine:
@@ -61,6 +62,13 @@ class Engine:
     @property
     def labels(self) -> list[str] | None:
         return self.plan.labels
+
+    @property
+    def verification(self) -> Verification | None:
+        """What the build measured on this plan: INT8 reference vs FP32 and kernels vs reference, the CPU
+        class and the backend variant (see `trtopt.verify`); None for plans built before trtopt verified."""
+        record = self.plan.metadata.get("verification")
+        return Verification.from_dict(record) if record else None
 
     def __call__(self, inputs: Any) -> Any:
         """`engine(array)` for a single-input plan returns the single output (or a dict if several);

@@ -43,6 +43,7 @@ class BuildOptions:
     fp16: bool = False
     threads: int | None = None
     cpu_gemm: str = "auto"  # CPU: route long-reduction INT8 convs to the GEMM kernel: auto (where AMX), on, off
+    cpu_encoding: str = "auto"  # CPU: how INT8 weights are stored (trtopt.backend.cpu.lowering.ENCODINGS)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,14 @@ def build_sections(
     module = importlib.import_module(backend_info(name).builder)
     sections, versions = module.build(model, options)
     return sections, versions
+
+
+def build_variants(name: str, options: BuildOptions) -> list[tuple[str, BuildOptions]]:
+    """The backend's ways to build this plan, to try in order until one verifies (trtopt.verify):
+    (label, options) pairs. The CPU backend offers its INT8 encodings, fastest first; others have one."""
+    module = importlib.import_module(backend_info(name).builder)
+    variants = getattr(module, "variants", None)
+    return list(variants(options)) if variants is not None else [(name, options)]
 
 
 def create_runner(plan: Any, options: RunOptions) -> Runner:

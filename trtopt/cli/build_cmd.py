@@ -75,6 +75,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CPU plans: run INT8 convs with long reductions (C_in*kh*kw >= 160) on ONNX Runtime's GEMM kernel, "
         "which uses AMX; auto (default): on where this CPU has AMX. Same results either way, only speed differs",
     )
+    b.add_argument(
+        "--cpu-encoding",
+        choices=("auto", "u8s8", "u8u8"),
+        default="auto",
+        help="CPU plans: how INT8 weights are stored for ONNX Runtime. u8s8 (int8 weights) is fastest but exact "
+        "only on CPUs with VNNI or AMX: on AVX2-only CPUs its kernels saturate 16-bit sums. u8u8 (the same "
+        "values as uint8) is exact on every x86 CPU. auto (default): u8s8 where it is exact, else u8u8; the build "
+        "verifies the choice either way",
+    )
+    v = parser.add_argument_group("verification (always on)")
+    v.add_argument(
+        "--verify-samples",
+        type=int,
+        default=8,
+        metavar="N",
+        help="check the plan on N samples through FP32, the INT8 reference and the kernels (default 8: held "
+        "back from calibration when it has 8*N or more, else shared with it; random inputs without --calib)",
+    )
     parser.add_argument("--json", action="store_true", help="print the build summary as JSON")
 
 
@@ -118,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         optimization_level=args.opt_level,
         sparsity=args.sparsity,
         cpu_gemm=args.cpu_gemm,
+        cpu_encoding=args.cpu_encoding,
+        verify_samples=args.verify_samples,
     )
     with phase_progress("calibration", disable=args.json) as on_progress:
         result = build_plan(args.model, config, progress=on_progress)

@@ -33,6 +33,8 @@ def build_summary(result: Any, path: Path) -> dict[str, Any]:
             "int8_matmuls": result.kernels.int8_matmuls,
             "gemm_convs": result.kernels.gemm_convs,
         }
+    if result.verification is not None:
+        summary["verification"] = result.verification.to_dict()
     return summary
 
 
@@ -61,8 +63,26 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
             + (f" ({kernels['gemm_convs']} on the GEMM/AMX kernel)" if kernels.get("gemm_convs") else "")
             + f", {kernels['float_convs']} float convs, {kernels['int8_matmuls']} INT8 matmuls",
         )
+    verification = summary.get("verification")
+    if verification:
+        table.add_row("verified", verification_text(verification))
     times = summary["stage_seconds"]
     table.add_row(
         "time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)"
     )
     out.print(table)
+
+
+def verification_text(record: dict[str, Any]) -> str:
+    """The build's self-check in a few lines: what quantisation costs, and whether the kernels compute it."""
+    from trtopt.verify import Verification
+
+    v = Verification.from_dict(record)
+    lines = [
+        f"on {v.samples} samples ({v.source}), {v.isa} CPU",
+        f"INT8 reference vs FP32: {v.reference_vs_fp32.describe()}",
+        f"kernels ({v.variant}) vs reference: {v.kernels_vs_reference.describe()} "
+        f"({'within' if v.ok else 'OVER'} tolerance {v.tolerance:.3g})",
+    ]
+    lines += [f"rejected {r['variant']}: relative error {r['rel_error']:.3g}" for r in v.rejected]
+    return "\n".join(lines)

@@ -74,17 +74,29 @@ class Dataset:
         spec: PreprocessSpec | None,
         count: int | None,
         skipped: list[SkippedFile],
+        start: int = 0,
     ) -> None:
         self.inputs = tuple(inputs)
         self.spec = spec
         self.count = count
+        self.start = start
         self.skipped = skipped
         self._items = tuple(items)
         self._bad: set[Path] = set()
 
     def __len__(self) -> int:
-        usable = sum(item.samples for item in self._items if item.path not in self._bad)
+        usable = max(0, sum(item.samples for item in self._items if item.path not in self._bad) - self.start)
         return usable if self.count is None else min(self.count, usable)
+
+    def split_tail(self, tail: int) -> tuple[Dataset, Dataset]:
+        """(all but the last `tail` samples, the last `tail` samples): the same files, read lazily, so a
+        build can hold a few calibration samples back to check its plan on."""
+        head = len(self) - tail
+        if tail <= 0 or head <= 0:
+            raise ValueError(f"cannot split {tail} of {len(self)} samples off")
+        first = Dataset(self._items, self.inputs, self.spec, head, self.skipped, self.start)
+        last = Dataset(self._items, self.inputs, self.spec, tail, self.skipped, self.start + head)
+        return first, last
 
     @property
     def fixed_batch(self) -> int | None:
@@ -127,18 +139,23 @@ class Dataset:
     def _samples(self) -> Iterator[tuple[dict[str, np.ndarray], str]]:
         limit = self.count
         produced = 0
+        passed = 0  # samples before `start`, skipped without decoding where a whole file lies before it
         for item in self._items:
             if limit is not None and produced >= limit:
                 return
             if item.path in self._bad:
+                continue
+            offset = min(item.samples, max(0, self.start - passed))
+            passed += offset
+            if offset == item.samples:
                 continue
             try:
                 arrays = self._load(item)
             except UnreadableFileError as exc:
                 self._skip(item.path, exc.what)
                 continue
-            take = item.samples if limit is None else min(item.samples, limit - produced)
-            for i in range(take):
+            take = item.samples - offset if limit is None else min(item.samples - offset, limit - produced)
+            for i in range(offset, offset + take):
                 source = (
                     f"{item.path}[{i}]" if isinstance(item, ArrayFile) and item.batched else str(item.path)
                 )

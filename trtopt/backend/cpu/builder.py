@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import onnx
 import onnxruntime as ort
 
 from trtopt.backend import BackendStatus, BuildOptions
-from trtopt.backend.cpu.lowering import lower_for_cpu
-from trtopt.errors import TrtoptError
+from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
+from trtopt.backend.cpu.lowering import ENCODINGS, lower_for_cpu
+from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.execution.ort_session import session_options
 
 INT8_CONV_OPS = {"QLinearConv", "ConvInteger"}
@@ -50,8 +51,31 @@ def gemm_routing(choice: str) -> bool:
     return choice == "on" or (choice == "auto" and has_amx_int8())
 
 
+def candidate_encodings(choice: str = "auto", isa: str | None = None) -> list[str]:
+    """The encodings a build tries, fastest first. `auto` leaves out u8s8 where this CPU's u8s8 kernels are
+    known to saturate (trtopt.backend.cpu.isa): a few verification samples could miss a rare overflow.
+    On a CPU of unknown kind (not x86) u8s8 is tried first and kept only if it verifies."""
+    if choice != "auto":
+        if choice not in ENCODINGS:
+            raise UnknownNameError("CPU encoding", choice, ["auto", *ENCODINGS])
+        return [choice]
+    isa = isa or cpu_isa()
+    return ["u8u8"] if isa in SATURATING_U8S8 else ["u8s8", "u8u8"]
+
+
+def exact_encoding(isa: str | None = None) -> str:
+    """The fastest encoding whose kernels are known to be exact on this CPU (what a plan is re-encoded to)."""
+    return "u8s8" if (isa or cpu_isa()) in EXACT_U8S8 else "u8u8"
+
+
+def variants(options: BuildOptions) -> list[tuple[str, BuildOptions]]:
+    return [(e, replace(options, cpu_encoding=e)) for e in candidate_encodings(options.cpu_encoding)]
+
+
 def build(model: onnx.ModelProto, options: BuildOptions) -> tuple[dict[str, bytes], dict[str, str]]:
-    lowered = lower_for_cpu(model, gemm_min_k=GEMM_MIN_K if gemm_routing(options.cpu_gemm) else None)
+    encoding = candidate_encodings(options.cpu_encoding)[0]
+    gemm_min_k = GEMM_MIN_K if gemm_routing(options.cpu_gemm) else None
+    lowered = lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding)
     return {"onnx": lowered.SerializeToString()}, {"onnxruntime": ort.__version__, "onnx": onnx.__version__}
 
 
@@ -92,7 +116,8 @@ def kernel_report(model_bytes: bytes) -> KernelReport:
 
 
 def _gemm_convs(graph: onnx.GraphProto) -> int:
-    """QLinearConv nodes whose weight zero point (input 5) is a nonzero constant: not the symmetric kernel."""
+    """QLinearConv nodes whose int8 weights have a nonzero zero point (input 5): steered to the u8s8 GEMM
+    (uint8 weights, the u8u8 encoding, are not counted: they never take the symmetric kernel)."""
     from onnx import numpy_helper
 
     inits = {t.name: t for t in graph.initializer}
@@ -102,5 +127,6 @@ def _gemm_convs(graph: onnx.GraphProto) -> int:
         if node.op_type == "QLinearConv"
         and len(node.input) > 5
         and node.input[5] in inits
+        and inits[node.input[5]].data_type == onnx.TensorProto.INT8
         and numpy_helper.to_array(inits[node.input[5]]).any()
     )

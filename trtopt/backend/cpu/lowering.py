@@ -10,9 +10,15 @@ uint8 activations every quantised Conv becomes a QLinearConv (measured in issue 
 - optionally, dense convs with a long reduction (`gemm_min_k`) get their int8 weights stored as q - 1
   with zero point -1: the same values, exactly, but ONNX Runtime then skips its symmetric-conv kernel
   and runs im2col + its u8s8 GEMM, which uses AMX tiles where the CPU has them (see `route_to_gemm`).
+
+Which of these grids the integer kernels compute exactly depends on the CPU (trtopt.backend.cpu.isa):
+an `Encoding` says how wide the non-negative grid is and which weights are stored as uint8, so that a
+plan can be lowered for CPUs whose u8s8 kernels saturate too.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -22,9 +28,43 @@ from trtopt.quant.ranges import VALUE_PRESERVING_OPS
 
 # Ops whose output is non-negative whatever their input.
 NON_NEGATIVE_OPS = {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp", "Softplus"}
+# Layers whose weights meet the activations in MLAS's u8s8 dot products.
+WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 
 
-def lower_for_cpu(model: onnx.ModelProto, *, gemm_min_k: int | None = None) -> onnx.ModelProto:
+@dataclass(frozen=True)
+class Encoding:
+    """How a CPU plan stores its INT8 weights. Both encodings describe the same values (trtopt's thresholds,
+    the symmetric weight grid), so the plan means the same thing; they differ in which of ONNX Runtime's
+    integer kernels run it, and those kernels are exact on different CPUs (trtopt.backend.cpu.isa).
+
+    Measured on an AMD EPYC with AVX2 only (`tools/bench_cpu_encodings.py`): ORT's u8s8 convs there were off
+    by up to 112 quantisation steps; u8u8 and depthwise convs matched the reference exactly. Two encodings
+    that were tried and dropped: 7-bit weights (ONNX Runtime's `reduce_range`) are exact and fast there but
+    halve the weight resolution (demo model: 86.9% top-1 agreement with FP32 instead of 95.0%); 7-bit
+    non-negative activations (scale T/127) are exact too, but ONNX Runtime then cannot drop the ReLU6 Clip
+    before a QuantizeLinear, and 33 of the demo model's 49 convs fell back to float.
+    """
+
+    name: str
+    unsigned_weights: bool  # dense layers' weights as uint8 q + 128, zero point 128
+    summary: str
+
+
+ENCODINGS: dict[str, Encoding] = {
+    e.name: e
+    for e in (
+        Encoding("u8s8", False, "uint8 activations, int8 weights: fastest; exact where the CPU has VNNI or AMX"),
+        Encoding("u8u8", True, "uint8 activations and weights: exact on every x86 CPU, slower"),
+    )
+}
+
+
+def lower_for_cpu(
+    model: onnx.ModelProto, *, gemm_min_k: int | None = None, encoding: str = "u8s8"
+) -> onnx.ModelProto:
+    """The CPU form of a TensorRT-form Q/DQ model in the named encoding (see `ENCODINGS`). GEMM routing
+    (`gemm_min_k`) is for int8 weights, so the u8s8 encoding only."""
     lowered = onnx.ModelProto()
     lowered.CopyFrom(model)
     graph = lowered.graph
@@ -41,10 +81,54 @@ def lower_for_cpu(model: onnx.ModelProto, *, gemm_min_k: int | None = None) -> o
             info.type.tensor_type.elem_type = onnx.TensorProto.UINT8
     _share_duplicate_pairs(graph, inits)
     _quantize_biases(graph, inits, producers)
-    if gemm_min_k is not None:
+    if ENCODINGS[encoding].unsigned_weights:
+        store_unsigned_weights(lowered)
+    elif gemm_min_k is not None:
         route_to_gemm(graph, inits, producers, gemm_min_k)
     _drop_unused_initializers(graph)
     return lowered
+
+
+def store_unsigned_weights(model: onnx.ModelProto) -> int:
+    """Store dense layers' int8 weights as uint8 q + 128 with zero point 128 (in place); returns how many.
+
+    The values are the same (q - zp is unchanged, GEMM-routed q - 1 with zero point -1 included), and
+    ONNX Runtime's u8u8 kernels widen both sides to 16 bits before multiplying, so they cannot saturate.
+    Depthwise convs are left alone: their kernel multiplies one product at a time, exact on every CPU
+    (tools/bench_cpu_encodings.py). It works on a lowered model, so a plan can be re-encoded on load.
+    """
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producers = {out: node for node in graph.node for out in node.output}
+    converted = 0
+    for node in graph.node:
+        if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or _is_depthwise(node, inits, producers):
+            continue
+        act, weight = producers.get(node.input[0]), producers.get(node.input[1])
+        if not (act and weight and act.op_type == weight.op_type == "DequantizeLinear" and len(weight.input) > 2):
+            continue
+        q_init, zp_init = inits.get(weight.input[0]), inits.get(weight.input[2])
+        if q_init is None or zp_init is None or q_init.data_type != onnx.TensorProto.INT8:
+            continue
+        q, zp = numpy_helper.to_array(q_init).astype(np.int16), numpy_helper.to_array(zp_init).astype(np.int16)
+        if zp.size == 0 or (zp != zp.reshape(-1)[0]).any():
+            continue  # not an encoding trtopt writes (its zero points are all 0, or all -1 when GEMM-routed)
+        shift = 128 - int(zp.reshape(-1)[0])
+        q_init.CopyFrom(numpy_helper.from_array((q + shift).astype(np.uint8), weight.input[0]))
+        zp_init.CopyFrom(numpy_helper.from_array(np.full(zp.shape, 128, np.uint8), weight.input[2]))
+        converted += 1
+    return converted
+
+
+def _is_depthwise(
+    node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], producers: dict[str, onnx.NodeProto]
+) -> bool:
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    if node.op_type != "Conv" or group == 1:
+        return False
+    weight = producers.get(node.input[1])
+    q = inits.get(weight.input[0]) if weight is not None else None
+    return q is not None and len(q.dims) > 1 and q.dims[1] == 1
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:

@@ -6,22 +6,58 @@ session, so every thread of a service shares this runner; intra-op threads are s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from trtopt.backend import RunOptions
 from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
+from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
+from trtopt.backend.cpu.lowering import store_unsigned_weights
 from trtopt.execution.ort_session import session_options
 from trtopt.plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+def model_for_this_cpu(plan: Plan, isa: str | None = None) -> bytes:
+    """The plan's ONNX, re-encoded where this CPU's kernels would not compute it exactly, with a one-line
+    notice whenever the plan was verified on another kind of CPU (never silently).
+
+    int8 weights (the u8s8 encoding) meet saturating 16-bit sums on AVX2 / AVX-512 without VNNI; storing
+    them as uint8 (`store_unsigned_weights`: the same values) makes ONNX Runtime run exact u8u8 kernels.
+    Plans written before trtopt verified its plans carry no record and are handled the same way.
+    """
+    isa = isa or cpu_isa()
+    data = plan.sections["onnx"]
+    built_on = (plan.metadata.get("verification") or {}).get("isa")
+    if isa in SATURATING_U8S8:
+        model = onnx.load_from_string(data)
+        changed = store_unsigned_weights(model)
+        if changed:
+            log.warning(
+                "this plan stores int8 weights for VNNI/AMX kernels (verified on: %s), which saturate on this %s "
+                "CPU: %d layers re-encoded as uint8 (same values, exact here, slower). Rebuild on this CPU to "
+                "verify it here.", built_on or "not recorded", isa, changed,
+            )  # fmt: skip
+            return model.SerializeToString()
+    if built_on and built_on != isa:
+        exact = isa in EXACT_U8S8 or isa in SATURATING_U8S8
+        log.warning(
+            "this plan was verified on a %s CPU and runs on a %s CPU: %s", built_on, isa,
+            "its encoding is exact here too" if exact else "not verified on this kind of CPU; rebuild here to check it",
+        )  # fmt: skip
+    return data
 
 
 class CpuRunner:
     def __init__(self, plan: Plan, options: RunOptions) -> None:
         self.session = ort.InferenceSession(
-            plan.sections["onnx"],
+            model_for_this_cpu(plan),
             session_options(threads=options.threads),
             providers=["CPUExecutionProvider"],
             disabled_optimizers=DISABLED_OPTIMIZERS,

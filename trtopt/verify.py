@@ -1,0 +1,209 @@
+"""Every plan checks itself: FP32, the Q/DQ reference and the backend's kernels on the same samples.
+
+Three models see the same held-back samples:
+
+- **FP32**: the optimised graph before quantisation;
+- **reference**: the plan's Q/DQ ONNX run by ONNX Runtime with every graph optimisation off, so each
+  QuantizeLinear / DequantizeLinear is executed as float math: exactly the INT8 result the plan means;
+- **kernels**: the plan as its backend runs it (ONNX Runtime's fused integer kernels, or TensorRT).
+
+`reference vs FP32` is what quantisation costs; `kernels vs reference` is whether the machine computes
+what the plan says. The second must stay within `KERNEL_TOLERANCE` times the first (see there). The record
+goes into the plan header, and `Engine.verification` returns it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtopt.errors import TrtoptError
+
+Outputs = dict[str, np.ndarray]
+Feeds = Mapping[str, np.ndarray]
+
+# Kernels may round differently from the float reference, but only by rounding. Quantising a tensor moves
+# each value by at most half a step; an integer kernel whose requantisation (or QLinearAdd / pooling
+# arithmetic) rounds differently from QuantizeLinear moves it by at most one more step. Both errors travel
+# through the same layers, so exact kernels stay within about twice the quantisation error itself; measured
+# on the demo model they stay at 0.65x (AVX2, u8u8). Saturating kernels are off by tens of steps (0.23
+# relative error on the demo model, 4.6x its quantisation error). `KERNEL_FLOOR` covers outputs that
+# quantisation does not touch, where float fusions still change the last bits.
+KERNEL_TOLERANCE = 2.0
+KERNEL_FLOOR = 1e-4
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How closely outputs follow target outputs over the verification samples (worst output counts)."""
+
+    cosine: float  # per-sample cosine similarity, mean over samples; the lowest output's
+    rel_error: float  # ||outputs - target|| / ||target||, the largest output's
+    top1: float | None  # share of samples with the same argmax, over outputs shaped [N, C] (C > 1); else None
+
+    def describe(self) -> str:
+        top1 = f", top-1 {self.top1:.1%}" if self.top1 is not None else ""
+        return f"cosine {self.cosine:.5f}, relative error {self.rel_error:.4f}{top1}"
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What a build measured on its own plan (stored in the plan header as a dict)."""
+
+    samples: int
+    source: str  # where the samples came from
+    isa: str  # the CPU class it ran on (trtopt.backend.cpu.isa)
+    variant: str  # the backend's choice that passed (CPU: the encoding)
+    reference_vs_fp32: Agreement
+    kernels_vs_reference: Agreement
+    tolerance: float  # the largest kernels-vs-reference relative error that passes
+    rejected: tuple[dict[str, Any], ...] = field(default=())  # variants tried first: variant, rel_error
+
+    @property
+    def ok(self) -> bool:
+        return self.kernels_vs_reference.rel_error <= self.tolerance
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"rejected": list(self.rejected)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verification:
+        return cls(
+            samples=int(data["samples"]),
+            source=str(data["source"]),
+            isa=str(data["isa"]),
+            variant=str(data["variant"]),
+            reference_vs_fp32=Agreement(**data["reference_vs_fp32"]),
+            kernels_vs_reference=Agreement(**data["kernels_vs_reference"]),
+            tolerance=float(data["tolerance"]),
+            rejected=tuple(dict(r) for r in data.get("rejected", [])),
+        )
+
+
+def agreement(outputs: Outputs, target: Outputs) -> Agreement:
+    """Compare two runs output by output; the worst output decides each figure."""
+    cosines, errors, top1 = [], [], []
+    for name, want in target.items():
+        got = outputs[name].astype(np.float64).reshape(len(want), -1)
+        ref = want.astype(np.float64).reshape(len(want), -1)
+        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
+        dots = np.sum(got * ref, axis=1)
+        both_zero = norms == 0
+        per_sample = np.where(both_zero, np.all(got == ref, axis=1), dots / np.where(both_zero, 1, norms))
+        cosines.append(float(np.mean(per_sample)))
+        scale = float(np.linalg.norm(ref))
+        errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
+        if want.ndim == 2 and want.shape[1] > 1:
+            top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
+    return Agreement(
+        cosine=_finite(min(cosines, default=1.0)),
+        rel_error=_finite(max(errors, default=0.0)),
+        top1=min(top1) if top1 else None,
+    )
+
+
+def _finite(value: float) -> float:
+    """NaN (a non-finite output) counts as the worst possible agreement."""
+    return value if math.isfinite(value) else float("inf")
+
+
+def kernel_tolerance(reference_vs_fp32: Agreement) -> float:
+    return KERNEL_TOLERANCE * reference_vs_fp32.rel_error + KERNEL_FLOOR
+
+
+Runner = Callable[[Feeds], Outputs]
+
+
+def collect(run: Runner, batches: Sequence[tuple[Feeds, int]]) -> Outputs:
+    """Run every batch and keep the first `n` rows of each output (fixed-batch models pad the last)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for feeds, n in batches:
+        for name, value in run(feeds).items():
+            parts.setdefault(name, []).append(np.asarray(value)[:n])
+    return {name: np.concatenate(values) for name, values in parts.items()}
+
+
+def reference_runner(model_bytes: bytes) -> Runner:
+    """The plan's Q/DQ graph with ONNX Runtime's optimisations off: Q/DQ computed as float math."""
+    from trtopt.execution import OrtSession
+
+    session = OrtSession(onnx.load_from_string(model_bytes), opt_level="disable", threads=None)
+    return lambda feeds: session.run(feeds)
+
+
+def check_outputs(outputs: Outputs, expected: Iterable[Any]) -> None:
+    """Every graph output is produced, with the plan's shape (-1: any size)."""
+    for spec in expected:
+        if spec.name not in outputs:
+            raise TrtoptError(
+                f"The built plan does not produce its graph output {spec.name!r}; nothing was written.",
+                fix="This is a bug in trtopt's graph passes or quantisation: please report it with the model, "
+                "and build with --passes '' (no optimisation) or without --int8 meanwhile.",
+            )
+        shape = outputs[spec.name].shape
+        if len(shape) != len(spec.shape) or any(e not in (-1, s) for e, s in zip(spec.shape, shape, strict=True)):
+            raise TrtoptError(
+                f"The built plan's output {spec.name!r} has shape {list(shape)}; the model declares "
+                f"{list(spec.shape)}. Nothing was written.",
+                fix="This is a bug in trtopt: please report it with the model.",
+            )
+
+
+def _plan_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX's checker and ONNX Runtime raise for a model they cannot take (their own types)."""
+    import onnxruntime as ort
+
+    state = ort.capi.onnxruntime_pybind11_state
+    return (onnx.checker.ValidationError, state.Fail, state.InvalidGraph, state.InvalidArgument,
+            state.NotImplemented, state.RuntimeException)  # fmt: skip
+
+
+def verify_plan(
+    plan: Any,
+    fp32: Outputs,
+    batches: Sequence[tuple[Feeds, int]],
+    *,
+    source: str,
+    isa: str,
+    variant: str,
+    rejected: Sequence[dict[str, Any]] = (),
+) -> Verification:
+    """Check that `plan` is valid (ONNX checker, loads in its backend, produces every output with the right
+    shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs).
+
+    Raises TrtoptError for an invalid plan; a kernel mismatch is returned (`ok` False) for the caller to act.
+    """
+    from trtopt.backend import RunOptions, create_runner
+
+    try:
+        onnx.checker.check_model(onnx.load_from_string(plan.sections["onnx"]))
+        runner = create_runner(plan, RunOptions())
+        try:
+            check_outputs(runner.infer(batches[0][0]), plan.outputs)
+            kernels = collect(runner.infer, batches)
+        finally:
+            runner.close()
+        reference = collect(reference_runner(plan.sections["onnx"]), batches)
+    except _plan_errors() as exc:
+        raise TrtoptError(
+            f"The built plan is not valid: {str(exc).strip().splitlines()[0]} Nothing was written.",
+            fix="This is a bug in trtopt's passes, quantisation or lowering: please report it with the model. "
+            "Meanwhile try --passes '' (no graph optimisation), --exclude the layer named above, or a build "
+            "without --int8.",
+        ) from None
+    to_fp32 = agreement(reference, fp32)
+    return Verification(
+        samples=sum(n for _, n in batches),
+        source=source,
+        isa=isa,
+        variant=variant,
+        reference_vs_fp32=to_fp32,
+        kernels_vs_reference=agreement(kernels, reference),
+        tolerance=kernel_tolerance(to_fp32),
+        rejected=tuple(rejected),
+    )
