@@ -142,11 +142,17 @@ def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice(
     check_header(stdout, "tools/bench_conv_kernels.py")
     rows = table_rows(stdout, "| model | conv | K = C_in/group")
     assert len(rows) >= 10
+    from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
+
     for row in rows:
-        values = numbers(row[2:9])
-        assert len(values) == 7 and all(math.isfinite(v) and v > 0 for v in values), row
+        values = numbers([*row[2:9], row[10]])
+        assert len(values) == 8 and all(math.isfinite(v) and v > 0 for v in values), row
         dense, k = "depthwise" not in row[1], int(row[2])
         assert row[9] == ("GEMM" if dense and k >= GEMM_MIN_K else "symmetric"), row
+        sym, gemm, u8u8 = (float(v) for v in row[11:14])
+        assert u8u8 <= 1, f"u8u8 kernels are exact on every CPU kind: {row}"
+        if cpu_isa() in EXACT_U8S8 or not dense:
+            assert sym <= 1 and gemm <= 1, f"u8s8 kernels are exact on {cpu_isa()} (and depthwise everywhere): {row}"
 
 
 def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:

@@ -95,7 +95,8 @@ def test_corrected_biases_cancel_the_mean_error_of_each_layer() -> None:
     errors = {}
     for name, g in (("plain", graph), ("corrected", corrected)):
         model, _, _ = quantize(g, config)
-        errors[name] = np.abs((run_model(model, feeds)["output"] - reference).mean(axis=(0, 2, 3))).mean()
+        quantized = run_model(model, feeds, opt_level="disable")["output"]  # the Q/DQ math, on any CPU kind
+        errors[name] = np.abs((quantized - reference).mean(axis=(0, 2, 3))).mean()
     assert errors["corrected"] < 0.5 * errors["plain"], errors
 
 

@@ -28,7 +28,7 @@ def test_quantized_zoo_models_stay_close_to_fp32(name: str) -> None:
     onnx.checker.check_model(model)
     feeds = feeds_for(graph, seed=7)
     reference = run_model(onnx_from_graph(graph), feeds)
-    quantized = run_model(model, feeds)
+    quantized = run_model(model, feeds, opt_level="disable")  # the Q/DQ math itself, on any CPU kind
     for out, ref in reference.items():
         assert cosine(ref, quantized[out]) > 0.99, out
     assert report.activation_pairs > 0 and report.weight_dequantizers > 0
@@ -102,9 +102,8 @@ def test_concat_inputs_share_the_output_threshold() -> None:
     values = {report.thresholds[t] for t in plan.shared[0]}
     assert len(values) == 1, report.thresholds
     feeds = feeds_for(graph)
-    assert (
-        cosine(run_model(onnx_from_graph(graph), feeds)["output"], run_model(model, feeds)["output"]) > 0.99
-    )
+    quantized = run_model(model, feeds, opt_level="disable")["output"]
+    assert cosine(run_model(onnx_from_graph(graph), feeds)["output"], quantized) > 0.99
 
 
 def test_one_qdq_pair_per_consumer() -> None:

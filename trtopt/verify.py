@@ -66,7 +66,7 @@ class Verification:
 
     @property
     def ok(self) -> bool:
-        return self.kernels_vs_reference.rel_error <= self.tolerance
+        return math.isfinite(self.tolerance) and self.kernels_vs_reference.rel_error <= self.tolerance
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"rejected": list(self.rejected)}
@@ -101,15 +101,15 @@ def agreement(outputs: Outputs, target: Outputs) -> Agreement:
         if want.ndim == 2 and want.shape[1] > 1:
             top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
     return Agreement(
-        cosine=_finite(min(cosines, default=1.0)),
-        rel_error=_finite(max(errors, default=0.0)),
+        cosine=_or_worst(min(cosines, default=1.0), -1.0),
+        rel_error=_or_worst(max(errors, default=0.0), math.inf),
         top1=min(top1) if top1 else None,
     )
 
 
-def _finite(value: float) -> float:
-    """NaN (a non-finite output) counts as the worst possible agreement."""
-    return value if math.isfinite(value) else float("inf")
+def _or_worst(value: float, worst: float) -> float:
+    """NaN or inf (a non-finite output) counts as the worst possible agreement."""
+    return value if math.isfinite(value) else worst
 
 
 def kernel_tolerance(reference_vs_fp32: Agreement) -> float:

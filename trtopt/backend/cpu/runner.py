@@ -39,10 +39,11 @@ def model_for_this_cpu(plan: Plan, isa: str | None = None) -> bytes:
         model = onnx.load_from_string(data)
         changed = store_unsigned_weights(model)
         if changed:
+            verified = f"verified on a {built_on} CPU" if built_on else "u8s8 encoding"
             log.warning(
-                "this plan stores int8 weights for VNNI/AMX kernels (verified on: %s), which saturate on this %s "
-                "CPU: %d layers re-encoded as uint8 (same values, exact here, slower). Rebuild on this CPU to "
-                "verify it here.", built_on or "not recorded", isa, changed,
+                "this plan stores int8 weights for VNNI/AMX kernels (%s), which saturate on this %s CPU: %d layers "
+                "re-encoded as uint8 (same values, exact here, slower); rebuild here for a plan verified here.",
+                verified, isa, changed,
             )  # fmt: skip
             return model.SerializeToString()
     if built_on and built_on != isa:

@@ -1,0 +1,247 @@
+"""Verified plans: every build checks FP32 vs the Q/DQ reference vs the kernels, and acts on a mismatch.
+
+The verdicts here hold on every CPU kind: where a test needs kernels that disagree with the reference, it
+plants the disagreement (a corrupted session model) instead of relying on this CPU's u8s8 kernels saturating.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from PIL import Image
+
+import trtopt
+from trtopt.backend.cpu import builder as cpu_builder
+from trtopt.backend.cpu import runner as cpu_runner
+from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa, isa_from_flags
+from trtopt.build import BuildConfig, build_plan
+from trtopt.errors import TrtoptError, UnknownNameError
+from trtopt.plan import read_plan, write_plan
+from trtopt.verify import KERNEL_FLOOR, Agreement, Verification, agreement, kernel_tolerance
+from trtopt.zoo import build_model
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("verify")
+    onnx.save_model(build_model("tiny_cnn", seed=1), root / "tiny.onnx")
+    rng = np.random.default_rng(0)
+    (root / "images").mkdir()
+    for i in range(20):
+        small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+        Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / "images" / f"img{i:02d}.png")
+    return root
+
+
+def _config(workdir: Path, **overrides) -> BuildConfig:  # type: ignore[no-untyped-def]
+    return BuildConfig(backend="cpu", calib=str(workdir / "images"), preset="imagenet", **overrides)
+
+
+# ---- the measures -------------------------------------------------------------------------------------
+
+
+def test_agreement_measures_the_worst_output() -> None:
+    rng = np.random.default_rng(0)
+    target = {"a": rng.standard_normal((6, 10)), "b": rng.standard_normal((6, 3, 4))}
+    same = agreement(target, target)
+    assert same == Agreement(cosine=pytest.approx(1.0), rel_error=0.0, top1=1.0)
+    noisy = {"a": target["a"], "b": target["b"] + 0.1 * rng.standard_normal((6, 3, 4))}
+    result = agreement(noisy, target)
+    expected = np.linalg.norm(noisy["b"] - target["b"]) / np.linalg.norm(target["b"])
+    assert result.rel_error == pytest.approx(expected) and result.cosine < 1.0
+    assert result.top1 == 1.0  # only "a" is [N, C]: its argmax is unchanged
+    flipped = {"a": -target["a"], "b": target["b"]}
+    assert agreement(flipped, target).top1 < 0.5 and agreement(flipped, target).cosine == pytest.approx(-1.0)
+
+
+def test_non_finite_outputs_never_pass() -> None:
+    target = {"y": np.ones((2, 4))}
+    broken = agreement({"y": np.full((2, 4), np.nan)}, target)
+    assert broken.rel_error == float("inf") and broken.cosine == -1.0
+    fine = agreement(target, target)
+    assert not Verification(2, "test", "avx2", "u8u8", fine, broken, kernel_tolerance(fine)).ok
+    assert not Verification(2, "test", "avx2", "u8u8", broken, fine, kernel_tolerance(broken)).ok  # NaN reference
+
+
+def test_tolerance_scales_with_the_quantisation_error() -> None:
+    small, large = Agreement(0.99, 0.01, None), Agreement(0.9, 0.2, None)
+    assert kernel_tolerance(small) == pytest.approx(2 * 0.01 + KERNEL_FLOOR)
+    assert kernel_tolerance(large) > kernel_tolerance(small)
+    assert kernel_tolerance(Agreement(1.0, 0.0, None)) == KERNEL_FLOOR  # untouched outputs: last bits only
+
+
+def test_isa_classes_from_cpu_flags(tmp_path: Path) -> None:
+    assert isa_from_flags({"avx2", "avx512bw", "avx512_vnni", "amx_int8"}) == "amx"
+    assert isa_from_flags({"avx2", "avx512bw", "avx512_vnni"}) == "avx512_vnni"
+    assert isa_from_flags({"avx2", "avx_vnni"}) == "avx_vnni"
+    assert isa_from_flags({"avx2", "avx512bw"}) == "avx512"
+    assert isa_from_flags({"avx2", "fma"}) == "avx2"
+    assert isa_from_flags({"sse4_2"}) == "other"
+    assert cpu_isa.__wrapped__(tmp_path / "missing") != ""  # the machine name where there is no /proc/cpuinfo
+    assert cpu_isa() in EXACT_U8S8 | SATURATING_U8S8 | {"other"} or cpu_isa() == cpu_isa.__wrapped__()
+
+
+def test_auto_encoding_follows_what_the_cpu_computes_exactly() -> None:
+    assert cpu_builder.candidate_encodings("auto", "avx2") == ["u8u8"]
+    assert cpu_builder.candidate_encodings("auto", "avx512") == ["u8u8"]
+    assert cpu_builder.candidate_encodings("auto", "amx") == ["u8s8", "u8u8"]
+    assert cpu_builder.candidate_encodings("auto", "aarch64") == ["u8s8", "u8u8"]  # unknown: verified
+    assert cpu_builder.candidate_encodings("u8s8", "avx2") == ["u8s8"]  # the user's choice, verified all the same
+    assert cpu_builder.exact_encoding("avx2") == "u8u8" and cpu_builder.exact_encoding("avx_vnni") == "u8s8"
+    with pytest.raises(UnknownNameError, match="u8u8"):
+        cpu_builder.candidate_encodings("s7")
+
+
+# ---- the build ------------------------------------------------------------------------------------------
+
+
+def test_every_build_records_its_verification(workdir: Path) -> None:
+    result = build_plan(workdir / "tiny.onnx", _config(workdir))
+    v = result.verification
+    assert v is not None and v.ok and v.isa == cpu_isa()
+    assert v.variant == cpu_builder.candidate_encodings()[0] and not v.rejected
+    assert v.samples == 8 and "too few to hold any back" in v.source  # 20 images < 8 * 8
+    assert 0.9 < v.reference_vs_fp32.cosine <= 1.0 + 1e-9 and v.reference_vs_fp32.rel_error > 0
+    assert v.kernels_vs_reference.rel_error <= v.tolerance
+    write_plan(result.plan, workdir / "tiny.engine")
+    with trtopt.Engine.load(workdir / "tiny.engine") as engine:
+        assert engine.verification == v  # stored in the header, read back as the same record
+
+
+def test_large_calibration_sets_hold_samples_back(workdir: Path) -> None:
+    result = build_plan(workdir / "tiny.onnx", _config(workdir, verify_samples=2))
+    assert result.verification is not None and "held back" in result.verification.source
+    assert result.calibration.num_samples == 18  # 20 - 2: the held-back samples set no threshold
+
+
+def test_fp32_and_cache_builds_verify_on_random_inputs(workdir: Path) -> None:
+    fp32 = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", int8=False, preset="imagenet"))
+    assert fp32.verification is not None and fp32.verification.ok and "random" in fp32.verification.source
+    assert fp32.verification.reference_vs_fp32.rel_error < 1e-6  # no Q/DQ: the reference is the FP32 graph
+    with pytest.raises(TrtoptError, match="at least 1"):
+        build_plan(workdir / "tiny.onnx", _config(workdir, verify_samples=0))
+
+
+def _candidates(*auto: str):  # type: ignore[no-untyped-def]
+    """candidate_encodings with a fixed list for "auto" (a named encoding is still built as named)."""
+    return lambda choice="auto", isa=None: list(auto) if choice == "auto" else [choice]
+
+
+def _corrupting(encoding_to_break: str):  # type: ignore[no-untyped-def]
+    """A CPU runner whose session model has one weight negated when the plan is in `encoding_to_break`:
+    kernels that do not compute what the plan says, planted, on any CPU."""
+    original = cpu_runner.model_for_this_cpu
+
+    def corrupted(plan, isa=None):  # type: ignore[no-untyped-def]
+        data = original(plan, isa)  # on a CPU where u8s8 saturates, a u8s8 plan comes back re-encoded
+        inits = onnx.load_from_string(plan.sections["onnx"]).graph.initializer
+        built = {t.data_type for t in inits if len(t.dims) == 4}
+        if (onnx.TensorProto.UINT8 not in built) != (encoding_to_break == "u8s8"):
+            return data
+        model = onnx.load_from_string(data)
+        weights = [t for t in model.graph.initializer if len(t.dims) == 4 and t.data_type != onnx.TensorProto.FLOAT]
+        for t in weights:
+            q = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((255 - q.astype(np.int16)).astype(q.dtype) if q.dtype == np.uint8
+                                               else (-q.astype(np.int16)).clip(-127, 127).astype(q.dtype), t.name))
+        return model.SerializeToString()
+
+    return corrupted
+
+
+def test_a_kernel_mismatch_falls_back_to_the_next_encoding(workdir: Path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8s8", "u8u8"))
+    monkeypatch.setattr(cpu_runner, "model_for_this_cpu", _corrupting("u8s8"))
+    with caplog.at_level(logging.WARNING):
+        result = build_plan(workdir / "tiny.onnx", _config(workdir))
+    v = result.verification
+    assert v is not None and v.ok and v.variant == "u8u8"
+    assert [r["variant"] for r in v.rejected] == ["u8s8"] and v.rejected[0]["rel_error"] > v.tolerance
+    assert "u8s8 kernels did not match" in caplog.text
+    weights = [t for t in onnx.load_from_string(result.plan.sections["onnx"]).graph.initializer if len(t.dims) == 4]
+    assert any(t.data_type == onnx.TensorProto.UINT8 for t in weights), "the plan written is the u8u8 one"
+
+
+def test_no_matching_encoding_is_a_clear_error_and_nothing_is_written(workdir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from trtopt.cli.main import main
+
+    monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8u8"))
+    monkeypatch.setattr(cpu_runner, "model_for_this_cpu", _corrupting("u8u8"))
+    out = workdir / "never.engine"
+    code = main(["build", str(workdir / "tiny.onnx"), "--int8", "--calib", str(workdir / "images"),
+                 "--backend", "cpu", "--preset", "imagenet", "-o", str(out)])  # fmt: skip
+    assert code == 2 and not out.exists()
+
+
+def test_a_plan_missing_its_output_is_refused(workdir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Validity before anything is written: the checker, ONNX Runtime and every declared output."""
+    from trtopt.backend.cpu import lowering
+
+    original = lowering.lower_for_cpu
+
+    def dropping_last_node(model, **kwargs):  # type: ignore[no-untyped-def]
+        lowered = original(model, **kwargs)
+        del lowered.graph.node[-1]
+        return lowered
+
+    monkeypatch.setattr(cpu_builder, "lower_for_cpu", dropping_last_node)
+    with pytest.raises(TrtoptError, match="not valid|does not produce"):
+        build_plan(workdir / "tiny.onnx", _config(workdir))
+
+
+# ---- loading on another CPU -----------------------------------------------------------------------------
+
+
+def test_u8s8_plans_are_re_encoded_where_they_would_saturate(workdir: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    result = build_plan(workdir / "tiny.onnx", _config(workdir, cpu_encoding="u8s8")) if cpu_isa() in EXACT_U8S8 \
+        else None
+    plan = result.plan if result else _u8s8_plan(workdir)
+    with caplog.at_level(logging.WARNING):
+        data = cpu_runner.model_for_this_cpu(plan, isa="avx2")
+    assert "re-encoded as uint8" in caplog.text
+    before, after = onnx.load_from_string(plan.sections["onnx"]), onnx.load_from_string(data)
+    assert _dequantized(before) == pytest.approx(_dequantized(after))  # the same weights, stored as uint8
+    assert cpu_runner.model_for_this_cpu(plan, isa="amx") == plan.sections["onnx"]
+
+
+def test_a_plan_verified_elsewhere_says_so_on_load(workdir: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    plan = read_plan(workdir / "tiny.engine") if (workdir / "tiny.engine").exists() else _u8u8_plan(workdir)
+    other = "amx" if plan.metadata["verification"]["isa"] != "amx" else "avx2"
+    with caplog.at_level(logging.WARNING):
+        cpu_runner.model_for_this_cpu(plan, isa=other)
+    assert f"runs on a {other} CPU" in caplog.text and "exact here too" in caplog.text
+
+
+def _u8s8_plan(workdir: Path):  # type: ignore[no-untyped-def]
+    """A u8s8 plan on a CPU where u8s8 does not verify: build u8u8, then store the weights as int8 again."""
+    from dataclasses import replace
+
+    plan = build_plan(workdir / "tiny.onnx", _config(workdir)).plan
+    model = onnx.load_from_string(plan.sections["onnx"])
+    for t in model.graph.initializer:
+        if t.data_type == onnx.TensorProto.UINT8 and len(t.dims) == 4:
+            t.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(t).astype(np.int16) - 128).astype(np.int8),
+                                               t.name))  # fmt: skip
+        elif t.data_type == onnx.TensorProto.UINT8 and len(t.dims) == 1 and t.dims[0] > 1:
+            t.CopyFrom(numpy_helper.from_array(np.zeros(t.dims, np.int8), t.name))
+    return replace(plan, sections={"onnx": model.SerializeToString()})
+
+
+def _u8u8_plan(workdir: Path):  # type: ignore[no-untyped-def]
+    return build_plan(workdir / "tiny.onnx", _config(workdir)).plan
+
+
+def _dequantized(model: onnx.ModelProto) -> list[float]:
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = []
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in inits and inits[node.input[0]].ndim == 4:
+            q, s, z = (inits[i] for i in node.input[:3])
+            shape = (-1, 1, 1, 1)
+            values += list(((q.astype(np.float64) - z.reshape(shape)) * s.reshape(shape)).ravel())
+    return values
