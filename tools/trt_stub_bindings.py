@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             print(bindings.version, prepare(bindings, cache_root()), flush=True)
         except SetupError as exc:
             required = bindings.required or bool(args.version)
-            print(f"TensorRT {bindings.version} bindings {'' if required else 'skipped'}: {exc}", file=sys.stderr)
+            outcome = "not ready" if required else "skipped"
+            print(f"TensorRT {bindings.version} bindings {outcome}: {exc}", file=sys.stderr)
             status = 2 if required else status
     return status
 

@@ -189,9 +189,11 @@ def format_parser_errors(errors: Sequence[ParserErrorInfo | tuple[Any, ...]]) ->
 def enum_name(member: Any) -> str:
     """A TensorRT enum member's bare name: ``ErrorCode.UNSUPPORTED_NODE`` -> ``"UNSUPPORTED_NODE"``.
 
-    pybind11 enum members print with their class (``str(trt.DataType.BF16) == "DataType.BF16"``) and
-    carry the bare name in ``.name``."""
-    return str(getattr(member, "name", member))
+    pybind11 enum members print with their class (``str(trt.DataType.BF16) == "DataType.BF16"``), and
+    ``.name`` is not reliable: in the TensorRT 10.13 bindings ``ErrorCode.name`` is a method. The class's
+    ``__members__`` (name -> member) is there in every version."""
+    members = getattr(type(member), "__members__", None) or {}
+    return next((name for name, value in members.items() if value == member), str(member))
 
 
 def _is_static(dim: Any) -> bool:
