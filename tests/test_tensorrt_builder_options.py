@@ -1,21 +1,16 @@
 """The TensorRT builder's pure parts: profiles from --shapes/--batch, option validation, network
-flags and parser-error formatting; plus two wiring tests against a stand-in `tensorrt` module."""
+flags and parser-error formatting. Its calls into TensorRT are tested against the real bindings in
+tests/test_tensorrt_real_bindings.py."""
 
 from __future__ import annotations
 
-import sys
-import types
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from trtopt.backend import BuildOptions, Profile
-from trtopt.backend.tensorrt import builder, detect
 from trtopt.backend.tensorrt.builder import (
     ParserErrorInfo,
     format_parser_errors,
@@ -23,7 +18,7 @@ from trtopt.backend.tensorrt.builder import (
     profiles_for,
     validate_options,
 )
-from trtopt.errors import ModelError, ShapeError, TrtoptError
+from trtopt.errors import ShapeError, TrtoptError
 
 
 @dataclass(frozen=True)
@@ -113,124 +108,3 @@ def test_parser_errors_name_node_and_op() -> None:
         "  - node 'head/foo' (Foo) #3: No importer registered for op: Foo [UNSUPPORTED_NODE]",
         "  - Network has no outputs [INVALID_GRAPH]",
     ]
-
-
-# --- wiring against a stand-in `tensorrt` (these do not verify TensorRT) --------------------------
-
-
-class _Recorder:
-    """Every attribute is a callable that records its calls; a few return canned values."""
-
-    def __init__(self, log: list[tuple[str, tuple[Any, ...]]], **returns: Any) -> None:
-        self._log, self._returns = log, returns
-
-    def __getattr__(self, name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self._log.append((name, args + tuple(kwargs.values())))
-            return self._returns.get(name)
-
-        return call
-
-
-def _fake_trt(calls: list[tuple[str, tuple[Any, ...]]], parse_ok: bool) -> types.ModuleType:
-    trt = types.ModuleType("tensorrt")
-    trt.__version__ = "11.0.0.1"  # type: ignore[attr-defined]
-
-    class ILogger:
-        INTERNAL_ERROR, ERROR, WARNING, INFO = range(4)
-
-        def __init__(self) -> None:
-            pass
-
-    class Error:
-        def code(self) -> str:
-            return "UNSUPPORTED_NODE"
-
-        def desc(self) -> str:
-            return "unsupported"
-
-        def node(self) -> int:
-            return 0
-
-        def node_name(self) -> str:
-            return "n0"
-
-        def node_operator(self) -> str:
-            return "Foo"
-
-    class Tensor:
-        name, shape = "x", (-1, 4)
-
-    network = _Recorder(calls, get_input=Tensor())
-    network.num_inputs = 1  # type: ignore[attr-defined]
-    cache = _Recorder(calls, serialize=b"CACHE")
-    config = _Recorder(calls, create_timing_cache=cache, get_timing_cache=cache)
-    builder_obj = _Recorder(
-        calls,
-        create_network=network,
-        create_builder_config=config,
-        create_optimization_profile=_Recorder(calls),
-        build_serialized_network=b"ENGINE",
-    )
-    parser = _Recorder(calls, parse=parse_ok, get_error=Error())
-    parser.num_errors = 1  # type: ignore[attr-defined]
-    trt.ILogger = ILogger  # type: ignore[attr-defined]
-    trt.Builder = lambda logger: builder_obj  # type: ignore[attr-defined]
-    trt.OnnxParser = lambda network, logger: parser  # type: ignore[attr-defined]
-    trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=0)  # type: ignore[attr-defined]
-    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")  # type: ignore[attr-defined]
-    trt.BuilderFlag = types.SimpleNamespace(SPARSE_WEIGHTS="SPARSE_WEIGHTS")  # type: ignore[attr-defined]
-    return trt
-
-
-@pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
-    log: list[tuple[str, tuple[Any, ...]]] = []
-    monkeypatch.setattr(detect, "require", lambda: sys.modules["tensorrt"])
-    monkeypatch.setattr(detect, "tensorrt_major", lambda trt: 11)
-    yield log
-
-
-def _tiny_model() -> onnx.ModelProto:
-    node = helper.make_node("Relu", ["x"], ["y"])
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
-    )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def test_wiring_build_sets_the_documented_config(
-    calls: list[tuple[str, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Stand-in TensorRT: checks which documented calls builder.build makes, not TensorRT itself."""
-    monkeypatch.setitem(sys.modules, "tensorrt", _fake_trt(calls, parse_ok=True))
-    cache = tmp_path / "timing.cache"
-    options = BuildOptions(
-        profiles={"x": Profile((1, 4), (8, 4), (8, 4))},
-        workspace_mib=256,
-        optimization_level=4,
-        sparsity=True,
-        timing_cache=cache,
-    )
-    sections, versions = builder.build(_tiny_model(), options)
-    assert (
-        sections["engine"] == b"ENGINE"
-        and onnx.load_from_string(sections["onnx"]).graph.node[0].op_type == "Relu"
-    )
-    assert versions["tensorrt"] == "11.0.0.1"
-    made = dict(calls)
-    assert made["create_network"] == (0,)  # TensorRT 11: no STRONGLY_TYPED flag (always on)
-    assert made["set_memory_pool_limit"] == ("WORKSPACE", 256 << 20)
-    assert made["set_flag"] == ("SPARSE_WEIGHTS",)
-    assert made["set_shape"] == ("x", (1, 4), (8, 4), (8, 4))
-    assert made["create_timing_cache"] == (b"",) and cache.read_bytes() == b"CACHE"
-
-
-def test_wiring_parser_errors_become_a_model_error(
-    calls: list[tuple[str, tuple[Any, ...]]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Stand-in TensorRT: checks error reporting, not TensorRT itself."""
-    monkeypatch.setitem(sys.modules, "tensorrt", _fake_trt(calls, parse_ok=False))
-    with pytest.raises(ModelError, match=r"node 'n0' \(Foo\) #0: unsupported \[UNSUPPORTED_NODE\]"):
-        builder.build(_tiny_model(), BuildOptions())

@@ -29,8 +29,8 @@ class StandInContext:
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
         return self.shape
 
-    def set_tensor_address(self, name: str, ptr: int) -> bool:
-        self.addr[name] = ptr
+    def set_tensor_address(self, name: str, memory: int) -> bool:
+        self.addr[name] = memory
         return True
 
     def execute_async_v3(self, stream_handle: int) -> bool:
@@ -56,8 +56,8 @@ def stand_in_tensorrt(
     class Engine:
         num_io_tensors = 2
 
-        def get_tensor_name(self, i: int) -> str:
-            return ["x", "y"][i]
+        def get_tensor_name(self, index: int) -> str:
+            return ["x", "y"][index]
 
         def get_tensor_mode(self, name: str) -> str:
             return "in" if name == "x" else "out"
@@ -68,7 +68,7 @@ def stand_in_tensorrt(
         def get_tensor_dtype(self, name: str) -> str:
             return "float32"
 
-        def get_tensor_profile_shape(self, name: str, profile: int) -> list[tuple[int, ...]]:
+        def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
             return [(1, features), (max_batch, features), (max_batch, features)]
 
         def create_execution_context(self) -> StandInContext:
@@ -79,8 +79,8 @@ def stand_in_tensorrt(
         def __init__(self, logger: object) -> None:
             pass
 
-        def deserialize_cuda_engine(self, data: bytes) -> Engine:
-            assert engine_bytes is None or data == engine_bytes
+        def deserialize_cuda_engine(self, serialized_engine: bytes) -> Engine:
+            assert engine_bytes is None or serialized_engine == engine_bytes
             return Engine()
 
     class ILogger:

@@ -21,8 +21,14 @@ Facts it rests on (verified in the docs, not remembered):
   ``builder_optimization_level`` (0-5, default 3), ``create_timing_cache(bytes)`` /
   ``set_timing_cache(cache, ignore_mismatch)`` / ``get_timing_cache().serialize()``,
   ``add_optimization_profile`` with ``IOptimizationProfile.set_shape(name, min, opt, max)``.
-- ``OnnxParser``: ``num_errors``, ``get_error(i)`` -> ``ParserError`` with ``code()``, ``desc()``,
-  ``node()``, ``node_name()``, ``node_operator()`` (ParserError docstrings, NvOnnxParser.h).
+- ``OnnxParser``: ``num_errors``, ``get_error(i)`` -> ``ParserError`` with ``code()`` (an ``ErrorCode``
+  enum member, not a string), ``desc()``, ``node()``, ``node_name()``, ``node_operator()``.
+- Failures come back as values, not exceptions: ``set_timing_cache`` returns ``False``,
+  ``add_optimization_profile`` returns -1, ``build_serialized_network`` returns ``None``; the ``max_threads``
+  setter's ``bool`` is lost in a Python assignment, so the value is read back.
+
+Every call below is checked against the real TensorRT 11 and 10 Python bindings (their pybind11 layer,
+with stub native libraries) on each CI run: tests/test_tensorrt_real_bindings.py.
 
 Everything that needs no TensorRT (profiles from --shapes/--batch, option validation, the network flags,
 parser-error formatting) is a pure function below, tested on CPU.
@@ -180,6 +186,16 @@ def format_parser_errors(errors: Sequence[ParserErrorInfo | tuple[Any, ...]]) ->
     return "\n".join(lines)
 
 
+def enum_name(member: Any) -> str:
+    """A TensorRT enum member's bare name: ``ErrorCode.UNSUPPORTED_NODE`` -> ``"UNSUPPORTED_NODE"``.
+
+    pybind11 enum members print with their class (``str(trt.DataType.BF16) == "DataType.BF16"``), and
+    ``.name`` is not reliable: in the TensorRT 10.13 bindings ``ErrorCode.name`` is a method. The class's
+    ``__members__`` (name -> member) is there in every version."""
+    members = getattr(type(member), "__members__", None) or {}
+    return next((name for name, value in members.items() if value == member), str(member))
+
+
 def _is_static(dim: Any) -> bool:
     return isinstance(dim, int) and dim > 0
 
@@ -245,7 +261,7 @@ def _parse(parser: Any, model_bytes: bytes) -> None:
     if not parser.parse(model_bytes):
         errors = [
             ParserErrorInfo(
-                code=str(err.code()),
+                code=enum_name(err.code()),
                 desc=str(err.desc()),
                 node=int(err.node()),
                 node_name=str(err.node_name()),
@@ -270,6 +286,11 @@ def _configure(trt: Any, builder: Any, network: Any, config: Any, options: Build
         config.set_flag(trt.BuilderFlag.SPARSE_WEIGHTS)
     if options.threads is not None:
         builder.max_threads = options.threads
+        if builder.max_threads != options.threads:  # the setter's bool is lost in an assignment
+            raise TrtoptError(
+                f"TensorRT refused --threads {options.threads} (it keeps {builder.max_threads}).",
+                fix="Pass a smaller --threads, or leave it out to let TensorRT choose.",
+            )
     profiles = dict(options.profiles or {})
     dynamic = [t for t in (network.get_input(i) for i in range(network.num_inputs)) if -1 in tuple(t.shape)]
     missing = [t.name for t in dynamic if t.name not in profiles]
@@ -279,18 +300,34 @@ def _configure(trt: Any, builder: Any, network: Any, config: Any, options: Build
             fix="Pass --batch N for a dynamic batch, and --shapes NAME:DxDxD for other dynamic dimensions.",
         )
     if dynamic:
-        profile = builder.create_optimization_profile()
-        for tensor in dynamic:
-            p = profiles[tensor.name]
-            profile.set_shape(tensor.name, p.min, p.opt, p.max)
-        config.add_optimization_profile(profile)
+        _add_profile(builder, config, {t.name: (tuple(t.shape), profiles[t.name]) for t in dynamic})
+
+
+def _add_profile(builder: Any, config: Any, dynamic: Mapping[str, tuple[tuple[int, ...], Profile]]) -> None:
+    """One optimisation profile for the dynamic inputs ({name: (model shape, profile)})."""
+    profile = builder.create_optimization_profile()
+    for name, (_, p) in dynamic.items():
+        profile.set_shape(name, p.min, p.opt, p.max)
+    if config.add_optimization_profile(profile) < 0:  # -1: TensorRT found the profile invalid
+        refused = "; ".join(
+            f"{name!r} (model {list(shape)}): min {list(p.min)}, opt {list(p.opt)}, max {list(p.max)}"
+            for name, (shape, p) in dynamic.items()
+        )
+        raise ShapeError(
+            f"TensorRT refused the shape profile: {refused}.",
+            fix="Every fixed dimension must equal the model's; check --shapes and --batch against it.",
+        )
 
 
 def _load_timing_cache(config: Any, path: Path) -> None:
     data = path.read_bytes() if path.is_file() else b""
     cache = config.create_timing_cache(data)
     # ignore_mismatch=True: a cache from another GPU or TensorRT version is dropped, not fatal.
-    config.set_timing_cache(cache, ignore_mismatch=True)
+    if not config.set_timing_cache(cache, ignore_mismatch=True):
+        raise TrtoptError(
+            f"TensorRT refused the timing cache {str(path)!r} ({len(data)} bytes).",
+            fix="Delete the file (the build writes a fresh one) or pass another --timing-cache path.",
+        )
     log.info("timing cache %s (%d bytes)", path, len(data))
 
 

@@ -14,7 +14,11 @@ Per context (= per thread, since an IExecutionContext must not run two inference
 stream, device buffers and pinned host buffers sized for the profile's *max* shapes (so no allocation
 happens per call), and optionally CUDA graphs, one per input-shape signature. Inputs that already live
 on the GPU (``__cuda_array_interface__`` or DLPack: torch, CuPy, PyCUDA) are bound by pointer, with no
-copy. Outputs come back as numpy arrays.
+copy. Outputs come back as numpy arrays, so every I/O tensor needs a numpy dtype: ``trt.nptype`` has none
+for BF16, FP8, INT4, FP4 or E8M0 (it raises ``TypeError``), and such an engine is refused with the tensor's
+name. ``set_input_shape`` and ``set_tensor_address`` report failure by returning ``False``; both are checked.
+Every TensorRT call here is held against the real 11 and 10 bindings on each CI run
+(tests/test_tensorrt_real_bindings.py).
 
 CUDA graphs: TensorRT's developer guide ("CUDA Graphs") asks for one ``enqueueV3`` outside the capture
 after the input shapes change, before capturing; graphs replay fixed addresses, so they are used only
@@ -102,7 +106,7 @@ class TensorRTRunner:
         context = getattr(self._local, "context", None)
         if context is None:
             cuda.set_device(self._options.device)  # the current device is per host thread
-            context = _Context(self._engine, self.io, self._options.cuda_graph)
+            context = _Context(self._engine, self.io, self._options.cuda_graph, self._logger)
             self._local.context = context
             with self._lock:
                 self._contexts.append(context)
@@ -111,15 +115,15 @@ class TensorRTRunner:
     def _describe_io(self) -> list[IOTensor]:
         trt, engine = self._trt, self._engine
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        probe = engine.create_execution_context()
+        probe = _checked_context(engine, self._logger)
         specs = []
         for name in names:
             is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
             shape = tuple(engine.get_tensor_shape(name))
             if is_input and -1 in shape:
                 shape_max = tuple(engine.get_tensor_profile_shape(name, 0)[2])
-                probe.set_input_shape(name, shape_max)
-            specs.append((name, is_input, np.dtype(trt.nptype(engine.get_tensor_dtype(name))), shape))
+                _set_input_shape(probe, name, shape_max, self._logger)
+            specs.append((name, is_input, self._numpy_dtype(name, engine.get_tensor_dtype(name)), shape))
         io = []
         for name, is_input, dtype, shape in specs:
             max_shape = tuple(probe.get_tensor_shape(name))
@@ -133,13 +137,26 @@ class TensorRTRunner:
         del probe
         return io
 
+    def _numpy_dtype(self, name: str, dtype: Any) -> np.dtype:
+        from trtopt.backend.tensorrt.builder import enum_name
+
+        try:
+            return np.dtype(self._trt.nptype(dtype))
+        except TypeError:  # trt.nptype: "Could not resolve TensorRT datatype to an equivalent numpy datatype."
+            raise PlanError(
+                f"Tensor {name!r} of this engine is {enum_name(dtype)}, which has no numpy type; trtopt's "
+                f"runner passes inputs and outputs as numpy arrays.",
+                fix="Keep the model's inputs and outputs FP32, FP16, INT8, INT32, INT64, UINT8 or BOOL (cast to "
+                "BF16/FP8/INT4/FP4 inside the graph), then rebuild the plan.",
+            ) from None
+
 
 class _Context:
     """One execution context with its stream and buffers; used by one thread only."""
 
-    def __init__(self, engine: Any, io: list[IOTensor], cuda_graph: bool) -> None:
-        self.io = io
-        self.context = engine.create_execution_context()
+    def __init__(self, engine: Any, io: list[IOTensor], cuda_graph: bool, logger: Any) -> None:
+        self.io, self.logger = io, logger
+        self.context = _checked_context(engine, logger)
         self.stream = cuda.stream_create()
         self.device: dict[str, int] = {}
         self.host: dict[str, np.ndarray] = {}  # pinned, flat uint8 views
@@ -166,7 +183,7 @@ class _Context:
             for tensor, shape in zip(inputs, shapes, strict=True):
                 _check_fits(tensor, shape)
                 if -1 in tensor.shape:
-                    self.context.set_input_shape(tensor.name, shape)
+                    _set_input_shape(self.context, tensor.name, shape, self.logger)
             self._shapes = shapes
         if timed:
             cuda.event_record(self.events[0], self.stream)
@@ -175,7 +192,7 @@ class _Context:
             self._bind_input(tensor, feeds[tensor.name], views[tensor.name])
         out_shapes = {t.name: tuple(self.context.get_tensor_shape(t.name)) for t in self.io if not t.is_input}
         for name in out_shapes:
-            self.context.set_tensor_address(name, self.device[name])
+            self._set_address(name, self.device[name])
         self._execute(shapes, all_host, shape_changed)
         outputs = {name: self._copy_out(name, shape) for name, shape in out_shapes.items()}
         if timed:
@@ -194,13 +211,21 @@ class _Context:
                 )
             if view.stream not in (None, int(self.stream)):
                 cuda.stream_synchronize(view.stream)  # CUDA array interface v3: wait for the producer
-            self.context.set_tensor_address(tensor.name, view.ptr)
+            self._set_address(tensor.name, view.ptr)
             return
         array = np.ascontiguousarray(value, dtype=tensor.dtype)
         staging = self.host[tensor.name][: array.nbytes]
         staging[:] = array.reshape(-1).view(np.uint8)
         cuda.memcpy_htod_async(self.device[tensor.name], staging.ctypes.data, array.nbytes, self.stream)
-        self.context.set_tensor_address(tensor.name, self.device[tensor.name])
+        self._set_address(tensor.name, self.device[tensor.name])
+
+    def _set_address(self, name: str, ptr: int) -> None:
+        if not self.context.set_tensor_address(name, ptr):
+            raise PlanError(
+                f"TensorRT refused the device address {ptr:#x} for tensor {name!r}:\n{self.logger.errors_text()}",
+                fix="Pass a GPU array allocated by CUDA (cudaMalloc, torch, CuPy) whose start is aligned to its "
+                "element size, or a host array.",
+            )
 
     def _execute(self, shapes: tuple[tuple[int, ...], ...], all_host: bool, shape_changed: bool) -> None:
         small = all(not s or s[0] <= GRAPH_MAX_BATCH for s in shapes)
@@ -250,6 +275,25 @@ class _Context:
         self._host_ptrs.clear()
         cuda.stream_destroy(self.stream)
         del self.context
+
+
+def _checked_context(engine: Any, logger: Any) -> Any:
+    context = engine.create_execution_context()
+    if context is None:  # TensorRT returns nullptr (None) when it cannot, e.g. out of device memory
+        raise PlanError(
+            f"TensorRT could not create an execution context:\n{logger.errors_text()}",
+            fix="Free GPU memory (other processes, fewer runner threads) and retry.",
+        )
+    return context
+
+
+def _set_input_shape(context: Any, name: str, shape: tuple[int, ...], logger: Any) -> None:
+    if not context.set_input_shape(name, shape):
+        raise ShapeError(
+            f"TensorRT refused shape {list(shape)} for input {name!r}:\n{logger.errors_text()}",
+            fix="Use a shape within the engine's optimisation profile, or rebuild with --batch / --shapes "
+            "covering it.",
+        )
 
 
 def _shape_of(view: DeviceArray | None, value: Any) -> tuple[int, ...]:
