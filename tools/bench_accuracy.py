@@ -67,8 +67,9 @@ class Variant:
     name: str
     build_s: float | None
     peak_gib: float | None  # peak RSS of the process that built it
-    runner: OrtSession
+    runner: OrtSession  # the model on ONNX Runtime's kernels, as it runs
     kernels: Kernels | None = None
+    reference: OrtSession | None = None  # the same Q/DQ model as float math: what it means
 
 
 @dataclass(frozen=True)
@@ -83,17 +84,25 @@ class Scores:
 
 
 def build_variant(model: ModelUnderTest, kind: str, method: str, args: argparse.Namespace) -> Variant:
-    """Build one INT8 variant in its own process (for its own peak memory) and open it in ONNX Runtime.
-    `kind`: "trtopt", "ort" (quant_pre_process + quantize_static) or "ort-raw" (quantize_static alone)."""
+    """Build one INT8 variant in its own process (for its own peak memory) and open it in ONNX Runtime, as it
+    runs (kernels) and as float math (reference). `kind`: "trtopt" (the plan as `Engine` runs it here),
+    "trtopt-u8s8" (the u8s8 encoding forced and run as stored: the VNNI plan on this CPU), "ort"
+    (quant_pre_process + quantize_static), "ort-rr" (the same with reduce_range) or "ort-raw" (no pre-process)."""
+    from trtopt.backend.cpu.runner import model_for_this_cpu
+    from trtopt.plan import Plan
+
     data = (model, str(args.calib), args.count, method)
-    if kind == "trtopt":
-        name, ((seconds, model_bytes), peak_gib) = f"trtopt {method}", run_isolated(trtopt_build, *data)
+    if kind.startswith("trtopt"):
+        forced = kind == "trtopt-u8s8"
+        (seconds, model_bytes), peak_gib = run_isolated(trtopt_build, *data, "u8s8" if forced else "auto")
+        name = f"trtopt {method}" + (", u8s8 forced, run as stored" if forced else "")
+        executed = model_bytes if forced else model_for_this_cpu(Plan("cpu", (), (), {"onnx": model_bytes}))
     else:
-        raw = kind == "ort-raw"
-        name = f"ORT QDQ {method}" + (", no pre-process" if raw else "")
-        (seconds, model_bytes), peak_gib = run_isolated(ort_build, *data, not raw)
-    runner = OrtSession(onnx.load_from_string(model_bytes))
-    return Variant(name, seconds, peak_gib, runner, kernel_counts(model_bytes))
+        name = f"ORT QDQ {method}" + {"ort": "", "ort-rr": ", reduce_range", "ort-raw": ", no pre-process"}[kind]
+        (seconds, executed), peak_gib = run_isolated(ort_build, *data, kind != "ort-raw", kind == "ort-rr")
+    runner = OrtSession(onnx.load_from_string(executed))
+    reference = OrtSession(onnx.load_from_string(executed), opt_level="disable")
+    return Variant(name, seconds, peak_gib, runner, kernel_counts(executed), reference)
 
 
 def logits(runner: OrtSession, images: np.ndarray, batch: int) -> np.ndarray:
@@ -171,6 +180,24 @@ def table(variants: list[Variant], scores: list[Scores], counts: dict[str, int])
     return rows
 
 
+def fidelity_table(variants: list[Variant], scores: list[Scores], meant: list[Scores | None], n: int) -> list[str]:
+    """Per variant: what its Q/DQ graph means (reference, float math) and what this CPU's kernels deliver."""
+    rows = [
+        f"| variant | reference: top-1 agree ({n}) | kernels: top-1 agree ({n}) | kernels − reference "
+        "| reference: mean cosine | kernels: mean cosine |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for v, kernel, ref in zip(variants[1:], scores[1:], meant[1:], strict=True):
+        if ref is None:
+            continue
+        gap = (kernel.agree_heldout - ref.agree_heldout) * 100
+        rows.append(
+            f"| {v.name} | {pct(ref.agree_heldout)} | {pct(kernel.agree_heldout)} | **{gap:+.1f} points** "
+            f"| {ref.cosine_heldout:.4f} | {kernel.cosine_heldout:.4f} |"
+        )
+    return rows
+
+
 def _interval(share: float, n: int) -> str:
     low, high = wilson(share, n)
     return f"{low * 100:.1f}-{high * 100:.1f}%"
@@ -231,6 +258,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="ONNX Runtime quantize_static calibration methods (after quant_pre_process)")
     parser.add_argument("--ort-raw", nargs="*", default=["minmax"], choices=list(ORT_METHODS),
                         help="quantize_static methods run on the model as it is (no quant_pre_process)")
+    parser.add_argument("--ort-reduce-range", nargs="*", default=["minmax"], choices=list(ORT_METHODS),
+                        help="quantize_static methods with reduce_range=True (7-bit weights, ORT's remedy for "
+                        "CPUs without VNNI)")
+    parser.add_argument("--u8s8", nargs="*", default=["entropy"], choices=list(METHODS.names()),
+                        help="trtopt methods also built with the u8s8 encoding forced and run as stored (what "
+                        "a plan for VNNI CPUs computes on this one)")
     parser.add_argument("--batch", type=int, default=8, help="evaluation batch (models with a dynamic batch)")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     parser.add_argument("--plot", type=Path, help="write a bar chart (PNG) here")
@@ -253,10 +286,14 @@ def main(argv: list[str] | None = None) -> int:
 
         variants = [Variant("FP32 (ONNX Runtime)", None, None, OrtSession(onnx.load(model.path)))]
         variants += [build_variant(model, "trtopt", m, args) for m in args.methods]
+        variants += [build_variant(model, "trtopt-u8s8", m, args) for m in args.u8s8]
         variants += [build_variant(model, "ort", m, args) for m in args.ort]
+        variants += [build_variant(model, "ort-rr", m, args) for m in args.ort_reduce_range]
         variants += [build_variant(model, "ort-raw", m, args) for m in args.ort_raw]
         reference = logits(variants[0].runner, images, batch)
         scores = [score(reference, logits(v.runner, images, batch), sets, labels) for v in variants]
+        meant = [score(reference, logits(v.reference, images, batch), sets, labels) if v.reference else None
+                 for v in variants]  # fmt: skip
 
     counts = {
         "heldout": len(heldout_images),
@@ -291,6 +328,16 @@ def main(argv: list[str] | None = None) -> int:
         "(`trtopt.backend.cpu.builder.kernel_report`): INT8 / float conv kernels, QuantizeLinear + "
         "DequantizeLinear nodes still run as float<->int8 conversions, Pads left in float. 95% CI: Wilson "
         "score interval of the held-out agreement (how far the true rate may lie from this sample's).",
+        "",
+        "### What each plan means and what this CPU computes",
+        "",
+        *fidelity_table(variants, scores, meant, counts["heldout"]),
+        "",
+        "Reference: the same quantised ONNX run by ONNX Runtime with graph optimisations off, so every "
+        "QuantizeLinear / DequantizeLinear runs as float math: exactly the INT8 result the model means. "
+        "Kernels: as ONNX Runtime runs it, fused into integer kernels (trtopt rows: the plan as `trtopt.Engine` "
+        "runs it on this CPU). A gap beyond rounding means the kernels do not compute what the graph says: on "
+        "CPUs without VNNI, ONNX Runtime's u8s8 kernels saturate 16-bit pair sums. Held-out photos.",
         "",
         "### Held-out agreement per folder",
         "",

@@ -59,6 +59,16 @@ def cpu_flags() -> str:
     return ", ".join(f for f in wanted if f in flags) or "none of avx2/avx512/vnni/amx"
 
 
+def cpu_class() -> str:
+    """The CPU class trtopt decides its INT8 encoding by, and what it means for ONNX Runtime's kernels."""
+    from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
+
+    isa = cpu_isa()
+    means = {True: "its u8s8 INT8 kernels are exact", False: "its u8s8 INT8 kernels saturate (no VNNI)"}
+    known = means[isa in EXACT_U8S8] if isa in EXACT_U8S8 | SATURATING_U8S8 else "INT8 kernel exactness unknown"
+    return f"**CPU class `{isa}`**: {known}"
+
+
 def load_average() -> str:
     """The 1-minute load average: other jobs on the machine inflate wall times and latencies."""
     try:
@@ -84,7 +94,7 @@ def header_lines(script: str, argv: Sequence[str]) -> list[str]:
     return [
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({cpu_flags()}), "
-        f"{platform.system()} {platform.release()}",
+        f"{platform.system()} {platform.release()}; {cpu_class()}",
         f"- versions: Python {platform.python_version()}, numpy {np.__version__}, onnx {onnx.__version__}, "
         f"onnxruntime {ort.__version__}, trtopt {trtopt.__version__} ({source_revision()})",
         f"- command: `python {shlex.join([script, *argv])}`",
@@ -194,8 +204,11 @@ def even_batch(count: int, limit: int = 8) -> int:
     return max(b for b in range(1, limit + 1) if count % b == 0)
 
 
-def ort_quantize(model: ModelUnderTest, dataset: Any, method: str, out_path: Path, preprocess: bool) -> float:
+def ort_quantize(
+    model: ModelUnderTest, dataset: Any, method: str, out_path: Path, preprocess: bool, reduce_range: bool = False
+) -> float:
     """quantize_static: QDQ, per-channel QInt8 weights, QUInt8 activations; returns wall seconds.
+    `reduce_range`: 7-bit weights, ONNX Runtime's remedy for CPUs whose u8s8 kernels saturate.
 
     `preprocess`: first run `quant_pre_process` (shape inference and ORT's graph optimisations, which fold
     the Pads into the Convs), the step ORT's quantization guide and quantize_static's own warning recommend.
@@ -217,30 +230,32 @@ def ort_quantize(model: ModelUnderTest, dataset: Any, method: str, out_path: Pat
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
+        reduce_range=reduce_range,
     )
     return time.perf_counter() - start
 
 
 def trtopt_build(
-    model: ModelUnderTest, calib: str | Sequence[str], count: int | None, method: str
+    model: ModelUnderTest, calib: str | Sequence[str], count: int | None, method: str, encoding: str = "auto"
 ) -> tuple[float, bytes]:
-    """trtopt's whole CPU INT8 build (load, optimise, calibrate, quantise, lower) on a folder or a list of
-    image files: (wall seconds, ONNX bytes)."""
+    """trtopt's whole CPU INT8 build (load, optimise, calibrate, quantise, lower, verify) on a folder or a
+    list of image files: (wall seconds, the plan's ONNX bytes as stored)."""
     from trtopt.build import BuildConfig, build_plan
 
-    config = BuildConfig(backend="cpu", calib=calib, calib_count=count, calib_method=method)
+    config = BuildConfig(backend="cpu", calib=calib, calib_count=count, calib_method=method, cpu_encoding=encoding)
     start = time.perf_counter()
     result = build_plan(model.path, config)
     return time.perf_counter() - start, result.plan.sections["onnx"]
 
 
 def ort_build(
-    model: ModelUnderTest, calib: str, count: int | None, method: str, preprocess: bool = True
+    model: ModelUnderTest, calib: str, count: int | None, method: str, preprocess: bool = True,
+    reduce_range: bool = False,
 ) -> tuple[float, bytes]:
     """ORT's (quant_pre_process +) quantize_static on the same images: (wall seconds, QDQ ONNX bytes)."""
     with tempfile.TemporaryDirectory(prefix="bench-ortq-") as tmp:
         out = Path(tmp, "quantized.onnx")
-        seconds = ort_quantize(model, image_dataset(model, calib, count), method, out, preprocess)
+        seconds = ort_quantize(model, image_dataset(model, calib, count), method, out, preprocess, reduce_range)
         return seconds, out.read_bytes()
 
 
