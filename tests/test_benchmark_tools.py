@@ -60,18 +60,24 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     out = tmp_path / "accuracy.md"
     stdout = run_tool(
         "tools/bench_accuracy.py", "--count", "4", "--eval-count", "6", "--methods", "max",
-        "--ort", "minmax", "--ort-raw", "minmax", "--out", str(out),
+        "--ort", "minmax", "--ort-raw", "minmax", "--ort-reduce-range", "--u8s8", "max", "--out", str(out),
     )
     assert out.read_text() == stdout
     check_header(stdout, "tools/bench_accuracy.py")
     # --eval-count 6 from each of the two held-out folders: 12 held-out, + 4 calibration images in-sample
     rows = table_rows(stdout, "| variant | top-1 agree, held-out (12), 95% CI | top-1 agree, in-sample (16)")
-    names = ["FP32 (ONNX Runtime)", "trtopt max", "ORT QDQ minmax", "ORT QDQ minmax, no pre-process"]
+    names = ["FP32 (ONNX Runtime)", "trtopt max", "trtopt max, u8s8 forced, run as stored", "ORT QDQ minmax",
+             "ORT QDQ minmax, no pre-process"]  # fmt: skip
     assert [r[0] for r in rows] == names
     for row in rows:
         values = numbers(row[1:])
         assert values and all(math.isfinite(v) for v in values), row
-    fp32, trtopt_max, ort_minmax, _ = rows
+    fp32, trtopt_max, _, ort_minmax, _ = rows
+    fidelity = table_rows(stdout, "| variant | reference: top-1 agree (12) | kernels: top-1 agree (12)")
+    assert [r[0] for r in fidelity] == names[1:]
+    for row in fidelity:
+        gap = float(row[3].strip("*").removesuffix(" points"))
+        assert gap == pytest.approx(float(row[2].rstrip("%")) - float(row[1].rstrip("%")), abs=0.051), row
     assert fp32[1].startswith("100.0% (") and fp32[7] == "–"
     share, low, high = (float(v) for v in re.findall(r"\d+\.\d", trtopt_max[1]))
     assert 0 <= low <= share <= high <= 100, trtopt_max[1]
@@ -79,6 +85,7 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     assert [r[0] for r in per_folder] == names[1:] and all(c.endswith("/6)") for r in per_folder for c in r[1:])
     assert trtopt_max[6] != "–", "labelled top-5 is reported for an ImageNet model"
     assert int(trtopt_max[8]) > 0 and int(ort_minmax[8]) > 0, "INT8 conv kernels counted"
+    assert "CPU class `" in stdout, "every figure states the CPU class it was measured on"
 
 
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
@@ -129,10 +136,15 @@ def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
     check_header(stdout, "tools/bench_latency.py")
     assert "1 intra-op thread(s)" in stdout
     rows = table_rows(stdout, "| batch | model | median | p90 | images/s | speed-up vs FP32 (paired) |")
-    assert [r[1] for r in rows] == ["FP32 (original)", "trtopt INT8", "ORT QDQ INT8", "ORT QDQ INT8, no pre-process"]
+    int8 = ["trtopt INT8", "ORT QDQ INT8", "ORT QDQ INT8, reduce_range", "ORT QDQ INT8, no pre-process"]
+    assert [r[1] for r in rows] == ["FP32 (original)", *int8]
     for row in rows:
         values = numbers([row[0], *row[2:]])
         assert len(values) == 5 and all(math.isfinite(v) and v > 0 for v in values), row
+    checked = table_rows(stdout, "| model | kernels vs its Q/DQ graph run as float math |")
+    assert [r[0] for r in checked] == int8
+    trtopt_error = float(re.search(r"relative error (\d+\.\d+)", checked[0][1]).group(1))  # type: ignore[union-attr]
+    assert trtopt_error < 0.2, "trtopt's plan runs exactly on every CPU kind (u8s8 saturation shows as ~0.2-0.3)"
 
 
 def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice() -> None:

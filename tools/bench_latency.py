@@ -55,6 +55,7 @@ FP32 = "FP32 (original)"
 TRTOPT = "trtopt INT8"
 ORT = "ORT QDQ INT8"
 ORT_RAW = "ORT QDQ INT8, no pre-process"
+ORT_RR = "ORT QDQ INT8, reduce_range"
 
 
 @dataclass
@@ -90,8 +91,14 @@ def interleaved(calls: dict[str, Callable[[], object]], batch: int, warmup: int,
     return timings
 
 
-def sessions(model: ModelUnderTest, args: argparse.Namespace, workdir: Path) -> tuple[dict, dict[str, str]]:
-    """{name: OrtSession} for every model compared, and a note per INT8 model on how it was made."""
+def sessions(
+    model: ModelUnderTest, args: argparse.Namespace, workdir: Path
+) -> tuple[dict, dict[str, str], dict[str, bytes]]:
+    """{name: OrtSession} for every model compared, a note per INT8 model on how it was made, and the ONNX
+    bytes each INT8 model runs (trtopt's: the plan as `trtopt.Engine` runs it on this CPU)."""
+    from trtopt.backend.cpu.runner import model_for_this_cpu
+    from trtopt.plan import Plan
+
     runners = {FP32: OrtSession(onnx.load(model.path), threads=args.threads)}
     notes = {}
     if args.plan:
@@ -105,18 +112,33 @@ def sessions(model: ModelUnderTest, args: argparse.Namespace, workdir: Path) -> 
     else:
         seconds, trtopt_bytes = trtopt_build(model, str(args.calib), args.count, "entropy")
         notes[TRTOPT] = f"built here, entropy calibration, {seconds:.1f} s"
-    runners[TRTOPT] = OrtSession(onnx.load_from_string(trtopt_bytes), threads=args.threads)
-    kernels = {TRTOPT: kernel_counts(trtopt_bytes)}
-    for name, preprocess in ((ORT, True), (ORT_RAW, False)) if not args.no_ort else ():
-        seconds, ort_bytes = ort_build(model, str(args.calib), args.count, "minmax", preprocess)
+    sources = {TRTOPT: model_for_this_cpu(Plan("cpu", (), (), {"onnx": trtopt_bytes}))}
+    variants = ((ORT, True, False), (ORT_RR, True, True), (ORT_RAW, False, False))
+    for name, preprocess, reduce_range in variants if not args.no_ort else ():
+        seconds, sources[name] = ort_build(model, str(args.calib), args.count, "minmax", preprocess, reduce_range)
         how = "quant_pre_process + quantize_static" if preprocess else "quantize_static on the model as it is"
-        notes[name] = f"{how}, QDQ, MinMax calibration, {seconds:.1f} s"
-        runners[name] = OrtSession(onnx.load_from_string(ort_bytes), threads=args.threads)
-        kernels[name] = kernel_counts(ort_bytes)
-    for name, k in kernels.items():
+        notes[name] = f"{how}, QDQ, MinMax calibration{', reduce_range' if reduce_range else ''}, {seconds:.1f} s"
+    for name, source in sources.items():
+        runners[name] = OrtSession(onnx.load_from_string(source), threads=args.threads)
+        k = kernel_counts(source)
         notes[name] += (f"; ONNX Runtime runs INT8 convs: {k.int8_convs}, float convs: {k.float_convs}, "
                         f"Q/DQ conversions: {k.conversions}, float Pads: {k.float_pads}")
-    return runners, notes
+    return runners, notes, sources
+
+
+def fidelity(sources: dict[str, bytes], images: np.ndarray, model: ModelUnderTest) -> dict[str, str]:
+    """Per INT8 model: its kernels against its own Q/DQ graph run as float math (trtopt.verify), so a fast
+    row cannot hide kernels that compute something else."""
+    from trtopt.verify import agreement, collect
+
+    step = model.static_batch or len(images)
+    batches = [({model.input_name: images[i : i + step]}, step) for i in range(0, len(images) - step + 1, step)]
+    result = {}
+    for name, source in sources.items():
+        kernels = collect(OrtSession(onnx.load_from_string(source)).run, batches)
+        reference = collect(OrtSession(onnx.load_from_string(source), opt_level="disable").run, batches)
+        result[name] = agreement(kernels, reference).describe()
+    return result
 
 
 def table(results: list[Timings]) -> list[str]:
@@ -188,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{model.name} has a fixed batch of {model.static_batch}; pass --batches "
                              f"{model.static_batch}")
         images, _ = stacked(image_dataset(model, args.calib, max(args.batches)))
-        runners, notes = sessions(model, args, Path(tmp))
+        runners, notes, sources = sessions(model, args, Path(tmp))
+        probe, _ = stacked(image_dataset(model, args.calib, 16))
+        checked = fidelity(sources, probe, model)
     results = []
     for batch in args.batches:
         feeds = {model.input_name: np.resize(images, (batch, *images.shape[1:]))}  # repeats photos if too few
@@ -205,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         f"- model: `{model.name}`; {args.threads} intra-op thread(s), inter-op 1; ORT graph optimisations: all; "
         f"{args.warmup} warm-up + {args.iterations} timed rounds per batch size, interleaved",
         *(f"- {name}: {note}" for name, note in notes.items()),
+        "",
+        "### Kernels vs reference (16 calibration photos)",
+        "",
+        "| model | kernels vs its Q/DQ graph run as float math |",
+        "|---|---|",
+        *(f"| {name} | {text} |" for name, text in checked.items()),
+        "",
+        "What each INT8 model computes on this CPU against what its graph means (trtopt.verify's measure): "
+        "a relative error far above the few percent of rounding means the timed kernels compute something "
+        "else (ONNX Runtime's u8s8 kernels saturate on CPUs without VNNI).",
         "",
         f"### Latency per batch size ({args.threads} thread(s))",
         "",

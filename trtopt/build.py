@@ -125,12 +125,23 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         io = (_specs(graph.inputs), _specs(graph.outputs))
         plan, verification = _build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
     plan = replace(plan, metadata={**metadata, "verification": verification.to_dict()})
-    kernels = None
-    if backend == "cpu" and config.int8:
-        from trtopt.backend.cpu.builder import kernel_report
-
-        kernels = kernel_report(plan.sections["onnx"])
+    kernels = _kernel_report(plan) if backend == "cpu" and config.int8 else None
     return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias, verification)
+
+
+def _kernel_report(plan: Plan) -> Any:
+    """Which kernels ONNX Runtime made of the plan (for the summary); the plan already verified, so a failure
+    here is reported, not a traceback."""
+    from trtopt.backend.cpu.builder import kernel_report
+    from trtopt.verify import plan_errors
+
+    try:
+        return kernel_report(plan.sections["onnx"])
+    except plan_errors() as exc:
+        raise TrtoptError(
+            f"ONNX Runtime could not optimise the built plan: {str(exc).strip().splitlines()[0]} Nothing was written.",
+            fix="This is a bug in trtopt's CPU lowering: please report it with the model; meanwhile try --passes ''.",
+        ) from None
 
 
 def _build_verified(

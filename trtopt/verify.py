@@ -154,7 +154,7 @@ def check_outputs(outputs: Outputs, expected: Iterable[Any]) -> None:
             )
 
 
-def _plan_errors() -> tuple[type[BaseException], ...]:
+def plan_errors() -> tuple[type[BaseException], ...]:
     """What ONNX's checker and ONNX Runtime raise for a model they cannot take (their own types)."""
     import onnxruntime as ort
 
@@ -189,7 +189,7 @@ def verify_plan(
         finally:
             runner.close()
         reference = collect(reference_runner(plan.sections["onnx"]), batches)
-    except _plan_errors() as exc:
+    except plan_errors() as exc:
         raise TrtoptError(
             f"The built plan is not valid: {str(exc).strip().splitlines()[0]} Nothing was written.",
             fix="This is a bug in trtopt's passes, quantisation or lowering: please report it with the model. "
