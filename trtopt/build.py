@@ -26,15 +26,20 @@ import onnx_graphsurgeon as gs
 from trtopt import __version__
 from trtopt.backend import BuildOptions, build_sections, select_backend
 from trtopt.errors import ShapeError, TrtoptError
-from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
+from trtopt.frontend import (
+    MIN_OPSET,
+    MIN_QDQ_OPSET,
+    graph_from_onnx,
+    load_model,
+    onnx_from_graph,
+    require_static_shapes,
+)
 from trtopt.frontend.shapes import Shape
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 
 log = logging.getLogger(__name__)
-# Per-axis QuantizeLinear/DequantizeLinear (per-channel weights) exist from opset 13.
-MIN_QDQ_OPSET = 13
 
 
 @dataclass(frozen=True)
@@ -132,11 +137,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
 
 
 def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
-    loaded = load_model(path)
-    model = loaded.model
-    if config.int8 and loaded.opset < MIN_QDQ_OPSET:
-        log.info("converting opset %d to %d for per-channel Q/DQ", loaded.opset, MIN_QDQ_OPSET)
-        model = onnx.version_converter.convert_version(model, MIN_QDQ_OPSET)
+    # INT8 needs per-axis Q/DQ (opset 13); the front end converts older models (trtopt.frontend.opset).
+    model = load_model(path, min_opset=MIN_QDQ_OPSET if config.int8 else MIN_OPSET).model
     graph = graph_from_onnx(model, shapes=config.shapes)
     require_static_shapes(graph)
     return graph
