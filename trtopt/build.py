@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -39,6 +39,9 @@ from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 
+if TYPE_CHECKING:
+    from trtopt.data import PreprocessOverrides
+
 log = logging.getLogger(__name__)
 
 
@@ -57,6 +60,7 @@ class BuildConfig:
     bounded_max: bool = True
     bias_correction: bool = True
     preset: str | None = None
+    preprocess: PreprocessOverrides | None = None  # fields over the preset or sidecar (--mean, --std, ...)
     shapes: dict[str, Shape] | None = None
     batch: int | None = None
     passes: tuple[str, ...] | None = None
@@ -222,22 +226,25 @@ def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
 
 
 def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
-    """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet."""
-    from trtopt.data import PreprocessSpec, spec_for_input
+    """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet; then
+    the fields given one by one (`config.preprocess`: --mean, --std, ...) over it."""
+    from trtopt.data import PreprocessOverrides, PreprocessSpec, spec_for_input
 
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
     if len(graph.inputs) != 1 or not image_inputs:
         return None
     tensor = image_inputs[0]
+    overrides = config.preprocess or PreprocessOverrides()
     sidecar = model_path.with_suffix(".json")
     if config.preset is None and sidecar.is_file():
         described = json.loads(sidecar.read_text()).get("preprocess")
         if described:
-            return PreprocessSpec.from_dict(described)
+            spec = PreprocessSpec.from_dict(described, where=str(sidecar))
+            return overrides.apply(spec, name=tensor.name, input_shape=tuple(tensor.shape))
     try:
-        return spec_for_input(tuple(tensor.shape), tensor.dtype, preset=config.preset)
+        return spec_for_input(tuple(tensor.shape), tensor.dtype, config.preset, name=tensor.name, overrides=overrides)
     except ShapeError:
-        if config.preset is not None:
+        if config.preset is not None or overrides:
             raise
         return None  # not an image input: data must come as .npy/.npz, and the plan stores no preprocessing
 
