@@ -31,6 +31,35 @@ def with_opset(version: int) -> onnx.ModelProto:
     return model
 
 
+def unconvertible_scan() -> onnx.ModelProto:
+    """A valid opset-8 model (ONNX Runtime runs it) that onnx's version converter cannot take to opset 9+:
+    Scan-8 with a sequence_lens input (adapters/scan_8_9.h refuses it)."""
+    state, item = (helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in ("s", "i"))
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s", "i"], ["s2"]), helper.make_node("Identity", ["s2"], ["o"])],
+        "body",
+        [state, item],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3]) for n in ("s2", "o")],
+    )
+    scan = helper.make_node("Scan", ["lens", "s0", "x"], ["sf", "y"], body=body, num_scan_inputs=1)
+    graph = helper.make_graph(
+        [scan],
+        "scan8",
+        [
+            helper.make_tensor_value_info("lens", onnx.TensorProto.INT64, [1]),
+            helper.make_tensor_value_info("s0", onnx.TensorProto.FLOAT, [1, 3]),
+            helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 3]),
+        ],
+        [
+            helper.make_tensor_value_info("sf", onnx.TensorProto.FLOAT, [1, 3]),
+            helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 3]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)])
+    model.ir_version = 4
+    return model
+
+
 def with_custom_op() -> onnx.ModelProto:
     model = build_model("resnet_basic")
     relu = next(n for n in model.graph.node if n.op_type == "Relu")
@@ -73,7 +102,7 @@ def write_bad_file(kind: str, tmp_path: Path) -> Path:
         "jpeg": lambda: _write(tmp_path / "photo.onnx", JPEG_HEADER + bytes(range(256)) * 8),
         "text": lambda: _write(tmp_path / "notes.onnx", b"name,label\ncat.jpg,3\ndog.jpg,5\n"),
         "truncated": lambda: _write(tmp_path / "cut.onnx", _half(build_model("tiny_cnn"))),
-        "opset7": lambda: save(with_opset(7), tmp_path / "old.onnx"),
+        "unconvertible": lambda: save(unconvertible_scan(), tmp_path / "old.onnx"),
         "opset30": lambda: save(with_opset(30), tmp_path / "future.onnx"),
         "custom_op": lambda: save(with_custom_op(), tmp_path / "custom.onnx"),
         "misspelled_op": lambda: save(with_misspelled_op(), tmp_path / "typo.onnx"),
@@ -91,8 +120,8 @@ EXPECTED_MESSAGE = {
     "jpeg": "not a readable ONNX model",
     "text": "not a readable ONNX model",
     "truncated": "truncated",
-    "opset7": "opset 7; trtopt supports opsets 11 to 22",
-    "opset30": "opset 30; trtopt supports opsets 11 to 22",
+    "unconvertible": "opset 8; trtopt works on opsets 11 to 22, and onnx's version converter could not convert it",
+    "opset30": "opset 30; trtopt supports opsets 11 to 22.*knows opsets only up to",
     "custom_op": "'FancyRelu' from domain 'com.acme'",
     "misspelled_op": "'Convv'.*did you mean 'Conv'",
     "escape_relative": "outside the model's folder",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -27,16 +27,24 @@ import onnx_graphsurgeon as gs
 from trtopt import __version__
 from trtopt.backend import BuildOptions, build_sections, build_variants, select_backend
 from trtopt.errors import ShapeError, TrtoptError
-from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
+from trtopt.frontend import (
+    MIN_OPSET,
+    MIN_QDQ_OPSET,
+    graph_from_onnx,
+    load_model,
+    onnx_from_graph,
+    require_static_shapes,
+)
 from trtopt.frontend.shapes import Shape
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.verify import Verification, verify_plan
 
+if TYPE_CHECKING:
+    from trtopt.data import PreprocessOverrides
+
 log = logging.getLogger(__name__)
-# Per-axis QuantizeLinear/DequantizeLinear (per-channel weights) exist from opset 13.
-MIN_QDQ_OPSET = 13
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class BuildConfig:
     bounded_max: bool = True
     bias_correction: bool = True
     preset: str | None = None
+    preprocess: PreprocessOverrides | None = None  # fields over the preset or sidecar (--mean, --std, ...)
     shapes: dict[str, Shape] | None = None
     batch: int | None = None
     passes: tuple[str, ...] | None = None
@@ -237,11 +246,8 @@ def _random_checks(graph: gs.Graph, spec: Any, count: int, batch: int) -> Checks
 
 
 def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
-    loaded = load_model(path)
-    model = loaded.model
-    if config.int8 and loaded.opset < MIN_QDQ_OPSET:
-        log.info("converting opset %d to %d for per-channel Q/DQ", loaded.opset, MIN_QDQ_OPSET)
-        model = onnx.version_converter.convert_version(model, MIN_QDQ_OPSET)
+    # INT8 needs per-axis Q/DQ (opset 13); the front end converts older models (trtopt.frontend.opset).
+    model = load_model(path, min_opset=MIN_QDQ_OPSET if config.int8 else MIN_OPSET).model
     graph = graph_from_onnx(model, shapes=config.shapes)
     require_static_shapes(graph)
     return graph
@@ -327,22 +333,25 @@ def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
 
 
 def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
-    """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet."""
-    from trtopt.data import PreprocessSpec, spec_for_input
+    """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet; then
+    the fields given one by one (`config.preprocess`: --mean, --std, ...) over it."""
+    from trtopt.data import PreprocessOverrides, PreprocessSpec, spec_for_input
 
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
     if len(graph.inputs) != 1 or not image_inputs:
         return None
     tensor = image_inputs[0]
+    overrides = config.preprocess or PreprocessOverrides()
     sidecar = model_path.with_suffix(".json")
     if config.preset is None and sidecar.is_file():
         described = json.loads(sidecar.read_text()).get("preprocess")
         if described:
-            return PreprocessSpec.from_dict(described)
+            spec = PreprocessSpec.from_dict(described, where=str(sidecar))
+            return overrides.apply(spec, name=tensor.name, input_shape=tuple(tensor.shape))
     try:
-        return spec_for_input(tuple(tensor.shape), tensor.dtype, preset=config.preset)
+        return spec_for_input(tuple(tensor.shape), tensor.dtype, config.preset, name=tensor.name, overrides=overrides)
     except ShapeError:
-        if config.preset is not None:
+        if config.preset is not None or overrides:
             raise
         return None  # not an image input: data must come as .npy/.npz, and the plan stores no preprocessing
 

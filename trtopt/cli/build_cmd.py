@@ -10,12 +10,15 @@ examples:
   trtopt build model.onnx --int8 --calib imgs/ --exclude Gemm --keep-first-last -o plan.engine
   trtopt build model.onnx -o fp32.engine                      # no quantisation
   trtopt build model.onnx --int8 --calib imgs/ --backend tensorrt --batch 32 --fp16 -o gpu.engine
+  trtopt build mnist.onnx --int8 --calib digits/ --resize 28 --scale 255 --mean 0 --std 1 -o mnist.engine
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from trtopt.cli.preprocess_args import add_preprocess_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,12 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="activation threshold method: entropy (default; TensorRT's KL search), max, percentile "
         "(99.99%%), mse. Worth a try when `trtopt compare` shows top-1 flips: on the demo model "
         "percentile flipped fewer held-out photos than entropy (BENCHMARKS.md, accuracy sections)",
-    )
-    g.add_argument(
-        "--preset",
-        default=None,
-        help="image preprocessing preset (imagenet, tf, efficientnet-lite, caffe, unit, raw); default: the "
-        "model's sidecar <model>.json if present, else imagenet",
     )
     q = parser.add_argument_group("quantisation")
     q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
@@ -93,12 +90,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the plan on N samples through FP32, the INT8 reference and the kernels (default 8: held "
         "back from calibration when it has 8*N or more, else shared with it; random inputs without --calib)",
     )
+    add_preprocess_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the build summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from trtopt.build import BuildConfig, build_plan
     from trtopt.cli.console import phase_progress, print_json
+    from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.cli.summaries import build_summary, print_build_summary
     from trtopt.errors import TrtoptError
     from trtopt.frontend import parse_shapes
@@ -123,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         calib_method=args.method,
         bias_correction=not args.no_bias_correction,
         preset=args.preset,
+        preprocess=overrides_from_args(args),
         shapes=parse_shapes(args.shapes),
         batch=args.batch,
         passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,

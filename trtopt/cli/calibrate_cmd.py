@@ -18,6 +18,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from trtopt.cli.preprocess_args import add_preprocess_arguments
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
@@ -31,7 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
     parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
     parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument("--preset", default=None, help="image preprocessing preset (see `trtopt build --help`)")
     parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
     parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
     parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot-top", type=int, default=4, help="with --plot-dir and no --plot: the N most clipped tensors"
     )
+    add_preprocess_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a summary as JSON")
 
 
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
     from trtopt.calib import CACHE_FORMATS, save_cache
     from trtopt.cli.console import err, out, phase_progress, print_json
+    from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.frontend import parse_shapes
     from trtopt.passes import optimize
 
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         calib_method=args.method,
         bounded_max=not args.no_bounded_max,
         preset=args.preset,
+        preprocess=overrides_from_args(args),
         shapes=parse_shapes(args.shapes),
         passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
     )

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from trtopt.cli.preprocess_args import add_preprocess_arguments
+
 if TYPE_CHECKING:
     from trtopt.engine import Engine
 
@@ -31,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
     parser.add_argument("--per-layer", action="store_true", help="also compare every layer's output")
     parser.add_argument("--top", type=int, default=15, help="layers to list in --per-layer mode (default 15)")
+    add_preprocess_arguments(parser, base="plan")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
 
 
@@ -44,12 +47,13 @@ def run(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.cli.console import out, print_json
     from trtopt.cli.datasets import dataset_for_plan
+    from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.compare import compare_batches
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
 
     reference = OrtSession(load_model(args.model).model)
-    dataset = dataset_for_plan(engine.plan, args.data, count=args.count)
+    dataset = dataset_for_plan(engine.plan, args.data, count=args.count, overrides=overrides_from_args(args))
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
     classify = {t.name for t in engine.outputs if len(t.shape) == 2}
     pairs = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtopt.errors import TrtoptError
@@ -18,9 +19,9 @@ err = Console(stderr=True, highlight=False, markup=False)
 
 
 def print_error(exc: TrtoptError) -> None:
-    err.print(f"[bold red]error:[/] {exc.what}", markup=True, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(exc.what)}", markup=True, soft_wrap=True)  # user text: no markup
     if exc.fix:
-        err.print(f"[bold]fix:[/] {exc.fix}", markup=True, soft_wrap=True)
+        err.print(f"[bold]fix:[/] {escape(exc.fix)}", markup=True, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:

@@ -16,6 +16,8 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+from trtopt.cli.preprocess_args import add_preprocess_arguments
+
 if TYPE_CHECKING:
     from trtopt.engine import Engine
 
@@ -27,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=5, help="how many classes to show per image (default 5)")
     parser.add_argument("--count", type=int, default=None, help="use only the first N inputs")
     parser.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: all cores)")
+    add_preprocess_arguments(parser, base="plan")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
 
 
@@ -44,8 +47,9 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.classify import top_k
     from trtopt.cli.console import err, out, print_json
     from trtopt.cli.datasets import dataset_for_plan
+    from trtopt.cli.preprocess_args import overrides_from_args
 
-    dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count)
+    dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
     output = engine.outputs[0].name
     results = []
     started = time.perf_counter()

@@ -12,6 +12,7 @@ from trtopt.data.dataset import Batch, Dataset, SkippedFile, load_dataset
 from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, read_image, rgb_from_image
 from trtopt.data.input_spec import detect_layout, spec_for_input
 from trtopt.data.inputs import InputInfo, input_infos_from_graph
+from trtopt.data.overrides import PreprocessOverrides
 from trtopt.data.preprocess import PRESETS, PreprocessSpec, preprocess_image, preprocess_images
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "Batch",
     "Dataset",
     "InputInfo",
+    "PreprocessOverrides",
     "PreprocessSpec",
     "SkippedFile",
     "UnreadableFileError",

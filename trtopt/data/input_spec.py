@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from trtopt.data.overrides import PreprocessOverrides, check_channel_values
 from trtopt.data.preprocess import DTYPES, LAYOUTS, PRESETS, PreprocessSpec
 from trtopt.errors import DataError, ShapeError
 
@@ -38,36 +39,48 @@ def spec_for_input(
     scale: float | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    overrides: PreprocessOverrides | None = None,
 ) -> PreprocessSpec:
     """The spec that feeds images to model input `name` of `input_shape` and `dtype`.
 
     `preset` is a name in `PRESETS` or a spec; None means 'imagenet' (torchvision) for float inputs and
-    'raw' for uint8 inputs. Keyword overrides left as None keep the preset's value; `layout=None` is
-    detected from the shape. Raises `ShapeError` for shapes that images cannot fill and `DataError` for
-    dtypes and settings that do not fit.
+    'raw' for uint8 inputs. Keyword overrides left as None keep the preset's value, as do the fields
+    `overrides` (the CLI's flags) leaves None; `layout=None` is detected from the shape. Raises
+    `ShapeError` for shapes that images cannot fill and `DataError` for dtypes and settings that do not fit.
     """
+    if overrides:  # the fields that shape the derivation below; `overrides.apply` sets the rest at the end
+        layout, color = layout or overrides.layout, color or overrides.color
+        mean = mean if mean is not None else overrides.mean
+        std = std if std is not None else overrides.std
     dims = list(input_shape)
     layout = detect_layout(dims, layout, name=name)
     height, width = _spatial_size(dims, layout, name)
     channels = dims[1] if layout == "NCHW" else dims[3]
     dtype_name = _image_dtype(dtype, name)
     base = _base_spec(preset, dtype_name)
+    if channels == 1 and color in ("RGB", "BGR") and overrides and overrides.color:
+        raise DataError(
+            f"--color {color} asks for 3 channels, but input {name!r} has 1 (grey).",
+            fix="Pass --color L, or leave --color out (1-channel inputs are read as grey).",
+        )
     color = _color_for(channels, color if color is not None else base.color, name)
+    for field, values in (("mean", mean), ("std", std)):
+        if values is not None:
+            check_channel_values(field, tuple(values), 1 if color == "L" else 3, name)
     if color == "L" and mean is None:
         mean = _one_channel(base.mean, "mean", name)
     if color == "L" and std is None:
         std = _one_channel(base.std, "std", name)
-    overrides = {
+    given = {
         "resize": resize,
         "interpolation": interpolation,
         "scale": scale,
         "mean": tuple(mean) if mean is not None else None,
         "std": tuple(std) if std is not None else None,
     }
-    changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(
-        base, crop=(height, width), layout=layout, dtype=dtype_name, color=color, **changes
-    )
+    changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    spec = dataclasses.replace(base, crop=(height, width), layout=layout, dtype=dtype_name, color=color, **changes)
+    return overrides.apply(spec, name=name, input_shape=dims) if overrides else spec
 
 
 def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str = "input") -> str:

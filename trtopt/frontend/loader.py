@@ -2,8 +2,9 @@
 
 Checks, in order: the file exists and parses as ONNX; external weights stay inside the model's folder
 (a path such as ``../../etc/passwd`` in a tensor's ``location`` is refused, because loading it would
-read arbitrary files); the default-domain opset is in the supported range; every op is known. Then
-shape inference and constant folding run, so passes see concrete shapes and constant weights.
+read arbitrary files); the model declares a default-domain opset; every op is known; onnx.checker passes.
+A model outside opsets 11-22 is then converted (`trtopt.frontend.opset`). Then shape inference and
+constant folding run, so passes see concrete shapes and constant weights.
 """
 
 from __future__ import annotations
@@ -22,15 +23,12 @@ from google.protobuf.message import DecodeError
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
+from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
 log = logging.getLogger(__name__)
 
-# Opsets of the default ONNX domain that trtopt reads: 11 is the oldest with today's Q/DQ-friendly
-# semantics (Clip with inputs, Pad with inputs); 22 is the newest TensorRT 10/11's parser documents.
-MIN_OPSET = 11
-MAX_OPSET = 22
 MAX_IR_VERSION = 10
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Contrib ops that ONNX Runtime runs and trtopt itself emits for the CPU backend.
@@ -41,15 +39,21 @@ G_LOGGER.severity = G_LOGGER.ERROR
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A validated model and where it came from (`None` for bytes)."""
+    """A validated model and where it came from (`None` for bytes). `opset` is the model's opset now,
+    `source_opset` the one its file declares (they differ when it was converted)."""
 
     model: onnx.ModelProto
     path: Path | None
     opset: int
+    source_opset: int
 
 
-def load_model(source: str | os.PathLike[str] | bytes) -> LoadedModel:
-    """Parse and validate an ONNX model, loading external data safely. Raises `ModelError`."""
+def load_model(source: str | os.PathLike[str] | bytes, *, min_opset: int = MIN_OPSET) -> LoadedModel:
+    """Parse and validate an ONNX model, loading external data safely. Raises `ModelError`.
+
+    A model whose opset is below `min_opset` (an INT8 build asks for `MIN_QDQ_OPSET`) or outside the
+    supported range is converted (see `trtopt.frontend.opset`).
+    """
     if isinstance(source, (bytes, bytearray)):
         model = _parse(bytes(source), "<bytes>")
         path = None
@@ -62,9 +66,11 @@ def load_model(source: str | os.PathLike[str] | bytes) -> LoadedModel:
     where = str(path) if path else "<bytes>"
     _check_has_graph(model, where)
     opset = _default_opset(model, where)
+    check_opset_known(opset, where)
     _check_ops(model, where)
     _check_valid(model, where)
-    return LoadedModel(model=model, path=path, opset=opset)
+    converted = model_at_opset(model, opset, where, min_opset=min_opset)
+    return LoadedModel(model=converted, path=path, opset=_default_opset(converted, where), source_opset=opset)
 
 
 def graph_from_onnx(
@@ -195,14 +201,7 @@ def _default_opset(model: onnx.ModelProto, where: str) -> int:
         raise ModelError(
             f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17."
         )
-    opset = versions[0]
-    if not MIN_OPSET <= opset <= MAX_OPSET:
-        raise ModelError(
-            f"{where} uses ONNX opset {opset}; trtopt supports opsets {MIN_OPSET} to {MAX_OPSET}.",
-            fix="Re-export with an opset in that range (torch.onnx.export(..., opset_version=17)) or convert "
-            "it: onnx.version_converter.convert_version(model, 17).",
-        )
-    return opset
+    return versions[0]
 
 
 def _check_ops(model: onnx.ModelProto, where: str) -> None:

@@ -1,0 +1,128 @@
+"""Models outside opsets 11-22 are converted with onnx's version converter (trtopt.frontend.opset), and the
+converted, optimised or built model computes what the original computes, run by ONNX Runtime directly."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from model_files import save, unconvertible_scan, with_opset
+from pass_helpers import RTOL, max_relative_error
+
+from trtopt.cli.main import main
+from trtopt.engine import Engine
+from trtopt.errors import ModelError
+from trtopt.execution.ort_session import run_model
+from trtopt.frontend import MAX_OPSET, load_model
+from trtopt.zoo.light import LIGHT_NAMES, light_model, light_path
+
+FAST_LIGHT = [n for n in LIGHT_NAMES if n != "vgg19"]  # VGG-19 is 550 MB of weights
+LIGHT_PARAMS = [*FAST_LIGHT, pytest.param("vgg19", marks=pytest.mark.slow)]
+
+
+def ort_outputs(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The original model, run by ONNX Runtime itself (no trtopt loading in between)."""
+    data = model.read_bytes() if isinstance(model, Path) else model.SerializeToString()
+    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+
+
+def image_feed(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    return {name: np.random.default_rng(seed).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("name", LIGHT_PARAMS)
+def test_light_file_converts_to_opset_13(name: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The files as shipped: opset 9, IR 3, every weight also listed as a graph input."""
+    with caplog.at_level(logging.WARNING, logger="trtopt.frontend"):
+        loaded = load_model(light_path(name))
+    assert (loaded.source_opset, loaded.opset) == (9, 13)
+    assert len(loaded.model.graph.input) == 1, "IR 3 initializer inputs are weights, not inputs"
+    assert [r.getMessage() for r in caplog.records if "converted" in r.getMessage()] == [
+        f"{light_path(name)} uses ONNX opset 9; converted it to opset 13 with onnx's version converter "
+        "(trtopt works on opsets 11 to 22)"
+    ]
+    feeds = image_feed(loaded.model.graph.input[0].name)
+    assert max_relative_error(ort_outputs(light_path(name), feeds), run_model(loaded.model, feeds)) <= RTOL
+
+
+@pytest.mark.parametrize("name", LIGHT_PARAMS)
+def test_cli_optimize_and_build_of_an_opset_9_model_match_the_original(
+    name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Random weights (light_model) at opset 9, so every layer counts; FP32 optimise and build via the CLI."""
+    original = save(light_model(name, opset=9, seed=1), tmp_path / f"{name}.onnx")
+    assert onnx.load(original).opset_import[0].version == 9
+    assert main(["optimize", str(original), "-o", str(tmp_path / "opt.onnx"), "--json"]) == 0
+    assert main(["build", str(original), "--backend", "cpu", "-o", str(tmp_path / "plan.engine"), "--json"]) == 0
+    assert "converted it to opset 13" in caplog.text
+    feeds = image_feed(onnx.load(original).graph.input[0].name)
+    reference = ort_outputs(original, feeds)
+    assert max_relative_error(reference, ort_outputs(tmp_path / "opt.onnx", feeds)) <= RTOL
+    with Engine.load(tmp_path / "plan.engine") as engine:
+        assert max_relative_error(reference, engine.infer(feeds)) <= RTOL
+
+
+def test_cli_int8_build_of_an_opset_9_model(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    original = save(light_model("shufflenet", opset=9, seed=2), tmp_path / "shufflenet.onnx")
+    name = onnx.load(original).graph.input[0].name
+    data = np.random.default_rng(3).uniform(0, 1, (2, 3, 224, 224)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", **{name: data})
+    plan = tmp_path / "int8.engine"
+    args = ["build", str(original), "--int8", "--calib", str(tmp_path / "calib.npz"), "--backend", "cpu"]
+    assert main([*args, "-o", str(plan), "--json"]) == 0
+    assert "converted it to opset 13" in caplog.text
+    feeds = {name: data[:1]}
+    reference = next(iter(ort_outputs(original, feeds).values())).ravel()
+    with Engine.load(plan) as engine:
+        assert engine.plan.metadata["int8_layers"]
+        actual = next(iter(engine.infer(feeds).values())).ravel()
+    cosine = float(reference @ actual / (np.linalg.norm(reference) * np.linalg.norm(actual)))
+    assert cosine > 0.99, cosine
+
+
+@pytest.mark.parametrize("opset", [11, 12])
+def test_int8_builds_convert_opset_11_and_12_in_the_same_place(opset: int) -> None:
+    model = with_opset(17)
+    model.opset_import[0].version = opset
+    save_bytes = model.SerializeToString()
+    assert load_model(save_bytes).opset == opset, "FP32 work keeps the opset"
+    assert load_model(save_bytes, min_opset=13).opset == 13
+
+
+@pytest.mark.parametrize("opset", range(MAX_OPSET + 1, onnx.defs.onnx_opset_version() + 1))
+def test_newer_opsets_known_to_onnx_convert_down_to_22(opset: int) -> None:
+    """resnet_basic's ops are unchanged from 22 on, so the down-conversion is exact."""
+    model = with_opset(opset)
+    model.ir_version = onnx.helper.find_min_ir_version_for([model.opset_import[0]])
+    loaded = load_model(model.SerializeToString())
+    assert (loaded.source_opset, loaded.opset) == (opset, MAX_OPSET)
+    shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    feeds = {"input": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+    assert max_relative_error(ort_outputs(model, feeds), run_model(loaded.model, feeds)) <= RTOL
+
+
+def test_unconvertible_model_is_a_model_error() -> None:
+    """The model is valid and ONNX Runtime runs it; only the conversion is impossible."""
+    model = unconvertible_scan()
+    ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(ModelError, match="could not convert it to opset 13: .*Unsupported conversion") as info:
+        load_model(model.SerializeToString())
+    assert "Re-export the model with an opset from 13 to 22" in (info.value.fix or "")
+
+
+@pytest.mark.parametrize("command", ["optimize", "build", "calibrate", "inspect"])
+def test_cli_unconvertible_model_is_a_clean_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = save(unconvertible_scan(), tmp_path / "scan8.onnx")
+    extra = {"optimize": ["-o", "x.onnx"], "build": ["-o", "x.engine"], "calibrate": ["--calib", "x", "-o", "c.json"]}
+    code = main([command, str(path), *extra.get(command, [])])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert re.match(r"error: .*opset 8; .*could not convert it to opset 13.*\nfix: Re-export", err, re.S), err

@@ -1,0 +1,112 @@
+"""The image preprocessing flags, declared once for every command that turns images into inputs.
+
+`build` and `calibrate` start from `--preset` (or the model's sidecar `<model>.json`) and the flags
+replace single fields of it; the result is stored in the plan. `run` and `compare` start from the plan's
+stored spec. Values are checked by `trtopt.data.PreprocessOverrides`, whose errors name the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtopt.data import PreprocessOverrides
+
+# Kept literal (not imported from trtopt.data) so that `--help` works without numpy and Pillow.
+PRESET_NAMES = "imagenet, tf, inception, efficientnet-lite, caffe, unit, raw"
+
+
+def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "preset") -> None:
+    """Add the preprocessing group; `base` is "preset" (build, calibrate: with --preset) or "plan" (run, compare)."""
+    if base == "preset":
+        title = "image preprocessing (stored in the plan; each flag replaces one field of the preset or sidecar)"
+        default = "the preset's or sidecar's"
+    else:
+        title = "image preprocessing (default: what the plan stores; each flag replaces one field of it)"
+        default = "the plan's"
+    g = parser.add_argument_group(
+        title,
+        "pipeline: grey/RGB -> resize shorter side to --resize -> centre crop --crop -> [BGR] -> / --scale -> "
+        "(x - --mean) / --std -> --layout",
+    )
+    if base == "preset":
+        g.add_argument(
+            "--preset",
+            default=None,
+            help=f"the base recipe: {PRESET_NAMES}. Default: the model's sidecar <model>.json if present, else "
+            "imagenet (raw for uint8 inputs). An explicit --preset replaces the sidecar",
+        )
+    g.add_argument(
+        "--resize",
+        type=int,
+        metavar="N",
+        help=f"resize the image's shorter side to N pixels before the centre crop (default: {default}; presets "
+        "use crop / 0.875, e.g. 256 for 224). Pass the crop size to keep the whole image (a 28x28 model: --resize 28)",
+    )
+    g.add_argument(
+        "--crop",
+        metavar="N|HxW",
+        help="centre-crop size, the model input's height and width, which it must equal (default: the input's "
+        "size); say it to make the recipe explicit",
+    )
+    g.add_argument(
+        "--interpolation",
+        type=str.lower,
+        choices=("bilinear", "bicubic", "nearest"),
+        help=f"resampling filter of the resize (default: {default}; presets use bilinear)",
+    )
+    g.add_argument(
+        "--color",
+        type=str.upper,
+        choices=("RGB", "BGR", "L"),
+        help=f"channel order: RGB, BGR (Caffe models) or L (one grey channel; chosen for 1-channel inputs). "
+        f"Default: {default}",
+    )
+    g.add_argument(
+        "--scale",
+        type=float,
+        metavar="S",
+        help=f"divide the 0..255 pixels by S first: 255 gives 0..1, 1 keeps 0..255 (default: {default}; "
+        "imagenet uses 255)",
+    )
+    g.add_argument(
+        "--mean",
+        type=float,
+        nargs="+",
+        metavar="M",
+        help=f"subtract after scaling: one value for every channel or one per channel, in --color order "
+        f"(default: {default}; imagenet: 0.485 0.456 0.406)",
+    )
+    g.add_argument(
+        "--std",
+        type=float,
+        nargs="+",
+        metavar="S",
+        help=f"divide by after subtracting the mean; positive, one value or one per channel (default: {default}; "
+        "imagenet: 0.229 0.224 0.225)",
+    )
+    g.add_argument(
+        "--layout",
+        type=str.upper,
+        choices=("NCHW", "NHWC"),
+        help="where the channels go in the input tensor (default: detected from the input's shape; needed when "
+        "both could be channels, e.g. 1x3x3x3)",
+    )
+
+
+def overrides_from_args(args: argparse.Namespace) -> PreprocessOverrides:
+    """The flags given, validated (a `DataError` names the flag and what it accepts)."""
+    from trtopt.data import PreprocessOverrides
+    from trtopt.data.overrides import parse_size
+
+    return PreprocessOverrides(
+        resize=args.resize,
+        crop=parse_size(args.crop, "--crop") if args.crop is not None else None,
+        interpolation=args.interpolation,
+        color=args.color,
+        scale=args.scale,
+        mean=tuple(args.mean) if args.mean is not None else None,
+        std=tuple(args.std) if args.std is not None else None,
+        layout=args.layout,
+    )
