@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt import __version__
-from trtopt.backend import BuildOptions, build_sections, build_variants, select_backend
+from trtopt.backend import BuildOptions, select_backend
 from trtopt.errors import ShapeError, TrtoptError
 from trtopt.frontend import (
     MIN_OPSET,
@@ -39,7 +38,7 @@ from trtopt.frontend.shapes import Shape
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
-from trtopt.verify import Verification, verify_plan
+from trtopt.verify import Checks, Verification, build_verified, random_checks
 
 if TYPE_CHECKING:
     from trtopt.data import PreprocessOverrides
@@ -132,7 +131,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, _labels(graph, config))
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
-        plan, verification = _build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
+        plan, verification = build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
     plan = replace(plan, metadata={**metadata, "verification": verification.to_dict()})
     kernels = _kernel_report(plan) if backend == "cpu" and config.int8 else None
     return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias, verification)
@@ -153,50 +152,6 @@ def _kernel_report(plan: Plan) -> Any:
         ) from None
 
 
-def _build_verified(
-    backend: str,
-    model: onnx.ModelProto,
-    io: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
-    options: BuildOptions,
-    fp32: onnx.ModelProto,
-    checks: Checks,
-) -> tuple[Plan, Verification]:
-    """Build each of the backend's variants in turn until one computes what its Q/DQ graph says."""
-    from trtopt.backend.cpu.isa import cpu_isa
-    from trtopt.execution import OrtSession
-    from trtopt.verify import collect
-
-    expected = collect(OrtSession(fp32).run, checks.batches)
-    rejected: list[dict[str, Any]] = []
-    for label, variant in build_variants(backend, options):
-        sections, versions = build_sections(backend, model, variant)
-        plan = Plan(backend, *io, sections=sections, versions={"trtopt": __version__, **versions})
-        result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(), variant=label,
-                             rejected=rejected)  # fmt: skip
-        if result.ok:
-            if rejected:
-                log.warning("%s kernels did not match the plan on this CPU; built %s", rejected[0]["variant"], label)
-            return plan, result
-        log.info("variant %s: kernels vs reference %s (tolerance %.4f)", label, result.kernels_vs_reference.describe(),
-                 result.tolerance)  # fmt: skip
-        rejected.append({"variant": label, "rel_error": result.kernels_vs_reference.rel_error})
-    tried = ", ".join(f"{r['variant']} (relative error {r['rel_error']:.3g})" for r in rejected)
-    raise TrtoptError(
-        f"No build of this plan computes what its INT8 graph says on this CPU ({cpu_isa()}): tried {tried}, "
-        f"against a tolerance of {result.tolerance:.3g}. Nothing was written.",
-        fix="Build with --cpu-encoding auto (or u8u8, exact on every x86 CPU), --exclude the layers `trtopt compare "
-        "--per-layer` names, or report the model: the kernels should not differ from the reference.",
-    )
-
-
-@dataclass(frozen=True)
-class Checks:
-    """The samples a build verifies its plan on: (feeds, rows) batches, and where they came from."""
-
-    batches: list[tuple[dict[str, Any], int]]
-    source: str
-
-
 def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Checks]:
     """(calibration data set or None, verification samples). A large enough calibration set gives its last
     `verify_samples` samples to verification; a small one shares them; without data, random inputs."""
@@ -206,7 +161,7 @@ def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Che
     if count <= 0:
         raise TrtoptError(f"verify_samples must be at least 1, received {count}.", fix="Pass e.g. 8 (the default).")
     if not config.calib:
-        return None, _random_checks(graph, spec, count, config.calib_batch)
+        return None, random_checks(graph, spec, count, config.calib_batch)
     raw = config.calib
     sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw]
     data = load_dataset(sources if len(sources) > 1 else sources[0], input_infos_from_graph(graph), spec,
@@ -220,29 +175,6 @@ def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Che
         source = f"{min(count, len(data))} of the {len(data)} calibration samples ({shared})"
     batches = [(b.feeds, len(b)) for b in checks.batches(config.calib_batch)]
     return data, Checks(batches, source)
-
-
-def _random_checks(graph: gs.Graph, spec: Any, count: int, batch: int) -> Checks:
-    """Random inputs where no data was given: noise images through the model's preprocessing, else
-    standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
-    import numpy as np
-
-    from trtopt.data import input_infos_from_graph, preprocess_images
-
-    rng = np.random.default_rng(0)
-    infos = input_infos_from_graph(graph)
-    fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
-    rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
-    feeds: dict[str, Any] = {}
-    for info in infos:
-        if spec is not None and len(infos) == 1:
-            images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(rows)]
-            feeds[info.name] = preprocess_images(images, spec)
-            continue
-        shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
-        value = rng.standard_normal(shape) if np.issubdtype(info.dtype, np.floating) else np.zeros(shape)
-        feeds[info.name] = value.astype(info.dtype)
-    return Checks([(feeds, rows)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)")
 
 
 def load_graph(path: Path, config: BuildConfig) -> gs.Graph:

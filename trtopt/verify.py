@@ -14,6 +14,7 @@ goes into the plan header, and `Engine.verification` returns it.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,8 @@ import numpy as np
 import onnx
 
 from trtopt.errors import TrtoptError
+
+log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
 Feeds = Mapping[str, np.ndarray]
@@ -207,3 +210,72 @@ def verify_plan(
         tolerance=kernel_tolerance(to_fp32),
         rejected=tuple(rejected),
     )
+
+
+def build_verified(
+    backend: str,
+    model: onnx.ModelProto,
+    io: tuple[Any, Any],
+    options: Any,
+    fp32: onnx.ModelProto,
+    checks: Checks,
+) -> tuple[Any, Verification]:
+    """Build each of the backend's variants in turn until one computes what its Q/DQ graph says."""
+    from trtopt import __version__
+    from trtopt.backend import build_sections, build_variants
+    from trtopt.backend.cpu.isa import cpu_isa
+    from trtopt.execution import OrtSession
+    from trtopt.plan import Plan
+
+    expected = collect(OrtSession(fp32).run, checks.batches)
+    rejected: list[dict[str, Any]] = []
+    for label, variant in build_variants(backend, options):
+        sections, versions = build_sections(backend, model, variant)
+        plan = Plan(backend, *io, sections=sections, versions={"trtopt": __version__, **versions})
+        result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(), variant=label,
+                             rejected=rejected)  # fmt: skip
+        if result.ok:
+            if rejected:
+                log.warning("%s kernels did not match the plan on this CPU; built %s", rejected[0]["variant"], label)
+            return plan, result
+        log.info("variant %s: kernels vs reference %s (tolerance %.4f)", label, result.kernels_vs_reference.describe(),
+                 result.tolerance)  # fmt: skip
+        rejected.append({"variant": label, "rel_error": result.kernels_vs_reference.rel_error})
+    tried = ", ".join(f"{r['variant']} (relative error {r['rel_error']:.3g})" for r in rejected)
+    where = f"this {cpu_isa()} CPU" if backend == "cpu" else f"the {backend} backend"
+    hint = "Build with --cpu-encoding auto (or u8u8, exact on every x86 CPU), " if backend == "cpu" else "Try "
+    raise TrtoptError(
+        f"No build of this plan computes what its graph says on {where}: tried {tried}, against a tolerance "
+        f"of {result.tolerance:.3g} (twice the plan's own quantisation error). Nothing was written.",
+        fix=hint + "--exclude the layers `trtopt compare --per-layer` names, or report the model: the kernels "
+        "should not differ from the reference.",
+    )
+
+
+@dataclass(frozen=True)
+class Checks:
+    """The samples a build verifies its plan on: (feeds, rows) batches, and where they came from."""
+
+    batches: list[tuple[dict[str, Any], int]]
+    source: str
+
+
+def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
+    """Random inputs where no data was given: noise images through the model's preprocessing, else
+    standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
+    from trtopt.data import input_infos_from_graph, preprocess_images
+
+    rng = np.random.default_rng(0)
+    infos = input_infos_from_graph(graph)
+    fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
+    rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
+    feeds: dict[str, Any] = {}
+    for info in infos:
+        if spec is not None and len(infos) == 1:
+            images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(rows)]
+            feeds[info.name] = preprocess_images(images, spec)
+            continue
+        shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
+        value = rng.standard_normal(shape) if np.issubdtype(info.dtype, np.floating) else np.zeros(shape)
+        feeds[info.name] = value.astype(info.dtype)
+    return Checks([(feeds, rows)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)")

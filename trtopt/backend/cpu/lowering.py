@@ -39,11 +39,12 @@ class Encoding:
     integer kernels run it, and those kernels are exact on different CPUs (trtopt.backend.cpu.isa).
 
     Measured on an AMD EPYC with AVX2 only (`tools/bench_cpu_encodings.py`): ORT's u8s8 convs there were off
-    by up to 112 quantisation steps; u8u8 and depthwise convs matched the reference exactly. Two encodings
-    that were tried and dropped: 7-bit weights (ONNX Runtime's `reduce_range`) are exact and fast there but
-    halve the weight resolution (demo model: 86.9% top-1 agreement with FP32 instead of 95.0%); 7-bit
-    non-negative activations (scale T/127) are exact too, but ONNX Runtime then cannot drop the ReLU6 Clip
-    before a QuantizeLinear, and 33 of the demo model's 49 convs fell back to float.
+    by up to 64 quantisation steps; u8u8 and depthwise convs matched the exact result within one step. Two
+    encodings were tried during development (one-off measurements on that CPU, not in BENCHMARKS.md) and
+    dropped: 7-bit weights (ONNX Runtime's `reduce_range`) are exact and fast there but halve the weight
+    resolution (demo model: 86.9% top-1 agreement with FP32 instead of 95.0%); 7-bit non-negative
+    activations (scale T/127) are exact too, but ONNX Runtime then cannot drop the ReLU6 Clip before a
+    QuantizeLinear, and 33 of the demo model's 49 convs fell back to float.
     """
 
     name: str
