@@ -164,3 +164,17 @@ def test_cpu_gemm_auto_follows_amx(tmp_path) -> None:  # type: ignore[no-untyped
     assert builder.gemm_routing("auto") == builder.has_amx_int8()
     with pytest.raises(TrtoptError, match="cpu_gemm"):
         builder.gemm_routing("fast")
+
+
+def test_a_cycle_in_the_quantised_graph_is_an_error_not_a_silent_cut() -> None:
+    """The lowering's sort once dropped every node of a cycle, and with them the graph output (issue #13)."""
+    from trtopt.backend.cpu.lowering import _toposorted
+    from trtopt.errors import TrtoptError
+
+    a = onnx.helper.make_node("Relu", ["x", "c"], ["a"], name="a")
+    b = onnx.helper.make_node("Relu", ["a"], ["c"], name="b")
+    graph = onnx.helper.make_graph([a, b], "g", [onnx.helper.make_tensor_value_info("x", 1, [1])], [])
+    with pytest.raises(TrtoptError, match="cycle"):
+        _toposorted([a, b], graph)
+    ok = onnx.helper.make_node("Relu", ["x"], ["y"], name="ok")
+    assert _toposorted([ok], graph) == [ok]

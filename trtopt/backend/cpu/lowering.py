@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from trtopt.errors import TrtoptError
 from trtopt.quant.ranges import VALUE_PRESERVING_OPS
 
 # Ops whose output is non-negative whatever their input.
@@ -247,6 +248,13 @@ def _toposorted(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onn
             waiting[user] -= 1
             if waiting[user] == 0:
                 heapq.heappush(ready, user)
+    if len(ordered) < len(nodes):  # a cycle: dropping its nodes silently once cost a plan its outputs
+        stuck = [n.name or n.op_type for i, n in enumerate(nodes) if waiting[i] > 0][:5]
+        raise TrtoptError(
+            f"The quantised graph has a cycle through {stuck}; nothing was written.",
+            fix="This is a bug in trtopt's Q/DQ placement: please report it with the model; meanwhile build with "
+            "--exclude on the layers named, or without --int8.",
+        )
     return ordered
 
 
