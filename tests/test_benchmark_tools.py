@@ -77,7 +77,7 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     assert [r[0] for r in fidelity] == names[1:]
     for row in fidelity:
         gap = float(row[3].strip("*").removesuffix(" points"))
-        assert gap == pytest.approx(float(row[2].rstrip("%")) - float(row[1].rstrip("%")), abs=0.051), row
+        assert gap == pytest.approx(float(row[2].rstrip("%")) - float(row[1].rstrip("%")), abs=0.11), row  # rounding
     assert fp32[1].startswith("100.0% (") and fp32[7] == "–"
     share, low, high = (float(v) for v in re.findall(r"\d+\.\d", trtopt_max[1]))
     assert 0 <= low <= share <= high <= 100, trtopt_max[1]
