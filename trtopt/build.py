@@ -29,6 +29,7 @@ from trtopt.backend import BuildOptions, build_sections, build_variants, select_
 from trtopt.errors import ShapeError, TrtoptError
 from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph, require_static_shapes
 from trtopt.frontend.shapes import Shape
+from trtopt.memory import check_graph_memory
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
@@ -69,6 +70,11 @@ class BuildConfig:
     cpu_encoding: str = "auto"
     verify_samples: int = 8
 
+    def __post_init__(self) -> None:
+        from trtopt.config_checks import check_build_config
+
+        check_build_config(self)
+
 
 @dataclass
 class BuildResult:
@@ -101,6 +107,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     with _timed(times, "optimize"):
         optimized = optimize(graph, config.passes)
         graph = optimized.graph
+    labels = _labels(graph, config)  # checked before the slow work
     backend, reason = select_backend(config.backend)
     if config.fp16 and backend != "tensorrt":
         raise TrtoptError(
@@ -120,7 +127,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
-    metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, _labels(graph, config))
+    metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, labels)
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
         plan, verification = _build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
@@ -244,6 +251,7 @@ def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
         model = onnx.version_converter.convert_version(model, MIN_QDQ_OPSET)
     graph = graph_from_onnx(model, shapes=config.shapes)
     require_static_shapes(graph)
+    check_graph_memory(graph, config.calib_batch)  # before anything runs: a message, not an OOM kill
     return graph
 
 
@@ -348,12 +356,14 @@ def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) 
 
 
 def _labels(graph: gs.Graph, config: BuildConfig) -> list[str] | None:
-    from trtopt.classify import default_labels
+    from trtopt.classify import check_labels, default_labels
 
-    if config.labels:
-        return config.labels
     shape = graph.outputs[0].shape if graph.outputs else None
-    return default_labels(int(shape[-1])) if shape and isinstance(shape[-1], int) else None
+    classes = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
+    if config.labels is not None:
+        check_labels(list(config.labels), classes, "--labels")
+        return config.labels
+    return default_labels(classes) if classes else None
 
 
 def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
