@@ -225,6 +225,11 @@ def preprocess_image(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
 
 def preprocess_images(images: Sequence[ImageLike], spec: PreprocessSpec) -> np.ndarray:
     """Images (PIL images, file paths, or HWC / HW uint8 arrays) -> one batch `[N, *spec.sample_shape]`."""
+    if isinstance(images, (str, bytes, os.PathLike)) or not isinstance(images, Sequence):
+        raise DataError(
+            f"Expected a list of images, received {type(images).__name__}.",
+            fix="Pass a list of PIL images, file paths or HWC uint8 arrays, e.g. ['cat.jpg'].",
+        )
     samples = [preprocess_image(_image_from(item, i), spec) for i, item in enumerate(images)]
     if not samples:
         return np.zeros((0, *spec.sample_shape), np.dtype(spec.dtype))
