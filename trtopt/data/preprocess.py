@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from trtopt.data.images import read_image, rgb_from_image
+from trtopt.data.limits import check_image_size, check_resized_size
 from trtopt.errors import DataError
 from trtopt.registry import Registry
 
@@ -253,6 +254,8 @@ def resized_size(width: int, height: int, short: int, crop_hw: tuple[int, int]) 
 def _resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> Image.Image:
     crop_h, crop_w = spec.crop_hw
     size = resized_size(img.width, img.height, spec.resize_short, spec.crop_hw)
+    check_image_size(img.width, img.height)
+    check_resized_size(img.size, size)  # bounds the work per image (trtopt.data.limits)
     if size != img.size:
         img = img.resize(size, INTERPOLATIONS[spec.interpolation])
     # torchvision's CenterCrop offsets: int(round((size - crop) / 2)).
