@@ -81,7 +81,13 @@ class Engine:
         """What the build measured on this plan: INT8 reference vs FP32 and kernels vs reference, the CPU
         class and the backend variant (see `trtopt.verify`); None for plans built before trtopt verified."""
         record = self.plan.metadata.get("verification")
-        return Verification.from_dict(record) if record else None
+        try:
+            return Verification.from_dict(record) if record else None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the header schema leaves it open
+            raise PlanError(
+                f"The plan's verification record is incomplete or malformed ({type(exc).__name__}: {exc}).",
+                fix="Rebuild the plan with `trtopt build`.",
+            ) from None
 
     def __call__(self, inputs: Any) -> Any:
         """`engine(array)` for a single-input plan returns the single output (or a dict if several);
