@@ -272,6 +272,7 @@ def calibrate_graph(
         model_fingerprint,
         save_cache,
     )
+    from trtopt.calib.cache import channel_counts
     from trtopt.data import input_infos_from_graph, load_dataset
 
     # Calibrate every tensor any backend or quantisation option may quantise, so one cache serves CPU
@@ -280,7 +281,7 @@ def calibrate_graph(
     model = onnx_from_graph(graph)
     if config.calib_cache:
         calibration = load_cache(config.calib_cache)
-        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model))
+        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model), channels=channel_counts(graph))
         return calibration
     raw = config.calib
     sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw or []]
