@@ -35,7 +35,6 @@ def check_build_config(config: Any) -> None:
     check_int(config.batch, "--batch", 1, MAX_BATCH, example="8")
     check_int(config.calib_batch, "--calib-batch", 1, 4096, optional=False, example="8")
     check_int(config.calib_count, "--calib-count", 1, 2**31 - 1, example="500")
-    check_int(config.verify_samples, "--verify-samples", 1, 4096, optional=False, example="8")
     check_int(config.workspace_mib, "--workspace", 1, 2**30, example="4096")
     check_int(config.optimization_level, "--opt-level", 0, 5, example="3")
     check_threads(config.threads)

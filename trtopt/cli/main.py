@@ -103,14 +103,18 @@ def _main(argv: Sequence[str] | None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
-    from trtopt.cli.console import print_error
+    from trtopt.cli.console import err, print_error
     from trtopt.cli.outputs import check_cli_outputs
+    from trtopt.frontend.writer import forget_written
 
+    forget_written()
     try:
         check_cli_outputs(args.command, args)
         return int(args._run(args) or 0)
     except TrtoptError as exc:
         print_error(exc)
+        if _written_note():
+            err.print(f"note:{_written_note()}", soft_wrap=True)
         return exc.exit_code
     except MemoryError:
         print_error(

@@ -14,6 +14,7 @@ A crash, a full disk, Ctrl-C or SIGTERM therefore never leaves a half-written mo
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import stat
@@ -28,17 +29,19 @@ from trtopt.errors import TrtoptError
 # Protobuf cannot serialise a message of 2 GiB or more; larger models keep their weights in a side file.
 PROTOBUF_LIMIT = 2**31 - 1
 
-# Files this process has written completely (after the rename), so an interruption can say what is there.
-_WRITTEN: list[Path] = []
+# The last files written completely (after the rename), so the CLI can say what an interrupted or failed
+# command left behind. Bounded: a long-running process writes many.
+_WRITTEN: collections.deque[Path] = collections.deque(maxlen=32)
 
 
 def written_paths() -> tuple[Path, ...]:
-    """Every file completely written by this process so far, in order."""
+    """The files completely written since `forget_written()` (at most the last 32), in order."""
     return tuple(_WRITTEN)
 
 
-def _already_written() -> str:
-    return f" Already written, complete: {', '.join(repr(str(p)) for p in _WRITTEN)}." if _WRITTEN else ""
+def forget_written() -> None:
+    """Start a new record (the CLI does at the start of each command)."""
+    _WRITTEN.clear()
 
 
 @contextlib.contextmanager
@@ -82,7 +85,7 @@ def _os_errors_as_user_errors(target: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise TrtoptError(
-            f"Could not write {str(target)!r}: {exc.strerror or exc}. It was left as it was.{_already_written()}",
+            f"Could not write {str(target)!r}: {exc.strerror or exc}. Nothing was written to it.",
             fix="Check free disk space and permissions of the output folder, then retry.",
         ) from exc
 
