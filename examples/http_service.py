@@ -6,65 +6,151 @@
 POST /predict with an image as the body answers JSON: the top-5 classes with probabilities. GET
 /health answers {"status": "ok", ...}. One Engine is loaded at start and shared by every request
 thread (ThreadingHTTPServer runs one thread per connection): Engine validates each call and its
-runner is safe to call concurrently (see trtopt/engine.py). Bad requests get a 400 with the reason.
+runner is safe to call concurrently (see trtopt/engine.py).
+
+It is meant to be copied, so it is bounded against hostile clients: a body of at most MAX_BODY bytes
+with a valid Content-Length (else 400 / 411 / 413), REQUEST_TIMEOUT seconds for the whole request (else
+408; a client that sends less than it announced cannot hold a thread forever), at most MAX_CONNECTIONS
+connections (the next get 503 at once) and at most MAX_WORKERS inferences at a time (503 when they stay
+busy). Images go through trtopt's reader, which refuses decompression bombs and absurd sizes (400).
+Whatever else goes wrong answers 500 and is logged; no request kills the server or leaves no answer.
 """
 
 from __future__ import annotations
 
 import argparse
-import io
+import contextlib
 import json
 import logging
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
-
 import trtopt
 from trtopt.classify import top_k
+from trtopt.data.images import read_image_bytes
 
 MAX_BODY = 20 * 2**20  # refuse uploads over 20 MiB
+REQUEST_TIMEOUT = 10.0  # seconds for headers and body together
+MAX_CONNECTIONS = 64  # open connections (threads) at once
+MAX_WORKERS = 4  # inferences at once; more wait up to REQUEST_TIMEOUT, then get 503
+log = logging.getLogger("trtopt.service")
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a cap on open connections: past it, a 503 and the socket is closed."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 def make_server(engine: trtopt.Engine, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
     """A server bound to (host, port); port 0 picks a free one (see `server.server_address`)."""
+    workers = threading.BoundedSemaphore(MAX_WORKERS)
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT  # socket timeout for every read (StreamRequestHandler applies it)
+
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path != "/health":
                 return self._send(404, {"error": f"no route {self.path}; use POST /predict or GET /health"})
             self._send(200, {"status": "ok", "backend": engine.backend, "inputs": [t.name for t in engine.inputs]})
 
         def do_POST(self) -> None:  # noqa: N802
+            try:
+                self._predict()
+            except TimeoutError:
+                self._send(408, {"error": f"the request took longer than {REQUEST_TIMEOUT:g} s"})
+            except MemoryError:
+                self._send(503, {"error": "out of memory for this request; try a smaller image"})
+            except Exception:  # the answer must never be a dropped connection
+                log.exception("unexpected error in POST %s", self.path)
+                self._send(500, {"error": "internal error; see the service log"})
+
+        def _predict(self) -> None:
             if self.path != "/predict":
                 return self._send(404, {"error": f"no route {self.path}; POST an image to /predict"})
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 < length <= MAX_BODY:
-                return self._send(400, {"error": f"send an image body of 1 byte to {MAX_BODY} bytes, got {length}"})
+            if self.headers.get("Transfer-Encoding"):
+                return self._send(411, {"error": "send the image with a Content-Length, not chunked"})
+            raw = (self.headers.get("Content-Length") or "").strip()
+            if not raw.isdigit():
+                return self._send(400, {"error": f"Content-Length must be a byte count, got {raw[:40]!r}"})
+            length = int(raw)
+            if length > MAX_BODY:
+                return self._send(413, {"error": f"the body is {length} bytes; the limit is {MAX_BODY}"})
+            if length == 0:
+                return self._send(400, {"error": f"send an image body of 1 byte to {MAX_BODY} bytes"})
             try:
-                image = Image.open(io.BytesIO(self.rfile.read(length)))
-                image.load()
-            except (UnidentifiedImageError, OSError) as exc:
+                image = read_image_bytes(self._read_body(length), "in the request body")
+            except trtopt.TrtoptError as exc:
                 return self._send(400, {"error": f"the body is not a readable image ({exc})"})
+            if not workers.acquire(timeout=REQUEST_TIMEOUT):
+                return self._send(503, {"error": "the service is busy; retry shortly"})
             try:
                 logits = engine(engine.preprocess([image]))
             except trtopt.TrtoptError as exc:
                 return self._send(400, {"error": str(exc)})
+            finally:
+                workers.release()
             top = [p.__dict__ for p in top_k(logits, 5, engine.labels)[0]]
             self._send(200, {"top": top})
 
+        def _read_body(self, length: int) -> bytes:
+            """Exactly `length` bytes within REQUEST_TIMEOUT in total (a slow drip cannot stretch it)."""
+            deadline = time.monotonic() + REQUEST_TIMEOUT
+            chunks, received = [], 0
+            while received < length:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                self.connection.settimeout(remaining)
+                chunk = self.rfile.read1(min(length - received, 2**16))
+                if not chunk:
+                    raise TimeoutError  # the client closed before sending what it announced
+                chunks.append(chunk)
+                received += len(chunk)
+            return b"".join(chunks)
+
         def log_message(self, format: str, *args: Any) -> None:  # route to logging, not stderr
-            logging.getLogger("trtopt.service").info(format, *args)
+            log.info(format, *args)
 
         def _send(self, status: int, body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                if status >= 400:
+                    self.send_header("Connection", "close")
+                    self.close_connection = True
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client went away: nothing left to answer
+                self.close_connection = True
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return BoundedServer((host, port), Handler)
 
 
 def main() -> None:

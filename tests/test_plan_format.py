@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import struct
 
+import onnx
 import pytest
+from onnx import helper
 
 from trtopt.errors import PlanError
 from trtopt.plan import FORMAT_VERSION, MAGIC, Plan, TensorSpec, read_plan, write_plan
 from trtopt.plan.format import plan_bytes
+
+
+def _onnx() -> bytes:
+    """The smallest model the plan reader accepts for these I/O names: input -> Flatten -> logits."""
+    x = helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])
+    y = helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 192])
+    graph = helper.make_graph([helper.make_node("Flatten", ["input"], ["logits"])], "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 def _plan() -> Plan:
@@ -16,7 +26,7 @@ def _plan() -> Plan:
         backend="cpu",
         inputs=(TensorSpec("input", (-1, 3, 8, 8), "float32"),),
         outputs=(TensorSpec("logits", (-1, 10), "float32"),),
-        sections={"onnx": b"\x08\x0a" * 100, "extra": bytes(range(256))},
+        sections={"onnx": _onnx(), "extra": bytes(range(256))},
         metadata={"preprocess": {"crop": 8}, "labels": ["a", "b"], "thresholds": {"x": 1.5}},
         versions={"trtopt": "0.1.0"},
     )

@@ -35,6 +35,7 @@ from trtopt.frontend import (
     require_static_shapes,
 )
 from trtopt.frontend.shapes import Shape
+from trtopt.memory import check_graph_memory
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
@@ -77,6 +78,11 @@ class BuildConfig:
     cpu_encoding: str = "auto"
     verify_samples: int = 8
 
+    def __post_init__(self) -> None:
+        from trtopt.config_checks import check_build_config
+
+        check_build_config(self)
+
 
 @dataclass
 class BuildResult:
@@ -109,6 +115,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     with _timed(times, "optimize"):
         optimized = optimize(graph, config.passes)
         graph = optimized.graph
+    labels = _labels(graph, config)  # checked before the slow work
     backend, reason = select_backend(config.backend)
     if config.fp16 and backend != "tensorrt":
         raise TrtoptError(
@@ -128,7 +135,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
-    metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, _labels(graph, config))
+    metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, labels)
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
         plan, verification = build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
@@ -182,6 +189,7 @@ def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
     model = load_model(path, min_opset=MIN_QDQ_OPSET if config.int8 else MIN_OPSET).model
     graph = graph_from_onnx(model, shapes=config.shapes)
     require_static_shapes(graph)
+    check_graph_memory(graph, config.calib_batch)  # before anything runs: a message, not an OOM kill
     return graph
 
 
@@ -202,6 +210,7 @@ def calibrate_graph(
         model_fingerprint,
         save_cache,
     )
+    from trtopt.calib.cache import channel_counts
     from trtopt.data import input_infos_from_graph, load_dataset
 
     # Calibrate every tensor any backend or quantisation option may quantise, so one cache serves CPU
@@ -210,7 +219,7 @@ def calibrate_graph(
     model = onnx_from_graph(graph)
     if config.calib_cache:
         calibration = load_cache(config.calib_cache)
-        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model))
+        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model), channels=channel_counts(graph))
         return calibration
     raw = config.calib
     sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw or []]
@@ -289,12 +298,14 @@ def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) 
 
 
 def _labels(graph: gs.Graph, config: BuildConfig) -> list[str] | None:
-    from trtopt.classify import default_labels
+    from trtopt.classify import check_labels, default_labels
 
-    if config.labels:
-        return config.labels
     shape = graph.outputs[0].shape if graph.outputs else None
-    return default_labels(int(shape[-1])) if shape and isinstance(shape[-1], int) else None
+    classes = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
+    if config.labels is not None:
+        check_labels(list(config.labels), classes, "--labels")
+        return config.labels
+    return default_labels(classes) if classes else None
 
 
 def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:

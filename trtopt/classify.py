@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 
+from trtopt.errors import DataError
+
+log = logging.getLogger(__name__)
+
 IMAGENET_CLASSES = 1000
+MAX_LABELS_BYTES = 16 * 2**20  # a labels file is a few KiB; 16 MiB is far more than any class list
 
 
 @dataclass(frozen=True)
@@ -26,6 +34,47 @@ def imagenet_labels() -> list[str]:
 def default_labels(num_classes: int) -> list[str] | None:
     """ImageNet names for 1000-way classifiers, none otherwise."""
     return imagenet_labels() if num_classes == IMAGENET_CLASSES else None
+
+
+def read_labels(path: str | os.PathLike[str]) -> list[str]:
+    """Class names from a text file, one per line (UTF-8). Raises `DataError` for a missing, binary, empty or
+    oversized file, naming it."""
+    source = Path(path)
+    fix = "Give a UTF-8 text file with one class name per line, in class-index order."
+    if not source.is_file():
+        raise DataError(f"Labels file {str(source)!r} does not exist or is not a file.", fix=fix)
+    if source.stat().st_size > MAX_LABELS_BYTES:
+        raise DataError(
+            f"Labels file {str(source)!r} has {source.stat().st_size:,} bytes; a class list is at most "
+            f"{MAX_LABELS_BYTES:,}.", fix=fix,
+        )  # fmt: skip
+    try:
+        text = source.read_bytes().decode("utf-8")
+    except (UnicodeDecodeError, OSError) as exc:
+        raise DataError(f"Labels file {str(source)!r} is not readable UTF-8 text ({exc}).", fix=fix) from None
+    if "\x00" in text:
+        raise DataError(f"Labels file {str(source)!r} contains NUL bytes: it is a binary file.", fix=fix)
+    labels = text.splitlines()
+    while labels and not labels[-1].strip():
+        labels.pop()
+    if not labels:
+        raise DataError(f"Labels file {str(source)!r} is empty.", fix=fix)
+    return labels
+
+
+def check_labels(labels: list[str], num_classes: int | None, where: str = "the labels") -> None:
+    """Fewer names than the model has classes would print `class 123` for some predictions: refuse. More
+    names than classes is suspicious but harmless: warn."""
+    if num_classes is None:
+        return
+    if len(labels) < num_classes:
+        raise DataError(
+            f"{where} name {len(labels)} classes, but the model has {num_classes} outputs per sample.",
+            fix=f"Give one name per class, {num_classes} lines in class-index order.",
+        )
+    if len(labels) > num_classes:
+        log.warning("%s name %d classes, but the model has %d; the extra names are never shown", where,
+                    len(labels), num_classes)  # fmt: skip
 
 
 def probabilities(scores: np.ndarray) -> np.ndarray:

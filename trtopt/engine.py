@@ -11,17 +11,22 @@ the TensorRT runner keeps one execution context, stream and buffer set per threa
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from trtopt.backend import Runner, RunOptions, create_runner
 from trtopt.backend.tensorrt.pointers import cuda_array_interface
-from trtopt.errors import ShapeError
+from trtopt.config_checks import check_threads
+from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError
 from trtopt.plan import Plan, TensorSpec, read_plan
-from trtopt.verify import Verification
+from trtopt.verify import Verification, plan_errors
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -30,10 +35,18 @@ class Engine:
     def __init__(
         self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0
     ) -> None:
+        check_threads(threads)
         self.plan = plan
-        self._runner: Runner = create_runner(
-            plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device)
-        )
+        self._closed = False
+        try:
+            self._runner: Runner = create_runner(
+                plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device)
+            )
+        except plan_errors() as exc:  # a plan whose model the runtime refuses (crafted or corrupt section)
+            raise PlanError(
+                f"The plan's {plan.backend} model cannot be loaded: {_first_line(exc)}",
+                fix="Rebuild the plan with `trtopt build`; a plan edited by hand or by another tool is refused.",
+            ) from None
 
     @classmethod
     def load(
@@ -68,7 +81,13 @@ class Engine:
         """What the build measured on this plan: INT8 reference vs FP32 and kernels vs reference, the CPU
         class and the backend variant (see `trtopt.verify`); None for plans built before trtopt verified."""
         record = self.plan.metadata.get("verification")
-        return Verification.from_dict(record) if record else None
+        try:
+            return Verification.from_dict(record) if record else None
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the header schema leaves it open
+            raise PlanError(
+                f"The plan's verification record is incomplete or malformed ({type(exc).__name__}: {exc}).",
+                fix="Rebuild the plan with `trtopt build`.",
+            ) from None
 
     def __call__(self, inputs: Any) -> Any:
         """`engine(array)` for a single-input plan returns the single output (or a dict if several);
@@ -87,23 +106,30 @@ class Engine:
     def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Run once. Arrays may be numpy, or device arrays (`__cuda_array_interface__` / DLPack) for
         the TensorRT backend. Returns numpy arrays keyed by output name."""
-        self._validate(feeds)
-        return self._runner.infer(feeds)
+        feeds = self._validate(feeds)
+        with _runtime_errors_as_user_errors():
+            return self._runner.infer(feeds)
 
     def timed_infer(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], float | None]:
         """`infer` plus the device time in milliseconds where the backend measures it (TensorRT: CUDA
         events around the GPU work); None where it does not (CPU: time the call on the host)."""
-        self._validate(feeds)
+        feeds = self._validate(feeds)
         timed = getattr(self._runner, "timed_infer", None)
-        if timed is None:
-            return self._runner.infer(feeds), None
-        outputs, device_ms = timed(feeds)
+        with _runtime_errors_as_user_errors():
+            if timed is None:
+                return self._runner.infer(feeds), None
+            outputs, device_ms = timed(feeds)
         return outputs, float(device_ms)
 
     def preprocess(self, images: Sequence[Any]) -> np.ndarray:
         """Apply the plan's stored preprocessing to images (paths, PIL images or HWC uint8 arrays)."""
         from trtopt.data import PreprocessSpec, preprocess_images
 
+        if isinstance(images, (str, bytes, os.PathLike)) or not isinstance(images, Sequence):
+            raise DataError(
+                f"Engine.preprocess takes a list of images, received {type(images).__name__}.",
+                fix="Pass a list: engine.preprocess(['cat.jpg']) (paths, PIL images or HWC uint8 arrays).",
+            )
         if not self.plan.preprocess:
             raise ShapeError(
                 "This plan stores no preprocessing (it was built from tensors, not images).",
@@ -112,7 +138,10 @@ class Engine:
         return preprocess_images(images, PreprocessSpec.from_dict(self.plan.preprocess))
 
     def close(self) -> None:
-        self._runner.close()
+        """Release the session and buffers; later calls raise a `TrtoptError`. Closing twice is harmless."""
+        if not self._closed:
+            self._closed = True
+            self._runner.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -120,15 +149,24 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _validate(self, feeds: Mapping[str, Any]) -> None:
+    def _validate(self, feeds: Mapping[str, Any]) -> dict[str, Any]:
+        """Check names, dtypes and shapes; returns the feeds with numpy arrays in native byte order."""
+        if self._closed:
+            raise TrtoptError("This Engine is closed.", fix="Load the plan again: trtopt.Engine.load(path).")
+        if not isinstance(feeds, Mapping):
+            raise ShapeError(
+                f"Engine.infer takes a dict of input name -> array, received {type(feeds).__name__}.",
+                fix=f"Pass {{{self.inputs[0].name!r}: array}}." if self.inputs else "Pass a dict.",
+            )
         expected = {t.name: t for t in self.inputs}
-        unknown = sorted(set(feeds) - set(expected))
+        unknown = sorted(str(k) for k in set(feeds) - set(expected))
         missing = sorted(set(expected) - set(feeds))
         if unknown or missing:
             raise ShapeError(
                 f"Input names do not match the plan: missing {missing}, unknown {unknown}.",
                 fix=f"The plan takes {sorted(expected)}.",
             )
+        checked = dict(feeds)
         for name, spec in expected.items():
             shape, dtype = _shape_and_dtype(feeds[name])
             if dtype != spec.dtype:
@@ -142,6 +180,44 @@ class Engine:
                     f"(-1 = any size).",
                     fix="Resize or batch the data to match; `trtopt inspect` on the source model shows its shapes.",
                 )
+            if any(d == 0 for d in shape):
+                raise ShapeError(
+                    f"Input {name!r} is empty (shape {list(shape)}): there is nothing to run.",
+                    fix="Pass at least one sample.",
+                )
+            checked[name] = _checked_array(name, feeds[name])
+        return checked
+
+
+def _checked_array(name: str, value: Any) -> Any:
+    """Numpy arrays in another byte order (`>f4`) are converted: the runtimes read the raw buffer, which
+    would give a silently wrong answer. Non-finite floats are computed, with a warning."""
+    if not isinstance(value, np.ndarray):
+        return value
+    if not value.dtype.isnative:
+        value = value.astype(value.dtype.newbyteorder("="))
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+        log.warning("input %r holds %d NaN or infinite values: the outputs for those samples are meaningless",
+                    name, bad)  # fmt: skip
+    return value
+
+
+@contextmanager
+def _runtime_errors_as_user_errors() -> Iterator[None]:
+    """What the runtime raises for an input it cannot run (ONNX Runtime's own types) as a `TrtoptError`."""
+    try:
+        yield
+    except plan_errors() as exc:
+        raise TrtoptError(
+            f"The runtime could not run these inputs: {_first_line(exc)}",
+            fix="Check the inputs' shapes, dtypes and values against `engine.inputs`.",
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:

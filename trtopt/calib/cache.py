@@ -11,8 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from trtopt.calib.cache_formats import (
     CACHE_FORMATS,
@@ -84,11 +87,42 @@ def save_cache(
     return write_atomic(path, text.encode("utf-8"))
 
 
+# Thresholds a cache may hold. Calibration from data gives 127 * 2**-14 (~0.008) for all-zero tensors and
+# rarely anything above 1e4; 1e30 or 1e-30 (a hand-edited or corrupted cache) would quantise every value to
+# zero or saturate it, a useless plan.
+MIN_AMAX = 1e-6
+MAX_AMAX = 1e9
+
+
+def channel_counts(graph: Any) -> dict[str, int]:
+    """Tensor name -> size of axis 1 (the axis channel means are taken over), where the graph knows it."""
+    counts = {}
+    for name, tensor in graph.tensors().items():
+        shape = getattr(tensor, "shape", None)
+        if shape is not None and len(shape) > 1 and isinstance(shape[1], int) and shape[1] > 0:
+            counts[name] = int(shape[1])
+    return counts
+
+
+def _mismatched_means(cache: Calibration, names: set[str], channels: Mapping[str, int]) -> list[str]:
+    means = cache.channel_means or {}
+    return [
+        f"{name!r} has {np.asarray(means[name]).size}, the tensor {channels[name]} channels"
+        for name in sorted(names & set(means) & set(channels))
+        if np.asarray(means[name]).size != channels[name]
+    ]
+
+
 def check_cache_matches(
-    cache: Calibration, tensors: Iterable[str], *, fingerprint: str | None = None
+    cache: Calibration,
+    tensors: Iterable[str],
+    *,
+    fingerprint: str | None = None,
+    channels: Mapping[str, int] | None = None,
 ) -> None:
     """Raise `CalibrationError` unless `cache` has a usable threshold for every one of `tensors` and, when
-    both are known, was made for the model with `fingerprint`."""
+    both are known, was made for the model with `fingerprint`. Thresholds must lie in MIN_AMAX..MAX_AMAX, and
+    where `channels` (tensor -> size of axis 1) is given, each tensor's channel means must have that length."""
     wanted = list(dict.fromkeys(tensors))
     problems = []
     if fingerprint is not None and cache.fingerprint is not None and fingerprint != cache.fingerprint:
@@ -102,6 +136,15 @@ def check_cache_matches(
     bad = [t for t in wanted if t in cache.amax and not (math.isfinite(cache.amax[t]) and cache.amax[t] > 0)]
     if bad:
         problems.append(f"{len(bad)} thresholds are zero, negative or not finite: {sample_names(bad)}")
+    absurd = [t for t in wanted if t in cache.amax and t not in bad and not MIN_AMAX <= cache.amax[t] <= MAX_AMAX]
+    if absurd:
+        problems.append(
+            f"{len(absurd)} thresholds are outside {MIN_AMAX:g}..{MAX_AMAX:g}, which would quantise every value "
+            f"to 0 or saturate it: {sample_names(absurd)}"
+        )
+    short = _mismatched_means(cache, set(wanted) - set(missing), channels or {})
+    if short:
+        problems.append(f"channel_means of {len(short)} tensors have the wrong length: {'; '.join(short[:4])}")
     if problems:
         raise CalibrationError(
             f"The calibration cache {cache.source or ''} does not fit this model: {'; '.join(problems)}.",

@@ -97,8 +97,16 @@ def timing_function(engine: Any) -> tuple[Callable[[Any], Any], str]:
 
 def random_inputs(specs: Sequence[Any], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Random data shaped like each input, with the dynamic (-1) batch dimension set to `batch`."""
+    from trtopt.memory import require_memory, tensor_bytes
+
     rng = np.random.default_rng(seed)
     feeds = {}
+    needed = sum(tensor_bytes([batch if d == -1 else max(d, 1) for d in s.shape], s.dtype) for s in specs)
+    require_memory(
+        2 * needed,  # the float64 draw, then the cast
+        f"Random inputs for batch {batch} ({needed / 2**20:,.0f} MiB before the model's own activations)",
+        "Bench smaller batches, e.g. --batch 1,8,32.",
+    )
     for spec in specs:
         shape = list(spec.shape)
         if shape and shape[0] == -1:

@@ -106,11 +106,9 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.calib or args.calib_cache) and not args.int8:
         raise TrtoptError("--calib / --calib-cache given without --int8.", fix="Add --int8 to quantise.")
-    labels = None
-    if args.labels:
-        if not args.labels.is_file():
-            raise TrtoptError(f"Labels file {str(args.labels)!r} does not exist.", fix="One class name per line.")
-        labels = args.labels.read_text(encoding="utf-8").splitlines()
+    from trtopt.classify import read_labels
+
+    labels = read_labels(args.labels) if args.labels else None
     config = BuildConfig(
         backend=args.backend,
         int8=args.int8,

@@ -19,9 +19,15 @@ err = Console(stderr=True, highlight=False, markup=False)
 
 
 def print_error(exc: TrtoptError) -> None:
-    err.print(f"[bold red]error:[/] {escape(exc.what)}", markup=True, soft_wrap=True)  # user text: no markup
+    """Error texts carry file names and hints such as `pip install 'trtopt[gpu]'`: never read as markup."""
+    err.print(f"[bold red]error:[/] {escape(exc.what)}", markup=True, soft_wrap=True)
     if exc.fix:
         err.print(f"[bold]fix:[/] {escape(exc.fix)}", markup=True, soft_wrap=True)
+
+
+def markup_safe(text: object) -> str:
+    """User text (file names, tensor names, reasons) to put inside a markup string: `dog[red].jpg` stays."""
+    return escape(str(text))
 
 
 def print_json(data: Any) -> None:
@@ -31,7 +37,7 @@ def print_json(data: Any) -> None:
 def progress(description: str = "", *, unit: str = "img", disable: bool = False) -> Progress:
     """A progress bar on stderr (so `--json` output on stdout stays clean)."""
     return Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("[bold]{task.description}"),  # descriptions are trtopt's own phase names
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),

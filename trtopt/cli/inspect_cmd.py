@@ -52,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
 def print_summary(summary: ModelSummary, *, all_layers: bool = False) -> None:
     from rich.table import Table
 
-    from trtopt.cli.console import err, out
+    from trtopt.cli.console import err, markup_safe, out
 
-    out.print(f"[bold]{summary.source}[/]  opset {summary.opset}", markup=True)
+    out.print(f"[bold]{markup_safe(summary.source)}[/]  opset {summary.opset}", markup=True)
     io = Table(title="Inputs and outputs", title_justify="left")
     for column in ("", "name", "shape", "dtype"):
         io.add_column(column)
@@ -78,10 +78,13 @@ def print_summary(summary: ModelSummary, *, all_layers: bool = False) -> None:
     _print_layers(summary, all_layers)
     _print_opportunities(summary)
     if summary.unknown_cost:
-        example = ",".join(f"{t.name}:{_fmt_shape(t.shape, unknown='N')}" for t in summary.inputs)
+        from trtopt.frontend.shapes import example_shape
+
+        example = ",".join(f"{t.name}:{example_shape(t.shape)}" for t in summary.inputs)
         err.print(
             f"[yellow]note:[/] the cost of {len(summary.unknown_cost)} layer(s) is unknown because some "
-            f"shapes are dynamic; pass concrete sizes, e.g. --shapes {example} (N: your sizes).",
+            f"shapes are dynamic; pass concrete sizes, e.g. --shapes {markup_safe(example)} (with your real "
+            "sizes in place of the dynamic ones).",
             markup=True,
             soft_wrap=True,
             highlight=False,

@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from trtopt import __version__
 from trtopt.errors import TrtoptError
@@ -61,7 +64,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every `finally` and temporary-file cleanup runs."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def _signals_as_interrupts(*, leave_sigint_ignored: bool) -> Iterator[None]:
+    """SIGTERM raises `Terminated` while a command runs. The real CLI (argv from the command line) then
+    ignores a late Ctrl-C while the interpreter shuts down, where it could only print a traceback."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if leave_sigint_ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    with _signals_as_interrupts(leave_sigint_ignored=argv is None):
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as exc:
+            return _interrupted(exc)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -71,16 +103,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
-    from trtopt.cli.console import print_error
+    from trtopt.cli.console import err, print_error
+    from trtopt.cli.outputs import check_cli_outputs
+    from trtopt.frontend.writer import forget_written
 
+    forget_written()
     try:
+        check_cli_outputs(args.command, args)
         return int(args._run(args) or 0)
     except TrtoptError as exc:
         print_error(exc)
+        if _written_note():
+            err.print(f"note:{_written_note()}", soft_wrap=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print_error(TrtoptError("Interrupted; nothing was written."))
-        return 130
+    except MemoryError:
+        print_error(
+            TrtoptError(
+                f"`trtopt {args.command}` ran out of memory;{_written_note() or ' nothing was written.'}",
+                fix="Use smaller batches (--batch / --calib-batch), fewer or smaller inputs, or a machine with "
+                "more memory.",
+            )
+        )
+        return 2
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not turn this into a traceback
+    try:
+        from trtopt.cli.console import print_error
+
+        what = "Terminated (SIGTERM)" if isinstance(exc, Terminated) else "Interrupted"
+        note = _written_note()
+        print_error(TrtoptError(f"{what};{note or ' nothing was written.'}"))
+    finally:
+        if not isinstance(exc, Terminated):
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+def _written_note() -> str:
+    from trtopt.frontend.writer import written_paths
+
+    paths = written_paths()
+    if not paths:
+        return ""
+    return f" already written, complete: {', '.join(repr(str(p)) for p in paths)}; nothing else was written."
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.classify import top_k
-    from trtopt.cli.console import err, out, print_json
+    from trtopt.cli.console import err, markup_safe, out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
 
@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             results.append({"input": source, "top": [p.__dict__ for p in preds]})
             if not args.json:
                 shown = ", ".join(f"{p.label} ({p.probability:.1%})" for p in preds)
-                out.print(f"[bold]{source}[/]: {shown}", markup=True, soft_wrap=True)
+                out.print(f"[bold]{markup_safe(source)}[/]: {markup_safe(shown)}", markup=True, soft_wrap=True)
     elapsed = time.perf_counter() - started
     n = len(results)
     summary = {
@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         print_json({"predictions": results, "summary": summary})
     else:
         for s in dataset.skipped:
-            err.print(f"[yellow]skipped[/] {s.path}: {s.reason}", markup=True)
+            err.print(f"[yellow]skipped[/] {markup_safe(s.path)}: {markup_safe(s.reason)}", markup=True)
         err.print(
             f"{n} images on {engine.backend} in {elapsed:.2f} s: {summary['images_per_second']:.1f} img/s inference, "
             f"{summary['end_to_end_images_per_second']:.1f} img/s with preprocessing (batch {args.batch})."

@@ -154,6 +154,9 @@ class Dataset:
             except UnreadableFileError as exc:
                 self._skip(item.path, exc.what)
                 continue
+            except MemoryError:  # a file that decodes to more than this machine holds is a bad file too
+                self._skip(item.path, "out of memory reading or preprocessing it")
+                continue
             take = item.samples - offset if limit is None else min(item.samples - offset, limit - produced)
             for i in range(offset, offset + take):
                 source = (

@@ -20,8 +20,10 @@ decoded (`img.load()`) inside `read_image`, so a cut-off JPEG raises here instea
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,7 @@ class UnreadableFileError(DataError):
     """A data file exists in the data set but cannot be decoded; data sets skip it and say why."""
 
 
-_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, MemoryError, Image.DecompressionBombError)
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _WHITE = (255, 255, 255, 255)
@@ -57,19 +59,37 @@ def read_image(path: str | os.PathLike[str]) -> Image.Image:
     directory, not an image, corrupt or truncated.
     """
     path = Path(path)
+    return _decode(path, repr(str(path)))
+
+
+def read_image_bytes(data: bytes, where: str = "the image") -> Image.Image:
+    """`read_image` for an image held in memory (an upload), with the same checks and limits."""
+    return _decode(io.BytesIO(data), where)
+
+
+def _decode(source: Path | io.BytesIO, where: str) -> Image.Image:
+    from trtopt.data.limits import check_image_size
+
     try:
-        with Image.open(path) as img:
-            img.load()  # decode now: truncation and corrupt scans only show up here
-            upright = ImageOps.exif_transpose(img)
-    except _DECODE_ERRORS as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(source) as img:
+                check_image_size(img.width, img.height, f"image {where}")  # before decoding a single pixel
+                img.load()  # decode now: truncation and corrupt scans only show up here
+                upright = ImageOps.exif_transpose(img)
+    except UnreadableFileError:
+        raise
+    except (*_DECODE_ERRORS, Image.DecompressionBombWarning) as exc:
         raise UnreadableFileError(
-            f"Cannot read image {str(path)!r}: {_reason(exc)}.",
+            f"Cannot read image {where}: {_reason(exc)}.",
             fix="Replace or delete the file; trtopt reads JPEG, PNG, BMP, WebP, TIFF and GIF images.",
-        ) from exc
+        ) from None
     try:
         return rgb_from_image(upright)
     except DataError as exc:
-        raise UnreadableFileError(f"Cannot read image {str(path)!r}: {exc.what}", fix=exc.fix) from exc
+        raise UnreadableFileError(f"Cannot read image {where}: {exc.what}", fix=exc.fix) from None
+    except MemoryError:
+        raise UnreadableFileError(f"Cannot read image {where}: out of memory converting it.") from None
 
 
 def check_image_header(path: str | os.PathLike[str]) -> None:
@@ -78,11 +98,18 @@ def check_image_header(path: str | os.PathLike[str]) -> None:
     Catches empty, non-image, unreadable and many corrupt files; a truncated JPEG passes and is only
     caught by `read_image`. Raises `UnreadableFileError` with the reason.
     """
+    from trtopt.data.limits import check_image_size
+
     path = Path(path)
     try:
-        with Image.open(path) as img:
-            img.verify()
-    except _DECODE_ERRORS as exc:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                check_image_size(img.width, img.height, f"image {str(path)!r}")
+                img.verify()
+    except UnreadableFileError:
+        raise
+    except (*_DECODE_ERRORS, Image.DecompressionBombWarning) as exc:
         raise UnreadableFileError(
             f"Cannot read image {str(path)!r}: {_reason(exc)}.",
             fix="Replace or delete the file; trtopt reads JPEG, PNG, BMP, WebP, TIFF and GIF images.",
@@ -154,6 +181,8 @@ def _reason(exc: BaseException) -> str:
         return "no such file"
     if isinstance(exc, PermissionError):
         return "permission denied"
+    if isinstance(exc, MemoryError):
+        return "out of memory decoding it"
     if isinstance(exc, Image.UnidentifiedImageError):
         return "not an image Pillow can identify (empty, corrupt, or another file type)"
     text = str(exc).strip() or type(exc).__name__

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from trtopt.data.images import read_image, rgb_from_image
+from trtopt.data.limits import check_image_size, check_resized_size
 from trtopt.errors import DataError
 from trtopt.registry import Registry
 
@@ -225,6 +226,11 @@ def preprocess_image(img: Image.Image, spec: PreprocessSpec) -> np.ndarray:
 
 def preprocess_images(images: Sequence[ImageLike], spec: PreprocessSpec) -> np.ndarray:
     """Images (PIL images, file paths, or HWC / HW uint8 arrays) -> one batch `[N, *spec.sample_shape]`."""
+    if isinstance(images, (str, bytes, os.PathLike)) or not isinstance(images, Sequence):
+        raise DataError(
+            f"Expected a list of images, received {type(images).__name__}.",
+            fix="Pass a list of PIL images, file paths or HWC uint8 arrays, e.g. ['cat.jpg'].",
+        )
     samples = [preprocess_image(_image_from(item, i), spec) for i, item in enumerate(images)]
     if not samples:
         return np.zeros((0, *spec.sample_shape), np.dtype(spec.dtype))
@@ -248,6 +254,8 @@ def resized_size(width: int, height: int, short: int, crop_hw: tuple[int, int]) 
 def _resize_and_crop(img: Image.Image, spec: PreprocessSpec) -> Image.Image:
     crop_h, crop_w = spec.crop_hw
     size = resized_size(img.width, img.height, spec.resize_short, spec.crop_hw)
+    check_image_size(img.width, img.height)
+    check_resized_size(img.size, size)  # bounds the work per image (trtopt.data.limits)
     if size != img.size:
         img = img.resize(size, INTERPOLATIONS[spec.interpolation])
     # torchvision's CenterCrop offsets: int(round((size - crop) / 2)).

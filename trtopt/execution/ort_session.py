@@ -138,6 +138,19 @@ def with_exposed_tensors(model: onnx.ModelProto, names: Sequence[str]) -> onnx.M
 
 
 def _make_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
+    state = ort.capi.onnxruntime_pybind11_state
+    try:
+        return _new_session(proto, options)
+    except (state.Fail, state.InvalidGraph, state.InvalidArgument, state.NotImplemented) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TrtoptError(
+            f"ONNX Runtime cannot run this model: {first}",
+            fix="Check the model with `trtopt inspect`; ops ONNX Runtime has no kernel for cannot be built or "
+            "calibrated on the CPU.",
+        ) from None
+
+
+def _new_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
     providers = ["CPUExecutionProvider"]
     if proto.ByteSize() < PROTOBUF_LIMIT:
         return ort.InferenceSession(proto.SerializeToString(), options, providers=providers)

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,8 +192,32 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
                 "which is missing.",
                 fix=f"Copy {location!r} into {str(base)!r} next to the model.",
             )
+        _check_external_range(tensor, target, path)
     if external:
-        onnx.external_data_helper.load_external_data_for_model(model, str(base))
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(base))
+        except (ValueError, OSError, MemoryError, OverflowError) as exc:
+            raise ModelError(
+                f"{str(path)!r}: its external weight data cannot be loaded ({type(exc).__name__}: {exc}).",
+                fix="Re-export the model with its weight files, or save it without external data.",
+            ) from None
+
+
+def _check_external_range(tensor: onnx.TensorProto, target: Path, path: Path) -> None:
+    """offset/length must be non-negative integers inside the weight file (a crafted model gives others)."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    size = target.stat().st_size
+    try:
+        offset = int(entries.get("offset") or 0)
+        length = int(entries["length"]) if entries.get("length") else size - offset
+    except ValueError:
+        offset = length = -1
+    if offset < 0 or length < 0 or offset + length > size:
+        raise ModelError(
+            f"Tensor {tensor.name!r} in {str(path)!r} reads bytes {entries.get('offset', '0')}+"
+            f"{entries.get('length', '(rest)')} of {target.name!r}, which has {size:,} bytes.",
+            fix="The model or its weight file is truncated or hand-edited; re-export the model.",
+        )
 
 
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
@@ -205,21 +230,53 @@ def _default_opset(model: onnx.ModelProto, where: str) -> int:
 
 
 def _check_ops(model: onnx.ModelProto, where: str) -> None:
+    """Every node, in the main graph and in every If / Loop / Scan subgraph (a branch that calibration never
+    takes must not fail only later, at `trtopt run`), is a standard op, a local function or an ONNX Runtime
+    contrib op."""
     local_functions = {(f.domain, f.name) for f in model.functions}
-    for index, node in enumerate(model.graph.node):
-        if node.domain in KNOWN_EXTRA_DOMAINS or (node.domain, node.op_type) in local_functions:
+    contrib = _contrib_op_names()
+    for index, (node, graph_name) in enumerate(_all_nodes(model.graph)):
+        if (node.domain, node.op_type) in local_functions:
+            continue
+        if node.domain in KNOWN_EXTRA_DOMAINS and (contrib is None or node.op_type in contrib):
             continue
         if node.domain in DEFAULT_DOMAINS and onnx.defs.has(node.op_type, ""):
             continue
         domain = node.domain or "ai.onnx"
         close = difflib.get_close_matches(node.op_type, _standard_op_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close and node.domain in DEFAULT_DOMAINS else ""
+        inside = f" inside subgraph {graph_name!r}" if graph_name != model.graph.name else ""
         raise ModelError(
-            f"{where}: node {node.name or f'#{index}'!r} uses op {node.op_type!r} from domain {domain!r}, "
+            f"{where}: node {node.name or f'#{index}'!r}{inside} uses op {node.op_type!r} from domain {domain!r}, "
             f"which is not a standard ONNX op trtopt knows{hint}.",
             fix="Export the model without custom ops (or with their ONNX-standard decomposition); custom "
             "TensorRT plugins are not supported.",
         )
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, str]]:
+    """(node, name of the graph holding it) for the graph and all nested subgraphs, without recursion."""
+    stack = [graph]
+    while stack:
+        current = stack.pop()
+        for node in current.node:
+            yield node, current.name
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+
+
+@functools.cache
+def _contrib_op_names() -> frozenset[str] | None:
+    """ONNX Runtime's com.microsoft ops, or None where ONNX Runtime cannot say (then they are not checked)."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+        return frozenset(s.name for s in state.get_all_operator_schema() if s.domain in KNOWN_EXTRA_DOMAINS)
+    except (ImportError, AttributeError, RuntimeError):
+        return None
 
 
 @functools.cache

@@ -8,6 +8,18 @@ from trtopt.errors import ShapeError
 
 Shape = tuple[int, ...]
 
+# Largest size of one dimension (ONNX Runtime and TensorRT index with 32-bit sizes) and highest rank.
+MAX_DIM = 2**31 - 1
+MAX_RANK = 8
+
+
+def example_shape(dims: object) -> str:
+    """A `--shapes` value the parser accepts for `dims`: dynamic sizes become 1 (batch) or 224."""
+    sizes = list(dims) if dims is not None else []  # type: ignore[call-overload]
+    return "x".join(
+        str(d) if isinstance(d, int) and d > 0 else ("1" if i == 0 else "224") for i, d in enumerate(sizes)
+    )
+
 
 def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
     """Parse `["input:1x3x224x224", ...]` into `{"input": (1, 3, 224, 224)}`."""
@@ -23,6 +35,12 @@ def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
                 raise ShapeError(
                     f"Cannot read shape spec {item!r}.",
                     fix="Write it as NAME:DxDxD with positive integers, e.g. --shapes input:1x3x224x224.",
+                )
+            if len(shape) > MAX_RANK or any(d > MAX_DIM for d in shape):
+                raise ShapeError(
+                    f"Shape spec {item!r} is out of range: at most {MAX_RANK} dimensions of at most {MAX_DIM:,} "
+                    "each.",
+                    fix="Give the model's real input sizes, e.g. --shapes input:1x3x224x224.",
                 )
             shapes[name] = shape
     return shapes
@@ -67,12 +85,11 @@ def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) 
         start = 1 if allow_dynamic_batch else 0
         dynamic = [i for i, d in enumerate(dims) if i >= start and not (isinstance(d, int) and d > 0)]
         if dynamic:
-            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in dims)
             raise ShapeError(
                 f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {_fmt(dims)}); "
                 f"trtopt needs concrete sizes there to preprocess data and build the plan.",
-                fix=f"Pass them with --shapes {tensor.name}:{example.replace('?', 'N')}, "
-                f"e.g. --shapes {tensor.name}:1x3x224x224.",
+                fix=f"Pass them with --shapes, e.g. --shapes {tensor.name}:{example_shape(dims)} "
+                "(with your real sizes in place of the dynamic ones).",
             )
 
 

@@ -11,8 +11,9 @@ Layout, all integers little-endian::
 
 The header says what the plan is (backend, versions of trtopt / TensorRT / ONNX Runtime, inputs and
 outputs, preprocessing, labels, thresholds, optimiser report) and lists each section's name, size and
-sha256. A CPU plan carries an "onnx" section (the lowered INT8 model); a TensorRT plan carries an
-"engine" section (the serialised ICudaEngine, extractable with `trtopt export`) and its "onnx" source.
+sha256. The reader checks all of it, and bounds it, before use (`trtopt.plan.schema`). A CPU plan
+carries an "onnx" section (the lowered INT8 model); a TensorRT plan carries an "engine" section (the
+serialised ICudaEngine, extractable with `trtopt export`) and its "onnx" source.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from trtopt.errors import PlanError
 from trtopt.frontend.writer import write_atomic
+from trtopt.plan.schema import MAX_HEADER_BYTES, check_header, check_onnx_section, check_sections
 
 MAGIC = b"TRTOPLAN"
 FORMAT_VERSION = 1
@@ -129,22 +131,29 @@ def plan_from_bytes(data: bytes, where: str = "<bytes>") -> Plan:
             fix=f"Copy it again from its source, or {rebuild[0].lower()}{rebuild[1:]}",
         )
     start = _PREFIX.size
+    if header_len > min(MAX_HEADER_BYTES, len(body) - start):
+        raise PlanError(
+            f"{where} declares a header of {header_len:,} bytes; the limit is {MAX_HEADER_BYTES:,} and the file "
+            f"holds {len(body) - start:,} after its prefix.",
+            fix=rebuild,
+        )
     try:
         header = json.loads(body[start : start + header_len])
-        sections, offset = {}, start + header_len
-        for entry in header["sections"]:
-            sections[entry["name"]] = body[offset : offset + entry["size"]]
-            offset += entry["size"]
-        return Plan(
-            backend=header["backend"],
-            inputs=tuple(TensorSpec.from_dict(t) for t in header["inputs"]),
-            outputs=tuple(TensorSpec.from_dict(t) for t in header["outputs"]),
-            sections=sections,
-            metadata=header.get("metadata", {}),
-            versions=header.get("versions", {}),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PlanError(f"{where} has a malformed header ({exc}).", fix=rebuild) from None
+    except (ValueError, RecursionError) as exc:
+        reason = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise PlanError(f"{where} has a malformed header ({reason}).", fix=rebuild) from None
+    check_header(header, where)
+    sections = check_sections(header["sections"], body[start + header_len :], where)
+    if "onnx" in sections:
+        check_onnx_section(sections["onnx"], [t["name"] for t in header["inputs"]], where)
+    return Plan(
+        backend=header["backend"],
+        inputs=tuple(TensorSpec.from_dict(t) for t in header["inputs"]),
+        outputs=tuple(TensorSpec.from_dict(t) for t in header["outputs"]),
+        sections=sections,
+        metadata=header.get("metadata", {}),
+        versions=header.get("versions", {}),
+    )
 
 
 def _trtopt_version() -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtopt.errors import TrtoptError
+
 
 @dataclass(frozen=True)
 class QuantConfig:
@@ -37,3 +39,16 @@ class QuantConfig:
     quantize_residual: bool = True
     quantize_outputs: bool = False
     float_leading_depthwise: bool | None = None
+
+    def __post_init__(self) -> None:
+        channels = self.min_channels
+        if isinstance(channels, bool) or not isinstance(channels, int) or not 0 <= channels <= 2**31 - 1:
+            raise TrtoptError(
+                f"--min-channels (QuantConfig.min_channels) is {channels!r}; expected a whole number of at least 0.",
+                fix="Pass e.g. --min-channels 16 (the default), or 0 to quantise layers of every width.",
+            )
+        if isinstance(self.exclude, str) or not all(isinstance(e, str) for e in self.exclude):
+            raise TrtoptError(
+                f"--exclude (QuantConfig.exclude) is {self.exclude!r}; expected a tuple of node names or op types.",
+                fix="Pass e.g. exclude=('Gemm', 'conv_12').",
+            )

@@ -12,12 +12,16 @@ Rules (TensorRT explicit quantization, as summarised in DESIGN.md "Where Q/DQ go
 
 from __future__ import annotations
 
+import difflib
+import logging
 from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
 from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark, input_channels, output_channels
+
+log = logging.getLogger(__name__)
 
 # Activations ONNX Runtime folds into a preceding QLinearConv's output quantisation.
 CPU_FOLDED_ACTIVATIONS = {"Relu", "Clip"}
@@ -92,11 +96,23 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
             float_layers[node.name] = "depthwise conv fed by a float layer"
         else:
             layers.append(node)
+    _warn_unmatched_excludes(graph, excluded)
     if config.keep_first_last and layers:
         for node in {layers[0].name: layers[0], layers[-1].name: layers[-1]}.values():
             float_layers[node.name] = "first/last layer kept in float"
             layers.remove(node)
     return layers, float_layers
+
+
+def _warn_unmatched_excludes(graph: gs.Graph, excluded: set[str]) -> None:
+    """An --exclude that names no node and no op type of the (optimised) graph is almost always a typo."""
+    known = {n.name for n in graph.nodes} | {n.op for n in graph.nodes}
+    for name in sorted(excluded - known):
+        close = difflib.get_close_matches(name, sorted(known), n=3)
+        log.warning(
+            "--exclude %r matches no node name or op type of the optimised graph, so it keeps nothing in float%s",
+            name, f" (close: {', '.join(close)})" if close else "; `trtopt inspect --layers` lists the names",
+        )  # fmt: skip
 
 
 def _is_tiny(node: gs.Node, min_channels: int) -> bool:

@@ -1,0 +1,84 @@
+"""Memory estimates made before the work, so a too-large model, shape or batch is a message, not an OOM kill.
+
+Linux over-commits memory: a 43 GB activation (1x3x60000x60000 float32) is not refused by `malloc` but
+killed later by the kernel (exit 137, no message). trtopt therefore estimates what a run needs from the
+shapes and compares it with what the machine has free (`MemAvailable`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtopt.errors import TrtoptError
+
+
+def available_bytes() -> int | None:
+    """Memory the machine can still give (Linux `MemAvailable`, else psutil), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except (ImportError, AttributeError, OSError):
+        return None
+
+
+def tensor_bytes(shape: Iterable[int], dtype: Any) -> int:
+    """Bytes of a dense tensor (Python ints: no overflow for absurd shapes)."""
+    return math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+
+
+def require_memory(needed: int, what: str, fix: str) -> None:
+    """Raise a `TrtoptError` when `needed` bytes exceed what the machine has available."""
+    free = available_bytes()
+    if free is not None and needed > free:
+        raise TrtoptError(
+            f"{what} needs about {_gib(needed)} of memory; this machine has {_gib(free)} available.",
+            fix=fix,
+        )
+
+
+def graph_activation_bytes(graph: Any, batch: int) -> int:
+    """Sum of every tensor's size in a gs.Graph with inferred shapes, a dynamic batch set to `batch`.
+
+    An upper bound for plain inference (ONNX Runtime reuses buffers), and what calibration really holds:
+    it exposes every calibrated activation at once.
+    """
+    total = 0
+    for tensor in graph.tensors().values():
+        shape, dtype = getattr(tensor, "shape", None), getattr(tensor, "dtype", None)
+        if shape is None or dtype is None:
+            continue
+        dims = [d if isinstance(d, int) and d > 0 else (batch if i == 0 else 1) for i, d in enumerate(shape)]
+        try:
+            total += tensor_bytes(dims, dtype)
+        except TypeError:
+            continue
+    return total
+
+
+def check_graph_memory(graph: Any, batch: int) -> None:
+    """Refuse a model whose activations (at `batch`) cannot fit in the available memory."""
+    inputs = ", ".join(f"{t.name} {list(t.shape or [])}" for t in graph.inputs)
+    dynamic = any(t.shape and not (isinstance(t.shape[0], int) and t.shape[0] > 0) for t in graph.inputs)
+    batch_note = f", dynamic batch taken as {batch}" if dynamic else ""
+    require_memory(
+        graph_activation_bytes(graph, batch),
+        f"Running this model (inputs {inputs}{batch_note}) to calibrate and verify it",
+        "Check the input shapes (the model's or --shapes): they may be far larger than intended; or use a "
+        "smaller --calib-batch, or a machine with more memory.",
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
