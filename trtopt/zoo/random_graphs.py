@@ -18,6 +18,11 @@ second. The blocks cover what the passes and the quantiser treat specially:
     resize      nearest 2x Resize (small maps only), then a conv
     nhwc        Transpose to NHWC, a per-channel Mul or a Relu there, Transpose back
     side        the current tensor also becomes a graph output (and is read on)
+    affine      a constant Mul / Add / Sub / Div after a conv: per channel, scalar, or per column (no fold)
+    squeeze_excite  GlobalAveragePool - 1x1 - Relu - 1x1 - Sigmoid gate, times the input
+    concat_axes the same tensor twice in a Concat, a Concat on the height axis (negative too), nested
+    siblings    1x1 siblings where one must stay apart (graph output, other activation, residual Add)
+    upsample    ConvTranspose 2x2/2 (+ BN); pooling: AveragePool, a dilated conv, a GlobalMaxPool output
     heads       GlobalAveragePool-Flatten-Gemm (transB 0 or 1), GlobalAveragePool-Reshape-MatMul+Add,
                 Flatten-Gemm, or the feature map itself
 """
@@ -305,6 +310,96 @@ def _side_output(gen: _Generator, x: Feature) -> Feature:
     return gen.conv(x)
 
 
+def _affine(gen: _Generator, x: Feature) -> Feature:
+    """A conv followed by a constant Mul / Add / Sub / Div, per channel or scalar (what fold_batchnorm folds),
+    sometimes with the constant first or shaped so it must not fold (per column)."""
+    b = gen.b
+    y = b.conv(x.name, x.channels, x.channels, 1, bias=gen.c.choice((True, False)))
+    op = gen.c.choice(("Mul", "Add", "Sub", "Div"))
+    shape = gen.c.choice(((1, x.channels, 1, 1), (x.channels, 1, 1), (), (1, 1, 1, x.width)))
+    value = b.rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    constant = b.const("affine", value)
+    first = op != "Div" and gen.c.choice((True, False))  # c / x is not affine (and x may be near 0)
+    gen.note(f"affine {op} {shape} constant_first={first}")
+    out = b.node(op, [constant, y] if first else [y, constant])
+    return Feature(b.relu(out), x.channels, x.height, x.width)
+
+
+def _squeeze_excite(gen: _Generator, x: Feature) -> Feature:
+    """SE block: GlobalAveragePool - 1x1 reduce - Relu - 1x1 expand - Sigmoid, times the input."""
+    b = gen.b
+    mid = max(x.channels // 4, 4)
+    gate = b.relu(b.conv(b.node("GlobalAveragePool", [x.name]), x.channels, mid, 1))
+    gate = b.node("Sigmoid", [b.conv(gate, mid, x.channels, 1)])
+    gen.note("squeeze-excite")
+    return Feature(b.mul(x.name, gate), x.channels, x.height, x.width)
+
+
+def _concat_axes(gen: _Generator, x: Feature) -> Feature:
+    """Concats that are not plain channel joins: the same tensor twice, a spatial (negative) axis, nested."""
+    b = gen.b
+    how = gen.c.choice(("same_twice", "height", "nested"))
+    gen.note(f"concat {how}")
+    left = gen.pointwise(x, x.channels)
+    if how == "same_twice":
+        return Feature(b.concat([left.name, x.name, left.name]), 3 * x.channels, x.height, x.width)
+    right = gen.pointwise(x, x.channels, "relu6")
+    tall = b.concat([left.name, right.name], axis=gen.c.choice((2, -2)))
+    y = b.conv(tall, x.channels, x.channels, 3, stride=2)  # back to x.height rows (2H -> H), W/2 columns
+    width = _strided(x.width, 2)
+    if how == "height":
+        return Feature(b.relu(y), x.channels, x.height, width)
+    pooled = b.node("MaxPool", [x.name], kernel_shape=[1, 2], strides=[1, 2], pads=[0, 0, 0, x.width % 2])
+    inner = b.concat([y, pooled])
+    return Feature(b.concat([inner, y]), 3 * x.channels, x.height, width)
+
+
+def _siblings(gen: _Generator, x: Feature) -> Feature:
+    """1x1 siblings for horizontal fusion where one of them must stay apart: its output is a graph output,
+    it has another activation, or it feeds a residual Add."""
+    b = gen.b
+    how = gen.c.choice(("graph_output", "other_activation", "residual"))
+    gen.note(f"siblings {how}")
+    first = gen.pointwise(x, 16)
+    second = gen.pointwise(x, 16, "relu6" if how == "other_activation" else "relu")
+    if how == "graph_output":
+        gen.outputs.append(second.name)
+    if how == "residual":
+        third = b.conv(x.name, x.channels, 16, 1)
+        return Feature(b.concat([first.name, b.add(third, second.name)]), 32, x.height, x.width)
+    return Feature(b.concat([first.name, second.name]), 32, x.height, x.width)
+
+
+def _upsample(gen: _Generator, x: Feature) -> Feature:
+    """ConvTranspose 2x2 stride 2 (+ BN), on small maps only."""
+    b = gen.b
+    if x.height > 8:
+        return _pooling(gen, x)
+    cout = gen.c.choice((16, 24))
+    weight = b.const("deconv_w", b.he_weight((x.channels, cout, 2, 2), x.channels))
+    bias = b.const("deconv_b", b.bias(cout))
+    y = b.node("ConvTranspose", [x.name, weight, bias], kernel_shape=[2, 2], strides=[2, 2])
+    bn = gen.c.choice((False, True))
+    gen.note(f"convtranspose {x.channels}->{cout} bn={bn}")
+    y = b.batchnorm(y, cout) if bn else y
+    return Feature(b.relu(y), cout, 2 * x.height, 2 * x.width)
+
+
+def _pooling(gen: _Generator, x: Feature) -> Feature:
+    """AveragePool 3x3 (pads counted or not), or a dilated 3x3 conv, or a GlobalMaxPool side branch."""
+    b = gen.b
+    how = gen.c.choice(("avgpool", "dilated", "global_max"))
+    gen.note(f"pooling {how}")
+    if how == "avgpool":
+        include = gen.c.choice((0, 1))
+        y = b.node("AveragePool", [x.name], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=include)
+        return Feature(y, x.channels, x.height, x.width)
+    if how == "dilated":
+        return Feature(b.relu(b.conv(x.name, x.channels, 16, 3, dilation=2)), 16, x.height, x.width)
+    gen.outputs.append(b.node("Flatten", [b.node("GlobalMaxPool", [x.name])], axis=1))
+    return gen.conv(x)
+
+
 BLOCKS: dict[str, Callable[[_Generator, Feature], Feature]] = {
     "conv": _conv_block,
     "residual": _residual,
@@ -315,4 +410,10 @@ BLOCKS: dict[str, Callable[[_Generator, Feature], Feature]] = {
     "resize": _resize,
     "nhwc": _nhwc,
     "side": _side_output,
+    "affine": _affine,
+    "squeeze_excite": _squeeze_excite,
+    "concat_axes": _concat_axes,
+    "siblings": _siblings,
+    "upsample": _upsample,
+    "pooling": _pooling,
 }
