@@ -30,6 +30,7 @@ from trtopt.engine import Engine
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
 from trtopt.passes import OptimizeResult, optimize
+from trtopt.quant import QuantConfig
 from trtopt.zoo.random_graphs import RandomGraph, random_graph
 
 CALIB_SAMPLES = 4
@@ -63,6 +64,38 @@ def random_graphs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RandomGraph:
     return random_graph(DrawChoices(draw))
 
 
+@dataclass(frozen=True)
+class BuildVariant:
+    """The build options the fuzzer varies; the defaults are `trtopt build --int8`'s, and shrinking goes there.
+    `cpu_gemm="on"` exercises the weight encoding of ONNX Runtime's GEMM route (auto: AMX machines only)."""
+
+    method: str = "entropy"
+    min_channels: int = 16
+    cpu_gemm: str = "auto"
+    bias_correction: bool = True
+
+    def config(self, calib: Path) -> BuildConfig:
+        return BuildConfig(
+            backend="cpu",
+            calib=str(calib),
+            calib_method=self.method,
+            quant=QuantConfig(min_channels=self.min_channels),
+            cpu_gemm=self.cpu_gemm,
+            bias_correction=self.bias_correction,
+            threads=1,
+        )
+
+
+def build_variants() -> st.SearchStrategy[BuildVariant]:
+    return st.builds(
+        BuildVariant,
+        method=st.sampled_from(("entropy", "max", "percentile", "mse")),
+        min_channels=st.sampled_from((16, 1)),
+        cpu_gemm=st.sampled_from(("auto", "on")),
+        bias_correction=st.sampled_from((True, False)),
+    )
+
+
 def calibration_samples(model: onnx.ModelProto, count: int = CALIB_SAMPLES) -> np.ndarray:
     """`count` standard-normal inputs (batch 1 each), stacked: what the builds calibrate and run on."""
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
@@ -74,6 +107,7 @@ class Case:
     """One random model and what the checks compute from it, computed once and shared between them."""
 
     model: onnx.ModelProto
+    variant: BuildVariant = BuildVariant()
     samples: np.ndarray = field(init=False)
     _optimized: OptimizeResult | None = None
     _build: BuildResult | None = None
@@ -97,7 +131,7 @@ class Case:
                 model_path, data_path = Path(tmp, "model.onnx"), Path(tmp, "calib.npy")
                 onnx.save(self.model, model_path)
                 np.save(data_path, self.samples)
-                self._build = build_plan(model_path, BuildConfig(backend="cpu", calib=str(data_path), threads=1))
+                self._build = build_plan(model_path, self.variant.config(data_path))
         return self._build
 
     def run_fp32(self) -> list[dict[str, np.ndarray]]:

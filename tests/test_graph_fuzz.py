@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from graph_fuzz import (
+    BuildVariant,
     Case,
+    build_variants,
     check_int8_plan_valid,
     check_kernels_match_reference,
     check_optimize_idempotent,
@@ -45,9 +47,9 @@ def test_optimize_preserves_outputs_and_is_idempotent(graph: RandomGraph) -> Non
 
 
 @CI
-@given(random_graphs())
-def test_int8_build_is_valid_and_close_to_fp32(graph: RandomGraph) -> None:
-    case = Case(graph.model)
+@given(random_graphs(), build_variants())
+def test_int8_build_is_valid_and_close_to_fp32(graph: RandomGraph, variant: BuildVariant) -> None:
+    case = Case(graph.model, variant)
     check_int8_plan_valid(case)
     check_qdq_reference_close(case)
 

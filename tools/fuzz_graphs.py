@@ -21,7 +21,7 @@ import re
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ import onnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graph_fuzz import PROPERTIES, Case, random_graphs  # noqa: E402
+from graph_fuzz import PROPERTIES, BuildVariant, Case, build_variants, random_graphs  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import seed as hypothesis_seed  # noqa: E402
 
@@ -46,6 +46,7 @@ class Failure:
     error: str
     trace: str
     graph: RandomGraph
+    variant: BuildVariant
 
 
 @dataclass
@@ -57,12 +58,12 @@ class Campaign:
     known: dict[str, int] = field(default_factory=dict)  # signature -> examples that hit it
     last: Failure | None = None
 
-    def check(self, graph: RandomGraph) -> None:
+    def check(self, graph: RandomGraph, variant: BuildVariant) -> None:
         """The hypothesis test body: run the properties in order, raise on a failure not seen before."""
         self.calls += 1
         if time.monotonic() > self.deadline:
             return
-        failure = run_properties(graph, self.properties)
+        failure = run_properties(graph, variant, self.properties)
         if failure is None:
             return
         if failure.signature in self.known:
@@ -72,14 +73,14 @@ class Campaign:
         raise AssertionError(failure.error)
 
 
-def run_properties(graph: RandomGraph, properties: list[str]) -> Failure | None:
-    case = Case(graph.model)
+def run_properties(graph: RandomGraph, variant: BuildVariant, properties: list[str]) -> Failure | None:
+    case = Case(graph.model, variant)
     for name in properties:
         try:
             PROPERTIES[name](case)
         except Exception as exc:  # noqa: BLE001 (any exception is a finding)
             message = f"{type(exc).__name__}: {exc}"
-            return Failure(name, signature(name, exc), message, traceback.format_exc(), graph)
+            return Failure(name, signature(name, exc), message, traceback.format_exc(), graph, variant)
     return None
 
 
@@ -99,9 +100,9 @@ def run_round(campaign: Campaign, seed: int, max_examples: int) -> Failure | Non
         report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck),
     )
-    @given(random_graphs())
-    def body(graph: RandomGraph) -> None:
-        campaign.check(graph)
+    @given(random_graphs(), build_variants())
+    def body(graph: RandomGraph, variant: BuildVariant) -> None:
+        campaign.check(graph, variant)
 
     campaign.last = None
     before = campaign.calls
@@ -120,6 +121,7 @@ def save(failure: Failure, folder: Path) -> None:
         "signature": failure.signature,
         "error": failure.error,
         "blocks": failure.graph.blocks,
+        "build": asdict(failure.variant),
         "nodes": len(failure.graph.model.graph.node),
         "replay": f"python tools/fuzz_graphs.py --replay {folder / 'model.onnx'}",
     }
@@ -127,6 +129,7 @@ def save(failure: Failure, folder: Path) -> None:
     blocks = "\n".join(f"- {b}" for b in failure.graph.blocks)
     (folder / "note.md").write_text(
         f"# {failure.prop} fails\n\n{failure.error}\n\n## Graph ({note['nodes']} nodes)\n\n{blocks}\n\n"
+        f"Build options: {note['build']}\n\n"
         f"## Replay\n\n    {note['replay']}\n\n## Traceback\n\n```\n{failure.trace}```\n"
     )
 
@@ -166,8 +169,11 @@ def campaign_main(args: argparse.Namespace) -> int:
 
 
 def replay_main(path: Path, properties: list[str]) -> int:
+    """Check a saved model with the build options in its note.json (defaults when there is none)."""
     graph = RandomGraph(onnx.load(path), [f"replayed from {path}"])
-    failure = run_properties(graph, properties)
+    note = path.with_name("note.json")
+    variant = BuildVariant(**json.loads(note.read_text())["build"]) if note.is_file() else BuildVariant()
+    failure = run_properties(graph, variant, properties)
     print("all properties hold" if failure is None else f"{failure.prop}: {failure.error}\n{failure.trace}")
     return 0 if failure is None else 1
 
