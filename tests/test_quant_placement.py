@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from quant_helpers import cosine, feeds_for, optimized_zoo_graph, quantize
+from quant_helpers import cosine, cpu_config, feeds_for, optimized_zoo_graph, quantize
 
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
@@ -190,3 +190,24 @@ def test_a_depthwise_conv_fed_by_a_float_layer_stays_float() -> None:
     assert dw1 in plan_quantization(graph, QuantConfig()).quantized_layers  # the TensorRT form: INT8
     everything = plan_quantization(graph, QuantConfig(min_channels=1, float_leading_depthwise=True))
     assert not everything.float_layers
+
+
+def test_concat_input_from_an_int8_conv_gets_one_pair_on_the_cpu_form() -> None:
+    """On the CPU form an INT8 conv's output edge into a Concat is quantised twice over (its output pair
+    and the Concat's input pair); it must get one pair, with the Concat group's threshold (issue #13)::
+
+        input ─ Conv1x1 (16) ─ Relu ─┐
+              └ Conv3x3 (24) ─ Relu ─ Concat ─ Conv1x1 ─ output
+    """
+    b = GraphBuilder("concat_conv", seed=4)
+    x = b.input("input", [1, 16, 8, 8])
+    joined = b.concat([b.relu(b.conv(x, 16, 16, 1)), b.relu(b.conv(x, 16, 24, 3))])
+    graph = optimize(graph_from_onnx(b.build([b.conv(joined, 40, 16, 1, out="output")]))).graph
+    plan = plan_quantization(graph, cpu_config())
+    edges = [(s.consumer, s.index) for s in plan.sites]
+    assert len(edges) == len(set(edges)), edges
+    model, _, report = quantize(graph, cpu_config())
+    onnx.checker.check_model(model)  # two pairs under one name break single assignment
+    assert len({report.thresholds[t] for t in plan.shared[0]}) == 1
+    feeds = feeds_for(graph)
+    assert cosine(run_model(onnx_from_graph(graph), feeds)["output"], run_model(model, feeds)["output"]) > 0.99

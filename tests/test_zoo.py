@@ -16,6 +16,7 @@ EXPECTED = {
     "resnet_basic",
     "resnet_bottleneck",
     "inception",
+    "inception_pool_net",
     "mobilenetv2_block",
     "classifier_head",
     "bn_standalone",

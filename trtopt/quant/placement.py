@@ -64,7 +64,7 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
     quantized = {n.name for n in layers}
     sites += _residual_sites(graph, quantized) if config.quantize_residual else []
     sites += _output_sites(graph, layers, sites) if config.quantize_outputs else []
-    concat_sites, shared = _concat_sites(graph, {s.tensor for s in sites if s.kind == "activation"}, config)
+    concat_sites, shared = _concat_sites(graph, sites, config)
     sites += concat_sites
     return QuantPlan(
         sites=tuple(sites),
@@ -185,9 +185,17 @@ def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str]) -> gs.Tensor:
 
 
 def _concat_sites(
-    graph: gs.Graph, quantized_tensors: set[str], config: QuantConfig
+    graph: gs.Graph, existing: list[QuantSite], config: QuantConfig
 ) -> tuple[list[QuantSite], list[tuple[str, ...]]]:
+    """Sites on the inputs of every Concat whose output is quantised, and the groups sharing a threshold.
+
+    An input edge that already has a pair (on the CPU backend, the output pair of an INT8 conv that feeds
+    the Concat) keeps it: thresholds are per tensor, so that pair gets the group's threshold too. A second
+    pair on the same edge would be inserted under the same names and close a cycle (issue #13, failure 2).
+    """
     excluded = set(config.exclude)
+    quantized_tensors = {s.tensor for s in existing if s.kind == "activation"}
+    taken = {(s.consumer, s.index) for s in existing}
     sites, shared = [], []
     for node in graph.nodes:
         if node.op != "Concat" or node.outputs[0].name not in quantized_tensors:
@@ -198,5 +206,9 @@ def _concat_sites(
         if len(inputs) != len(node.inputs):
             continue  # constant inputs: leave this Concat float
         shared.append((node.outputs[0].name, *dict.fromkeys(t.name for t in inputs)))
-        sites += [QuantSite(t.name, node.name, i, "activation", "concat") for i, t in enumerate(node.inputs)]
+        sites += [
+            QuantSite(t.name, node.name, i, "activation", "concat")
+            for i, t in enumerate(node.inputs)
+            if (node.name, i) not in taken
+        ]
     return sites, shared

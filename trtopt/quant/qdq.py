@@ -66,6 +66,7 @@ def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> Q
             f"{' ...' if len(missing) > 8 else ''}.",
             fix="Recalibrate this model (the cache was made for another graph or other options).",
         )
+    _require_one_site_per_edge(plan)
     thresholds = shared_thresholds(amax, plan.shared)
     nodes = {n.name: n for n in graph.nodes}
     weights: dict[tuple[str, int], gs.Variable] = {}
@@ -91,6 +92,16 @@ def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> Q
         float_layers=dict(plan.float_layers),
         thresholds={t: thresholds[t] for t in plan.activation_tensors},
     )
+
+
+def _require_one_site_per_edge(plan: QuantPlan) -> None:
+    """Two pairs on one input edge would get the same names (`<tensor>/<consumer>.<index>/...`) and close a
+    cycle in the ONNX (issue #13, failure 2): a placement bug, not a user error, so it fails here."""
+    seen: set[tuple[str, int]] = set()
+    for site in plan.sites:
+        if (site.consumer, site.index) in seen:
+            raise ValueError(f"quantisation plan has two sites on input {site.index} of {site.consumer!r}")
+        seen.add((site.consumer, site.index))
 
 
 def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: float) -> gs.Variable:

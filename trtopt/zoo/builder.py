@@ -139,21 +139,28 @@ class GraphBuilder:
     def conv_bn(
         self, x: str, cin: int, cout: int, kernel: int, *, act: str | None = "relu", **conv: Any
     ) -> str:
-        """Conv (without bias, as exporters write it before a BN) + BN + optional activation."""
+        """Conv (without bias, as exporters write it before a BN) + BN + optional activation: "relu", "relu6"
+        (Clip with initializer bounds), "relu6_node" (bounds from `Constant` nodes) or None."""
         y = self.batchnorm(self.conv(x, cin, cout, kernel, bias=False, **conv), cout)
         if act == "relu":
             return self.relu(y)
-        if act == "relu6":
-            return self.clip(y, 0.0, 6.0)
+        if act in ("relu6", "relu6_node"):
+            return self.clip(y, 0.0, 6.0, constant_nodes=act == "relu6_node")
         return y
 
     def relu(self, x: str, *, out: str | None = None) -> str:
         return self.node("Relu", [x], out=out)
 
-    def clip(self, x: str, low: float, high: float, *, out: str | None = None) -> str:
-        low_name = self.const("clip_min", np.array(low, np.float32))
-        bounds = [low_name, self.const("clip_max", np.array(high, np.float32))]
+    def clip(self, x: str, low: float, high: float, *, constant_nodes: bool = False, out: str | None = None) -> str:
+        """Clip with tensor bounds: initializers, or `Constant` nodes as some exporters write them."""
+        make = self.constant_node if constant_nodes else self.const
+        bounds = [make("clip_min", np.array(low, np.float32)), make("clip_max", np.array(high, np.float32))]
         return self.node("Clip", [x, *bounds], out=out)
+
+    def constant_node(self, hint: str, value: np.ndarray) -> str:
+        """A value written by a `Constant` node instead of an initializer."""
+        tensor = numpy_helper.from_array(np.ascontiguousarray(value), self.unique(f"{hint}_value"))
+        return self.node("Constant", [], out=self.unique(hint), value=tensor)
 
     def add(self, a: str, b: str, *, out: str | None = None) -> str:
         return self.node("Add", [a, b], out=out)

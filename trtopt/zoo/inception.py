@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx
 
 from trtopt.zoo.builder import MODELS, GraphBuilder
+from trtopt.zoo.resnet import basic_block
 
 
 def inception_block(
@@ -38,3 +39,28 @@ def inception(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     y = inception_block(b, x, 16, (8, 8, 12, 4, 6, 6), out="output")
     side = b.relu(b.conv(x, 16, 8, 3), out="side")
     return b.build([y, side])
+
+
+@MODELS.register("inception_pool_net")
+def inception_pool_net(batch: int, seed: int, opset: int) -> onnx.ModelProto:
+    """A small classifier around an Inception block with a pooling branch, BatchNorm kept (not folded by
+    the exporter) and ReLU6 written as Clip with `Constant`-node bounds (issue #13, failure 2: its INT8
+    build lost every node after the Concat). Branch widths are >= 16 so the branch convs are INT8::
+
+        input (3x16x16) ─ Conv3x3 ─ BN ─ Relu (32) ─┬─ Conv1x1 ─ BN ─ Relu (16) ──────────────────┐
+                                                    ├─ Conv1x1 ─ BN ─ Relu ─ Conv3x3 ─ BN ─ Relu (24) ┼─ Concat (56)
+                                                    └─ Conv1x1 ─ BN ─ Relu ─ MaxPool3x3/1 pad 1 (16) ─┘
+          ─ DWConv3x3 (56) ─ BN ─ Clip(0,6) ─ Conv1x1 (56->32) ─ BN ─ Clip(0,6)    bounds from Constant nodes
+          ─ basic block (identity Add) ─ GlobalAveragePool ─ Flatten ─ Gemm ─ logits (10)
+    """
+    b = GraphBuilder("inception_pool_net", seed=seed, opset=opset)
+    x = b.input("input", [batch, 3, 16, 16])
+    y = b.conv_bn(x, 3, 32, 3)
+    branch1 = b.conv_bn(y, 32, 16, 1)
+    branch3 = b.conv_bn(b.conv_bn(y, 32, 24, 1), 24, 24, 3)
+    branch_pool = b.maxpool(b.conv_bn(y, 32, 16, 1), 3, pad=1)
+    y = b.concat([branch1, branch3, branch_pool])
+    y = b.conv_bn(y, 56, 56, 3, group=56, act="relu6_node")
+    y = b.conv_bn(y, 56, 32, 1, act="relu6_node")
+    y = basic_block(b, y, 32)
+    return b.build([b.gemm(b.pool_flatten(y), 32, 10, out="logits")])
