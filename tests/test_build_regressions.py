@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 from graph_fuzz import Case, check_int8_plan_valid, check_qdq_reference_close
@@ -11,6 +13,8 @@ from quant_helpers import cosine
 from trtopt.engine import Engine
 from trtopt.execution import run_model
 from trtopt.zoo import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_inception_with_pooling_branch_keeps_every_node_in_int8() -> None:
@@ -30,3 +34,20 @@ def test_inception_with_pooling_branch_keeps_every_node_in_int8() -> None:
     fp32 = np.concatenate([run_model(model, {"input": x[i : i + 1]})["logits"] for i in range(len(x))])
     assert cosine(fp32, int8) > 0.999  # measured 0.999997; a lost or misrouted branch gives < 0.9
     assert (fp32.argmax(1) == int8.argmax(1)).all()
+
+
+def test_light_models_nobody_tuned_for_build_and_verify_in_int8(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Models from the onnx package (opset 9, random weights) that trtopt was never tuned on. SqueezeNet and
+    Inception-v1 once failed with a cycle in the quantised graph (a fire/inception module's conv feeding a
+    Concat); now every INT8 build verifies itself: kernels within tolerance of the Q/DQ reference."""
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.zoo.light import light_model
+
+    images = sorted((ROOT / "calib_data").glob("*.jpg"))[:12]
+    for name in ("squeezenet", "inception_v1"):
+        onnx.save(light_model(name, seed=1, opset=9), tmp_path / f"{name}.onnx")
+        result = build_plan(tmp_path / f"{name}.onnx", BuildConfig(backend="cpu", calib=[str(p) for p in images]))
+        v = result.verification
+        assert v is not None and v.ok, (name, v)
+        assert v.reference_vs_fp32.cosine > 0.99, (name, v.reference_vs_fp32)
+        assert result.kernels.int8_convs >= 20, (name, result.kernels)
