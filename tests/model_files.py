@@ -144,3 +144,17 @@ def _escape(tmp_path: Path, location: str) -> Path:
     about where it is, not that it is missing)."""
     (tmp_path / "secret.bin").write_bytes(np.ones(16 * 16 * 9, np.float32).tobytes())
     return with_external_location(tmp_path / "model", location)
+
+
+def tiny_model_with_images(root: Path, count: int, *, model: str = "tiny.onnx", images: str = "images") -> Path:
+    """tiny_cnn (seed 1) as `root/model` and `count` smooth random colour fields (closer to photos than white
+    noise) as PNGs in `root/images`: the small build every end-to-end test starts from. Returns `root`."""
+    from PIL import Image
+
+    onnx.save_model(build_model("tiny_cnn", seed=1), root / model)
+    rng = np.random.default_rng(0)
+    (root / images).mkdir()
+    for i in range(count):
+        small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+        Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / images / f"img{i:02d}.png")
+    return root

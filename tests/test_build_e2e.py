@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from PIL import Image
+from model_files import tiny_model_with_images
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
@@ -21,15 +21,7 @@ from trtopt.zoo import build_model
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("e2e")
-    onnx.save_model(build_model("tiny_cnn", seed=1), root / "tiny.onnx")
-    rng = np.random.default_rng(0)
-    (root / "images").mkdir()
-    for i in range(12):
-        # smooth random colour fields: closer to photos than white noise
-        small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
-        Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / "images" / f"img{i:02d}.png")
-    return root
+    return tiny_model_with_images(tmp_path_factory.mktemp("e2e"), 12)
 
 
 @pytest.fixture(scope="module")

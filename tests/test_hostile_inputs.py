@@ -27,6 +27,7 @@ from hostile_files import (
     sealed_plan,
     split_plan,
 )
+from model_files import tiny_model_with_images
 from PIL import Image
 
 import trtopt
@@ -46,13 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hostile")
-    onnx.save_model(build_model("tiny_cnn", seed=1), root / "m.onnx")
-    rng = np.random.default_rng(0)
-    (root / "imgs").mkdir()
-    for i in range(6):
-        small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
-        Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / "imgs" / f"img{i}.png")
+    root = tiny_model_with_images(tmp_path_factory.mktemp("hostile"), 6, model="m.onnx", images="imgs")
     config = BuildConfig(backend="cpu", calib=str(root / "imgs"), preset="imagenet", save_cache=root / "c.json",
                          verify_samples=2)  # fmt: skip
     write_plan(build_plan(root / "m.onnx", config).plan, root / "p.engine")

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from model_files import tiny_model_with_images
 from onnx import numpy_helper
-from PIL import Image
 
 import trtopt
 from trtopt.backend.cpu import builder as cpu_builder
@@ -23,19 +23,11 @@ from trtopt.build import BuildConfig, build_plan
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.plan import read_plan, write_plan
 from trtopt.verify import KERNEL_FLOOR, Agreement, Verification, agreement, kernel_tolerance
-from trtopt.zoo import build_model
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("verify")
-    onnx.save_model(build_model("tiny_cnn", seed=1), root / "tiny.onnx")
-    rng = np.random.default_rng(0)
-    (root / "images").mkdir()
-    for i in range(20):
-        small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
-        Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / "images" / f"img{i:02d}.png")
-    return root
+    return tiny_model_with_images(tmp_path_factory.mktemp("verify"), 20)
 
 
 def _config(workdir: Path, **overrides) -> BuildConfig:  # type: ignore[no-untyped-def]
