@@ -37,6 +37,7 @@ class Section:
     plot: bool  # the script takes --plot FILE.png
 
 
+PHOTO_METHODS = ("--methods", "fp32", "fp32-images", "trtopt-calibrate", "trtopt-entropy", "ort-entropy")
 SECTIONS = (
     Section("optimizer", "tools/bench_optimizer.py", ("--repeat", "30"), ("--repeat", "3"), False),
     Section(
@@ -46,6 +47,23 @@ SECTIONS = (
         ("--counts", "16", "--methods", "trtopt-entropy", "ort-entropy"),
         False,
     ),
+    # Issue #18: calibration on camera-sized photos (decoding included) against FP32 inference and ORT.
+    Section(
+        "calibration-photos",
+        "tools/bench_calibration.py",
+        ("--photos", "2880x1920", "--counts", "128", "512", "--repeat", "3", *PHOTO_METHODS),
+        ("--photos", "640x480", "--counts", "16", "--methods", "fp32", "trtopt-calibrate", "trtopt-entropy"),
+        False,
+    ),
+    Section(
+        "calibration-photos-resnet50",
+        "tools/bench_calibration.py",
+        ("--model", "light:resnet50", "--photos", "2880x1920", "--counts", "128", "512", "--repeat", "3",
+         *PHOTO_METHODS),  # fmt: skip
+        ("--model", "light:resnet50", "--photos", "640x480", "--counts", "8", "--methods", "fp32", "trtopt-entropy"),
+        False,
+    ),
+    Section("draft-decoding", "tools/bench_draft_decoding.py", (), ("--count", "8", "--size", "800x600"), False),
     Section(
         "accuracy",
         "tools/bench_accuracy.py",
