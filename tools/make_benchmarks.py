@@ -63,6 +63,16 @@ SECTIONS = (
         ("--model", "light:resnet50", "--photos", "640x480", "--counts", "8", "--methods", "fp32", "trtopt-entropy"),
         False,
     ),
+    Section(
+        "calibration-profile", "tools/bench_calibration_profile.py", (), ("--count", "8", "--size", "640x480"), False
+    ),
+    Section(
+        "calibration-profile-resnet50",
+        "tools/bench_calibration_profile.py",
+        ("--model", "light:resnet50"),
+        ("--model", "light:resnet50", "--count", "8", "--size", "640x480"),
+        False,
+    ),
     Section("draft-decoding", "tools/bench_draft_decoding.py", (), ("--count", "8", "--size", "800x600"), False),
     Section(
         "accuracy",
