@@ -181,3 +181,19 @@ def test_no_traceback_from_a_real_process(work: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "error:" in proc.stderr
+
+
+def test_calibration_progress_shows_images_per_second_and_the_bounding_stage(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from trtopt.calib import CalibProgress
+    from trtopt.cli import console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=screen, force_terminal=True, width=120))
+    with console.phase_progress("calibration") as update:
+        update(CalibProgress("histogram", 2, 16, 32, 4.0, {"decode": 0.5, "inference": 2.5, "counting": 0.7}))
+    shown = screen.getvalue()
+    assert "calibration: histogram pass" in shown and "4.0 img/s, bound by inference" in shown
