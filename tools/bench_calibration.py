@@ -403,7 +403,7 @@ def main() -> None:
     compile_s = jit_compile_seconds()  # first: a broken kernel fails here, not after the long runs
     limit_mb = args.mem_limit_gb * 1024 if args.mem_limit_gb else 0.7 * available_mb()
     workdir = tempfile.TemporaryDirectory(prefix="bench-calib-")
-    shown_model = args.model
+    shown_model = args.model if args.model.startswith("light:") else Path(args.model).name
     args.model = str(resolve_model_path(args.model, Path(workdir.name)))
     if args.photos:
         width, height = (int(v) for v in args.photos.lower().split("x"))
