@@ -163,12 +163,24 @@ def document(parts: list[tuple[Section, str, float | None]], quick: bool, argv: 
     ]
     if quick:
         lines += ["> **--quick smoke run**: few images and iterations; the numbers mean nothing.", ""]
-    lines += [f"- [{s.name}](#{_anchor(md)})" for s, md, _ in parts] + [""]
+    anchors = _anchors([md for _, md, _ in parts])
+    lines += [f"- [{s.name}](#{anchor})" for (s, _, _), anchor in zip(parts, anchors, strict=True)] + [""]
     return "\n".join(lines) + "\n" + "\n".join(md.rstrip("\n") + "\n" for _, md, _ in parts)
 
 
 def _took(name: str, seconds: float | None) -> str:
     return f"{name} kept from an earlier run" if seconds is None else f"{name} {seconds:.0f} s"
+
+
+def _anchors(sections: list[str]) -> list[str]:
+    """GitHub's anchors for the sections' first headings: a repeated heading gets -1, -2, ... appended."""
+    seen: dict[str, int] = {}
+    anchors = []
+    for markdown in sections:
+        anchor = _anchor(markdown)
+        anchors.append(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
 
 
 def _anchor(markdown: str) -> str:
