@@ -194,3 +194,33 @@ def test_make_benchmarks_quick_assembles_sections_and_plots(tmp_path: Path) -> N
         return
     assert (tmp_path / "docs" / "benchmarks" / "latency.png").stat().st_size > 0
     assert "](docs/benchmarks/latency.png)" in text
+
+
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_bench_calibration_on_photos_compares_with_fp32_inference(tmp_path: Path) -> None:
+    out = tmp_path / "calibration.md"
+    stdout = run_tool(
+        "tools/bench_calibration.py", "--photos", "400x300", "--counts", "8", "--methods", "fp32", "fp32-images",
+        "trtopt-calibrate", "trtopt-entropy", "trtopt-entropy-full-decode", "--out", str(out),
+    )  # fmt: skip
+    assert out.read_text().strip() == stdout.strip() and "CPU class" in stdout and "photos of 400x300" in stdout
+    rows = table_rows(stdout, "| method | inputs | wall time |")
+    assert [r[0] for r in rows] == ["fp32", "fp32-images", "trtopt-calibrate", "trtopt-entropy",
+                                    "trtopt-entropy-full-decode"]  # fmt: skip
+    for row in rows:
+        values = numbers([*row[1:5], row[5].removesuffix(" GiB"), row[6].removesuffix("x")])
+        assert all(math.isfinite(v) and v > 0 for v in values), row
+    assert rows[0][6] == "1.00x"
+    draft = table_rows(stdout, "| tensors | median")
+    assert len(draft) == 1 and int(draft[0][0]) > 10
+
+
+def test_realistic_photos_are_camera_sized_jpegs_that_differ(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from PIL import Image
+    from realistic_photos import make_photos
+
+    paths = make_photos(tmp_path, 3, (300, 200))
+    sizes = {Image.open(p).size for p in paths}
+    assert sizes <= {(300, 200), (200, 300)} and all(Image.open(p).format == "JPEG" for p in paths)
+    assert len({p.read_bytes() for p in paths}) == 3

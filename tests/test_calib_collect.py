@@ -158,3 +158,33 @@ def test_bad_tensor_lists_are_user_errors(model, samples) -> None:
         collect_histograms(model, batched(samples, 8), "relu1")
     with pytest.raises(CalibrationError, match="no batches"):
         collect_histograms(model, [], TENSORS)
+
+
+def test_progress_reports_speed_and_the_stage_that_bounds_it(model, samples) -> None:
+    events: list[CalibProgress] = []
+    collect_histograms(model, batched(samples, 4), TENSORS, progress=events.append)
+    last = events[-1]
+    assert set(last.stage_seconds) == {"decode", "inference", "counting"}
+    assert last.seconds > 0 and last.images_per_s == last.samples / last.seconds
+    assert last.bound in last.stage_seconds
+    assert CalibProgress("histogram", 0, 0, None).bound is None
+
+
+def test_pipelined_calibration_over_image_files_is_the_same_for_any_worker_count(model, tmp_path) -> None:
+    """Decoding runs ahead in a pool and counting overlaps the next inference: bit-identical histograms."""
+    from PIL import Image
+
+    from trtopt.data import InputInfo, PreprocessSpec, load_dataset
+
+    rng = np.random.default_rng(3)
+    for i in range(11):
+        Image.fromarray(rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)).save(tmp_path / f"{i:02d}.png")
+    data = load_dataset(tmp_path, [InputInfo("input", ("N", 3, 8, 8), np.float32)], PreprocessSpec(crop=8, scale=255.0))
+    runs = [
+        collect_histograms(model, lambda w=workers, b=size: (x.feeds for x in data.batches(b, workers=w)), TENSORS)
+        for workers, size in ((1, 11), (2, 3), (4, 1))
+    ]
+    for run in runs[1:]:
+        assert run.num_samples == 11
+        for name in TENSORS:
+            np.testing.assert_array_equal(run[name].counts, runs[0][name].counts)

@@ -101,6 +101,8 @@ def test_calibrate_then_build_from_each_cache_format(work: Path, capsys: pytest.
                 "imagenet",
                 "--format",
                 fmt,
+                "--workers",
+                "2",
                 "-o",
                 str(work / name),
                 "--json",
@@ -149,6 +151,8 @@ def test_export_sections(work: Path, capsys: pytest.CaptureFixture[str]) -> None
             "Unknown calibration method",
         ),
         (["build", "{m}", "--backend", "fpga", "-o", "{d}/x.engine"], "Unknown backend"),
+        (["build", "{m}", "--int8", "--calib", "{d}/images", "--workers", "0", "-o", "{d}/x.engine"], "--workers is 0"),
+        (["calibrate", "{m}", "--calib", "{d}/images", "--workers", "-1", "-o", "{d}/x.json"], "--workers is -1"),
         (["build", "{m}", "--fp16", "--backend", "cpu", "-o", "{d}/x.engine"], "--fp16 is for the TensorRT"),
         (["build", "{m}", "--backend", "tensorrt", "-o", "{d}/x.engine"], "not available here"),
         (["run", "{d}/tiny.onnx", "{d}/images"], "not a trtopt plan"),
@@ -177,3 +181,19 @@ def test_no_traceback_from_a_real_process(work: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "error:" in proc.stderr
+
+
+def test_calibration_progress_shows_images_per_second_and_the_bounding_stage(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    from trtopt.calib import CalibProgress
+    from trtopt.cli import console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=screen, force_terminal=True, width=120))
+    with console.phase_progress("calibration") as update:
+        update(CalibProgress("histogram", 2, 16, 32, 4.0, {"decode": 0.5, "inference": 2.5, "counting": 0.7}))
+    shown = screen.getvalue()
+    assert "calibration: histogram pass" in shown and "4.0 img/s, bound by inference" in shown

@@ -282,3 +282,40 @@ def test_input_infos_from_graph() -> None:
     graph.inputs.append(gs.Variable("y", dtype=np.float32, shape=None))
     with pytest.raises(ShapeError, match="--shapes y:"):
         input_infos_from_graph(graph)
+
+
+def test_worker_count_changes_nothing_but_speed(tmp_path: Path, caplog) -> None:
+    """Files decode ahead in a thread pool; samples, order and skipped files are the same for any count,
+    with a truncated file in the middle, a count, and the held-back tail of `split_tail`."""
+    root = _folder(tmp_path / "data", 11)
+    _jpeg_truncated(root / "img05b.jpg")
+    results = []
+    for workers in (1, 2, 5):
+        data = load_dataset(root, IMAGE_INPUT, RAW, count=9)
+        head, tail = data.split_tail(3)
+        batches = [list(d.batches(2, workers=workers)) for d in (data, head, tail)]
+        results.append(([[(b.feeds["images"], b.sources) for b in run] for run in batches],
+                        [s.path for s in data.skipped]))  # fmt: skip
+    (first, skipped), others = results[0], results[1:]
+    assert skipped == [str(root / "img05b.jpg")] and len(sum(first[0], ())) > 0
+    for runs, bad in others:
+        assert bad == skipped
+        for run, expected in zip(runs, first, strict=True):
+            assert [s for _, s in run] == [s for _, s in expected]
+            for (got, _), (want, _) in zip(run, expected, strict=True):
+                np.testing.assert_array_equal(got, want)
+    assert [s for _, s in first[2]] == [[str(root / "img06.png"), str(root / "img07.png")], [str(root / "img08.png")]]
+
+
+def test_no_file_is_decoded_beyond_the_count(tmp_path: Path, monkeypatch) -> None:
+    import trtopt.data.dataset as dataset_module
+
+    root = _folder(tmp_path / "data", 20)
+    read: list[str] = []
+    original = dataset_module.preprocess_file
+    monkeypatch.setattr(dataset_module, "preprocess_file", lambda p, s: read.append(Path(p).name) or original(p, s))
+    data = load_dataset(root, IMAGE_INPUT, RAW, count=5)
+    assert sum(len(b) for b in data.batches(2, workers=4)) == 5
+    assert sorted(read) == [f"img{i:02d}.png" for i in range(5)]
+    with pytest.raises(DataError, match="Worker count"):
+        data.batches(2, workers=0)

@@ -270,3 +270,51 @@ def test_spec_for_input_ambiguous_layout_asks_for_it() -> None:
 def test_spec_for_input_rejects_non_image_inputs(shape, dtype, error, match) -> None:
     with pytest.raises(error, match=match):
         spec_for_input(shape, dtype)
+
+
+def _photo(path: Path, size: tuple[int, int], orientation: int | None = None) -> Path:
+    """A smooth gradient with sensor-like noise, saved as a JPEG (quality 90), like a camera photo."""
+    width, height = size
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 / width, y * 255 / height, (x + y) * 127 / (width + height)], axis=-1)
+    noisy = base + np.random.default_rng(0).normal(0, 6, base.shape)
+    image = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    image.save(path, quality=90, exif=exif.tobytes())
+    return path
+
+
+def test_large_jpegs_decode_at_a_reduced_size_within_tolerance(tmp_path: Path) -> None:
+    """DCT-domain downscaling (Pillow's draft) then the exact resize: the same sample within a few levels
+    (issue #18). 1600x1200 for a 64 px crop (resize 73) decodes at 1/8 scale, 200x150."""
+    from trtopt.data import read_image
+    from trtopt.data.preprocess import preprocess_file
+
+    path = _photo(tmp_path / "big.jpg", (1600, 1200))
+    drafted = read_image(path, draft=lambda w, h: resized_size(w, h, 73, (64, 64)))
+    assert drafted.size == (200, 150)
+    spec = PreprocessSpec(crop=64)  # raw 0..255 floats
+    exact = preprocess_image(read_image(path), spec)
+    fast = preprocess_file(path, spec)
+    assert fast.shape == exact.shape == spec.sample_shape
+    diff = np.abs(fast - exact)
+    assert diff.mean() < 1.0 and diff.max() <= 12, (diff.mean(), diff.max())
+    np.testing.assert_array_equal(preprocess_images([path], spec)[0], fast)  # Engine.preprocess's path
+
+
+def test_draft_keeps_exif_orientation_and_leaves_small_or_other_images_exact(tmp_path: Path) -> None:
+    from trtopt.data import read_image
+    from trtopt.data.preprocess import preprocess_file
+
+    spec = PreprocessSpec(crop=(48, 32))
+    rotated = _photo(tmp_path / "rotated.jpg", (1600, 1200), orientation=6)  # stored sideways: upright 1200x1600
+    assert read_image(rotated, draft=lambda w, h: (w // 8, h // 8)).size == (150, 200)
+    diff = np.abs(preprocess_file(rotated, spec) - preprocess_image(read_image(rotated), spec))
+    assert diff.mean() < 1.0
+    small = _photo(tmp_path / "small.jpg", (100, 70))  # within 2x of the target: decoded in full
+    png = tmp_path / "big.png"
+    Image.open(_photo(tmp_path / "big2.jpg", (800, 600))).save(png)  # not a JPEG: decoded in full
+    for path in (small, png):
+        np.testing.assert_array_equal(preprocess_file(path, spec), preprocess_image(read_image(path), spec))

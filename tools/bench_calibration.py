@@ -1,18 +1,31 @@
 #!/usr/bin/env python3
-"""Benchmark trtopt's calibrator against ONNX Runtime's on the same model, tensors and batches.
+"""Benchmark trtopt's calibrator against ONNX Runtime's and against plain FP32 inference, same inputs.
 
-    python tools/bench_calibration.py [--model models/efficientnet_lite0.onnx] [--images DIR | --synthetic]
-        [--counts 128 512] [--batch 8] [--methods ...] [--out docs/benchmarks/calibration.md]
+    python tools/bench_calibration.py [--model models/efficientnet_lite0.onnx | light:resnet50]
+        [--images DIR | --photos 2880x1920 | --synthetic] [--counts 128 512] [--batch 8] [--methods ...]
+        [--repeat 3] [--out docs/benchmarks/calibration.md]
 
 Methods (each run in a fresh subprocess, so peak memory is its own):
-  trtopt-entropy, trtopt-max       trtopt.calib.calibrate (one streaming pass, 2048-bin KL search)
+  trtopt-entropy, trtopt-max       trtopt.calib.calibrate (one streaming pass, 2048-bin KL search); image
+                                   files are decoded ahead by the data set's worker pool, JPEGs at reduced size
+  trtopt-entropy-full-decode       the same with every JPEG decoded at full size (no draft), for comparison
+  trtopt-calibrate                 what `trtopt calibrate MODEL --calib IMAGES` does (images only): load and
+                                   optimise the model, then calibrate the tensors a build quantises (fewer
+                                   than ORT's selection: no tensor is counted twice across a fused layer)
   ort-entropy, ort-minmax          onnxruntime.quantization.calibrate.create_calibrator defaults
   ort-entropy-2048                 ORT entropy with TensorRT's sizes (num_bins=2048), its Python-loop search
-Every method calibrates the tensors ONNX Runtime selects by default (float inputs/outputs of every node).
-Wall time covers calibrator setup, data, inference and threshold search; peak memory is the worker's
-ru_maxrss. A worker whose RSS passes --mem-limit-gb is killed and reported as such. Synthetic inputs are
-random-normal, regenerated per batch from a fixed seed (so both of trtopt's passes see the same data).
-Writes two markdown tables (timing/memory, and thresholds relative to ORT entropy) to stdout and --out.
+  fp32                             bare FP32 inference of the same inputs at the same batch: the inputs are
+                                   decoded and preprocessed into memory first, untimed; only ORT runs are timed
+  fp32-images                      FP32 inference reading the files as `trtopt run` does (decoding included)
+Every calibrator calibrates the tensors ONNX Runtime selects by default (float inputs/outputs of every node).
+Wall time covers calibrator setup, inference, counting and threshold search, and for image files their
+decoding; the file list and preprocessing spec are made before the clock starts. CPU seconds are the
+worker's user + system time over the same span. Peak memory is the worker's ru_maxrss. A worker whose RSS
+passes --mem-limit-gb is killed and reported as such. With --repeat N the methods run round-robin N times
+and the median is reported. --photos makes camera-sized JPEGs from calib_data/ in a temporary folder
+(tools/realistic_photos.py); synthetic inputs are random-normal, regenerated per batch from a fixed seed.
+--model takes an ONNX file or light:NAME (a real topology with random weights, trtopt.zoo.light).
+Writes markdown tables (timing/memory, thresholds relative to ORT entropy) to stdout and --out.
 """
 
 from __future__ import annotations
@@ -33,29 +46,36 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
-METHODS = ("trtopt-entropy", "trtopt-max", "ort-entropy", "ort-minmax", "ort-entropy-2048")
+from bench_setup import cpu_class  # noqa: E402
+from realistic_photos import make_photos  # noqa: E402
+
+METHODS = ("trtopt-entropy", "trtopt-max", "trtopt-entropy-full-decode", "trtopt-calibrate", "ort-entropy",
+           "ort-minmax", "ort-entropy-2048", "fp32", "fp32-images")
 DEFAULT_METHODS = ("trtopt-entropy", "trtopt-max", "ort-entropy", "ort-minmax")
+Feeds = dict[str, np.ndarray]
 
 
 # --- worker: one method, one count, in its own process ----------------------------------------------
 
 
-def batch_source(args: argparse.Namespace) -> Callable[[], Iterator[dict[str, np.ndarray]]]:
+def batch_source(args: argparse.Namespace) -> Callable[[], Iterator[Feeds]]:
     """A function returning a fresh iterator over the same `args.count` inputs, `args.batch` at a time."""
     if args.images:
-        from trtopt.data import input_infos_from_graph, load_dataset
+        from trtopt.data import load_dataset
         from trtopt.frontend import graph_from_onnx
 
-        inputs = input_infos_from_graph(graph_from_onnx(args.model))
-        dataset = load_dataset(args.images, inputs, count=args.count)
+        dataset = load_dataset(args.images, model_inputs(graph_from_onnx(args.model)), model_spec(args.model),
+                               count=args.count)  # fmt: skip
         return lambda: (batch.feeds for batch in dataset.batches(args.batch))
     name, shape = input_shape(args.model)
 
-    def synthetic() -> Iterator[dict[str, np.ndarray]]:
+    def synthetic() -> Iterator[Feeds]:
         for index, start in enumerate(range(0, args.count, args.batch)):
             n = min(args.batch, args.count - start)
             rng = np.random.default_rng(1000 + index)
@@ -64,9 +84,21 @@ def batch_source(args: argparse.Namespace) -> Callable[[], Iterator[dict[str, np
     return synthetic
 
 
-def input_shape(model_path: str) -> tuple[str, list[int]]:
-    import onnx
+def model_inputs(graph: object) -> list:
+    """The model's inputs with a dynamic batch, so every method can run any batch size on it."""
+    from trtopt.data import InputInfo, input_infos_from_graph
 
+    return [InputInfo(i.name, (None, *i.shape[1:]), i.dtype) for i in input_infos_from_graph(graph)]
+
+
+def model_spec(model_path: str) -> object:
+    """The preprocessing `trtopt build` applies to this model (its sidecar preset, or the input's default)."""
+    from trtopt.build import BuildConfig, load_graph, preprocess_spec_for
+
+    return preprocess_spec_for(Path(model_path), load_graph(Path(model_path), BuildConfig(int8=False)), BuildConfig())
+
+
+def input_shape(model_path: str) -> tuple[str, list[int]]:
     model = onnx.load(model_path, load_external_data=False)
     initializers = {t.name for t in model.graph.initializer}
     first = next(i for i in model.graph.input if i.name not in initializers)
@@ -87,22 +119,33 @@ def ort_tensors(model_path: str) -> list[str]:
     return sorted(selected)
 
 
-def run_trtopt(args: argparse.Namespace, tensors: list[str]) -> dict[str, float]:
+def run_trtopt(args: argparse.Namespace, tensors: list[str], source: Callable[[], Iterator[Feeds]]) -> dict:
     from trtopt.calib import CalibConfig, calibrate
 
-    method = args.worker.removeprefix("trtopt-")
-    result = calibrate(args.model, batch_source(args), tensors, CalibConfig(method=method))
+    method = args.worker.removeprefix("trtopt-").removesuffix("-full-decode")
+    result = calibrate(args.model, source, tensors, CalibConfig(method=method))
     return dict(result.amax)
 
 
-def run_ort(args: argparse.Namespace, tensors: list[str]) -> dict[str, float]:
+def run_trtopt_calibrate(args: argparse.Namespace) -> dict:
+    """`trtopt calibrate`'s work: load, optimise, calibrate the tensors a build quantises (the clock runs
+    from the model load on)."""
+    from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
+    from trtopt.passes import optimize
+
+    config = BuildConfig(calib=args.images, calib_count=args.count, calib_batch=args.batch)
+    graph = optimize(load_graph(Path(args.model), config), config.passes).graph
+    return dict(calibrate_graph(graph, config, preprocess_spec_for(Path(args.model), graph, config)).amax)
+
+
+def run_ort(args: argparse.Namespace, tensors: list[str], source: Callable[[], Iterator[Feeds]]) -> dict:
     from onnxruntime.quantization.calibrate import CalibrationDataReader, CalibrationMethod, create_calibrator
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.batches = batch_source(args)()
+            self.batches = source()
 
-        def get_next(self) -> dict[str, np.ndarray] | None:
+        def get_next(self) -> Feeds | None:
             return next(self.batches, None)
 
     method = CalibrationMethod.MinMax if args.worker == "ort-minmax" else CalibrationMethod.Entropy
@@ -118,15 +161,51 @@ def run_ort(args: argparse.Namespace, tensors: list[str]) -> dict[str, float]:
             for name in ranges}
 
 
+def run_fp32(args: argparse.Namespace, source: Callable[[], Iterator[Feeds]]) -> None:
+    """FP32 inference of every batch (outputs dropped), as a user runs the model."""
+    from trtopt.execution import OrtSession
+
+    session = OrtSession(onnx.load(args.model))
+    for feeds in source():
+        session.run(feeds)
+
+
+def full_decode() -> None:
+    """Make data sets decode every JPEG at full size (what trtopt did before draft decoding)."""
+    import trtopt.data.dataset as dataset_module
+    from trtopt.data import preprocess_image, read_image
+
+    dataset_module.preprocess_file = lambda path, spec: preprocess_image(read_image(path), spec)  # type: ignore
+
+
 def worker(args: argparse.Namespace) -> None:
     tensors = json.loads(Path(args.tensors_file).read_text())
     baseline_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    start = time.perf_counter()
-    amax = run_trtopt(args, tensors) if args.worker.startswith("trtopt") else run_ort(args, tensors)
-    wall = time.perf_counter() - start
+    if args.worker.endswith("-full-decode"):
+        full_decode()
+    source = batch_source(args)
+    if args.worker == "fp32":  # bare inference: the inputs in memory first, untimed
+        held = list(source())
+        source = lambda: iter(held)  # noqa: E731
+    cpu, start = cpu_seconds(), time.perf_counter()
+    amax: dict = {}
+    if args.worker.startswith("fp32"):
+        run_fp32(args, source)
+    elif args.worker == "trtopt-calibrate":
+        amax = run_trtopt_calibrate(args)
+    elif args.worker.startswith("trtopt"):
+        amax = run_trtopt(args, tensors, source)
+    else:
+        amax = run_ort(args, tensors, source)
+    wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {"wall_s": wall, "peak_mb": peak_mb, "baseline_mb": baseline_mb, "amax": amax}
+    result = {"wall_s": wall, "cpu_s": cpu, "peak_mb": peak_mb, "baseline_mb": baseline_mb, "amax": amax}
     Path(args.result).write_text(json.dumps(result))
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # --- driver -------------------------------------------------------------------------------------------
@@ -220,21 +299,57 @@ def versions() -> str:
 
 
 def timing_table(results: dict[tuple[str, int], dict], methods: list[str], counts: list[int]) -> list[str]:
-    lines = ["| method | inputs | wall time | inputs/s | peak RSS | vs ORT entropy |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| method | inputs | wall time | inputs/s | CPU time | peak RSS | vs FP32 inference | vs ORT entropy |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for count in counts:
         ort = results.get(("ort-entropy", count), {})
+        fp32 = results.get(("fp32", count), {})
         for method in methods:
             r = results[(method, count)]
             if "failed" in r:
-                lines.append(f"| {method} | {count} | {r['failed']} after {r['wall_s']:.1f} s | – | "
-                             f"> {r['peak_mb'] / 1024:.1f} GiB | – |")
+                lines.append(f"| {method} | {count} | {r['failed']} after {r['wall_s']:.1f} s | – | – | "
+                             f"> {r['peak_mb'] / 1024:.1f} GiB | – | – |")
                 continue
             ok = "wall_s" in ort and "failed" not in ort
             speedup = f"{ort['wall_s'] / r['wall_s']:.1f}x faster" if ok else "–"
+            if "failed" in ort and method.startswith("trtopt") and ort["wall_s"] > r["wall_s"]:
+                speedup = f"> {ort['wall_s'] / r['wall_s']:.1f}x faster"  # ORT was killed before it finished
+            cost = f"{r['wall_s'] / fp32['wall_s']:.2f}x" if "wall_s" in fp32 and "failed" not in fp32 else "–"
             lines.append(f"| {method} | {count} | {r['wall_s']:.1f} s | {count / r['wall_s']:.1f} | "
-                         f"{r['peak_mb'] / 1024:.2f} GiB | {speedup} |")
+                         f"{r['cpu_s']:.1f} s | {r['peak_mb'] / 1024:.2f} GiB | {cost} | {speedup} |")
     return lines
+
+
+def draft_table(results: dict[tuple[str, int], dict], count: int) -> list[str]:
+    """Thresholds with JPEG draft decoding over those with full decoding, same photos."""
+    draft = results.get(("trtopt-entropy", count), {}).get("amax")
+    full = results.get(("trtopt-entropy-full-decode", count), {}).get("amax")
+    if not draft or not full:
+        return []
+    ratios = [draft[t] / full[t] for t in full if t in draft and full[t] > 0]
+    deviation = sorted(abs(r - 1) for r in ratios)
+    p90 = deviation[int(0.9 * (len(deviation) - 1))]
+    return [r"| tensors | median \|T_draft / T_full - 1\| | 90th pct | max | identical |",
+            "|---:|---:|---:|---:|---:|",
+            f"| {len(ratios)} | {statistics.median(deviation):.4f} | {p90:.4f} | {deviation[-1]:.4f} | "
+            f"{sum(d == 0 for d in deviation)} |"]
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median wall time (a failed run stands for the method)."""
+    failed = [r for r in runs if "failed" in r]
+    return failed[0] if failed else sorted(runs, key=lambda r: r["wall_s"])[(len(runs) - 1) // 2]
+
+
+def resolve_model_path(model: str, workdir: Path) -> Path:
+    """An ONNX path, or light:NAME written with a dynamic batch into `workdir`."""
+    if not model.startswith("light:"):
+        return Path(model)
+    from trtopt.zoo.light import light_model
+
+    path = workdir / f"{model.removeprefix('light:')}.onnx"
+    onnx.save_model(light_model(model.removeprefix("light:"), dynamic_batch=True), path)
+    return path
 
 
 def threshold_table(results: dict[tuple[str, int], dict], methods: list[str], count: int) -> list[str]:
@@ -244,7 +359,7 @@ def threshold_table(results: dict[tuple[str, int], dict], methods: list[str], co
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for method in methods:
         amax = results[(method, count)].get("amax")
-        if not amax:
+        if not amax or method == "trtopt-calibrate":  # other tensors: those of the optimised graph
             continue
         ratios = [amax[t] / reference[t] for t in reference if t in amax and reference[t] > 0]
         deciles = statistics.quantiles(ratios, n=10)
@@ -266,55 +381,72 @@ def main() -> None:
     parser.add_argument("--model", default=str(ROOT / "models" / "efficientnet_lite0.onnx"))
     parser.add_argument("--images", help="folder of calibration images (default: synthetic random-normal)")
     parser.add_argument("--synthetic", action="store_true", help="random-normal inputs (the default)")
+    parser.add_argument("--photos", metavar="WxH", help="camera-sized JPEGs made from calib_data/ (e.g. 2880x1920)")
     parser.add_argument("--counts", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS))
     parser.add_argument("--mem-limit-gb", type=float, help="kill a worker above this RSS (default 70%% free)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per row; the fastest is reported")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per row, round-robin; the median is reported")
     parser.add_argument("--out", help="also write the report here (markdown)")
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--tensors-file", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.images and args.synthetic:
-        parser.error("--images and --synthetic exclude each other")
+    if sum(map(bool, (args.images, args.synthetic, args.photos))) > 1:
+        parser.error("--images, --photos and --synthetic exclude each other")
     if args.worker:
         worker(args)
         return
 
     compile_s = jit_compile_seconds()  # first: a broken kernel fails here, not after the long runs
     limit_mb = args.mem_limit_gb * 1024 if args.mem_limit_gb else 0.7 * available_mb()
+    workdir = tempfile.TemporaryDirectory(prefix="bench-calib-")
+    shown_model = args.model if args.model.startswith("light:") else Path(args.model).name
+    args.model = str(resolve_model_path(args.model, Path(workdir.name)))
+    if args.photos:
+        width, height = (int(v) for v in args.photos.lower().split("x"))
+        print(f"making {max(args.counts)} photos of {args.photos} ...", file=sys.stderr, flush=True)
+        make_photos(Path(workdir.name) / "photos", max(args.counts), (width, height))
+        args.images = str(Path(workdir.name) / "photos")
     tensors = ort_tensors(args.model)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(tensors, f)
-        tensors_file = f.name
+    tensors_file = str(Path(workdir.name) / "tensors.json")
+    Path(tensors_file).write_text(json.dumps(tensors))
     results: dict[tuple[str, int], dict] = {}
     load_before = os.getloadavg()[0]
     try:
         for count in args.counts:
-            for method in args.methods:
-                print(f"running {method} on {count} inputs ...", file=sys.stderr, flush=True)
-                runs = [run_worker(args, method, count, tensors_file, limit_mb) for _ in range(args.repeat)]
-                r = min(runs, key=lambda run: ("failed" in run, run["wall_s"]))
-                results[(method, count)] = r
-                status = r.get("failed", "ok")
-                detail = f"{r['wall_s']:.1f} s, {r['peak_mb']:.0f} MB {r.get('stderr', '')}"
-                print(f"  {status} {detail}", file=sys.stderr)
+            runs: dict[str, list[dict]] = {method: [] for method in args.methods}
+            for _ in range(args.repeat):  # round-robin, so load drifting on the machine hits every method alike
+                for method in args.methods:
+                    if runs[method] and "failed" in runs[method][-1]:
+                        continue  # killed once (memory): it will be killed again
+                    print(f"running {method} on {count} inputs ...", file=sys.stderr, flush=True)
+                    r = run_worker(args, method, count, tensors_file, limit_mb)
+                    runs[method].append(r)
+                    detail = f"{r['wall_s']:.1f} s, {r['peak_mb']:.0f} MB {r.get('stderr', '')}"
+                    print(f"  {r.get('failed', 'ok')} {detail}", file=sys.stderr)
+            for method, done in runs.items():
+                results[(method, count)] = median_run(done)
     finally:
-        os.unlink(tensors_file)
+        workdir.cleanup()
 
     data = f"images from {args.images}" if args.images else "synthetic random-normal inputs"
+    if args.photos:
+        data = (f"{max(args.counts)} photos of {args.photos} (JPEG quality 90, about 0.85 MB each) made at run time "
+                "from calib_data/ by tools/realistic_photos.py (upscaled, with sensor-like grain)")
     report = [
-        "## Calibration: trtopt vs ONNX Runtime",
+        "## Calibration: trtopt vs ONNX Runtime" + (f" vs FP32 inference, {shown_model} on {args.photos} photos"
+                                                    if args.photos else ""),
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- machine: {machine()}",
+        f"- machine: {machine()}; {cpu_class()}",
         f"- versions: {versions()}",
         f"- command: `python {' '.join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])}`",
-        f"- model: `{Path(args.model).name}`, {len(tensors)} tensors (ORT's default selection), {data}, "
-        f"batch {args.batch}; memory limit per worker {limit_mb / 1024:.1f} GiB; best of {args.repeat} runs",
+        f"- model: `{shown_model}`, {len(tensors)} tensors (ORT's default selection), {data}, "
+        f"batch {args.batch}; memory limit per worker {limit_mb / 1024:.1f} GiB; median of {args.repeat} runs "
+        "(round-robin)",
         f"- 1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after (other jobs on "
         "the machine inflate wall times)",
         "",
@@ -322,6 +454,10 @@ def main() -> None:
         "",
         *timing_table(results, args.methods, args.counts),
     ]
+    for count in args.counts:
+        if draft := draft_table(results, count):
+            report += ["", f"### JPEG draft decoding: thresholds over those of full decoding ({count} inputs)", "",
+                       *draft]
     usable = [c for c in args.counts if "amax" in results.get(("ort-entropy", c), {})]
     if usable:
         report += ["", f"### Thresholds relative to ORT entropy ({usable[-1]} inputs)", "",
@@ -330,8 +466,9 @@ def main() -> None:
         "",
         "Notes: ONNX Runtime's histogram calibrators keep every intermediate output of every batch in memory",
         "until `collect_data` returns, so their memory grows with the number of inputs (onnxruntime#10503,",
-        "#21979). trtopt reads the data once, holding one batch of activations at a time and a fixed",
-        "histogram grid per tensor (exact re-binning as the range grows), so its memory is flat. Its counting",
+        "#21979). trtopt reads the data once, holding two batches of activations at a time (one counted while",
+        "the next runs) and a fixed histogram grid per tensor (exact re-binning as the range grows), so its",
+        "memory is flat. Image files are decoded two batches ahead by a pool of threads. Its counting",
         "loop is compiled by numba and cached on disk: the trtopt rows load it from that cache; the first",
         f"calibration on a machine compiles it once, measured here at {compile_s:.1f} s.",
     ]

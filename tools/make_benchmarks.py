@@ -37,6 +37,7 @@ class Section:
     plot: bool  # the script takes --plot FILE.png
 
 
+PHOTO_METHODS = ("--methods", "fp32", "fp32-images", "trtopt-calibrate", "trtopt-entropy", "ort-entropy")
 SECTIONS = (
     Section("optimizer", "tools/bench_optimizer.py", ("--repeat", "30"), ("--repeat", "3"), False),
     Section(
@@ -46,6 +47,33 @@ SECTIONS = (
         ("--counts", "16", "--methods", "trtopt-entropy", "ort-entropy"),
         False,
     ),
+    # Issue #18: calibration on camera-sized photos (decoding included) against FP32 inference and ORT.
+    Section(
+        "calibration-photos",
+        "tools/bench_calibration.py",
+        ("--photos", "2880x1920", "--counts", "128", "512", "--repeat", "3", *PHOTO_METHODS),
+        ("--photos", "640x480", "--counts", "16", "--methods", "fp32", "trtopt-calibrate", "trtopt-entropy"),
+        False,
+    ),
+    Section(
+        "calibration-photos-resnet50",
+        "tools/bench_calibration.py",
+        ("--model", "light:resnet50", "--photos", "2880x1920", "--counts", "128", "512", "--repeat", "3",
+         *PHOTO_METHODS),  # fmt: skip
+        ("--model", "light:resnet50", "--photos", "640x480", "--counts", "8", "--methods", "fp32", "trtopt-entropy"),
+        False,
+    ),
+    Section(
+        "calibration-profile", "tools/bench_calibration_profile.py", (), ("--count", "8", "--size", "640x480"), False
+    ),
+    Section(
+        "calibration-profile-resnet50",
+        "tools/bench_calibration_profile.py",
+        ("--model", "light:resnet50"),
+        ("--model", "light:resnet50", "--count", "8", "--size", "640x480"),
+        False,
+    ),
+    Section("draft-decoding", "tools/bench_draft_decoding.py", (), ("--count", "8", "--size", "800x600"), False),
     Section(
         "accuracy",
         "tools/bench_accuracy.py",
@@ -135,12 +163,24 @@ def document(parts: list[tuple[Section, str, float | None]], quick: bool, argv: 
     ]
     if quick:
         lines += ["> **--quick smoke run**: few images and iterations; the numbers mean nothing.", ""]
-    lines += [f"- [{s.name}](#{_anchor(md)})" for s, md, _ in parts] + [""]
+    anchors = _anchors([md for _, md, _ in parts])
+    lines += [f"- [{s.name}](#{anchor})" for (s, _, _), anchor in zip(parts, anchors, strict=True)] + [""]
     return "\n".join(lines) + "\n" + "\n".join(md.rstrip("\n") + "\n" for _, md, _ in parts)
 
 
 def _took(name: str, seconds: float | None) -> str:
     return f"{name} kept from an earlier run" if seconds is None else f"{name} {seconds:.0f} s"
+
+
+def _anchors(sections: list[str]) -> list[str]:
+    """GitHub's anchors for the sections' first headings: a repeated heading gets -1, -2, ... appended."""
+    seen: dict[str, int] = {}
+    anchors = []
+    for markdown in sections:
+        anchor = _anchor(markdown)
+        anchors.append(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
 
 
 def _anchor(markdown: str) -> str:

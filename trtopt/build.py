@@ -42,6 +42,7 @@ from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.verify import Checks, Verification, build_verified, random_checks
 
 if TYPE_CHECKING:
+    from trtopt.calib import CalibProgress
     from trtopt.data import PreprocessOverrides
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class BuildConfig:
     calib_count: int | None = None
     calib_batch: int = 8
     calib_method: str = "entropy"
+    workers: int | None = None  # threads decoding calibration images ahead (None: up to 4, at most the CPUs)
     bounded_max: bool = True
     bias_correction: bool = True
     preset: str | None = None
@@ -97,7 +99,7 @@ class BuildResult:
     verification: Verification | None = None
 
 
-ProgressHook = Callable[[str, int, int], None]  # (phase, samples done, samples in the phase)
+ProgressHook = Callable[["CalibProgress"], None]  # calibration progress, with the total filled in
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
@@ -228,10 +230,10 @@ def calibrate_graph(
         dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=config.calib_count)
     calibration = calibrate(
         model,
-        lambda: (b.feeds for b in dataset.batches(config.calib_batch)),
+        lambda: (b.feeds for b in dataset.batches(config.calib_batch, workers=config.workers)),
         tensors,
         CalibConfig(method=config.calib_method, keep_histograms=keep_histograms, threads=config.threads),
-        progress=(lambda p: progress(p.phase, p.samples, p.total_samples or len(dataset))) if progress else None,
+        progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
         data_description=f"{len(dataset)} samples from {' '.join(sources)}",
     )
     calibration = _bounded_at_max(graph, calibration) if config.bounded_max else calibration

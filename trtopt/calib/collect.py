@@ -6,11 +6,18 @@ calibrated tensors exposed as extra outputs); the math lives in `histogram.py`, 
 
 One pass over the data: each batch's activations go into per-tensor fine grids that re-bin exactly as
 the range grows (`trtopt.calib.kernels`), so the batch source is read once (a one-shot generator is
-fine) and the result does not depend on batch size or order. The tensors of a batch are counted in
-parallel threads (the compiled counting loop releases the GIL).
+fine) and the result does not depend on batch size or order.
 
-Memory: one batch of activations at a time (each batch's outputs are released before the next batch
-runs), plus a fixed grid per tensor (256 KiB at 2048 bins); nothing grows with the number of samples.
+A pipeline, not a sequence (issue #18): while ONNX Runtime runs batch k, the tensors of batch k-1 are
+counted in parallel threads (the compiled counting loop releases the GIL, as ONNX Runtime does), and a
+`trtopt.data.Dataset` decodes the next batches in its own worker pool. Each tensor's collector still
+sees the batches one at a time and in order (batch k's counting starts only after batch k-1's has
+finished), so the histograms are bit-identical to the sequential ones. The loop records how long it
+waits on each stage (`CalibProgress.stage_seconds`): the stage it waits on most bounds the speed.
+
+Memory: two batches of activations at a time (the batch being counted and the batch ONNX Runtime is
+producing), plus a fixed grid per tensor (256 KiB at 2048 bins) and the data source's read-ahead
+(a `Dataset`: two batches of samples); nothing grows with the number of samples.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -46,15 +54,32 @@ T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
+# What the collection loop can wait on: the data source (decoding), ONNX Runtime, the counting threads.
+STAGES = ("decode", "inference", "counting")
+
+
 @dataclass(frozen=True)
 class CalibProgress:
     """Reported after every batch: the pass ("histogram", or "range" for the max method alone), batches
-    and samples done so far, and the sample total where known."""
+    and samples done so far, the sample total where known, the seconds since the pass began, and the
+    seconds the loop has waited on each of `STAGES` (see `bound`)."""
 
     phase: str
     batches: int
     samples: int
     total_samples: int | None
+    seconds: float = 0.0
+    stage_seconds: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def bound(self) -> str | None:
+        """The stage that bounds the speed: the one the loop has spent the most time waiting on."""
+        waited = {stage: s for stage, s in self.stage_seconds.items() if s > 0}
+        return max(waited, key=waited.__getitem__) if waited else None
 
 
 ProgressFn = Callable[[CalibProgress], None]
@@ -174,37 +199,75 @@ def _collect(
     progress: ProgressFn | None,
     phase: str,
 ) -> Collected[T]:
-    """Run `model` on every batch with the collectors' tensors exposed, and feed each tensor to its
-    collector: largest first, spread over a thread pool; an error is raised for the first failing tensor
-    in the caller's order (the one nearest the model input)."""
+    """Run `model` on every batch with the collectors' tensors exposed, and count each tensor into its
+    collector while the next batch runs (see the module doc)."""
     from trtopt.execution import OrtSession
 
     start = time.perf_counter()
     names = list(collectors)
     session = OrtSession(model, expose=names, threads=config.threads, spin=False)
     first_input = session.input_names[0] if session.input_names else None
+    clock = _StageClock()
     batch_count = sample_count = 0
     with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:
-        for feeds in _open(batches):
-            outputs = session.run(feeds, outputs=names)
-            sizes = {name: outputs[name].size for name in names}
-            futures = {
-                name: pool.submit(collectors[name].update, outputs[name])
-                for name in sorted(names, key=sizes.__getitem__, reverse=True)
-            }
-            for name in names:
-                futures[name].result()
-            del outputs, futures  # release this batch's activations before the next batch runs
+        counting: dict[str, Future[None]] = {}  # the previous batch's, running while the next batch infers
+        source = _open(batches)
+        while True:
+            with clock.waiting("decode"):
+                feeds = next(source, None)
+            if feeds is None:
+                break
+            with clock.waiting("inference"):
+                outputs = session.run(feeds, outputs=names)
+            with clock.waiting("counting"):
+                _finish(counting, names)  # one batch at a time per collector: bit-identical counts
+            counting = _count(pool, collectors, outputs)
+            del outputs  # the futures hold this batch's activations until they are counted
             batch_count += 1
             sample_count += _batch_size(feeds, first_input)
             if progress is not None:
-                progress(CalibProgress(phase, batch_count, sample_count, None))
+                seconds = time.perf_counter() - start
+                progress(CalibProgress(phase, batch_count, sample_count, None, seconds, dict(clock.seconds)))
+        with clock.waiting("counting"):
+            _finish(counting, names)
+    log.debug("calibration waited on %s", ", ".join(f"{k} {v:.2f} s" for k, v in clock.seconds.items()))
     if batch_count == 0:
         raise CalibrationError(
             "The calibration data gave no batches.", fix="Point calibration at a non-empty set of inputs."
         )
     results = {name: collector.result() for name, collector in collectors.items()}
     return Collected(results, num_samples=sample_count, num_batches=batch_count, seconds=time.perf_counter() - start)
+
+
+class _StageClock:
+    """Seconds the collection loop has spent waiting on each of `STAGES`."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+
+    @contextmanager
+    def waiting(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - start
+
+
+def _count(
+    pool: ThreadPoolExecutor, collectors: Mapping[str, _Collector[T]], outputs: Feeds
+) -> dict[str, Future[None]]:
+    """Start counting each tensor of one batch, largest first (the longest jobs start first)."""
+    order = sorted(collectors, key=lambda name: outputs[name].size, reverse=True)
+    return {name: pool.submit(collectors[name].update, outputs[name]) for name in order}
+
+
+def _finish(counting: Mapping[str, Future[None]], names: Sequence[str]) -> None:
+    """Wait for a batch's counting; an error is raised for the first failing tensor in the caller's order
+    (the one nearest the model input)."""
+    for name in names:
+        if name in counting:
+            counting[name].result()
 
 
 def _workers(config: CalibConfig) -> int:

@@ -32,6 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--calib-count", type=int, default=None, help="use the first N calibration samples (default all)")
     g.add_argument("--calib-batch", type=int, default=8, help="calibration batch size (default 8)")
     g.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads that decode and preprocess calibration images ahead of inference (default: up to 4, "
+        "at most the CPUs)",
+    )
+    g.add_argument(
         "--method",
         default="entropy",
         help="activation threshold method: entropy (default; TensorRT's KL search), max, percentile "
@@ -97,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from trtopt.build import BuildConfig, build_plan
     from trtopt.cli.console import phase_progress, print_json
+    from trtopt.cli.datasets import check_workers
     from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.cli.summaries import build_summary, print_build_summary
     from trtopt.errors import TrtoptError
@@ -104,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from trtopt.plan import write_plan
     from trtopt.quant import QuantConfig
 
+    check_workers(args.workers)
     if (args.calib or args.calib_cache) and not args.int8:
         raise TrtoptError("--calib / --calib-cache given without --int8.", fix="Add --int8 to quantise.")
     from trtopt.classify import read_labels
@@ -118,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         calib_count=args.calib_count,
         calib_batch=args.calib_batch,
         calib_method=args.method,
+        workers=args.workers,
         bias_correction=not args.no_bias_correction,
         preset=args.preset,
         preprocess=overrides_from_args(args),

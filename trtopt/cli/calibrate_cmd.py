@@ -33,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
     parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
     parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads that decode and preprocess calibration images ahead of inference (default: up to 4, "
+        "at most the CPUs)",
+    )
     parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
     parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
     parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")
@@ -49,16 +57,19 @@ def run(args: argparse.Namespace) -> int:
     from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
     from trtopt.calib import CACHE_FORMATS, save_cache
     from trtopt.cli.console import err, out, phase_progress, print_json
+    from trtopt.cli.datasets import check_workers
     from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.frontend import parse_shapes
     from trtopt.passes import optimize
 
     CACHE_FORMATS.get(args.format)  # fail on a bad name before the slow part
+    check_workers(args.workers)
     config = BuildConfig(
         calib=args.calib,
         calib_count=args.calib_count,
         calib_batch=args.calib_batch,
         calib_method=args.method,
+        workers=args.workers,
         bounded_max=not args.no_bounded_max,
         preset=args.preset,
         preprocess=overrides_from_args(args),

@@ -6,13 +6,16 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtopt.errors import TrtoptError
+
+if TYPE_CHECKING:
+    from trtopt.calib import CalibProgress
 
 out = Console(highlight=False, soft_wrap=False, markup=False)
 err = Console(stderr=True, highlight=False, markup=False)
@@ -49,15 +52,18 @@ def progress(description: str = "", *, unit: str = "img", disable: bool = False)
 
 
 @contextmanager
-def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[str, int, int], None]]:
-    """A callback `(phase, done, total)` that shows one bar per phase with its samples/s (calibration)."""
+def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[CalibProgress], None]]:
+    """A calibration progress callback: one bar per pass, with its images/s and the stage that bounds it
+    (the one the pipeline waits on most: decode, inference or counting)."""
     with progress(disable=disable) as bar:
         tasks: dict[str, Any] = {}
 
-        def update(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(f"{label}: {phase} pass", total=total, rate="")
-            elapsed = bar.tasks[tasks[phase]].elapsed or 0.0
-            bar.update(tasks[phase], completed=done, rate=f"{done / elapsed:.1f} img/s" if elapsed else "")
+        def update(report: CalibProgress) -> None:
+            if report.phase not in tasks:
+                total = report.total_samples
+                tasks[report.phase] = bar.add_task(f"{label}: {report.phase} pass", total=total, rate="")
+            bound = f", bound by {report.bound}" if report.bound else ""
+            rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 else ""
+            bar.update(tasks[report.phase], completed=report.samples, rate=rate)
 
         yield update

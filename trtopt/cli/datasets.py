@@ -24,3 +24,11 @@ def dataset_for_plan(
         else:
             spec = overrides.apply(spec, name=info.name, input_shape=info.shape)
     return load_dataset(list(sources) if len(sources) > 1 else sources[0], infos, spec, count=count)
+
+
+def check_workers(workers: int | None) -> None:
+    """Fail on a bad --workers before the slow part."""
+    from trtopt.errors import TrtoptError
+
+    if workers is not None and workers < 1:
+        raise TrtoptError(f"--workers is {workers}.", fix="Give at least 1 decoding thread, or leave it out.")

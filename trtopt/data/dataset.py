@@ -5,6 +5,11 @@ so a run is reproducible. Images feed a single-input model through a `Preprocess
 arrays feed any model (see `trtopt.data.arrays`). Hidden files and folders (a leading '.', e.g. macOS
 ``._photo.jpg`` resource forks) and files with other extensions are ignored.
 
+Files are decoded and preprocessed ahead of the caller in a small thread pool (`batches(workers=...)`;
+Pillow and numpy release the GIL while they decode and resize), at most two batches ahead, so decoding
+overlaps whatever the caller does with the previous batch (calibration: ONNX Runtime). The samples,
+their order and the files skipped do not depend on the number of workers.
+
 Bad files never stop a run: a file that fails the cheap header check up front, or that fails to decode
 later while batches are made, is logged as a warning, recorded in `Dataset.skipped` and replaced by the next
 usable file. Data that *does not fit the model* (wrong shape or dtype) is a `DataError` instead, since
@@ -15,22 +20,26 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trtopt.data.arrays import ARRAY_EXTENSIONS, ArrayFile, array_file_from_path, load_arrays
-from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, check_image_header, read_image
+from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, check_image_header
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import InputInfo, format_shape
-from trtopt.data.preprocess import PreprocessSpec, preprocess_image
+from trtopt.data.preprocess import PreprocessSpec, preprocess_file
 from trtopt.errors import DataError
 
 log = logging.getLogger(__name__)
 
 Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+# Threads that decode and preprocess files ahead of the caller (`Dataset.batches`).
+DEFAULT_WORKERS = 4
 _EXPECTED = f"images ({', '.join(IMAGE_EXTENSIONS)}) or arrays (.npy, .npz)"
 
 
@@ -96,6 +105,7 @@ class Dataset:
             raise ValueError(f"cannot split {tail} of {len(self)} samples off")
         first = Dataset(self._items, self.inputs, self.spec, head, self.skipped, self.start)
         last = Dataset(self._items, self.inputs, self.spec, tail, self.skipped, self.start + head)
+        first._bad = last._bad = self._bad  # a file found bad by one is skipped, and recorded, once
         return first, last
 
     @property
@@ -104,23 +114,31 @@ class Dataset:
         sizes = {info.shape[0] for info in self.inputs if info.shape}
         return sizes.pop() if len(sizes) == 1 and None not in sizes else None
 
-    def batches(self, batch_size: int) -> Iterator[Batch]:
+    def batches(self, batch_size: int, *, workers: int | None = None) -> Iterator[Batch]:
         """Batches of `batch_size` samples (the last may be smaller), restarting from the first sample.
 
         A model with a fixed batch B gets batches of exactly B whatever `batch_size` says: the last one
         is padded by repeating its last sample, and `Batch.sources` lists only the real samples, so a
         caller keeps the first `len(batch)` rows of each output.
+
+        `workers` threads decode and preprocess files ahead of the caller (None: up to 4, no more than the
+        CPUs), two batches of files at most, so memory holds about two batches of samples plus one
+        full-size image per worker. The batches are the same whatever the number of workers.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
             raise DataError(
                 f"Batch size must be a positive integer, received {batch_size!r}.", fix="Pass e.g. 8."
             )
-        return self._batches(self.fixed_batch or batch_size)
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers <= 0):
+            raise DataError(f"Worker count must be a positive integer, received {workers!r}.", fix="Pass e.g. 2.")
+        workers = workers or min(DEFAULT_WORKERS, os.cpu_count() or 1)
+        size = self.fixed_batch or batch_size
+        return self._batches(size, workers, ahead=max(2 * size, workers))
 
-    def _batches(self, batch_size: int) -> Iterator[Batch]:
+    def _batches(self, batch_size: int, workers: int, ahead: int) -> Iterator[Batch]:
         rows: list[dict[str, np.ndarray]] = []
         sources: list[str] = []
-        for row, source in self._samples():
+        for row, source in self._samples(workers, ahead):
             rows.append(row)
             sources.append(source)
             if len(rows) == batch_size:
@@ -136,42 +154,67 @@ class Dataset:
         feeds = {info.name: np.stack([row[info.name] for row in rows]) for info in self.inputs}
         return Batch(feeds=feeds, sources=sources)
 
-    def _samples(self) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+    def _samples(self, workers: int, ahead: int) -> Iterator[tuple[dict[str, np.ndarray], str]]:
+        """Samples in order, their files loaded `ahead` files ahead by `workers` threads; a file that fails
+        is skipped when its turn comes, so `skipped` and the samples do not depend on timing."""
         limit = self.count
         produced = 0
+        planned = self._planned()
+        pending: deque[tuple[_Item, int, Future[dict[str, np.ndarray]]]] = deque()
+        pending_samples = 0  # samples the pending files will give; no file is loaded beyond the count
+        with ThreadPoolExecutor(workers, thread_name_prefix="trtopt-decode") as pool:
+            try:
+                while True:
+                    while len(pending) < ahead and (limit is None or produced + pending_samples < limit):
+                        item, offset = next(planned, (None, 0))
+                        if item is None:
+                            break
+                        pending.append((item, offset, pool.submit(self._load, item)))
+                        pending_samples += item.samples - offset
+                    if not pending:
+                        break
+                    item, offset, future = pending.popleft()
+                    pending_samples -= item.samples - offset
+                    if item.path in self._bad:  # the same file listed twice, found bad in this pass
+                        continue
+                    try:
+                        arrays = future.result()
+                    except UnreadableFileError as exc:
+                        self._skip(item.path, exc.what)
+                        continue
+                    except MemoryError:  # a file that decodes to more than this machine holds is a bad file too
+                        self._skip(item.path, "out of memory reading or preprocessing it")
+                        continue
+                    take = item.samples - offset if limit is None else min(item.samples - offset, limit - produced)
+                    for i in range(offset, offset + take):
+                        yield {name: array[i] for name, array in arrays.items()}, self._source(item, i)
+                        produced += 1
+            finally:
+                for *_, pending_future in pending:
+                    pending_future.cancel()
+        if produced == 0:
+            raise _nothing_usable("none of the files could be decoded", self.skipped, [])
+
+    def _planned(self) -> Iterator[tuple[_Item, int]]:
+        """(file, samples of it before `start`) for each usable file that has samples after `start`."""
         passed = 0  # samples before `start`, skipped without decoding where a whole file lies before it
         for item in self._items:
-            if limit is not None and produced >= limit:
-                return
             if item.path in self._bad:
                 continue
             offset = min(item.samples, max(0, self.start - passed))
             passed += offset
-            if offset == item.samples:
-                continue
-            try:
-                arrays = self._load(item)
-            except UnreadableFileError as exc:
-                self._skip(item.path, exc.what)
-                continue
-            except MemoryError:  # a file that decodes to more than this machine holds is a bad file too
-                self._skip(item.path, "out of memory reading or preprocessing it")
-                continue
-            take = item.samples - offset if limit is None else min(item.samples - offset, limit - produced)
-            for i in range(offset, offset + take):
-                source = (
-                    f"{item.path}[{i}]" if isinstance(item, ArrayFile) and item.batched else str(item.path)
-                )
-                yield {name: array[i] for name, array in arrays.items()}, source
-                produced += 1
-        if produced == 0:
-            raise _nothing_usable("none of the files could be decoded", self.skipped, [])
+            if offset < item.samples:
+                yield item, offset
+
+    @staticmethod
+    def _source(item: _Item, index: int) -> str:
+        return f"{item.path}[{index}]" if isinstance(item, ArrayFile) and item.batched else str(item.path)
 
     def _load(self, item: _Item) -> dict[str, np.ndarray]:
         if isinstance(item, ArrayFile):
             return load_arrays(item, self.inputs)
         assert self.spec is not None  # set by load_dataset whenever there are images
-        return {self.inputs[0].name: preprocess_image(read_image(item.path), self.spec)[None]}
+        return {self.inputs[0].name: preprocess_file(item.path, self.spec)[None]}
 
     def _skip(self, path: Path, reason: str) -> None:
         log.warning("Skipping %s: %s", path, reason)

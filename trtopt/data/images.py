@@ -24,6 +24,7 @@ import io
 import logging
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,14 +53,24 @@ def is_image_path(path: str | os.PathLike[str]) -> bool:
     return Path(path).suffix.lower() in IMAGE_EXTENSIONS
 
 
-def read_image(path: str | os.PathLike[str]) -> Image.Image:
+# (upright width, upright height) -> the smallest (width, height) the caller needs, upright too.
+DraftSize = Callable[[int, int], tuple[int, int]]
+_TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+
+
+def read_image(path: str | os.PathLike[str], *, draft: DraftSize | None = None) -> Image.Image:
     """Decode an image file fully into an 8-bit RGB `PIL.Image`, upright per its EXIF orientation.
+
+    `draft` lets a JPEG decode at a reduced size: given the upright full size, it returns the smallest
+    size the caller needs, and libjpeg's DCT-domain scaling (1/2, 1/4 or 1/8; Pillow's `Image.draft`)
+    decodes at the smallest scale that keeps at least that much (3x faster on 2880x1920 photos for a
+    260 px model). Other formats ignore it. See `trtopt.data.preprocess.preprocess_file`.
 
     Raises `UnreadableFileError` (a `DataError`) naming the file and the reason when it is missing, a
     directory, not an image, corrupt or truncated.
     """
     path = Path(path)
-    return _decode(path, repr(str(path)))
+    return _decode(path, repr(str(path)), draft)
 
 
 def read_image_bytes(data: bytes, where: str = "the image") -> Image.Image:
@@ -67,7 +78,7 @@ def read_image_bytes(data: bytes, where: str = "the image") -> Image.Image:
     return _decode(io.BytesIO(data), where)
 
 
-def _decode(source: Path | io.BytesIO, where: str) -> Image.Image:
+def _decode(source: Path | io.BytesIO, where: str, draft: DraftSize | None = None) -> Image.Image:
     from trtopt.data.limits import check_image_size
 
     try:
@@ -75,6 +86,8 @@ def _decode(source: Path | io.BytesIO, where: str) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source) as img:
                 check_image_size(img.width, img.height, f"image {where}")  # before decoding a single pixel
+                if draft is not None and img.format == "JPEG":
+                    _draft(img, draft)
                 img.load()  # decode now: truncation and corrupt scans only show up here
                 upright = ImageOps.exif_transpose(img)
     except UnreadableFileError:
@@ -90,6 +103,13 @@ def _decode(source: Path | io.BytesIO, where: str) -> Image.Image:
         raise UnreadableFileError(f"Cannot read image {where}: {exc.what}", fix=exc.fix) from None
     except MemoryError:
         raise UnreadableFileError(f"Cannot read image {where}: out of memory converting it.") from None
+
+
+def _draft(img: Image.Image, draft: DraftSize) -> None:
+    swapped = img.getexif().get(0x0112) in _TRANSPOSED  # 0x0112: Orientation
+    width, height = (img.height, img.width) if swapped else img.size
+    need_w, need_h = draft(width, height)
+    img.draft(None, (need_h, need_w) if swapped else (need_w, need_h))  # None: keep the pixel mode
 
 
 def check_image_header(path: str | os.PathLike[str]) -> None:
