@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trtopt.cli.datasets import add_workers_argument
 from trtopt.cli.preprocess_args import add_preprocess_arguments
 
 
@@ -31,14 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--save-cache", type=Path, help="also write the thresholds to this trtopt cache (JSON)")
     g.add_argument("--calib-count", type=int, default=None, help="use the first N calibration samples (default all)")
     g.add_argument("--calib-batch", type=int, default=8, help="calibration batch size (default 8)")
-    g.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="threads that decode and preprocess calibration images ahead of inference (default: up to 4, "
-        "at most the CPUs)",
-    )
+    add_workers_argument(g)
     g.add_argument(
         "--method",
         default="entropy",

@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from trtopt.cli.datasets import add_workers_argument
 from trtopt.cli.preprocess_args import add_preprocess_arguments
 
 
@@ -33,14 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
     parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
     parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="threads that decode and preprocess calibration images ahead of inference (default: up to 4, "
-        "at most the CPUs)",
-    )
+    add_workers_argument(parser)
     parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
     parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
     parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")

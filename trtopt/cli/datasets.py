@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,3 +33,15 @@ def check_workers(workers: int | None) -> None:
 
     if workers is not None and workers < 1:
         raise TrtoptError(f"--workers is {workers}.", fix="Give at least 1 decoding thread, or leave it out.")
+
+
+def add_workers_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--workers`, shared by the commands that calibrate (build, calibrate)."""
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads that decode and preprocess calibration images ahead of inference (default: up to 4, "
+        "at most the CPUs)",
+    )
