@@ -18,7 +18,7 @@ from onnx import numpy_helper
 import trtopt
 from trtopt.backend.cpu import builder as cpu_builder
 from trtopt.backend.cpu import runner as cpu_runner
-from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa, isa_from_flags
+from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa, isa_from_flags
 from trtopt.build import BuildConfig, build_plan
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.plan import read_plan, write_plan
@@ -74,8 +74,14 @@ def test_isa_classes_from_cpu_flags(tmp_path: Path) -> None:
     assert isa_from_flags({"avx2", "avx512bw"}) == "avx512"
     assert isa_from_flags({"avx2", "fma"}) == "avx2"
     assert isa_from_flags({"sse4_2"}) == "other"
-    assert cpu_isa.__wrapped__(tmp_path / "missing") != ""  # the machine name where there is no /proc/cpuinfo
-    assert cpu_isa() in EXACT_U8S8 | SATURATING_U8S8 | {"other"} or cpu_isa() == cpu_isa.__wrapped__()
+    import platform
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    assert cpu_isa.__wrapped__(cpuinfo) == "avx2"  # the first CPU's flags line decides
+    cpuinfo.write_text("processor\t: 0\nFeatures\t: fp asimd asimddp\n")  # an Arm /proc/cpuinfo: no x86 flags
+    assert cpu_isa.__wrapped__(cpuinfo) == platform.machine().lower()
+    assert cpu_isa.__wrapped__(tmp_path / "missing") == platform.machine().lower()
 
 
 def test_auto_encoding_follows_what_the_cpu_computes_exactly() -> None:
