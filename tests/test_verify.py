@@ -243,3 +243,28 @@ def _dequantized(model: onnx.ModelProto) -> list[float]:
             shape = (-1, 1, 1, 1)
             values += list(((q.astype(np.float64) - z.reshape(shape)) * s.reshape(shape)).ravel())
     return values
+
+
+def test_a_lenient_backend_writes_a_mismatching_plan_with_its_record(workdir: Path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """TensorRT (STRICT_VERIFICATION = False until its tolerance is measured on a GPU) keeps the plan and the
+    record of the mismatch; a strict backend would refuse it (test above)."""
+    import trtopt.verify as verify
+
+    monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8u8"))
+    monkeypatch.setattr(cpu_runner, "model_for_this_cpu", _corrupting("u8u8"))
+    monkeypatch.setattr("trtopt.backend.strict_verification", lambda name: False)
+    with caplog.at_level(logging.WARNING):
+        result = build_plan(workdir / "tiny.onnx", _config(workdir))
+    assert result.verification is not None and not result.verification.ok
+    assert result.plan.metadata["verification"]["kernels_vs_reference"]["rel_error"] > result.verification.tolerance
+    assert "beyond the CPU tolerance" in caplog.text
+
+    def no_reference(model_bytes):  # type: ignore[no-untyped-def]
+        raise verify.plan_errors()[1]("[ONNXRuntimeError] : 1 : FAIL : no FP16 kernel for Conv")
+
+    monkeypatch.setattr(verify, "reference_runner", no_reference)
+    lenient = build_plan(workdir / "tiny.onnx", _config(workdir))
+    assert lenient.verification is None and "verification" not in lenient.plan.metadata
+    monkeypatch.setattr("trtopt.backend.strict_verification", lambda name: True)
+    with pytest.raises(TrtoptError, match="cannot run this plan's ONNX as a reference"):
+        build_plan(workdir / "tiny.onnx", _config(workdir))

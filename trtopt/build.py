@@ -141,7 +141,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
         plan, verification = build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
-    plan = replace(plan, metadata={**metadata, "verification": verification.to_dict()})
+    plan = replace(plan, metadata={**metadata, **({"verification": verification.to_dict()} if verification else {})})
     kernels = _kernel_report(plan) if backend == "cpu" and config.int8 else None
     return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias, verification)
 

@@ -133,6 +133,12 @@ def build_variants(name: str, options: BuildOptions) -> list[tuple[str, BuildOpt
     return list(variants(options)) if variants is not None else [(name, options)]
 
 
+def strict_verification(name: str) -> bool:
+    """Whether a plan whose kernels miss the verification tolerance is refused (True) or written with a
+    warning. A backend module says so with STRICT_VERIFICATION; the default is strict."""
+    return bool(getattr(importlib.import_module(backend_info(name).builder), "STRICT_VERIFICATION", True))
+
+
 def create_runner(plan: Any, options: RunOptions) -> Runner:
     info = backend_info(plan.backend)
     status = backend_status(plan.backend)

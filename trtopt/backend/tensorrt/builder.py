@@ -56,6 +56,11 @@ STRONGLY_TYPED_IGNORED_FROM = 11  # the creation flag is a no-op from this major
 # --- pure helpers (no TensorRT) -------------------------------------------------------------------
 
 
+# TensorRT's tactics accumulate in TF32 or FP16 where the ONNX reference (run by ONNX Runtime on the CPU)
+# computes in FP32, and no TensorRT build has run through trtopt.verify yet: until its tolerance is measured
+# on a GPU, a mismatch is recorded in the plan and logged, not refused (validity errors still are).
+STRICT_VERIFICATION = False
+
 def profiles_for(
     inputs: Sequence[Any], shapes: Mapping[str, Shape] | None, batch: int | None
 ) -> dict[str, Profile]:
