@@ -38,11 +38,7 @@ CPU_GEMM_CHOICES = ("auto", "on", "off")
 
 def has_amx_int8(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU has AMX int8 tiles (Linux: the `amx_int8` flag), which ONNX Runtime's u8s8 GEMM uses."""
-    try:
-        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(line.startswith("flags") and " amx_int8" in f"{line} " for line in text.splitlines())
+    return cpu_isa(cpuinfo) == "amx"
 
 
 def gemm_routing(choice: str) -> bool:
