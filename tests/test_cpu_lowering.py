@@ -178,3 +178,15 @@ def test_a_cycle_in_the_quantised_graph_is_an_error_not_a_silent_cut() -> None:
         _toposorted([a, b], graph)
     ok = onnx.helper.make_node("Relu", ["x"], ["y"], name="ok")
     assert _toposorted([ok], graph) == [ok]
+
+
+def test_the_cli_offers_every_encoding() -> None:
+    """`build --cpu-encoding` lists its choices without importing the backend (fast --help): keep them in step."""
+    import argparse
+
+    from trtopt.backend.cpu.lowering import ENCODINGS
+    from trtopt.cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    flag = next(a for a in sub.choices["build"]._actions if "--cpu-encoding" in a.option_strings)
+    assert list(flag.choices) == ["auto", *ENCODINGS]

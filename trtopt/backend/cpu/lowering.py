@@ -50,16 +50,10 @@ class Encoding:
 
     name: str
     unsigned_weights: bool  # dense layers' weights as uint8 q + 128, zero point 128
-    summary: str
 
 
-ENCODINGS: dict[str, Encoding] = {
-    e.name: e
-    for e in (
-        Encoding("u8s8", False, "uint8 activations, int8 weights: fastest; exact where the CPU has VNNI or AMX"),
-        Encoding("u8u8", True, "uint8 activations and weights: exact on every x86 CPU, slower"),
-    )
-}
+# u8s8: fastest, exact where the CPU has VNNI or AMX; u8u8: exact on every x86 CPU, slower.
+ENCODINGS: dict[str, Encoding] = {e.name: e for e in (Encoding("u8s8", False), Encoding("u8u8", True))}
 
 
 def lower_for_cpu(
