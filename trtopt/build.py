@@ -182,7 +182,7 @@ def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Che
         checks = load_dataset(sources if len(sources) > 1 else sources[0], data.inputs, data.spec, count=count)
         shared = "thresholds from the cache" if config.calib_cache else "too few to hold any back"
         source = f"{min(count, len(data))} of the {len(data)} calibration samples ({shared})"
-    batches = [(b.feeds, len(b)) for b in checks.batches(config.calib_batch)]
+    batches = [(b.feeds, b.rows) for b in checks.batches(config.calib_batch)]
     return data, Checks(batches, source)
 
 

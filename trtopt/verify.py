@@ -126,8 +126,9 @@ class ReferenceUnavailable(TrtoptError):
     """The plan is valid and ran, but ONNX Runtime cannot run its Q/DQ graph as float math to compare."""
 
 
-def collect(run: Runner, batches: Sequence[tuple[Feeds, int]]) -> Outputs:
-    """Run every batch and keep the first `n` rows of each output (fixed-batch models pad the last)."""
+def collect(run: Runner, batches: Sequence[tuple[Feeds, int | None]]) -> Outputs:
+    """Run every batch and keep the first `n` rows of each output (fixed-batch models pad the last; None
+    keeps all: a whole feed of a model without a batch dimension)."""
     parts: dict[str, list[np.ndarray]] = {}
     for feeds, n in batches:
         for name, value in run(feeds).items():
@@ -173,7 +174,7 @@ def plan_errors() -> tuple[type[BaseException], ...]:
 def verify_plan(
     plan: Any,
     fp32: Outputs,
-    batches: Sequence[tuple[Feeds, int]],
+    batches: Sequence[tuple[Feeds, int | None]],
     *,
     source: str,
     isa: str,
@@ -211,7 +212,7 @@ def verify_plan(
         ) from None
     to_fp32 = agreement(reference, fp32)
     return Verification(
-        samples=sum(n for _, n in batches),
+        samples=sum(1 if n is None else n for _, n in batches),
         source=source,
         isa=isa,
         variant=variant,
@@ -279,7 +280,7 @@ def build_verified(
 class Checks:
     """The samples a build verifies its plan on: (feeds, rows) batches, and where they came from."""
 
-    batches: list[tuple[dict[str, Any], int]]
+    batches: list[tuple[dict[str, Any], int | None]]
     source: str
 
 
@@ -287,9 +288,13 @@ def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
     """Random inputs where no data was given: noise images through the model's preprocessing, else
     standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
     from trtopt.data import input_infos_from_graph, preprocess_images
+    from trtopt.data.arrays import has_batch_axis
 
     rng = np.random.default_rng(0)
     infos = input_infos_from_graph(graph)
+    if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
+        whole = {info.name: _random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
+        return Checks([(whole, None)], "1 random feed (no data given: checks the kernels, not accuracy)")
     fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
     rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
     feeds: dict[str, Any] = {}
@@ -299,6 +304,10 @@ def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
             feeds[info.name] = preprocess_images(images, spec)
             continue
         shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
-        value = rng.standard_normal(shape) if np.issubdtype(info.dtype, np.floating) else np.zeros(shape)
-        feeds[info.name] = value.astype(info.dtype)
+        feeds[info.name] = _random_array(rng, shape, info.dtype)
     return Checks([(feeds, rows)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)")
+
+
+def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:
+    value = rng.standard_normal(shape) if np.issubdtype(dtype, np.floating) else np.zeros(shape)
+    return value.astype(dtype)

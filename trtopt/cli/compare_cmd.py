@@ -103,7 +103,7 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
 
 def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
     """Drop the padding rows a fixed-batch model's last batch carries (see Dataset.batches)."""
-    n = len(batch)
+    n = batch.rows  # None: a whole feed of a model without a batch dimension, nothing to drop
     return {k: v[:n] for k, v in reference.items()}, {k: v[:n] for k, v in test.items()}
 
 

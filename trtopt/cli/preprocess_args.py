@@ -27,7 +27,8 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "pr
         default = "the plan's"
     g = parser.add_argument_group(
         title,
-        "pipeline: grey/RGB -> resize shorter side to --resize -> centre crop --crop -> [BGR] -> / --scale -> "
+        "pipeline: grey/RGB -> resize (--resize-mode shorter: shorter side to --resize, then centre crop --crop; "
+        "stretch: to the input size; letterbox: fit inside it, pad with --pad-value) -> [BGR] -> / --scale -> "
         "(x - --mean) / --std -> --layout",
     )
     if base == "preset":
@@ -41,14 +42,39 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "pr
         "--resize",
         type=int,
         metavar="N",
-        help=f"resize the image's shorter side to N pixels before the centre crop (default: {default}; presets "
+        help=f"resize the image's shorter side to N pixels before the centre crop (--resize-mode shorter; default: "
+        f"{default}; presets "
         "use crop / 0.875, e.g. 256 for 224). Pass the crop size to keep the whole image (a 28x28 model: --resize 28)",
+    )
+    g.add_argument(
+        "--resize-mode",
+        type=str.lower,
+        choices=("shorter", "stretch", "letterbox"),
+        help="how the image reaches the input's size: shorter (the shorter side to --resize, then a centre crop: "
+        "classifiers), stretch (straight to the input size, aspect ratio not kept: PaddleOCR's detector, "
+        "PP-PicoDet, many segmenters), letterbox (fit inside, aspect ratio kept, the rest padded: YOLO exports). "
+        f"Default: {default} (presets: shorter)",
+    )
+    g.add_argument(
+        "--pad-value",
+        type=float,
+        metavar="V",
+        help=f"letterbox padding as a 0..255 pixel value, normalised like the image (default: {default}; 114 "
+        "otherwise, the YOLO convention; 127.5 is zero after (x / 255 - 0.5) / 0.5)",
+    )
+    g.add_argument(
+        "--pad-align",
+        type=str.lower,
+        choices=("center", "top-left"),
+        help="where the letterboxed image sits: center (Ultralytics YOLOv5/v8/11 exports) or top-left (YOLOX, "
+        f"PaddleOCR's recogniser; the padding goes to the right and bottom). Default: {default}; center otherwise",
     )
     g.add_argument(
         "--crop",
         metavar="N|HxW",
-        help="centre-crop size, the model input's height and width, which it must equal (default: the input's "
-        "size); say it to make the recipe explicit",
+        help="the model input's height and width, which it must equal: the centre-crop size (--resize-mode "
+        "shorter) or the size to stretch or letterbox to (default: the input's size); say it to make the recipe "
+        "explicit",
     )
     g.add_argument(
         "--interpolation",
@@ -109,4 +135,7 @@ def overrides_from_args(args: argparse.Namespace) -> PreprocessOverrides:
         mean=tuple(args.mean) if args.mean is not None else None,
         std=tuple(args.std) if args.std is not None else None,
         layout=args.layout,
+        resize_mode=args.resize_mode,
+        pad_value=args.pad_value,
+        pad_align=args.pad_align,
     )

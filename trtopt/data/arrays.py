@@ -3,7 +3,13 @@
 Batch rules, per array: rank equal to the input's rank means a batch ``[N, ...]``; one less means a single
 sample. Static dimensions must match; dynamic ones accept any size. A `.npy` holds one array and so feeds
 a single-input model; a `.npz` holds one array per input, named by input name (a single-input model also
-accepts an `.npz` with exactly one array, whatever its name).
+accepts an `.npz` with exactly one array, whatever its name). Arrays that name no input are ignored with
+a warning (labels are often saved beside the inputs); a missing input is an error.
+
+Models whose inputs share no batch dimension (silero-vad: audio ``[1, 576]`` and LSTM state
+``[2, 1, 128]``, the batch in the middle) take whole *feeds* instead of samples (`has_batch_axis` is
+False): an array of the input's rank is one feed, one rank more a stack of feeds ``[N, *input shape]``,
+and the model is called once per feed.
 
 Dtypes must be of the same kind as the input's: floats are cast between widths (float64 data for a float32
 input is common and harmless); integers are cast when every value fits; anything else is an error.
@@ -44,6 +50,13 @@ class ArrayFile:
         return any(batched for _, _, batched in self.keys)
 
 
+def has_batch_axis(inputs: Sequence[InputInfo]) -> bool:
+    """True when every input's first dimension is one shared batch dimension: all dynamic, or all the same
+    size. Otherwise samples cannot be stacked along it, and each sample is one whole feed."""
+    firsts = {info.shape[0] if info.shape else -1 for info in inputs}
+    return len(firsts) == 1 and -1 not in firsts
+
+
 def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
     """Read the headers of `path` and check them against `inputs`.
 
@@ -52,7 +65,10 @@ def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
     """
     headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
     keys = _match_keys(path, headers, inputs)
-    batched = [_is_batched(path, key, headers[key][0], info) for info, key in zip(inputs, keys, strict=True)]
+    stacks = has_batch_axis(inputs)
+    batched = [
+        _is_batched(path, key, headers[key][0], info, stacks) for info, key in zip(inputs, keys, strict=True)
+    ]
     counts = {headers[key][0][0] if b else 1 for key, b in zip(keys, batched, strict=True)}
     if len(counts) > 1:
         found = {key: list(headers[key][0]) for key in keys}
@@ -145,26 +161,30 @@ def _match_keys(path: Path, headers: dict[str, Header], inputs: Sequence[InputIn
             fix=f"Name the arrays after the model inputs: np.savez(file, {_kwargs(names)}).",
         )
     extra = sorted(set(headers) - set(names))
-    if extra:
-        log.warning("%s: ignoring arrays %s that name no model input", path, extra)
+    if extra:  # kept lenient (labels saved beside the inputs are common), but said once per file
+        log.warning("%s: ignoring arrays %s, which name no model input (the inputs are %s)", path, extra, names)
     return names
 
 
-def _is_batched(path: Path, key: str, shape: tuple[int, ...], info: InputInfo) -> bool:
+def _is_batched(path: Path, key: str, shape: tuple[int, ...], info: InputInfo, stacks: bool) -> bool:
+    """Whether the array holds several samples along a leading axis (`stacks`: see `has_batch_axis`)."""
+    unit = info.sample_shape if stacks else info.shape  # one sample, or one whole feed
     sample: tuple[int, ...] | None
-    if len(shape) == len(info.shape):
+    if len(shape) == len(unit) + 1:
         batched, sample = True, shape[1:]
-    elif len(shape) == len(info.shape) - 1:
+    elif len(shape) == len(unit):
         batched, sample = False, shape
     else:
         batched, sample = False, None
-    if sample is None or any(
-        w is not None and g != w for g, w in zip(sample, info.sample_shape, strict=True)
-    ):
+    if sample is None or any(w is not None and g != w for g, w in zip(sample, unit, strict=True)):
         what = f"array {key!r}" if key else "the array"
+        if stacks:
+            expected = f"a batch {format_shape(info.shape)} or one sample {format_shape(info.sample_shape)}"
+        else:
+            expected = (f"one feed {format_shape(info.shape)} or a stack of feeds [N, {format_shape(unit)[1:]} (the "
+                        "model's inputs share no batch dimension, so each sample is one whole feed)")
         raise DataError(
-            f"{path}: {what} has shape {list(shape)}, but input {info.name!r} expects a batch "
-            f"{format_shape(info.shape)} or one sample {format_shape(info.sample_shape)}.",
+            f"{path}: {what} has shape {list(shape)}, but input {info.name!r} expects {expected}.",
             fix="Save data in the model's input shape (dynamic sizes can be set with --shapes).",
         )
     return batched

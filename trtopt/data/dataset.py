@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtopt.data.arrays import ARRAY_EXTENSIONS, ArrayFile, array_file_from_path, load_arrays
+from trtopt.data.arrays import ARRAY_EXTENSIONS, ArrayFile, array_file_from_path, has_batch_axis, load_arrays
 from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, check_image_header
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import InputInfo, format_shape
@@ -55,9 +55,15 @@ class Batch:
 
     feeds: dict[str, np.ndarray]
     sources: list[str]
+    stacked: bool = True  # False: one whole feed of a model without a batch dimension (arrays.has_batch_axis)
 
     def __len__(self) -> int:
         return len(self.sources)
+
+    @property
+    def rows(self) -> int | None:
+        """How many leading rows of each output are real (the rest pad a fixed batch); None: all of them."""
+        return len(self.sources) if self.stacked else None
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,10 @@ class Dataset:
 
     @property
     def fixed_batch(self) -> int | None:
-        """The batch size the model fixes in its input shapes, or None when the batch is dynamic."""
+        """The batch size the model fixes in its input shapes, or None when the batch is dynamic (1 for a
+        model whose inputs share no batch dimension: it is fed one whole feed per call)."""
+        if not has_batch_axis(self.inputs):
+            return 1
         sizes = {info.shape[0] for info in self.inputs if info.shape}
         return sizes.pop() if len(sizes) == 1 and None not in sizes else None
 
@@ -148,6 +157,8 @@ class Dataset:
             yield self._batch(rows, sources)
 
     def _batch(self, rows: list[dict[str, np.ndarray]], sources: list[str]) -> Batch:
+        if not has_batch_axis(self.inputs):
+            return Batch(feeds=rows[0], sources=sources, stacked=False)
         fixed = self.fixed_batch
         if fixed is not None and len(rows) < fixed:
             rows = rows + [rows[-1]] * (fixed - len(rows))

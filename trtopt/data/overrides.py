@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from trtopt.data.preprocess import COLORS, INTERPOLATIONS, LAYOUTS, PreprocessSpec
+from trtopt.data.resize import PAD_ALIGNS, RESIZE_MODES
 from trtopt.errors import DataError
 
 Dim = int | str | None
@@ -32,6 +33,9 @@ class PreprocessOverrides:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     layout: str | None = None
+    resize_mode: str | None = None
+    pad_value: float | None = None
+    pad_align: str | None = None
 
     def __post_init__(self) -> None:
         if self.resize is not None and self.resize <= 0:
@@ -41,6 +45,16 @@ class PreprocessOverrides:
         _check_name("--interpolation", self.interpolation, tuple(INTERPOLATIONS))
         _check_name("--color", self.color, COLORS)
         _check_name("--layout", self.layout, LAYOUTS)
+        _check_name("--resize-mode", self.resize_mode, RESIZE_MODES)
+        _check_name("--pad-align", self.pad_align, PAD_ALIGNS)
+        if self.pad_value is not None and not (math.isfinite(self.pad_value) and 0 <= self.pad_value <= 255):
+            _fail("--pad-value", self.pad_value, "a pixel value from 0 to 255 (before --scale/--mean/--std)", "114")
+        if self.resize is not None and self.resize_mode not in (None, "shorter"):
+            raise DataError(
+                f"--resize {self.resize} sets the shorter side before a centre crop, which --resize-mode "
+                f"{self.resize_mode} does not do (it resizes to the model's input size).",
+                fix="Leave out --resize, or use --resize-mode shorter.",
+            )
         if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
             _fail("--scale", self.scale, "a positive number (pixels 0..255 are divided by it; 255 gives 0..1)", "255")
         if self.mean is not None and not all(math.isfinite(v) for v in self.mean):
@@ -66,6 +80,10 @@ class PreprocessOverrides:
     ) -> PreprocessSpec:
         """`spec` with the given fields replaced; `input_shape` (4-D), when known, is checked against the crop."""
         changes = self.changes()
+        mode = changes.get("resize_mode", spec.resize_mode)
+        check_padding_flags(self, mode)
+        if mode != "shorter" and "resize" not in changes:
+            changes["resize"] = None  # a preset's or sidecar's shorter side means nothing to the other modes
         color = changes.get("color", spec.color)
         channels = 1 if color == "L" else 3
         for field in ("mean", "std"):
@@ -75,6 +93,12 @@ class PreprocessOverrides:
         result = dataclasses.replace(spec, **changes)
         if input_shape is not None:
             check_crop_fits(self.crop, result, input_shape, name)
+        if self.resize is not None and mode != "shorter":
+            raise DataError(
+                f"--resize {self.resize} sets the shorter side before a centre crop, but the resize mode is "
+                f"{mode} (from the preset, sidecar or plan), which resizes to the model's input size.",
+                fix="Leave out --resize, or pass --resize-mode shorter with it.",
+            )
         if self.resize is not None and self.resize < max(result.crop_hw):
             raise DataError(
                 f"--resize {self.resize} is smaller than the crop {_size(result.crop_hw)} (input {name!r}): the "
@@ -82,6 +106,18 @@ class PreprocessOverrides:
                 fix=f"Pass --resize {max(result.crop_hw)} or more.",
             )
         return result
+
+
+def check_padding_flags(overrides: PreprocessOverrides, mode: str) -> None:
+    """--pad-value and --pad-align only mean something to a letterbox resize."""
+    flags = (("--pad-value", overrides.pad_value), ("--pad-align", overrides.pad_align))
+    given = [flag for flag, value in flags if value is not None]
+    if given and mode != "letterbox":
+        raise DataError(
+            f"{' and '.join(given)} set(s) the padding of a letterbox resize, but the resize mode is {mode}, "
+            "which pads nothing.",
+            fix="Add --resize-mode letterbox (keep the aspect ratio, pad the rest), or leave the padding flags out.",
+        )
 
 
 def check_channel_values(field: str, values: Sequence[float], channels: int, name: str) -> None:

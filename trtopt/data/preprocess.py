@@ -1,9 +1,14 @@
 """Image preprocessing as data: a frozen `PreprocessSpec`, named presets, and one deterministic pipeline.
 
-The pipeline (torchvision's evaluation transform, done with Pillow):
+The pipeline (torchvision's evaluation transform, done with Pillow, by default):
 
     RGB (or L) -> resize shorter side to `resize` -> centre crop `crop` -> [BGR] -> / scale
     -> (x - mean) / std -> NCHW/NHWC sample -> dtype
+
+`resize_mode` replaces the first two steps for models that are not classifiers (`trtopt.data.resize`):
+"stretch" resizes straight to the crop size, "letterbox" fits the image inside it, aspect ratio kept, and
+pads the rest with `pad_value` (a 0..255 pixel value, so padding goes through the same normalisation), the
+image centred or at the top-left (`pad_align`).
 
 `resize=None` means ``round(max(crop) / 0.875)`` (224 -> 256, the ImageNet evaluation convention). If the
 resized image would still be smaller than the crop in one dimension (a very wide image with a tall crop),
@@ -25,6 +30,8 @@ from PIL import Image
 
 from trtopt.data.images import read_image, rgb_from_image
 from trtopt.data.limits import check_image_size, check_resized_size
+from trtopt.data.resize import PAD_ALIGNS, RESIZE_MODES, letterbox_offset, target_size
+from trtopt.data.resize import resized_size as resized_size
 from trtopt.errors import DataError
 from trtopt.registry import Registry
 
@@ -58,6 +65,9 @@ class PreprocessSpec:
     std: tuple[float, ...] = (1.0,)
     layout: str = "NCHW"
     dtype: str = "float32"
+    resize_mode: str = "shorter"  # "shorter" (then centre crop), "stretch" or "letterbox" (trtopt.data.resize)
+    pad_value: float = 114.0  # letterbox padding, a 0..255 pixel value (YOLO exports pad with 114)
+    pad_align: str = "center"  # letterbox: "center" (Ultralytics) or "top-left" (YOLOX, PaddleOCR)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -68,6 +78,7 @@ class PreprocessSpec:
         _check_choice("color", self.color, COLORS)
         _check_choice("layout", self.layout, LAYOUTS)
         _check_choice("dtype", self.dtype, DTYPES)
+        _check_resize_mode(self)
         set_(self, "scale", _check_positive_float("scale", self.scale))
         set_(self, "mean", _check_channels("mean", self.mean, self.channels))
         set_(self, "std", _check_channels("std", self.std, self.channels))
@@ -101,10 +112,15 @@ class PreprocessSpec:
         return (self.channels, h, w) if self.layout == "NCHW" else (h, w, self.channels)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (lists, not tuples); `from_dict(spec.to_dict()) == spec`."""
+        """JSON-ready dict (lists, not tuples); `from_dict(spec.to_dict()) == spec`. Fields of a resize mode
+        the spec does not use are left out (so plans of the default mode read as before)."""
         out = asdict(self)
         out["crop"] = list(self.crop_hw)
         out["mean"], out["std"] = list(self.mean), list(self.std)
+        if self.resize_mode != "letterbox":
+            del out["pad_value"], out["pad_align"]
+        if self.resize_mode == "shorter":
+            del out["resize_mode"]
         return out
 
     @classmethod
@@ -154,6 +170,26 @@ def _check_positive_float(name: str, value: object) -> float:
     if not math.isfinite(number) or number <= 0:
         _fail(name, value, "a positive number")
     return number
+
+
+def _check_resize_mode(spec: PreprocessSpec) -> None:
+    """Check the resize mode and its padding; the padding fields of other modes are reset to defaults."""
+    _check_choice("resize_mode", spec.resize_mode, RESIZE_MODES)
+    _check_choice("pad_align", spec.pad_align, PAD_ALIGNS)
+    pad = spec.pad_value
+    if isinstance(pad, bool) or not isinstance(pad, (int, float, np.number)) or not 0 <= float(pad) <= 255:
+        _fail("pad_value", pad, "a pixel value from 0 to 255")
+    if spec.dtype == "uint8" and pad != int(pad):
+        _fail("pad_value", spec.pad_value, "a whole pixel value (0..255) for uint8 inputs")
+    if spec.resize_mode != "shorter" and spec.resize is not None:
+        _fail("resize", spec.resize, f"None: it sets the shorter side, which resize_mode {spec.resize_mode!r} "
+              "does not use")
+    if spec.resize_mode != "letterbox":
+        pad, align = PreprocessSpec.pad_value, PreprocessSpec.pad_align
+    else:
+        align = spec.pad_align
+    object.__setattr__(spec, "pad_value", float(pad))
+    object.__setattr__(spec, "pad_align", align)
 
 
 def _check_crop(value: object) -> tuple[int, int]:
@@ -223,7 +259,7 @@ def preprocess_file(path: str | os.PathLike[str], spec: PreprocessSpec) -> np.nd
     target: list[tuple[int, int]] = []
 
     def draft(width: int, height: int) -> tuple[int, int]:
-        target.append(resized_size(width, height, spec.resize_short, spec.crop_hw))
+        target.append(target_size(width, height, spec.resize_mode, spec.resize_short, spec.crop_hw))
         return target[-1]
 
     img = read_image(path, draft=draft)
@@ -238,6 +274,8 @@ def _sample_from(img: Image.Image, spec: PreprocessSpec, size: tuple[int, int] |
     pixels = np.asarray(img)
     if pixels.ndim == 2:
         pixels = pixels[:, :, None]
+    if spec.resize_mode == "letterbox":
+        pixels = _pad(pixels, spec)
     if spec.color == "BGR":
         pixels = pixels[:, :, ::-1]
     if spec.dtype == "uint8":
@@ -265,32 +303,32 @@ def preprocess_images(images: Sequence[ImageLike], spec: PreprocessSpec) -> np.n
     return np.stack(samples)
 
 
-def resized_size(width: int, height: int, short: int, crop_hw: tuple[int, int]) -> tuple[int, int]:
-    """(width, height) after scaling the shorter side to `short` (torchvision's rule: the longer side is
-    truncated, ``int(short * long / short_side)``), enlarged if needed so the crop fits."""
-    crop_h, crop_w = crop_hw
-    if width <= height:
-        new_w, new_h = short, int(short * height / width)
-    else:
-        new_w, new_h = int(short * width / height), short
-    if new_w < crop_w or new_h < crop_h:
-        factor = max(crop_w / width, crop_h / height)
-        new_w, new_h = max(crop_w, round(width * factor)), max(crop_h, round(height * factor))
-    return new_w, new_h
-
-
 def _resize_and_crop(img: Image.Image, spec: PreprocessSpec, size: tuple[int, int] | None) -> Image.Image:
-    """`size`: the resize target when the caller computed it from the undrafted image (`preprocess_file`)."""
+    """`size`: the resize target when the caller computed it from the undrafted image (`preprocess_file`).
+    A letterboxed image comes back unpadded (`_pad` pads it)."""
     crop_h, crop_w = spec.crop_hw
-    size = size or resized_size(img.width, img.height, spec.resize_short, spec.crop_hw)
+    size = size or target_size(img.width, img.height, spec.resize_mode, spec.resize_short, spec.crop_hw)
     check_image_size(img.width, img.height)
     check_resized_size(img.size, size)  # bounds the work per image (trtopt.data.limits)
     if size != img.size:
         img = img.resize(size, INTERPOLATIONS[spec.interpolation])
+    if spec.resize_mode != "shorter":
+        return img
     # torchvision's CenterCrop offsets: int(round((size - crop) / 2)).
     top = int(round((img.height - crop_h) / 2.0))
     left = int(round((img.width - crop_w) / 2.0))
     return img.crop((left, top, left + crop_w, top + crop_h))
+
+
+def _pad(pixels: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
+    """The letterbox canvas: `pixels` (HWC) placed in a crop-sized frame of `spec.pad_value`."""
+    crop_h, crop_w = spec.crop_hw
+    height, width = pixels.shape[:2]
+    left, top = letterbox_offset((width, height), spec.crop_hw, spec.pad_align)
+    dtype = np.uint8 if spec.pad_value == int(spec.pad_value) else np.float64
+    canvas = np.full((crop_h, crop_w, pixels.shape[2]), spec.pad_value, dtype)
+    canvas[top : top + height, left : left + width] = pixels
+    return canvas
 
 
 def _preprocess_any(item: ImageLike, index: int, spec: PreprocessSpec) -> np.ndarray:
