@@ -183,7 +183,7 @@ def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Che
         shared = "thresholds from the cache" if config.calib_cache else "too few to hold any back"
         source = f"{min(count, len(data))} of the {len(data)} calibration samples ({shared})"
     batches = [(b.feeds, b.rows) for b in checks.batches(config.calib_batch)]
-    return data, Checks(batches, source)
+    return data, Checks(batches, source, len(checks))
 
 
 def load_graph(path: Path, config: BuildConfig) -> gs.Graph:

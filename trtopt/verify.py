@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -162,6 +162,24 @@ def check_outputs(outputs: Outputs, expected: Iterable[Any]) -> None:
             )
 
 
+def observed_outputs(specs: Sequence[Any], fp32: Outputs) -> tuple[Any, ...]:
+    """The output specs, with each shape the FP32 model itself contradicts made dynamic at the rank it has.
+
+    Some exporters declare output shapes the model does not produce (ddddocr's recogniser declares
+    [1, seqlen] and returns [T, 1, classes]); the plan must not be refused for the model's own mistake."""
+    fixed = []
+    for spec in specs:
+        value = fp32.get(spec.name)
+        shape = tuple(spec.shape)
+        if value is not None and (len(value.shape) != len(shape) or any(
+                e not in (-1, s) for e, s in zip(shape, value.shape, strict=True))):  # fmt: skip
+            log.warning("output %r: the model declares shape %s but computes %s; the plan records it as dynamic",
+                        spec.name, list(shape), list(value.shape))
+            shape = (-1,) * len(value.shape)
+        fixed.append(replace(spec, shape=shape))
+    return tuple(fixed)
+
+
 def plan_errors() -> tuple[type[BaseException], ...]:
     """What ONNX's checker and ONNX Runtime raise for a model they cannot take (their own types)."""
     import onnxruntime as ort
@@ -180,6 +198,7 @@ def verify_plan(
     isa: str,
     variant: str,
     rejected: Sequence[dict[str, Any]] = (),
+    samples: int | None = None,
 ) -> Verification:
     """Check that `plan` is valid (ONNX checker, loads in its backend, produces every output with the right
     shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs).
@@ -212,7 +231,7 @@ def verify_plan(
         ) from None
     to_fp32 = agreement(reference, fp32)
     return Verification(
-        samples=sum(1 if n is None else n for _, n in batches),
+        samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
         source=source,
         isa=isa,
         variant=variant,
@@ -240,6 +259,7 @@ def build_verified(
     from trtopt.plan import Plan
 
     expected = collect(OrtSession(fp32).run, checks.batches)
+    io = (io[0], observed_outputs(io[1], expected))
     strict = strict_verification(backend)
     rejected: list[dict[str, Any]] = []
     for label, variant in build_variants(backend, options):
@@ -247,7 +267,7 @@ def build_verified(
         plan = Plan(backend, *io, sections=sections, versions={"trtopt": __version__, **versions})
         try:
             result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(),
-                                 variant=label, rejected=rejected)  # fmt: skip
+                                 variant=label, rejected=rejected, samples=checks.samples)  # fmt: skip
         except ReferenceUnavailable as exc:
             if strict:
                 raise
@@ -280,8 +300,9 @@ def build_verified(
 class Checks:
     """The samples a build verifies its plan on: (feeds, rows) batches, and where they came from."""
 
-    batches: list[tuple[dict[str, Any], int | None]]
+    batches: list[tuple[dict[str, Any], int | None]]  # (feeds, real rows of each output; None: all)
     source: str
+    samples: int | None = None  # None: counted from the batches' rows
 
 
 def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
@@ -294,7 +315,7 @@ def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
     infos = input_infos_from_graph(graph)
     if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
         whole = {info.name: _random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
-        return Checks([(whole, None)], "1 random feed (no data given: checks the kernels, not accuracy)")
+        return Checks([(whole, None)], "1 random feed (no data given: checks the kernels, not accuracy)", 1)
     fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
     rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
     feeds: dict[str, Any] = {}
@@ -305,7 +326,7 @@ def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
             continue
         shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
         feeds[info.name] = _random_array(rng, shape, info.dtype)
-    return Checks([(feeds, rows)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)")
+    return Checks([(feeds, None)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)", rows)
 
 
 def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:

@@ -55,15 +55,16 @@ class Batch:
 
     feeds: dict[str, np.ndarray]
     sources: list[str]
-    stacked: bool = True  # False: one whole feed of a model without a batch dimension (arrays.has_batch_axis)
+    padded: bool = False  # the last batch of a fixed-batch model, filled up by repeating its last sample
 
     def __len__(self) -> int:
         return len(self.sources)
 
     @property
     def rows(self) -> int | None:
-        """How many leading rows of each output are real (the rest pad a fixed batch); None: all of them."""
-        return len(self.sources) if self.stacked else None
+        """How many leading rows of each output are real (the rest pad a fixed batch); None: all of them (an
+        output's first dimension need not be the batch: a CTC head's is time)."""
+        return len(self.sources) if self.padded else None
 
 
 @dataclass(frozen=True)
@@ -158,12 +159,13 @@ class Dataset:
 
     def _batch(self, rows: list[dict[str, np.ndarray]], sources: list[str]) -> Batch:
         if not has_batch_axis(self.inputs):
-            return Batch(feeds=rows[0], sources=sources, stacked=False)
+            return Batch(feeds=rows[0], sources=sources)
         fixed = self.fixed_batch
-        if fixed is not None and len(rows) < fixed:
-            rows = rows + [rows[-1]] * (fixed - len(rows))
+        padded = fixed is not None and len(rows) < fixed
+        if padded:
+            rows = rows + [rows[-1]] * (fixed - len(rows))  # type: ignore[operator]
         feeds = {info.name: np.stack([row[info.name] for row in rows]) for info in self.inputs}
-        return Batch(feeds=feeds, sources=sources)
+        return Batch(feeds=feeds, sources=sources, padded=padded)
 
     def _samples(self, workers: int, ahead: int) -> Iterator[tuple[dict[str, np.ndarray], str]]:
         """Samples in order, their files loaded `ahead` files ahead by `workers` threads; a file that fails
