@@ -281,6 +281,10 @@ def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) 
     from trtopt.data import PreprocessOverrides, PreprocessSpec, spec_for_input
 
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
+    if len(graph.inputs) != 1 and (config.preprocess or config.preset is not None):
+        from trtopt.data.overrides import refuse_for_multi_input
+
+        refuse_for_multi_input([t.name for t in graph.inputs])
     if len(graph.inputs) != 1 or not image_inputs:
         return None
     tensor = image_inputs[0]

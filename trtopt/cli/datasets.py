@@ -18,6 +18,10 @@ def dataset_for_plan(
 
     infos = [InputInfo(t.name, tuple(t.shape), t.dtype) for t in plan.inputs]
     spec = PreprocessSpec.from_dict(plan.preprocess, where="the plan's preprocessing") if plan.preprocess else None
+    if overrides and len(infos) > 1:
+        from trtopt.data.overrides import refuse_for_multi_input
+
+        refuse_for_multi_input([info.name for info in infos])
     if overrides and len(infos) == 1:
         info = infos[0]
         if spec is None:  # a plan built for arrays: the flags describe the whole recipe over the default preset

@@ -120,6 +120,16 @@ def check_padding_flags(overrides: PreprocessOverrides, mode: str) -> None:
         )
 
 
+def refuse_for_multi_input(names: Sequence[str]) -> NoReturn:
+    """Image preprocessing flags given for a model that images cannot feed (several inputs)."""
+    raise DataError(
+        f"Preprocessing flags (--preset, --resize, --mean, ...) turn images into one input, but the model has "
+        f"{len(names)} inputs ({', '.join(names)}), which take .npy/.npz data as it is.",
+        fix="Leave the preprocessing flags out and preprocess the arrays before saving them: np.savez(file, "
+        + ", ".join(f"{n}=..." for n in names) + ").",
+    )
+
+
 def check_channel_values(field: str, values: Sequence[float], channels: int, name: str) -> None:
     """`mean` / `std` hold one value for every channel or one per channel."""
     if len(values) in (1, channels):

@@ -1,0 +1,94 @@
+"""Multi-input models whose inputs share no batch dimension (silero-vad's audio [1, 576] and LSTM state
+[2, 1, 128]) take .npz data as whole feeds; the model is called once per feed, and builds verify on them.
+
+    audio [1, 4] ─ ReduceSum(keepdims) ─┐
+                                        Add ── out [2, 1, 3]
+    state [2, 1, 3] ────────────────────┘
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from trtopt.cli.main import main
+from trtopt.data import InputInfo, load_dataset
+from trtopt.data.arrays import has_batch_axis
+from trtopt.errors import DataError
+
+INPUTS = [InputInfo("audio", [1, 4], np.float32), InputInfo("state", [2, 1, 3], np.float32)]
+
+
+def test_batch_axis_is_shared_or_not() -> None:
+    assert not has_batch_axis(INPUTS)
+    assert has_batch_axis([InputInfo("a", [None, 4], np.float32), InputInfo("b", ["N", 3], np.float32)])
+    assert has_batch_axis([InputInfo("a", [1, 4], np.float32), InputInfo("b", [1, 2, 3], np.float32)])
+
+
+def test_stacks_and_single_feeds_give_one_feed_per_call(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    audio, state = rng.standard_normal((3, 1, 4)), rng.standard_normal((3, 2, 1, 3)).astype(np.float32)
+    np.savez(tmp_path / "a_stack.npz", audio=audio, state=state)
+    np.savez(tmp_path / "b_one.npz", audio=audio[0], state=state[0])
+    data = load_dataset(tmp_path, INPUTS)
+    assert len(data) == 4 and data.fixed_batch == 1
+    batches = list(data.batches(8))
+    assert [b.feeds["state"].shape for b in batches] == [(2, 1, 3)] * 4
+    assert [b.feeds["audio"].shape for b in batches] == [(1, 4)] * 4
+    assert batches[0].feeds["audio"].dtype == np.float32 and batches[0].rows is None
+    np.testing.assert_array_equal(batches[2].feeds["state"], state[2])
+    assert [Path(b.sources[0]).name for b in batches] == ["a_stack.npz[0]", "a_stack.npz[1]", "a_stack.npz[2]",
+                                                          "b_one.npz"]
+
+
+@pytest.mark.parametrize(
+    ("arrays", "match"),
+    [
+        ({"audio": np.ones((1, 4))},
+         r"input\(s\) \['state'\] are not among them.*np.savez\(file, audio=..., state=...\)"),
+        ({"audio": np.ones((1, 4)), "state": np.ones((1, 2, 3))},
+         r"'state' has shape \[1, 2, 3\], but input 'state' expects one feed \[2, 1, 3\] or a stack of feeds "
+         r"\[N, 2, 1, 3\]"),
+        ({"audio": np.ones((2, 1, 4)), "state": np.ones((3, 2, 1, 3))}, "different numbers of samples"),
+    ],
+)
+def test_feeds_that_do_not_fit_are_clear_errors(tmp_path: Path, arrays: dict, match: str) -> None:
+    np.savez(tmp_path / "s.npz", **arrays)
+    with pytest.raises(DataError, match=match):
+        load_dataset(tmp_path, INPUTS)
+
+
+def test_images_for_a_multi_input_model_say_how_to_save_npz(tmp_path: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "x.png")
+    with pytest.raises(DataError, match=r"images can only feed a single-input model.*np.savez\(file, audio=..., "):
+        load_dataset(tmp_path, INPUTS)
+
+
+def test_build_calibrates_and_verifies_on_whole_feeds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """audio [1, 64] ─ MatMul(W [64, 32]) ─ Add(state [2, 1, 32]) ─ out [2, 1, 32]"""
+    rng = np.random.default_rng(1)
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [64, 32], rng.standard_normal(64 * 32).tolist())
+    nodes = [helper.make_node("MatMul", ["audio", "W"], ["mixed"]),
+             helper.make_node("Add", ["state", "mixed"], ["out"])]
+    inputs = [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, 64]),
+              helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, 1, 32])]
+    output = helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 1, 32])
+    graph = helper.make_graph(nodes, "feeds", inputs, [output], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    np.savez(tmp_path / "feeds.npz", audio=rng.standard_normal((12, 1, 64)).astype(np.float32),
+             state=rng.standard_normal((12, 2, 1, 32)).astype(np.float32))  # fmt: skip
+    argv = ["build", str(tmp_path / "m.onnx"), "--int8", "--backend", "cpu", "--calib", str(tmp_path / "feeds.npz")]
+    assert main([*argv, "-o", str(tmp_path / "m.engine"), "--json"]) == 0, capsys.readouterr().err
+    verification = json.loads(capsys.readouterr().out)["verification"]
+    assert verification["samples"] == 8 and verification["reference_vs_fp32"]["cosine"] > 0.99
+    assert main([*argv, "-o", str(tmp_path / "x.engine"), "--mean", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "Preprocessing flags (--preset, --resize, --mean, ...) turn images into one input" in err
+    assert "np.savez(file, audio=..., state=...)" in err and not (tmp_path / "x.engine").exists()
