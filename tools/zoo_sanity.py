@@ -160,7 +160,8 @@ def check_layout(m: Model) -> str:
 
 def check_raw(m: Model) -> str:
     data = np.load(zoo.calib_path(m.entry))
-    feeds = {k: data[k][0] for k in data.files}
+    ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in m.onnx.graph.input}
+    feeds = {k: data[k][0] if data[k][0].ndim == ranks[k] else data[k][:1] for k in data.files}  # a feed, a sample
     outputs = m.session.run(feeds)
     return _verdict(all(np.isfinite(v).all() for v in outputs.values()),
                     ", ".join(f"{k}: {np.asarray(v).ravel()[:3].round(3).tolist()}" for k, v in outputs.items()))
