@@ -110,6 +110,15 @@ def replace_uses(old: gs.Tensor, new: gs.Tensor, nodes: Iterable[gs.Node] | None
                 node.inputs[i] = new
 
 
+def can_bypass(graph: gs.Graph, node: gs.Node, source: gs.Tensor) -> bool:
+    """Whether `bypass` can remove `node` without renaming a graph input or output."""
+    outputs = {t.name for t in graph.outputs}
+    if node.outputs[0].name not in outputs:
+        return True
+    interface = source.name in outputs or any(t is source for t in graph.inputs)
+    return not interface and isinstance(source, gs.Variable) and bool(source.inputs)
+
+
 def bypass(graph: gs.Graph, node: gs.Node, source: gs.Tensor) -> bool:
     """Remove `node`, whose single output equals `source`, keeping graph inputs/outputs intact.
 
@@ -117,15 +126,13 @@ def bypass(graph: gs.Graph, node: gs.Node, source: gs.Tensor) -> bool:
     stays), which is possible only when `source` is a plain intermediate. Returns False (and changes
     nothing) when the node cannot be removed without renaming a graph input or output.
     """
+    if not can_bypass(graph, node, source):
+        return False
     out = node.outputs[0]
-    outputs = {t.name for t in graph.outputs}
-    if out.name not in outputs:
+    if out.name not in {t.name for t in graph.outputs}:
         replace_uses(out, source)
         node.outputs.clear()
         return True
-    interface = source.name in outputs or any(t is source for t in graph.inputs)
-    if interface or not isinstance(source, gs.Variable) or not source.inputs:
-        return False
     writer = source.inputs[0]
     replace_uses(source, out, [n for n in source.outputs if n is not node])
     node.outputs.clear()

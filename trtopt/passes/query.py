@@ -1,13 +1,17 @@
-"""Read-only facts about a gs.Graph that every pass asks: constants, producers, consumers, conv geometry."""
+"""Read-only facts about a gs.Graph that passes, the quantizer and the reports ask: constants, producers,
+consumers, conv geometry, a layer's channels, a Clip's bounds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 CONV_OPS = ("Conv", "ConvTranspose")
+T = TypeVar("T")
 
 
 def graph_output_names(graph: gs.Graph) -> set[str]:
@@ -90,3 +94,81 @@ def conv_geometry(conv: gs.Node) -> ConvGeometry | None:
         dilations=tuple(int(d) for d in (conv.attrs.get("dilations") or (1,) * rank)),
         group=int(conv.attrs.get("group", 1)),
     )
+
+
+def output_channels(layer: gs.Node) -> int | None:
+    """Output channels (features) of a Conv, ConvTranspose, Gemm or MatMul whose weight is constant
+    (an initializer or a Constant node), else None.
+
+    The weight layouts are ONNX's: Conv (Cout, Cin/group, k...); ConvTranspose (Cin, Cout/group, k...);
+    Gemm B (K, N), or (N, K) with transB; MatMul B (..., K, N). A weight of the wrong rank for its op
+    (a 1-D MatMul operand has no feature axis) gives None.
+    """
+    shape = _weight_shape(layer)
+    if shape is None:
+        return None
+    if layer.op == "Conv":
+        return shape[0]
+    if layer.op == "ConvTranspose":
+        return shape[1] * int(layer.attrs.get("group", 1))
+    if layer.op == "Gemm":
+        return shape[0] if layer.attrs.get("transB", 0) else shape[1]
+    return shape[-1]
+
+
+def input_channels(layer: gs.Node) -> int | None:
+    """Input channels (features) a layer reads, from its constant weight as in `output_channels`."""
+    shape = _weight_shape(layer)
+    if shape is None:
+        return None
+    if layer.op == "Conv":
+        return shape[1] * int(layer.attrs.get("group", 1))
+    if layer.op == "ConvTranspose":
+        return shape[0]
+    if layer.op == "Gemm":
+        return shape[1] if layer.attrs.get("transB", 0) else shape[0]
+    return shape[-2]
+
+
+def _weight_shape(layer: gs.Node) -> tuple[int, ...] | None:
+    """The constant weight's shape when its rank suits the op (see `output_channels`), else None."""
+    weight = constant_array(layer.inputs[1]) if len(layer.inputs) > 1 else None
+    if weight is None:
+        return None
+    rank = weight.ndim
+    if layer.op in CONV_OPS:
+        fits = rank >= 3
+    else:
+        fits = rank == 2 if layer.op == "Gemm" else layer.op == "MatMul" and rank >= 2
+    return tuple(int(d) for d in weight.shape) if fits else None
+
+
+Bounds = tuple[float, float]
+
+
+def clip_bounds(node: gs.Node) -> Bounds | None:
+    """(min, max) of a Clip; None when a bound is computed at run time. See `read_clip_bounds`."""
+    return read_clip_bounds(node.attrs, node.inputs[1:3], constant_array, is_missing)
+
+
+def read_clip_bounds(
+    attrs: Mapping[str, Any],
+    operands: Sequence[T],
+    value: Callable[[T], np.ndarray | None],
+    missing: Callable[[T], bool],
+) -> Bounds | None:
+    """A Clip's (min, max) from its attributes (before opset 11) or its constant operands (from 11).
+
+    `value` gives an operand's constant value, or None for a computed operand, or an omitted one if
+    `missing` holds. A bound that is absent is -inf / +inf; a computed one makes the bounds unknown.
+    Written once for both IRs: onnx-graphsurgeon nodes (`clip_bounds`) and NodeProtos (CPU lowering).
+    """
+    bounds = [float(attrs.get("min", -np.inf)), float(attrs.get("max", np.inf))]
+    for i, operand in enumerate(operands):
+        if missing(operand):
+            continue
+        array = value(operand)
+        if array is None or array.size != 1:
+            return None
+        bounds[i] = float(array.reshape(-1)[0])
+    return bounds[0], bounds[1]
