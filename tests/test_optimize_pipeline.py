@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -52,10 +52,6 @@ def test_tiny_cnn_across_opsets(opset: int) -> None:
     check(graph, None, run_model(graph, random_feeds(graph), opt_level="disable"))
 
 
-@cache
-def _light(name: str) -> tuple[gs.Graph, dict[str, np.ndarray]]:
-    graph = graph_from_onnx(light_model(name))
-    return graph, run_model(graph, random_feeds(graph), opt_level="disable")
 
 
 # What the default pipeline must find in each real topology (structure, not just numbers).
@@ -69,8 +65,8 @@ EXPECTED_LIGHT = {
 }
 
 
-def _light_case(name: str) -> None:
-    graph, reference = _light(name)
+def _light_case(graph: gs.Graph, name: str) -> None:
+    reference = run_model(graph, random_feeds(graph), opt_level="disable")
     optimised = check(graph, None, reference)
     reports = {r.name: r.counts() for r in optimize(graph).reports if r.changed}
     assert reports == EXPECTED_LIGHT[name]
@@ -80,17 +76,17 @@ def _light_case(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", FAST_LIGHT)
-def test_light_model(name: str) -> None:
-    _light_case(name)
+def test_light_model(name: str, light_graph: Callable[[str], gs.Graph]) -> None:
+    _light_case(light_graph(name), name)
 
 
 @pytest.mark.slow
 def test_light_vgg19() -> None:
-    _light_case("vgg19")
+    _light_case(graph_from_onnx(light_model("vgg19")), "vgg19")  # 550 MB: not kept for the session
 
 
-def test_resnet50_groups() -> None:
-    result = optimize(_light("resnet50")[0])
+def test_resnet50_groups(light_graph: Callable[[str], gs.Graph]) -> None:
+    result = optimize(light_graph("resnet50"))
     kinds = [g.kind for g in result.fusion_groups]
     assert kinds.count("conv+add+relu") == 16 and kinds.count("conv+relu") == 33
     assert result.launches_saved > 100 and result.bytes_saved > 0

@@ -34,16 +34,19 @@ def sole_consumer(tensor: gs.Tensor, graph_outputs: set[str]) -> gs.Node | None:
     return node if sum(t is tensor for t in node.inputs) == 1 else None
 
 
+def constant_tensor(tensor: gs.Tensor | None) -> gs.Constant | None:
+    """The constant behind a tensor (an initializer, or a Constant node's value), else None."""
+    if tensor is None or isinstance(tensor, gs.Constant):
+        return tensor
+    node = producer(tensor)
+    value = node.attrs.get("value") if node is not None and node.op == "Constant" else None
+    return value if isinstance(value, gs.Constant) else None
+
+
 def constant_array(tensor: gs.Tensor | None) -> np.ndarray | None:
     """The value of a constant tensor (initializer or Constant node output), else None."""
-    if tensor is None:
-        return None
-    if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
-    node = producer(tensor)
-    if node is not None and node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant):
-        return np.asarray(node.attrs["value"].values)
-    return None
+    constant = constant_tensor(tensor)
+    return None if constant is None else np.asarray(constant.values)
 
 
 def is_missing(tensor: gs.Tensor) -> bool:
