@@ -96,9 +96,9 @@ def _fused_gemm(group: FusionGroup, nodes: list[gs.Node], activation: str, tenso
 
 def _activation_params(activation: str, node: gs.Node) -> list[float]:
     if activation in ("relu6", "clip"):
-        bounds = clip_bounds(node)
-        assert bounds is not None, f"{node.name}: a fused Clip must have constant bounds"
-        return [max(bounds[0], -FLOAT_MAX), min(bounds[1], FLOAT_MAX)]
+        low, high = clip_bounds(node)
+        assert low is not None and high is not None, f"{node.name}: a fused Clip must have constant bounds"
+        return [max(low, -FLOAT_MAX), min(high, FLOAT_MAX)]
     if activation == "leaky_relu":
         return [float(node.attrs.get("alpha", 0.01))]
     if activation == "hard_sigmoid":

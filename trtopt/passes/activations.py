@@ -77,7 +77,7 @@ def _is_hard_swish_gate(node: gs.Node) -> bool:
 def _clip_name(node: gs.Node) -> str | None:
     """relu6 for Clip(0, 6), clip for other constant bounds, None when a bound is computed."""
     bounds = clip_bounds(node)
-    if bounds is None:
+    if None in bounds:
         return None
     return "relu6" if bounds == (0.0, 6.0) else "clip"
 

@@ -146,11 +146,12 @@ def _weight_shape(layer: gs.Node) -> tuple[int, ...] | None:
     return tuple(int(d) for d in weight.shape) if fits else None
 
 
-Bounds = tuple[float, float]
+Bound = float | None
+Bounds = tuple[Bound, Bound]
 
 
-def clip_bounds(node: gs.Node) -> Bounds | None:
-    """(min, max) of a Clip; None when a bound is computed at run time. See `read_clip_bounds`."""
+def clip_bounds(node: gs.Node) -> Bounds:
+    """(min, max) of a Clip, each None when computed at run time. See `read_clip_bounds`."""
     return read_clip_bounds(node.attrs, node.inputs[1:3], constant_array, is_missing)
 
 
@@ -159,19 +160,16 @@ def read_clip_bounds(
     operands: Sequence[T],
     value: Callable[[T], np.ndarray | None],
     missing: Callable[[T], bool],
-) -> Bounds | None:
+) -> Bounds:
     """A Clip's (min, max) from its attributes (before opset 11) or its constant operands (from 11).
 
-    `value` gives an operand's constant value, or None for a computed operand, or an omitted one if
-    `missing` holds. A bound that is absent is -inf / +inf; a computed one makes the bounds unknown.
+    `value` gives an operand's constant value (None for a computed operand); `missing` tells an omitted
+    operand. An absent bound is -inf / +inf; a computed one (or one that is not a single number) is None.
     Written once for both IRs: onnx-graphsurgeon nodes (`clip_bounds`) and NodeProtos (CPU lowering).
     """
-    bounds = [float(attrs.get("min", -np.inf)), float(attrs.get("max", np.inf))]
+    bounds: list[Bound] = [float(attrs.get("min", -np.inf)), float(attrs.get("max", np.inf))]
     for i, operand in enumerate(operands):
-        if missing(operand):
-            continue
-        array = value(operand)
-        if array is None or array.size != 1:
-            return None
-        bounds[i] = float(array.reshape(-1)[0])
+        if not missing(operand):
+            array = value(operand)
+            bounds[i] = float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
     return bounds[0], bounds[1]
