@@ -4,6 +4,7 @@ with that reason when TRTOPT_REQUIRE_GPU=1 (so a GPU CI cannot pass by skipping)
 ``@pytest.mark.gpu`` needs TensorRT and a GPU; ``@pytest.mark.gpu(tensorrt=False)`` needs only CUDA
 (cuda-bindings and a GPU): the runtime's CUDA layer is checked there without TensorRT.
 
+TRTOPT_REQUIRE_OPTIONAL=1 fails the tests skipped for a missing optional dependency (require_optional.py).
 The `light_graph` fixture loads each light model (trtopt.zoo.light) once per session."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pytest
+from require_optional import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
