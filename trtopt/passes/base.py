@@ -2,9 +2,10 @@
 
 A pass is one matcher and one rewrite. Its matcher, `find(graph) -> list[Match]`, only reads the
 graph; the pass rewrites exactly what the matcher found, and `trtopt inspect` reports from the same
-matcher, so the two cannot disagree. (The same idea as OnnxSlim's one pattern per fusion, used both
-to match and to rewrite, onnxslim/core/pattern, and tinygrad's PatternMatcher, where a rewrite is a
-pattern and the function applied to what it matched.)
+matcher, so the two cannot disagree. The same idea as OnnxSlim, whose fusions are each one matcher
+class used both to match and to rewrite (onnxslim/core/pattern/fusion/, e.g. padconv.py, convbn.py),
+and as tinygrad's PatternMatcher (tinygrad/ops.py), where a rewrite is a pattern and the function
+applied to what it matched.
 
 `graph_pass` registers a pass with its matcher, counts nodes, and leaves the graph canonical
 afterwards (cleaned, topologically sorted, every node with a unique non-empty name), so each pass
