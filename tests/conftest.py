@@ -2,13 +2,33 @@
 with that reason when TRTOPT_REQUIRE_GPU=1 (so a GPU CI cannot pass by skipping).
 
 ``@pytest.mark.gpu`` needs TensorRT and a GPU; ``@pytest.mark.gpu(tensorrt=False)`` needs only CUDA
-(cuda-bindings and a GPU): the runtime's CUDA layer is checked there without TensorRT."""
+(cuda-bindings and a GPU): the runtime's CUDA layer is checked there without TensorRT.
+
+TRTOPT_REQUIRE_OPTIONAL=1 fails the tests skipped for a missing optional dependency (require_optional.py).
+The `light_graph` fixture loads each light model (trtopt.zoo.light) once per session."""
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
+from require_optional import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
+
+if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
+
+
+@pytest.fixture(scope="session")
+def light_graph() -> Callable[[str], gs.Graph]:
+    """light:NAME as a gs.Graph (`graph_from_onnx(light_model(NAME))`), converted once per session; the
+    graph is shared, so copy it (as `optimize` does) before changing it."""
+    from trtopt.frontend import graph_from_onnx
+    from trtopt.zoo.light import light_model
+
+    return functools.cache(lambda name: graph_from_onnx(light_model(name)))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,22 +1,18 @@
-"""Model analysis: MACs and parameter counts checked by hand, and each fusion matcher on zoo models
-(positive) and small hand-built graphs (negative)."""
+"""Model analysis: MACs and parameter counts checked by hand; the optimiser's report as `inspect` shows it
+(what each pass rewrites and records, from the passes' own matchers) on zoo models; and what stays unfused
+(a Conv + Elu, sibling depthwise convs) on small hand-built graphs."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import numpy as np
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtopt.analysis import find_opportunities, summarize
-from trtopt.analysis.opportunities import (
-    match_concats,
-    match_conv_activation,
-    match_conv_add,
-    match_conv_bn,
-    match_sibling_convs,
-)
+from trtopt.analysis import fusion_report, summarize
 from trtopt.frontend import graph_from_onnx
 from trtopt.zoo import GraphBuilder, build_model
 
@@ -25,11 +21,13 @@ def graph_of(name: str, **kwargs: int):  # noqa: ANN201
     return graph_from_onnx(build_model(name, **kwargs), fold_constants=False)
 
 
-def kinds(graph) -> dict[str, int]:  # noqa: ANN001
-    counts: dict[str, int] = {}
-    for match in find_opportunities(graph):
-        counts[match.kind] = counts.get(match.kind, 0) + 1
-    return counts
+def changes_and_records(graph: gs.Graph) -> tuple[dict[str, object], dict[str, object]]:
+    """Per pass, what it rewrites and what it records, leaving out passes with nothing."""
+    report = fusion_report(graph).to_dict()
+    return (
+        {name: counts for name, counts in report["changes"].items() if counts},
+        {name: counts for name, counts in report["recorded"].items() if counts},
+    )
 
 
 # -- summary --------------------------------------------------------------------------------------
@@ -98,55 +96,55 @@ def test_top_layers() -> None:
     assert top[0].macs >= top[1].macs >= top[2].macs  # type: ignore[operator]
 
 
-# -- matchers on zoo models -----------------------------------------------------------------------
+# -- the optimiser's report on zoo models ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("name", "expected"),
+    ("name", "changes", "records"),
     [
-        ("resnet_basic", {"conv_bn": 2, "conv_act": 1, "conv_add": 1}),
-        ("resnet_bottleneck", {"conv_bn": 4, "conv_act": 2, "conv_add": 1}),
-        ("inception", {"conv_act": 7, "sibling_convs": 1, "concat": 1}),
-        ("mobilenetv2_block", {"conv_bn": 3, "conv_act": 2, "conv_add": 1}),
-        ("bn_standalone", {"conv_add": 1}),
-        ("pad_conv", {"conv_act": 1}),
-        ("grouped_conv", {"conv_bn": 1, "conv_act": 1}),
-        ("silu_block", {"conv_act": 3}),
-        ("classifier_head", {}),
+        ("resnet_basic", {"fold_batchnorm": {"fold_bn": 2}}, {"fuse_cbr": {"conv+relu": 1, "conv+add+relu": 1}}),
+        ("mobilenetv2_block", {"fold_batchnorm": {"fold_bn": 3}}, {"fuse_cbr": {"conv+relu6": 2, "conv+add": 1}}),
+        ("pad_conv", {"fold_pad": {"fold_pad": 1}}, {"fuse_cbr": {"conv+relu": 1}}),
+        ("bn_standalone", {}, {"fuse_cbr": {"conv+add": 1}}),
+        ("grouped_conv", {"fold_batchnorm": {"fold_bn": 1}}, {"fuse_cbr": {"conv+leaky_relu": 1}}),
+        (
+            "inception",
+            {"fuse_parallel_convs": {"fuse_parallel": 1}},
+            {"eliminate_concat": {"concat_in_place": 1}, "fuse_cbr": {"conv+relu": 5}},
+        ),
+        ("classifier_head", {}, {"fuse_cbr": {"gemm+relu": 1}}),
     ],
 )
-def test_opportunities_per_zoo_model(name: str, expected: dict[str, int]) -> None:
-    assert kinds(graph_of(name)) == expected
+def test_report_per_zoo_model(name: str, changes: dict[str, object], records: dict[str, object]) -> None:
+    """Conv+BN+ReLU reads as fold_bn then a conv+relu group: the fold comes first, as in optimize."""
+    assert changes_and_records(graph_of(name)) == (changes, records)
 
 
 @pytest.mark.parametrize("opset", [13, 17])
 def test_activation_names(opset: int) -> None:
-    assert [m.activation for m in match_conv_activation(graph_of("silu_block", opset=opset))] == [
-        "silu", "hard_swish", "hard_sigmoid",
-    ]
-    relu6 = match_conv_activation(graph_of("mobilenetv2_block", opset=opset))
-    assert [m.activation for m in relu6] == ["relu6", "relu6"]
-    assert [m.activation for m in match_conv_activation(graph_of("grouped_conv"))] == ["leaky_relu"]
+    _, records = changes_and_records(graph_of("silu_block", opset=opset))
+    assert records == {"fuse_cbr": {"conv+silu": 1, "conv+hard_swish": 1, "conv+hard_sigmoid": 1}}
+    _, records = changes_and_records(graph_of("mobilenetv2_block", opset=opset))
+    assert records["fuse_cbr"] == {"conv+relu6": 2, "conv+add": 1}  # type: ignore[index]
 
 
-def test_conv_add_details() -> None:
-    (basic,) = match_conv_add(graph_of("resnet_basic"))
-    assert basic.residual == "input" and basic.bn is not None and basic.relu is not None
-    (inverted,) = match_conv_add(graph_of("mobilenetv2_block"))
-    assert inverted.relu is None
+def test_shufflenet_sum_residuals_are_reported(light_graph: Callable[[str], gs.Graph]) -> None:
+    """Caffe2 writes residuals as Sum: fuse_cbr rewrites each to Add, and each then fuses with its conv."""
+    changes, records = changes_and_records(light_graph("shufflenet"))
+    assert changes["fuse_cbr"] == {"sum_to_add": 13}
+    assert records["fuse_cbr"]["conv+add+relu"] == 13  # type: ignore[index]
 
 
-def test_siblings_and_concat_in_inception() -> None:
-    graph = graph_of("inception")
-    (group,) = match_sibling_convs(graph)
-    assert group.input == "input" and len(group.convs) == 3
-    assert group.signature == ((1, 1), (1, 1), (0, 0, 0, 0), (1, 1), (1,))
-    (concat,) = match_concats(graph)
-    assert concat.in_place and concat.axis == 1 and not concat.nested and concat.split is None
-    assert concat.to_dict()["kind"] == "concat"
+def test_summary_json_carries_the_report() -> None:
+    graph = graph_of("resnet_basic")
+    summary = summarize(graph, fusions=fusion_report(graph))
+    data = json.loads(json.dumps(summary.to_dict()))
+    assert data["fusions"]["passes"][0] == "fold_pad" and data["fusions"]["not_fused"] == []
+    assert data["fusions"]["changes"]["fold_batchnorm"] == {"fold_bn": 2}
+    assert summarize(graph).to_dict()["fusions"] is None
 
 
-# -- negative and edge cases on hand-built graphs -------------------------------------------------
+# -- what stays unfused, on hand-built graphs ---------------------------------------------------------
 
 
 def builder(opset: int = 17) -> tuple[GraphBuilder, str]:
@@ -154,17 +152,29 @@ def builder(opset: int = 17) -> tuple[GraphBuilder, str]:
     return b, b.input("input", [1, 8, 8, 8])
 
 
-def test_conv_read_twice_does_not_fold_or_fuse() -> None:
-    """input ─ Conv ─┬─ BN ─ Relu ─ a
-                     └──────────── b   (the conv output is also a graph output's source)"""
+def test_conv_elu_is_a_note_not_a_group() -> None:
+    """input ─ Conv ─ Elu ─ a;   input ─ Conv ─ Relu ─ Selu ─ b (the group conv+relu, then Selu)"""
     b, x = builder()
-    y = b.conv(x, 8, 8, 3)
-    model = b.build([b.relu(b.batchnorm(y, 8), out="a"), b.node("Identity", [y], out="b")])
-    graph = graph_from_onnx(model, fold_constants=False)
-    assert match_conv_bn(graph) == [] and match_conv_activation(graph) == []
+    a = b.node("Elu", [b.conv(x, 8, 8, 3)], out="a")
+    c = b.node("Selu", [b.relu(b.conv(x, 8, 8, 1))], out="c")
+    report = fusion_report(graph_from_onnx(b.build([a, c])))
+    assert [g.kind for g in report.result.fusion_groups] == ["conv+relu"]
+    assert [n.kind for n in report.not_fused] == ["conv+elu", "conv+selu"]
+    assert "relu6" in report.not_fused[0].reason
 
 
-def test_siblings_need_identical_geometry() -> None:
+def test_sibling_depthwise_convs_are_a_note() -> None:
+    """input ─┬─ DWConv3x3 ─ a     (group 8: fuse_parallel_convs leaves them apart)
+              └─ DWConv3x3 ─ b"""
+    b, x = builder()
+    outs = [b.conv(x, 8, 8, 3, group=8, out=name) for name in ("a", "b")]
+    report = fusion_report(graph_from_onnx(b.build(outs)))
+    assert not report.result.changed
+    (note,) = report.not_fused
+    assert note.kind == "sibling_grouped_convs" and len(note.nodes) == 2 and "group=1" in note.reason
+
+
+def test_siblings_with_other_geometry_are_neither_fused_nor_noted() -> None:
     """input ─┬─ Conv1x1 ─ a;  ├─ Conv1x1 stride 2 ─ b;  └─ Conv1x1 pads 1 ─ c"""
     b, x = builder()
     outs = [
@@ -172,30 +182,16 @@ def test_siblings_need_identical_geometry() -> None:
         b.conv(x, 8, 4, 1, stride=2, out="b"),
         b.conv(x, 8, 4, 1, pads=[1] * 4, out="c"),
     ]
-    assert match_sibling_convs(graph_from_onnx(b.build(outs), fold_constants=False)) == []
+    report = fusion_report(graph_from_onnx(b.build(outs)))
+    assert not report.result.changed and report.not_fused == ()
 
 
-def test_clip_variants() -> None:
+def test_computed_clip_bound_is_no_activation() -> None:
     """input ─ Conv ─ Clip(0, 3) ─ a;  input ─ Conv ─ Clip(0, input-dependent max) ─ b"""
     b, x = builder()
     a = b.clip(b.conv(x, 8, 8, 1), 0.0, 3.0, out="a")
     zero = b.const("zero", np.array(0.0, np.float32))
     bound = b.node("ReduceMax", [x], keepdims=0)
     c = b.node("Clip", [b.conv(x, 8, 8, 3), zero, bound], out="b")
-    matches = match_conv_activation(graph_from_onnx(b.build([a, c]), fold_constants=False))
-    assert [m.activation for m in matches] == ["clip"]
-
-
-def test_nested_concat_and_identity_split() -> None:
-    """input ─ Split(axis 1) ─ s0, s1 ─ Concat ─ a;   Concat(Concat(r1, r2), r3) ─ b"""
-    b, x = builder(opset=18)  # Split's num_outputs
-    split = helper.make_node("Split", [x], ["s0", "s1"], axis=1, num_outputs=2, name="split")
-    b.nodes.append(split)
-    a = b.concat(["s0", "s1"], out="a")
-    inner = b.concat([b.relu(x), b.relu(x)])
-    outer = b.concat([inner, b.relu(x)], out="b")
-    model = b.build([a, outer])
-    matches = match_concats(graph_from_onnx(model, fold_constants=False))
-    by_name = {m.concat.outputs[0].name: m for m in matches}
-    assert by_name["a"].split is not None and not by_name["a"].in_place
-    assert len(by_name["b"].nested) == 1 and by_name["b"].in_place
+    report = fusion_report(graph_from_onnx(b.build([a, c]), fold_constants=False))
+    assert [g.kind for g in report.result.fusion_groups] == ["conv+clip"]

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from require_optional import missing
 
 from trtopt.calib import (
     HistogramCollector,
@@ -164,7 +165,7 @@ def test_memory_does_not_grow_with_the_number_of_batches() -> None:
 
 
 def test_plot_writes_a_png(tmp_path) -> None:
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason=missing("matplotlib", "plot_histogram draws with it"))
     values = np.random.default_rng(4).standard_normal(10_000).astype(np.float32)
     hist = histogram_from_values(values, name="x")
     path = plot_histogram(hist, tmp_path / "x.png", {"entropy": 3.0, "max": hist.amax})

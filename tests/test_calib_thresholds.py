@@ -14,10 +14,8 @@ from trtopt.calib import (
     histogram_from_values,
     kl_divergences,
     threshold,
-    weight_amax,
-    weight_scales,
 )
-from trtopt.calib.thresholds import KL_TIE, QMAX
+from trtopt.calib.thresholds import KL_TIE, QMAX, weight_scales
 from trtopt.errors import CalibrationError, UnknownNameError
 
 
@@ -204,8 +202,8 @@ def test_config_none_means_default_and_bad_values_say_how_to_fix() -> None:
 
 def test_weight_scales_per_output_channel() -> None:
     w = np.zeros((3, 2, 2, 2), dtype=np.float32)
-    w[0, 1, 0, 0], w[1, 0, 1, 1] = -2.54, 1.27
-    np.testing.assert_allclose(weight_amax(w, 0), [2.54, 1.27, ZERO_AMAX], rtol=1e-6)
+    w[0, 1, 0, 0], w[1, 0, 1, 1], w[2, 0, 0, 0] = -2.54, 1.27, ZERO_AMAX / 2
+    # the third channel's max is below ZERO_AMAX: it gets ZERO_AMAX's scale, float16's smallest normal
     np.testing.assert_allclose(weight_scales(w, 0), [0.02, 0.01, 2.0**-14], rtol=1e-6)
     assert weight_scales(w, 0).dtype == np.float32
     deconv = np.moveaxis(w, 0, 1)  # ConvTranspose: output channels on axis 1

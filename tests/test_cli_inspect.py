@@ -42,8 +42,15 @@ def test_tables(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, str(tiny))
     assert code == 0 and err == ""
     for text in ("Inputs and outputs", "1x3x32x32", "logits", "BatchNormalization", "Top 10 layers by MACs",
-                 "MACs 7.25M", "Fusion opportunities", "sibling_convs", "conv_add", "in-place"):
+                 "MACs 7.25M", "pass by pass", "7 fold_bn", "1 fuse_parallel", "1 concat_in_place",
+                 "2 conv+add+relu", "no match"):
         assert text in out, text
+    assert "Every match" not in out
+
+
+def test_matches_lists_every_match(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, out, _ = run_cli(capsys, str(tiny), "--matches")
+    assert "Every match" in out and out.count("fold_bn ") >= 7 and "in place:" in out
 
 
 def test_layers_lists_every_node(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,8 +66,10 @@ def test_json(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert data["outputs"][0]["shape"] == [1, 10] and data["opset"] == 17
     assert data["op_histogram"]["Conv"] == 13 and data["nodes"] == len(data["layers"])
     assert data["macs"] == sum(layer["macs"] for layer in data["layers"])
-    kinds = {m["kind"] for m in data["opportunities"]}
-    assert kinds == {"conv_bn", "conv_act", "conv_add", "sibling_convs", "concat"}
+    fusions = data["fusions"]
+    assert fusions["changes"]["fold_batchnorm"] == {"fold_bn": 7}
+    assert fusions["recorded"]["fuse_cbr"] == {"conv+relu": 8, "conv+add+relu": 2}
+    assert [r["name"] for r in fusions["reports"]] == fusions["passes"] and fusions["not_fused"] == []
 
 
 def test_dynamic_dims_get_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

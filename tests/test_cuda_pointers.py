@@ -126,7 +126,7 @@ def test_dlpack_bfloat16_is_refused_with_a_fix() -> None:
 
 
 def test_torch_cpu_tensor_dlpack_if_available() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is not installed (not a trtopt dependency)")
     tensor = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     assert device_array_from(tensor) is None  # CPU tensor: host path
     view = from_dlpack(tensor)

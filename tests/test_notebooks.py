@@ -13,12 +13,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from require_optional import missing
 
-INSTALL_HINT = "pip install -e '.[dev]' (nbclient, nbformat, ipykernel, matplotlib)"
-nbformat = pytest.importorskip("nbformat", reason=f"executing notebooks needs nbformat: {INSTALL_HINT}")
-nbclient = pytest.importorskip("nbclient", reason=f"executing notebooks needs nbclient: {INSTALL_HINT}")
-pytest.importorskip("ipykernel", reason=f"executing notebooks needs a Python kernel: {INSTALL_HINT}")
-pytest.importorskip("matplotlib", reason=f"the notebooks draw with matplotlib: {INSTALL_HINT}")
+nbformat = pytest.importorskip("nbformat", reason=missing("nbformat", "executing the notebooks needs it"))
+nbclient = pytest.importorskip("nbclient", reason=missing("nbclient", "executing the notebooks needs it"))
+pytest.importorskip("ipykernel", reason=missing("ipykernel", "executing the notebooks needs a Python kernel"))
+pytest.importorskip("matplotlib", reason=missing("matplotlib", "the notebooks draw with it"))
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ from trtopt.cli.main import main
 from trtopt.errors import UnknownNameError
 from trtopt.execution.ort_session import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
-from trtopt.passes import DEFAULT_ORDER, PASSES, optimize, read_metadata, record_metadata
+from trtopt.passes import DEFAULT_ORDER, METADATA_KEY, PASSES, optimize, record_metadata
 from trtopt.zoo import NAMES, build_model
 from trtopt.zoo.light import LIGHT_NAMES, light_model
 
@@ -52,10 +52,6 @@ def test_tiny_cnn_across_opsets(opset: int) -> None:
     check(graph, None, run_model(graph, random_feeds(graph), opt_level="disable"))
 
 
-@cache
-def _light(name: str) -> tuple[gs.Graph, dict[str, np.ndarray]]:
-    graph = graph_from_onnx(light_model(name))
-    return graph, run_model(graph, random_feeds(graph), opt_level="disable")
 
 
 # What the default pipeline must find in each real topology (structure, not just numbers).
@@ -69,8 +65,8 @@ EXPECTED_LIGHT = {
 }
 
 
-def _light_case(name: str) -> None:
-    graph, reference = _light(name)
+def _light_case(graph: gs.Graph, name: str) -> None:
+    reference = run_model(graph, random_feeds(graph), opt_level="disable")
     optimised = check(graph, None, reference)
     reports = {r.name: r.counts() for r in optimize(graph).reports if r.changed}
     assert reports == EXPECTED_LIGHT[name]
@@ -80,32 +76,40 @@ def _light_case(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", FAST_LIGHT)
-def test_light_model(name: str) -> None:
-    _light_case(name)
+def test_light_model(name: str, light_graph: Callable[[str], gs.Graph]) -> None:
+    _light_case(light_graph(name), name)
 
 
 @pytest.mark.slow
 def test_light_vgg19() -> None:
-    _light_case("vgg19")
+    _light_case(graph_from_onnx(light_model("vgg19")), "vgg19")  # 550 MB: not kept for the session
 
 
-def test_resnet50_groups() -> None:
-    result = optimize(_light("resnet50")[0])
+def test_resnet50_groups(light_graph: Callable[[str], gs.Graph]) -> None:
+    result = optimize(light_graph("resnet50"))
     kinds = [g.kind for g in result.fusion_groups]
     assert kinds.count("conv+add+relu") == 16 and kinds.count("conv+relu") == 33
     assert result.launches_saved > 100 and result.bytes_saved > 0
 
 
-def test_metadata_round_trip() -> None:
+def recorded_metadata(model: onnx.ModelProto) -> dict[str, object] | None:
+    raw = [p.value for p in model.metadata_props if p.key == METADATA_KEY]
+    assert len(raw) <= 1, "record_metadata replaces, never duplicates"
+    return json.loads(raw[0]) if raw else None
+
+
+def test_metadata_is_the_report_summary_and_groups() -> None:
     result = optimize(graph_from_onnx(build_model("tiny_cnn")))
     model = onnx_from_graph(result.graph)
     record_metadata(model, result)
-    record_metadata(model, result)  # replaces, never duplicates
-    assert sum(p.key == "trtopt.optimizer" for p in model.metadata_props) == 1
-    meta = read_metadata(onnx.load_from_string(model.SerializeToString()))
-    assert meta is not None and meta.passes == DEFAULT_ORDER
-    assert meta.fusion_groups == result.fusion_groups and meta.concat_groups == result.concat_groups
-    assert read_metadata(build_model("tiny_cnn")) is None
+    record_metadata(model, result)
+    meta = recorded_metadata(onnx.load_from_string(model.SerializeToString()))
+    assert meta is not None and meta["version"] == 2 and meta["passes"] == list(DEFAULT_ORDER)
+    assert {k: meta[k] for k in result.to_dict(details=False)} == result.to_dict(details=False)
+    groups = meta["groups"]
+    assert isinstance(groups, dict) and len(groups["fusion"]) == len(result.fusion_groups) > 0
+    assert [g["output"] for g in groups["concat"]] == [g.output for g in result.concat_groups]
+    assert recorded_metadata(build_model("tiny_cnn")) is None
 
 
 def test_unknown_pass_lists_valid_ones() -> None:
@@ -119,10 +123,10 @@ def test_cli_optimize(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     onnx.save(build_model("tiny_cnn"), source)
     assert main(["optimize", str(source), "-o", str(target), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [p["name"] for p in report["passes"]] == list(DEFAULT_ORDER)
+    assert report["passes"] == [p["name"] for p in report["reports"]] == list(DEFAULT_ORDER)
     assert report["after"]["kernel_launches"] < report["before"]["kernel_launches"]
-    meta = read_metadata(onnx.load(target))
-    assert meta is not None and meta.fusion_groups
+    meta = recorded_metadata(onnx.load(target))
+    assert meta is not None and meta["groups"] == report["groups"] and meta["changes"] == report["changes"]
     assert main(["optimize", str(source), "-o", str(target), "--passes", "fuse_cbr"]) == 0
     assert "fuse_cbr" in capsys.readouterr().out
     assert main(["optimize", str(source), "-o", str(target), "--passes", "fold,fuse_cbr"]) == 2

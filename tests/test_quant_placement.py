@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
+from pass_helpers import assert_canonical
 from quant_helpers import cosine, cpu_config, feeds_for, optimized_zoo_graph, quantize
 
+from trtopt.errors import CalibrationError
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import find_fusion_groups, optimize
@@ -146,6 +149,8 @@ def test_quantize_weight_per_channel() -> None:
     assert q.dtype == np.int8 and q[0, 0, 1] == -127 and q[1, 0, 0] == 127 and not q[2].any()
     assert scale[2] > 0  # an all-zero channel still gets a usable scale
     np.testing.assert_allclose(q * scale.reshape(3, 1, 1), w, atol=scale.max() / 2)
+    with pytest.raises(CalibrationError, match="'conv.weight' has non-finite values"):
+        quantize_weight(np.array([[np.inf, 1.0]], np.float32), axis=0, name="conv.weight")
 
 
 def test_shared_thresholds_merge_overlapping_groups() -> None:
@@ -211,3 +216,22 @@ def test_concat_input_from_an_int8_conv_gets_one_pair_on_the_cpu_form() -> None:
     assert len({report.thresholds[t] for t in plan.shared[0]}) == 1
     feeds = feeds_for(graph)
     assert cosine(run_model(onnx_from_graph(graph), feeds)["output"], run_model(model, feeds)["output"]) > 0.99
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "inception_pool_net"])
+def test_qdq_graph_is_canonical_and_runs_like_graphsurgeons_order(name: str) -> None:
+    """insert_qdq leaves the graph with the passes' own canonical form (linear-time cleanup and stable
+    topological sort, not onnx-graphsurgeon's), and the ONNX Runtime outputs are bit for bit those of the
+    same Q/DQ graph put in order by onnx-graphsurgeon."""
+    graph = optimized_zoo_graph(name)
+    model, _, report = quantize(graph)
+    assert report.activation_pairs > 0
+    ours = gs.import_onnx(model)  # the order insert_qdq left, not re-sorted on import
+    assert_canonical(ours)
+    theirs = ours.copy()
+    theirs.nodes.reverse()
+    theirs.cleanup(remove_unused_graph_inputs=False).toposort()
+    feeds = feeds_for(ours)
+    expected = run_model(onnx_from_graph(theirs), feeds, opt_level="disable")
+    for key, value in run_model(model, feeds, opt_level="disable").items():
+        np.testing.assert_array_equal(value, expected[key])

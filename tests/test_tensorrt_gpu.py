@@ -134,7 +134,7 @@ def test_threads_get_their_own_contexts() -> None:
 
 
 def test_device_array_input_is_zero_copy() -> None:
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch is not installed (not a trtopt dependency)")
     if not torch.cuda.is_available():
         pytest.skip("torch without CUDA: no device array to pass")
     model = qdq_conv_model()

@@ -41,6 +41,7 @@ from bench_setup import (  # noqa: E402
     ORT_METHODS,
     Kernels,
     ModelUnderTest,
+    bar_chart,
     emit,
     even_batch,
     header_lines,
@@ -48,10 +49,8 @@ from bench_setup import (  # noqa: E402
     kernel_counts,
     load_average,
     ort_build,
-    plt_or_none,
     resolve_model,
     run_isolated,
-    save_figure,
     stacked,
     trtopt_build,
 )
@@ -235,10 +234,6 @@ def per_set_table(variants: list[Variant], scores: list[Scores], sets: list[tupl
 
 
 def plot(path: Path, variants: list[Variant], scores: list[Scores], counts: dict[str, int]) -> None:
-    plt = plt_or_none()
-    if plt is None:
-        print("matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
-        return
     names = [v.name.replace(", ", ",\n").replace(" QDQ ", " QDQ\n").replace("trtopt ", "trtopt\n")
              for v in variants[1:]]
     series = {
@@ -247,21 +242,8 @@ def plot(path: Path, variants: list[Variant], scores: list[Scores], counts: dict
     }
     if scores[0].top1 is not None:
         series[f"labelled top-1 ({counts['labelled']}); FP32 dashed"] = [s.top1 or 0.0 for s in scores[1:]]
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    width = 0.8 / len(series)
-    x = np.arange(len(names))
-    for i, (label, values) in enumerate(series.items()):
-        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, np.array(values) * 100, width, label=label)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    if scores[0].top1 is not None:
-        ax.axhline(scores[0].top1 * 100, color="grey", linestyle="--", linewidth=1)
-    lowest = min(min(values) for values in series.values()) * 100
-    ax.set_xticks(x, names, fontsize=8)
-    ax.set_ylabel("% (axis does not start at 0)")
-    ax.set_ylim(max(0.0, np.floor(lowest / 10) * 10 - 10), 102)
-    ax.set_title("INT8 vs FP32 on photos: trtopt calibration methods and ORT quantize_static")
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(series))
-    save_figure(fig, path)
+    title = "INT8 vs FP32 on photos: trtopt calibration methods and ORT quantize_static"
+    bar_chart(path, names, series, scores[0].top1, title)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -290,9 +272,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    load_before = load_average()
+@dataclass
+class Evaluation:
+    """Every variant scored on the held-out and calibration images (what the report tabulates)."""
+
+    model: ModelUnderTest
+    variants: list[Variant]
+    scores: list[Scores]
+    meant: list[Scores | None]  # the scores of what each plan means (its Q/DQ reference)
+    errors: list[tuple[float, float] | None]
+    sets: list[int]  # held-out images per folder
+    counts: dict[str, int]
+    calib_count: int
+
+
+def evaluate(args: argparse.Namespace) -> Evaluation:
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-") as tmp:
         model = resolve_model(args.model, Path(tmp))
         batch = model.static_batch or args.batch
@@ -317,21 +311,31 @@ def main(argv: list[str] | None = None) -> int:
         meant = [score(reference, out, sets, labels) if out is not None else None for out in means]
         errors = [_relative_errors(reference, k, r, sum(sets)) if r is not None else None
                   for k, r in zip(ran, means, strict=True)]  # fmt: skip
+    counts = {"heldout": len(heldout_images), "all": len(images), "labelled": sum(1 for lab in labels if lab)}
+    return Evaluation(model, variants, scores, meant, errors, sets, counts, len(calib_images))
 
-    counts = {
-        "heldout": len(heldout_images),
-        "all": len(images),
-        "labelled": sum(1 for lab in labels if lab),
-    }
-    ort_batch = model.static_batch or even_batch(len(calib_images))
-    argv_used = sys.argv[1:] if argv is None else argv
-    lines = [
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_before = load_average()
+    ev = evaluate(args)
+    lines = report(args, ev, sys.argv[1:] if argv is None else argv, load_before)
+    if args.plot:
+        plot(args.plot, ev.variants, ev.scores, ev.counts)
+    emit("\n".join(lines) + "\n", args.out)
+    return 0
+
+
+def report(args: argparse.Namespace, ev: Evaluation, argv_used: list[str], load_before: str) -> list[str]:
+    model, counts, sets = ev.model, ev.counts, ev.sets
+    ort_batch = model.static_batch or even_batch(ev.calib_count)
+    return [
         "## Accuracy: trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
         "",
         *header_lines("tools/bench_accuracy.py", argv_used),
         f"- 1-minute load average {load_before} before, {load_average()} after (this benchmark "
         "alone accounts for up to ~2 on 2 cores; more means other jobs inflated the times)",
-        f"- model: `{model.name}`; calibration: {len(calib_images)} images from `{rel_path(args.calib)}`; "
+        f"- model: `{model.name}`; calibration: {ev.calib_count} images from `{rel_path(args.calib)}`; "
         f"held-out: {counts['heldout']} images from "
         f"{' + '.join(f'`{rel_path(f)}` ({n})' for f, n in zip(args.heldout, sets, strict=True))} "
         f"({counts['labelled']} with ImageNet labels); in-sample = held-out + calibration images",
@@ -343,36 +347,39 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "### Agreement with FP32, labelled accuracy, build time, kernels",
         "",
-        *table(variants, scores, counts),
+        *table(ev.variants, ev.scores, counts),
         "",
-        "Agreement: share of images whose INT8 top-1 class equals FP32's. Cosine: per-image cosine similarity "
-        "of INT8 and FP32 logits (mean and worst over held-out). Labelled: the top-1 / any of the top-5 "
-        "classes is one of the photo's acceptable ImageNet classes. Kernels: ONNX Runtime's optimised graph "
-        "(`trtopt.backend.cpu.builder.kernel_report`): INT8 / float conv kernels, QuantizeLinear + "
-        "DequantizeLinear nodes still run as float<->int8 conversions, Pads left in float. 95% CI: Wilson "
-        "score interval of the held-out agreement (how far the true rate may lie from this sample's).",
+        *AGREEMENT_NOTE,
         "",
         "### What each plan means and what this CPU computes",
         "",
-        *fidelity_table(variants, scores, meant, errors, counts["heldout"], counts["all"]),
+        *fidelity_table(ev.variants, ev.scores, ev.meant, ev.errors, counts["heldout"], counts["all"]),
         "",
-        "Reference: the same quantised ONNX run by ONNX Runtime with graph optimisations off, so every "
-        "QuantizeLinear / DequantizeLinear runs as float math: exactly the INT8 result the model means. "
-        "Kernels: as ONNX Runtime runs it, fused into integer kernels (trtopt rows: the plan as `trtopt.Engine` "
-        "runs it on this CPU). A gap beyond rounding means the kernels do not compute what the graph says: on "
-        "CPUs without VNNI, ONNX Runtime's u8s8 kernels saturate 16-bit pair sums. Held-out photos. The "
-        "relative errors are the measures a trtopt build checks (trtopt.verify): it accepts kernels whose "
-        "error against the reference is at most 2x the reference's own error against FP32.",
+        *REFERENCE_NOTE,
         "",
         "### Held-out agreement per folder",
         "",
-        *per_set_table(variants, scores, [(rel_path(f), n) for f, n in zip(args.heldout, sets, strict=True)]),
+        *per_set_table(ev.variants, ev.scores, [(rel_path(f), n) for f, n in zip(args.heldout, sets, strict=True)]),
     ]
-    if args.plot:
-        plot(args.plot, variants, scores, counts)
-    text = "\n".join(lines) + "\n"
-    emit(text, args.out)
-    return 0
+
+
+AGREEMENT_NOTE = [
+    "Agreement: share of images whose INT8 top-1 class equals FP32's. Cosine: per-image cosine similarity "
+    "of INT8 and FP32 logits (mean and worst over held-out). Labelled: the top-1 / any of the top-5 "
+    "classes is one of the photo's acceptable ImageNet classes. Kernels: ONNX Runtime's optimised graph "
+    "(`trtopt.backend.cpu.builder.kernel_report`): INT8 / float conv kernels, QuantizeLinear + "
+    "DequantizeLinear nodes still run as float<->int8 conversions, Pads left in float. 95% CI: Wilson "
+    "score interval of the held-out agreement (how far the true rate may lie from this sample's)."
+]
+REFERENCE_NOTE = [
+    "Reference: the same quantised ONNX run by ONNX Runtime with graph optimisations off, so every "
+    "QuantizeLinear / DequantizeLinear runs as float math: exactly the INT8 result the model means. "
+    "Kernels: as ONNX Runtime runs it, fused into integer kernels (trtopt rows: the plan as `trtopt.Engine` "
+    "runs it on this CPU). A gap beyond rounding means the kernels do not compute what the graph says: on "
+    "CPUs without VNNI, ONNX Runtime's u8s8 kernels saturate 16-bit pair sums. Held-out photos. The "
+    "relative errors are the measures a trtopt build checks (trtopt.verify): it accepts kernels whose "
+    "error against the reference is at most 2x the reference's own error against FP32."
+]
 
 
 def rel_path(path: Path) -> str:

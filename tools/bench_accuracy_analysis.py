@@ -151,9 +151,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.getLogger("trtopt").setLevel(logging.WARNING)
+@dataclass
+class Analysis:
+    """Per method: cross-validated and held-out errors; for the baseline, with and without activation Q/DQ."""
+
+    model_name: str
+    calib_count: int
+    heldout_count: int
+    cv: dict[str, Errors]
+    held: dict[str, Errors]
+    split: dict[str, tuple[Errors, Errors]]  # plan -> (in-sample, held-out)
+
+
+def analyse(args: argparse.Namespace) -> Analysis:
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-analysis-") as tmp:
         model = resolve_model(args.model, Path(tmp))
         batch = model.static_batch or args.batch
@@ -188,14 +198,25 @@ def main(argv: list[str] | None = None) -> int:
             runner = OrtSession(plan)
             split[name] = (Errors.of(ref_calib, logits(runner, calib, batch)),
                            Errors.of(ref_heldout, logits(runner, heldout, batch)))
+    return Analysis(model.name, len(calib), len(heldout), cv, held, split)
 
-    argv_used = sys.argv[1:] if argv is None else argv
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.getLogger("trtopt").setLevel(logging.WARNING)
+    result = analyse(args)
+    emit("\n".join(report(args, result, sys.argv[1:] if argv is None else argv)) + "\n", args.out)
+    return 0
+
+
+def report(args: argparse.Namespace, result: Analysis, argv_used: list[str]) -> list[str]:
+    base, cv, held = args.methods[0], result.cv, result.held
     lines = [
         "## Accuracy analysis: calibration methods cross-validated, and where the error comes from",
         "",
         *header_lines("tools/bench_accuracy_analysis.py", argv_used),
-        f"- model: `{model.name}`; calibration: {len(calib)} images from `{rel_path(args.calib)}` in {args.folds} "
-        f"folds (seed {args.seed}); held-out: {len(heldout)} images from "
+        f"- model: `{result.model_name}`; calibration: {result.calib_count} images from `{rel_path(args.calib)}` "
+        f"in {args.folds} folds (seed {args.seed}); held-out: {result.heldout_count} images from "
         f"{' + '.join(f'`{rel_path(f)}`' for f in args.heldout)}; plans: trtopt CPU INT8, build defaults",
         "",
         "### Cross-validated (calibration photos only) and held-out, per method",
@@ -211,12 +232,17 @@ def main(argv: list[str] | None = None) -> int:
         paired = (["–", "–", "–"] if method == base
                   else [str(only_base), str(only_this), f"{mcnemar_p(only_base, only_this):.2f}"])
         lines.append(f"| {method} | " + " | ".join([*cv[method].cells(), *held[method].cells(), *paired]) + " |")
-    lines += [
+    return lines + _error_split(args, result, len(base_agree))
+
+
+def _error_split(args: argparse.Namespace, result: Analysis, paired_count: int) -> list[str]:
+    base = args.methods[0]
+    lines = [
         "",
         f"CV: {args.folds}-fold cross-validation; each calibration photo is scored by a plan calibrated on the "
-        f"other folds. Held-out: plans calibrated on all {len(calib)} calibration photos. KL: mean over photos "
-        "of KL(softmax(FP32) || softmax(INT8)) in nats, lower is better. The paired columns count, over the "
-        f"CV and held-out photos together ({len(base_agree)}), the photos only {base} or only this method "
+        f"other folds. Held-out: plans calibrated on all {result.calib_count} calibration photos. KL: mean over "
+        "photos of KL(softmax(FP32) || softmax(INT8)) in nats, lower is better. The paired columns count, over "
+        f"the CV and held-out photos together ({paired_count}), the photos only {base} or only this method "
         "gets right; McNemar p: the chance of a split at least that uneven if both methods were equally "
         "accurate (exact binomial test).",
         "",
@@ -226,16 +252,14 @@ def main(argv: list[str] | None = None) -> int:
         "| held-out agreement, 95% CI | held-out agreed | held-out mean KL |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, (on_calib, on_heldout) in split.items():
+    for name, (on_calib, on_heldout) in result.split.items():
         lines.append(f"| {name} | " + " | ".join([*on_calib.cells(), *on_heldout.cells()]) + " |")
-    lines += [
+    return lines + [
         "",
         f"Both rows: the {base} plan calibrated on all calibration photos; in-sample: scored on those same "
         "photos. The second row bypasses its activation QuantizeLinear -> DequantizeLinear pairs; weights and "
         "biases stay as quantised (bias correction included). The two errors do not simply add.",
     ]
-    emit("\n".join(lines) + "\n", args.out)
-    return 0
 
 
 if __name__ == "__main__":

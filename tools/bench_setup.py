@@ -320,3 +320,28 @@ def save_figure(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def bar_chart(
+    path: Path, names: list[str], series: dict[str, list[float]], baseline: float | None, title: str
+) -> None:
+    """Grouped bars of shares (0..1) in percent, one group per name, with an optional dashed baseline."""
+    plt = plt_or_none()
+    if plt is None:
+        print("matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    width = 0.8 / len(series)
+    x = np.arange(len(names))
+    for i, (label, values) in enumerate(series.items()):
+        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, np.array(values) * 100, width, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    if baseline is not None:
+        ax.axhline(baseline * 100, color="grey", linestyle="--", linewidth=1)
+    lowest = min(min(values) for values in series.values()) * 100
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set_ylabel("% (axis does not start at 0)")
+    ax.set_ylim(max(0.0, np.floor(lowest / 10) * 10 - 10), 102)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(series))
+    save_figure(fig, path)

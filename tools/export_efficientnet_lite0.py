@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import onnx
-    import onnxruntime as ort
     import torch
 
     torch.manual_seed(0)
@@ -110,11 +109,17 @@ def main(argv: list[str] | None = None) -> int:
             dynamo=False,
         )
 
-    m = onnx.load(str(args.out))
-    m = fold_padding_subgraphs(m)
+    m = fold_padding_subgraphs(onnx.load(str(args.out)))
     onnx.save(m, str(args.out))
     onnx.checker.check_model(m, full_check=True)
-    # Fail loudly if the exported interface is not exactly what trtopt expects.
+    if not interface_ok(m) or not matches_torch(model, args.out, args.atol):
+        return 1
+    print(f"wrote {args.out} ({args.out.stat().st_size} bytes, sha256 {sha256(args.out)})")
+    return 0
+
+
+def interface_ok(m) -> bool:  # noqa: ANN001 (onnx is imported lazily)
+    """Fail loudly if the exported interface is not exactly what trtopt expects."""
     (inp,) = [i for i in m.graph.input if i.name == "input"]
     (out,) = [o for o in m.graph.output if o.name == "logits"]
     in_dims = [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim]
@@ -122,10 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     opset = {o.domain: o.version for o in m.opset_import}.get("")
     if in_dims != ["batch", 3, IMAGE_SIZE, IMAGE_SIZE] or out_dims != ["batch", 1000] or opset != OPSET:
         print(f"unexpected interface: input {in_dims}, output {out_dims}, opset {opset}", file=sys.stderr)
-        return 1
+        return False
     print(f"onnx.checker OK; input {in_dims}, output {out_dims}, opset {opset}")
+    return True
 
-    sess = ort.InferenceSession(str(args.out), providers=["CPUExecutionProvider"])
+
+def matches_torch(model, path: Path, atol: float) -> bool:  # noqa: ANN001 (torch is imported lazily)
+    """ONNX Runtime's logits agree with torch's (max |difference| <= atol, same top-1) at batch 1, 3, 8."""
+    import onnxruntime as ort
+    import torch
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     worst = 0.0
     for batch in (1, 3, 8):
@@ -139,12 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(worst, diff)
         if not same_top1:
             print("top-1 mismatch between torch and onnxruntime", file=sys.stderr)
-            return 1
-    if worst > args.atol:
-        print(f"max abs difference {worst:.2e} exceeds --atol {args.atol}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes, sha256 {sha256(args.out)})")
-    return 0
+            return False
+    if worst > atol:
+        print(f"max abs difference {worst:.2e} exceeds --atol {atol}", file=sys.stderr)
+        return False
+    return True
 
 
 if __name__ == "__main__":

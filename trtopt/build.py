@@ -359,7 +359,7 @@ def _metadata(
         "preprocess": spec.to_dict() if spec is not None else None,
         "labels": labels,
         "precision": ("int8" if config.int8 else "fp32") + ("+fp16" if config.fp16 else ""),
-        "optimizer": _optimizer_report(optimized),
+        "optimizer": optimized.to_dict(details=False),
     }
     if calibration is not None and qdq is not None:
         meta["calibration"] = {"method": calibration.method, "samples": calibration.num_samples}
@@ -368,18 +368,6 @@ def _metadata(
         meta["float_layers"] = qdq.float_layers
         meta["bias_corrected_layers"] = list(bias.corrected) if bias is not None else []
     return meta
-
-
-def _optimizer_report(optimized: Any) -> dict[str, Any]:
-    """What the passes did, for the plan header (and `trtopt compare --per-layer`, which replays them)."""
-    return {
-        "passes": [r.name for r in optimized.reports],
-        "changes": {r.name: r.counts() for r in optimized.reports},
-        "nodes": [optimized.nodes_before, optimized.nodes_after],
-        "launches_saved": optimized.launches_saved,
-        "intermediate_bytes_saved": optimized.bytes_saved,
-        "fusion_groups": len(optimized.fusion_groups),
-    }
 
 
 @contextmanager

@@ -22,7 +22,7 @@ import numpy as np
 from trtopt.backend import Runner, RunOptions, create_runner
 from trtopt.backend.tensorrt.pointers import cuda_array_interface
 from trtopt.config_checks import check_threads
-from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError
+from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError, format_shape
 from trtopt.plan import Plan, TensorSpec, read_plan
 from trtopt.verify import Verification, plan_errors
 
@@ -176,7 +176,7 @@ class Engine:
                 )
             if len(shape) != len(spec.shape) or any(e not in (-1, s) for e, s in zip(spec.shape, shape, strict=True)):
                 raise ShapeError(
-                    f"Input {name!r} has shape {list(shape)}; the plan expects {_fmt(spec.shape)} "
+                    f"Input {name!r} has shape {list(shape)}; the plan expects {format_shape(spec.shape)} "
                     f"(-1 = any size).",
                     fix="Resize or batch the data to match; `trtopt inspect` on the source model shows its shapes.",
                 )
@@ -231,7 +231,3 @@ def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
         return tuple(value.shape), dtype
     array = np.asarray(value)
     return array.shape, array.dtype.name
-
-
-def _fmt(shape: tuple[int, ...]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"

@@ -8,6 +8,8 @@ Anything else that escapes is an internal bug and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class TrtoptError(Exception):
     """A problem with the user's input or environment that the user can fix."""
@@ -26,6 +28,20 @@ class ModelError(TrtoptError):
 
 class ShapeError(TrtoptError):
     """An input shape is missing, dynamic where it must be concrete, or does not match."""
+
+
+def format_shape(dims: Iterable[object] | None) -> str:
+    """A shape as messages show it, e.g. `[batch, 3, ?, 224]`: sizes as numbers, a named dynamic
+    dimension by its name, any other unknown size (None, -1, an empty name) as `?`."""
+    if dims is None:
+        return "unknown"
+    return "[" + ", ".join(_dim_text(d) for d in dims) + "]"
+
+
+def _dim_text(dim: object) -> str:
+    if isinstance(dim, int) or type(dim).__name__.startswith(("int", "uint")):  # numpy integers too
+        return str(int(dim)) if int(dim) >= 0 else "?"  # type: ignore[call-overload]
+    return dim if isinstance(dim, str) and dim else "?"
 
 
 class DataError(TrtoptError):

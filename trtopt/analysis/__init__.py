@@ -1,26 +1,15 @@
-"""Model analysis: what a model contains (I/O, ops, parameters, MACs) and where it can be fused."""
+"""Model analysis: what a model contains (I/O, ops, parameters, MACs) and what the optimiser does to it."""
 
-from trtopt.analysis.opportunities import (
-    ConcatJoin,
-    ConvActivation,
-    ConvBatchNorm,
-    ConvResidualAdd,
-    Match,
-    SiblingConvs,
-    find_opportunities,
-)
+from trtopt.analysis.fusions import FusionReport, NotFused, find_unfused, fusion_report
 from trtopt.analysis.summary import LayerCost, ModelSummary, TensorSummary, summarize
 
 __all__ = [
-    "ConcatJoin",
-    "ConvActivation",
-    "ConvBatchNorm",
-    "ConvResidualAdd",
+    "FusionReport",
     "LayerCost",
-    "Match",
     "ModelSummary",
-    "SiblingConvs",
+    "NotFused",
     "TensorSummary",
-    "find_opportunities",
+    "find_unfused",
+    "fusion_report",
     "summarize",
 ]

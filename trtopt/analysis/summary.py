@@ -13,13 +13,16 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.analysis.opportunities import Match, find_opportunities, node_label
+from trtopt.passes.query import constant_tensor
+
+if TYPE_CHECKING:
+    from trtopt.analysis.fusions import FusionReport
 
 Dim = int | str | None
 
@@ -100,7 +103,7 @@ class ModelSummary:
     macs: int
     elementwise: int
     layers: tuple[LayerCost, ...]
-    opportunities: tuple[Match, ...] = field(default=())
+    fusions: FusionReport | None = None  # what `trtopt optimize` would do (`analysis.fusions`)
 
     @property
     def unknown_cost(self) -> tuple[str, ...]:
@@ -125,12 +128,19 @@ class ModelSummary:
             "elementwise": self.elementwise,
             "unknown_cost": list(self.unknown_cost),
             "layers": [layer.to_dict() for layer in self.layers],
-            "opportunities": [m.to_dict() for m in self.opportunities],
+            "fusions": self.fusions.to_dict() if self.fusions is not None else None,
         }
 
 
-def summarize(graph: gs.Graph, *, source: str | None = None, opset: int | None = None) -> ModelSummary:
-    """Summarise a gs.Graph whose tensor shapes have been inferred (see `graph_from_onnx`)."""
+def summarize(
+    graph: gs.Graph,
+    *,
+    source: str | None = None,
+    opset: int | None = None,
+    fusions: FusionReport | None = None,
+) -> ModelSummary:
+    """Summarise a gs.Graph whose tensor shapes have been inferred (see `graph_from_onnx`); `fusions`
+    (from `fusion_report`) is carried along for the report."""
     seen: set[int] = set()
     layers = tuple(_layer_cost(node, seen) for node in graph.nodes)
     histogram = Counter(node.op for node in graph.nodes)
@@ -144,8 +154,16 @@ def summarize(graph: gs.Graph, *, source: str | None = None, opset: int | None =
         macs=sum(layer.macs or 0 for layer in layers),
         elementwise=sum(layer.elementwise or 0 for layer in layers),
         layers=layers,
-        opportunities=tuple(find_opportunities(graph)),
+        fusions=fusions,
     )
+
+
+def node_label(node: gs.Node) -> str:
+    """A readable name for a node, even an unnamed one."""
+    if node.name:
+        return str(node.name)
+    first = node.outputs[0].name if node.outputs else "?"
+    return f"{node.op}->{first}"
 
 
 def _tensor_summary(tensor: gs.Tensor) -> TensorSummary:
@@ -224,16 +242,8 @@ def _params(node: gs.Node, seen: set[int]) -> int:
     for i, tensor in enumerate(node.inputs):
         if i in skip or id(tensor) in seen:
             continue
-        values = _constant(tensor)
+        values = constant_tensor(tensor)
         if values is not None:
             seen.add(id(tensor))
             total += int(np.prod(values.shape))
     return total
-
-
-def _constant(tensor: gs.Tensor) -> gs.Constant | None:
-    if isinstance(tensor, gs.Constant):
-        return tensor
-    producer = tensor.inputs[0] if tensor.inputs else None
-    value = producer.attrs.get("value") if producer is not None and producer.op == "Constant" else None
-    return value if isinstance(value, gs.Constant) else None

@@ -47,8 +47,6 @@ from trtopt.calib.thresholds import (
     entropy_bins,
     kl_divergences,
     threshold,
-    weight_amax,
-    weight_scales,
 )
 
 __all__ = [
@@ -82,6 +80,4 @@ __all__ = [
     "threshold",
     "trt_scale_from_hex",
     "trt_scale_to_hex",
-    "weight_amax",
-    "weight_scales",
 ]

@@ -188,28 +188,25 @@ def mse_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
 # --- weights ----------------------------------------------------------------------------------------
 
 
-def weight_amax(weights: np.ndarray, axis: int = 0, *, name: str = "") -> np.ndarray:
-    """max|w| per slice along `axis` (the output channels: 0 for Conv/Gemm, 1 for ConvTranspose).
+def weight_scales(weights: np.ndarray, axis: int = 0, *, name: str = "") -> np.ndarray:
+    """Per-channel INT8 scales max|w| / 127 along `axis` (the output channels: 0 for Conv, 1 for
+    ConvTranspose), as float32, TensorRT's explicit quantisation of weights.
 
-    An all-zero channel gets `ZERO_AMAX`, so every scale is positive.
+    A channel whose max|w| is below `ZERO_AMAX` (all zeros, or nearly) gets ZERO_AMAX's scale, 2**-14,
+    float16's smallest normal number, so the scale is positive and survives FP16 graphs too.
     """
     w = np.asarray(weights)
     if w.ndim == 0:
-        raise ValueError("weight_amax needs an array with at least one axis")
-    axis = axis % w.ndim
+        raise ValueError("weight_scales needs an array with at least one axis")
     if not np.all(np.isfinite(w)):
         raise CalibrationError(
             f"Weight {name or '<unnamed>'!r} has non-finite values: the model file is broken.",
             fix="Re-export the model and check it with onnx.checker and an FP32 run.",
         )
+    axis = axis % w.ndim
     reduce = tuple(a for a in range(w.ndim) if a != axis)
-    amax = np.abs(w).max(axis=reduce).astype(np.float64) if reduce else np.abs(w).astype(np.float64)
-    return np.where(amax > 0, amax, ZERO_AMAX)
-
-
-def weight_scales(weights: np.ndarray, axis: int = 0, *, name: str = "") -> np.ndarray:
-    """Per-output-channel INT8 scales max|w| / 127 as float32 (TensorRT explicit quantisation)."""
-    return (weight_amax(weights, axis, name=name) / QMAX).astype(np.float32)
+    amax = np.abs(w).max(axis=reduce) if reduce else np.abs(w)
+    return (np.maximum(amax, ZERO_AMAX) / QMAX).astype(np.float32)
 
 
 def _xlogx(x: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
-"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs and fusion opportunities.
+"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs, and what `trtopt optimize`
+would do to it pass by pass (the same matchers, on a copy: nothing is written), with what stays unfused.
 
 examples:
   trtopt inspect model.onnx
-  trtopt inspect model.onnx --shapes input:1x3x224x224 --layers
+  trtopt inspect model.onnx --shapes input:1x3x224x224 --layers --matches
   trtopt inspect model.onnx --json > summary.json
 """
 
@@ -12,7 +13,10 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from trtopt.analysis import ModelSummary
+    from trtopt.passes import PassReport
 
 TOP_LAYERS = 10
 
@@ -31,25 +35,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"list every layer in graph order (default: the top {TOP_LAYERS} by MACs)",
     )
+    parser.add_argument(
+        "--matches", action="store_true", help="list every match of every pass (default: counts per kind)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtopt.analysis import summarize
+    from trtopt.analysis import fusion_report, summarize
     from trtopt.cli.console import print_json
     from trtopt.frontend import graph_from_onnx, load_model, parse_shapes
 
     shapes = parse_shapes(args.shapes)
     loaded = load_model(args.model)
     graph = graph_from_onnx(loaded.model, shapes=shapes, fold_constants=False)
-    summary = summarize(graph, source=str(args.model), opset=loaded.opset)
+    # The optimiser sees the model as `trtopt optimize` loads it (constants folded).
+    fusions = fusion_report(graph_from_onnx(loaded.model, shapes=shapes))
+    summary = summarize(graph, source=str(args.model), opset=loaded.opset, fusions=fusions)
     if args.json:
         print_json(summary.to_dict())
     else:
-        print_summary(summary, all_layers=args.layers)
+        print_summary(summary, all_layers=args.layers, every_match=args.matches)
     return 0
 
 
-def print_summary(summary: ModelSummary, *, all_layers: bool = False) -> None:
+def print_summary(summary: ModelSummary, *, all_layers: bool = False, every_match: bool = False) -> None:
     from rich.table import Table
 
     from trtopt.cli.console import err, markup_safe, out
@@ -76,7 +85,7 @@ def print_summary(summary: ModelSummary, *, all_layers: bool = False) -> None:
         f"MACs {_human(summary.macs)}{unknown}   elementwise ops {_human(summary.elementwise)}"
     )
     _print_layers(summary, all_layers)
-    _print_opportunities(summary)
+    _print_fusions(summary, every_match)
     if summary.unknown_cost:
         from trtopt.frontend.shapes import example_shape
 
@@ -110,19 +119,46 @@ def _print_layers(summary: ModelSummary, all_layers: bool) -> None:
     out.print(table)
 
 
-def _print_opportunities(summary: ModelSummary) -> None:
+def _print_fusions(summary: ModelSummary, every_match: bool) -> None:
     from rich.table import Table
 
     from trtopt.cli.console import out
 
-    if not summary.opportunities:
-        out.print("No fusion opportunities found.")
+    if summary.fusions is None:
         return
-    table = Table(title="Fusion opportunities", title_justify="left")
-    table.add_column("kind")
-    table.add_column("where")
-    for match in summary.opportunities:
-        table.add_row(match.kind, match.describe())
+    result = summary.fusions.result
+    table = Table(title="What `trtopt optimize` does, pass by pass", title_justify="left")
+    for column in ("pass", "rewrites", "records (graph unchanged)"):
+        table.add_column(column)
+    for report in result.reports:
+        rewrites = ", ".join(f"{n} {kind}" for kind, n in report.counts().items())
+        records = ", ".join(f"{n} {kind}" for kind, n in report.recorded_counts().items())
+        table.add_row(report.name, rewrites or "no match", records)
+    out.print(table)
+    if every_match:
+        _print_matches(result.reports)
+    b, a = result.before, result.after
+    out.print(f"nodes {b.nodes} -> {a.nodes}, est. kernel launches {b.kernel_launches} -> {a.kernel_launches}")
+    if summary.fusions.not_fused:
+        unfused = Table(title="Not fused by trtopt", title_justify="left")
+        for column in ("kind", "nodes", "why"):
+            unfused.add_column(column)
+        for item in summary.fusions.not_fused:
+            unfused.add_row(item.kind, ", ".join(item.nodes), item.reason)
+        out.print(unfused)
+
+
+def _print_matches(reports: Sequence[PassReport]) -> None:
+    from rich.table import Table
+
+    from trtopt.cli.console import out
+
+    table = Table(title="Every match", title_justify="left")
+    for column in ("pass", "kind", "where"):
+        table.add_column(column)
+    for report in reports:
+        for record in (*report.rewrites, *report.recorded):
+            table.add_row(report.name, record.kind, record.detail)
     out.print(table)
 
 

@@ -20,7 +20,7 @@ from trtopt.errors import TrtoptError
 
 # name -> (module, one-line help); order is the order shown in --help.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "inspect": ("trtopt.cli.inspect_cmd", "show a model's inputs, ops, size, MACs and fusion opportunities"),
+    "inspect": ("trtopt.cli.inspect_cmd", "show a model's inputs, ops, size, MACs and what optimize does to it"),
     "optimize": ("trtopt.cli.optimize_cmd", "run the graph passes (BN folding, CBR, horizontal, concat)"),
     "calibrate": ("trtopt.cli.calibrate_cmd", "compute INT8 thresholds from images and write a cache"),
     "build": ("trtopt.cli.build_cmd", "optimise, calibrate, quantise and build a plan file"),

@@ -3,15 +3,19 @@
   trtopt optimize model.onnx -o model.opt.onnx
   trtopt optimize model.onnx -o out.onnx --passes fold_batchnorm,fuse_cbr --json
 
-Default passes, in order: fold_batchnorm, fuse_parallel_convs, eliminate_concat, fuse_cbr. The output
-stays standard ONNX (TensorRT re-fuses what the report lists); fusion and concat groups are stored in
-the model's metadata for `trtopt build`/the quantizer.
+Default passes, in order: fold_pad, fold_batchnorm, fuse_parallel_convs, eliminate_concat, fuse_cbr. The output
+stays standard ONNX (TensorRT re-fuses what the report lists); the report's summary and the fusion and
+concat groups are recorded in the model's metadata. `trtopt inspect` shows the same report without
+writing anything.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trtopt.passes import OptimizeResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,20 +65,11 @@ def _parse_passes(text: str | None) -> list[str] | None:
     return names
 
 
-def report_dict(result: Any, source: str, output: str) -> dict[str, Any]:
-    return {
-        "model": source,
-        "output": output,
-        "seconds": result.seconds,
-        "passes": [r.to_dict() for r in result.reports],
-        "before": vars(result.before),
-        "after": vars(result.after),
-        "fusion_groups": [vars(g) for g in result.fusion_groups],
-        "concat_groups": [vars(g) for g in result.concat_groups],
-    }
+def report_dict(result: OptimizeResult, source: str, output: str) -> dict[str, Any]:
+    return {"model": source, "output": output, **result.to_dict()}
 
 
-def _print_tables(result: Any, output: str) -> None:
+def _print_tables(result: OptimizeResult, output: str) -> None:
     from rich.table import Table
 
     from trtopt.cli.console import out

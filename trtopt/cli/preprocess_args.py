@@ -38,6 +38,12 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "pr
             help=f"the base recipe: {PRESET_NAMES}. Default: the model's sidecar <model>.json if present, else "
             "imagenet (raw for uint8 inputs). An explicit --preset replaces the sidecar",
         )
+    _add_geometry(g, default)
+    _add_values(g, default)
+
+
+def _add_geometry(g: argparse._ArgumentGroup, default: str) -> None:
+    """Which pixels: --resize, --crop, --interpolation."""
     g.add_argument(
         "--resize",
         type=int,
@@ -82,6 +88,10 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "pr
         choices=("bilinear", "bicubic", "nearest"),
         help=f"resampling filter of the resize (default: {default}; presets use bilinear)",
     )
+
+
+def _add_values(g: argparse._ArgumentGroup, default: str) -> None:
+    """What the pixels become: --color, --scale, --mean, --std, --layout."""
     g.add_argument(
         "--color",
         type=str.upper,

@@ -48,11 +48,6 @@ _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _WHITE = (255, 255, 255, 255)
 
 
-def is_image_path(path: str | os.PathLike[str]) -> bool:
-    """True when the file name ends in one of `IMAGE_EXTENSIONS` (case-insensitive)."""
-    return Path(path).suffix.lower() in IMAGE_EXTENSIONS
-
-
 # (upright width, upright height) -> the smallest (width, height) the caller needs, upright too.
 DraftSize = Callable[[int, int], tuple[int, int]]
 _TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height

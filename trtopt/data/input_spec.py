@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from trtopt.data.overrides import PreprocessOverrides, check_channel_values
 from trtopt.data.preprocess import DTYPES, LAYOUTS, PRESETS, PreprocessSpec
-from trtopt.errors import DataError, ShapeError
+from trtopt.errors import DataError, ShapeError, format_shape
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str 
     dims = list(shape)
     if len(dims) != 4:
         raise ShapeError(
-            f"Input {name!r} has shape {_fmt(dims)}; images can only feed a 4-D input, [N, C, H, W] or "
+            f"Input {name!r} has shape {format_shape(dims)}; images can only feed a 4-D input, [N, C, H, W] or "
             "[N, H, W, C].",
             fix="Provide the data as .npy/.npz arrays of the input's shape instead of images.",
         )
@@ -98,20 +98,20 @@ def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str 
             raise DataError(f"Unknown layout {layout!r} for input {name!r}.", fix="Use NCHW or NHWC.")
         if not (first if layout == "NCHW" else last):
             raise ShapeError(
-                f"Layout {layout} puts the channels of input {name!r} (shape {_fmt(dims)}) at a dimension of "
+                f"Layout {layout} puts the channels of input {name!r} (shape {format_shape(dims)}) at a dimension of "
                 f"size {dims[1] if layout == 'NCHW' else dims[3]}; images have 3 (RGB/BGR) or 1 (grey).",
                 fix="Check --layout, or pass the model's real input size with --shapes.",
             )
         return layout
     if first and last:
         raise ShapeError(
-            f"Cannot tell the layout of input {name!r} (shape {_fmt(dims)}): dimensions 1 and 3 could both "
+            f"Cannot tell the layout of input {name!r} (shape {format_shape(dims)}): dimensions 1 and 3 could both "
             "be the channel dimension.",
             fix="Pass --layout NCHW or --layout NHWC.",
         )
     if not (first or last):
         raise ShapeError(
-            f"Input {name!r} (shape {_fmt(dims)}) has no channel dimension of size 3 or 1 at position 1 "
+            f"Input {name!r} (shape {format_shape(dims)}) has no channel dimension of size 3 or 1 at position 1 "
             "(NCHW) or 3 (NHWC), so it does not look like an image input.",
             fix="Fix dynamic dimensions with --shapes (e.g. --shapes "
             f"{name}:1x3x224x224), or feed .npy/.npz arrays instead of images.",
@@ -125,7 +125,7 @@ def _spatial_size(dims: list[Dim], layout: str, name: str) -> tuple[int, int]:
         channels = 3 if (dims[1] if layout == "NCHW" else dims[3]) == 3 else 1
         example = f"1x{channels}x224x224" if layout == "NCHW" else f"1x224x224x{channels}"
         raise ShapeError(
-            f"Input {name!r} has a dynamic height or width (shape {_fmt(dims)}); images need a fixed size "
+            f"Input {name!r} has a dynamic height or width (shape {format_shape(dims)}); images need a fixed size "
             "to be resized and cropped to.",
             fix=f"Set it with --shapes {name}:{example} (your model's real size).",
         )
@@ -178,7 +178,3 @@ def _one_channel(values: tuple[float, ...], field: str, name: str) -> tuple[floa
         f"channel ({list(values)}).",
         fix="Pass one mean and one std value for grey inputs (e.g. --mean 0.5 --std 0.5).",
     )
-
-
-def _fmt(dims: Sequence[Dim]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"

@@ -73,8 +73,3 @@ def _numpy_dtype(tensor: Any) -> np.dtype[Any]:
             fix="Re-export the model with typed inputs.",
         )
     return np.dtype(dtype)
-
-
-def format_shape(shape: Sequence[int | None]) -> str:
-    """`[N?, 3, 224, 224]`-style text, '?' for dynamic dimensions."""
-    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

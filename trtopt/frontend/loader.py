@@ -27,6 +27,7 @@ from trtopt.errors import ModelError
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
+from trtopt.passes.edit import canonicalize
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ def graph_from_onnx(
     shapes: dict[str, Shape] | None = None,
     fold_constants: bool = True,
 ) -> gs.Graph:
-    """Load a model into a gs.Graph with inferred shapes and folded constants."""
+    """Load a model into a gs.Graph with inferred shapes and folded constants, in the passes' canonical
+    form (dead nodes removed, topologically sorted, every node named)."""
     model = source if isinstance(source, onnx.ModelProto) else load_model(source).model
     graph = gs.import_onnx(model)
     if shapes:
@@ -89,7 +91,7 @@ def graph_from_onnx(
     if fold_constants:
         graph.fold_constants(error_ok=True).cleanup()
         graph = _infer_shapes(graph)
-    return graph.cleanup().toposort()
+    return canonicalize(graph)
 
 
 def onnx_from_graph(graph: gs.Graph) -> onnx.ModelProto:

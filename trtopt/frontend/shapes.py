@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from trtopt.errors import ShapeError
+from trtopt.errors import ShapeError, format_shape
 
 Shape = tuple[int, ...]
 
@@ -59,8 +59,8 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
         old = tensor.shape
         if old is not None and len(old) != len(shape):
             raise ShapeError(
-                f"--shapes gives input {name!r} rank {len(shape)} ({_fmt(shape)}), but the model's input has "
-                f"rank {len(old)} ({_fmt(old)}).",
+                f"--shapes gives input {name!r} rank {len(shape)} ({format_shape(shape)}), but the model's input has "
+                f"rank {len(old)} ({format_shape(old)}).",
                 fix="Give one size per dimension.",
             )
         for i, (want, have) in enumerate(zip(shape, old or shape, strict=True)):
@@ -68,7 +68,7 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                 raise ShapeError(
                     f"--shapes sets dimension {i} of input {name!r} to {want}, "
                     f"but the model fixes it at {have}.",
-                    fix=f"Only dynamic dimensions can be set; the model's shape is {_fmt(old)}.",
+                    fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
         tensor.shape = list(shape)
 
@@ -86,13 +86,9 @@ def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) 
         dynamic = [i for i, d in enumerate(dims) if i >= start and not (isinstance(d, int) and d > 0)]
         if dynamic:
             raise ShapeError(
-                f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {_fmt(dims)}); "
+                f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {format_shape(dims)}); "
                 f"trtopt needs concrete sizes there to preprocess data and build the plan.",
                 fix=f"Pass them with --shapes, e.g. --shapes {tensor.name}:{example_shape(dims)} "
                 "(with your real sizes in place of the dynamic ones).",
             )
 
-
-def _fmt(shape: object) -> str:
-    dims = list(shape) if shape is not None else []  # type: ignore[call-overload]
-    return "[" + ", ".join(str(d) for d in dims) + "]"

@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trtopt.passes.edit import Namer
-from trtopt.passes.query import constant_array, is_missing, sole_consumer
+from trtopt.passes.query import clip_bounds, constant_array, is_missing, sole_consumer
 
 SINGLE_ACTIVATIONS = {
     "Relu": "relu",
@@ -76,15 +76,10 @@ def _is_hard_swish_gate(node: gs.Node) -> bool:
 
 def _clip_name(node: gs.Node) -> str | None:
     """relu6 for Clip(0, 6), clip for other constant bounds, None when a bound is computed."""
-    bounds: list[float | None] = [None, None]
-    for i, operand in enumerate(node.inputs[1:3]):
-        if is_missing(operand):
-            continue
-        value = constant_array(operand)
-        if value is None or value.size != 1:
-            return None
-        bounds[i] = float(value.reshape(-1)[0])
-    return "relu6" if bounds == [0.0, 6.0] else "clip"
+    bounds = clip_bounds(node)
+    if None in bounds:
+        return None
+    return "relu6" if bounds == (0.0, 6.0) else "clip"
 
 
 def _signature(nodes: tuple[gs.Node, ...]) -> tuple[object, ...]:

@@ -1,15 +1,22 @@
-"""What every pass shares: the registry, the report it returns, and the wrapper that makes it canonical.
+"""What every pass shares: the match it rewrites from, the registry, and the report it returns.
 
-A pass body matches, checks and rewrites, and returns the rewrites it made; `graph_pass` registers it,
-counts nodes, and leaves the graph canonical afterwards (cleaned, topologically sorted, every node
-with a unique non-empty name), so each pass can run alone or in any order.
+A pass is one matcher and one rewrite. Its matcher, `find(graph) -> list[Match]`, only reads the
+graph; the pass rewrites exactly what the matcher found, and `trtopt inspect` reports from the same
+matcher, so the two cannot disagree. The same idea as OnnxSlim, whose fusions are each one matcher
+class used both to match and to rewrite (onnxslim/core/pattern/fusion/, e.g. padconv.py, convbn.py),
+and as tinygrad's PatternMatcher (tinygrad/ops.py), where a rewrite is a pattern and the function
+applied to what it matched.
+
+`graph_pass` registers a pass with its matcher, counts nodes, and leaves the graph canonical
+afterwards (cleaned, topologically sorted, every node with a unique non-empty name), so each pass
+can run alone or in any order.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
@@ -17,13 +24,29 @@ import onnx_graphsurgeon as gs
 from trtopt.passes.edit import canonicalize
 from trtopt.registry import Registry
 
-PassFn = Callable[[gs.Graph], "PassReport"]
-PASSES: Registry[PassFn] = Registry("pass")
+
+class Match:
+    """What a matcher found at one place: the rewrite it calls for (`kind`), the nodes involved and a
+    readable line. Subclasses are small frozen dataclasses holding what their rewrite needs;
+    `describe` reads only those fields and node names, so it stays true after the rewrite."""
+
+    kind: str
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def record(self) -> Rewrite:
+        """The match as plain data (node names, not nodes), for reports and JSON."""
+        return Rewrite(self.kind, tuple(str(n.name) for n in self.nodes), self.describe())
 
 
 @dataclass(frozen=True)
 class Rewrite:
-    """One change a pass made: its kind (e.g. "fold_bn"), the node names involved, a readable line."""
+    """One match as plain data: its kind (e.g. "fold_bn"), the node names involved, a readable line."""
 
     kind: str
     nodes: tuple[str, ...]
@@ -32,71 +55,95 @@ class Rewrite:
 
 @dataclass(frozen=True)
 class PassReport:
-    """What one pass run changed. An empty `rewrites` means the graph came out unchanged."""
+    """What one pass run did. `rewrites`: the matches it rewrote (empty: the graph came out unchanged).
+    `recorded`: what it found and records without rewriting (fusion groups, in-place Concats)."""
 
     name: str
     rewrites: tuple[Rewrite, ...]
     nodes_before: int
     nodes_after: int
     seconds: float
-    notes: tuple[str, ...] = field(default=())
+    recorded: tuple[Rewrite, ...] = field(default=())
 
     @property
     def changed(self) -> bool:
         return bool(self.rewrites)
 
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(r.detail for r in self.recorded)
+
     def counts(self) -> dict[str, int]:
         """Rewrites per kind, e.g. {"fold_bn": 53, "fold_mul": 2}."""
         return dict(Counter(r.kind for r in self.rewrites))
 
+    def recorded_counts(self) -> dict[str, int]:
+        """Records per kind, e.g. {"conv+relu6": 33, "conv+add": 9}."""
+        return dict(Counter(r.kind for r in self.recorded))
+
     def summary(self) -> str:
-        if not self.rewrites:
-            return "no match (unchanged)"
-        return ", ".join(f"{n} {kind}" for kind, n in self.counts().items())
+        changes = ", ".join(f"{n} {kind}" for kind, n in self.counts().items())
+        records = ", ".join(f"{n} {kind}" for kind, n in self.recorded_counts().items())
+        if not changes:
+            return f"unchanged; records {records}" if records else "no match (unchanged)"
+        return f"{changes}; records {records}" if records else changes
 
     def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "changed": self.changed,
             "counts": self.counts(),
+            "recorded_counts": self.recorded_counts(),
             "nodes_before": self.nodes_before,
             "nodes_after": self.nodes_after,
             "seconds": self.seconds,
-            "rewrites": [{"kind": r.kind, "nodes": list(r.nodes), "detail": r.detail} for r in self.rewrites],
-            "notes": list(self.notes),
+            "rewrites": [_record_dict(r) for r in self.rewrites],
+            "recorded": [_record_dict(r) for r in self.recorded],
         }
 
 
-PassBody = Callable[[gs.Graph], "list[Rewrite] | tuple[list[Rewrite], list[str]]"]
+def _record_dict(record: Rewrite) -> dict[str, object]:
+    return {"kind": record.kind, "nodes": list(record.nodes), "detail": record.detail}
 
 
-def graph_pass(name: str) -> Callable[[PassBody], PassFn]:
-    """Register `body` as pass `name`; the registered function returns a `PassReport`.
+Finder = Callable[[gs.Graph], Sequence[Match]]
+# A pass body rewrites the graph from its matcher and returns the matches it rewrote, or
+# (rewritten, recorded) when it also records what it found without rewriting.
+PassBody = Callable[[gs.Graph], "Sequence[Match] | tuple[Sequence[Match], Sequence[Rewrite]]"]
 
-    The body may return its rewrites, or (rewrites, notes) where notes are informational lines
-    (e.g. the fusion groups found) that do not count as changes.
-    """
 
-    def wrap(body: PassBody) -> PassFn:
-        def run(graph: gs.Graph) -> PassReport:
-            start = time.perf_counter()
-            canonicalize(graph)
-            before = len(graph.nodes)
-            result = body(graph)
-            rewrites, notes = result if isinstance(result, tuple) else (result, [])
-            canonicalize(graph)
-            return PassReport(
-                name=name,
-                rewrites=tuple(rewrites),
-                nodes_before=before,
-                nodes_after=len(graph.nodes),
-                seconds=time.perf_counter() - start,
-                notes=tuple(notes),
-            )
+@dataclass(frozen=True)
+class GraphPass:
+    """A registered pass: `find` is its matcher, calling the pass runs it and returns a `PassReport`."""
 
-        run.__name__ = body.__name__
-        run.__qualname__ = body.__qualname__
-        run.__doc__ = body.__doc__
-        return PASSES.add(name, run)
+    name: str
+    find: Finder
+    body: PassBody
+
+    def __call__(self, graph: gs.Graph) -> PassReport:
+        start = time.perf_counter()
+        canonicalize(graph)
+        before = len(graph.nodes)
+        result = self.body(graph)
+        rewritten, recorded = result if isinstance(result, tuple) else (result, ())
+        canonicalize(graph)
+        return PassReport(
+            name=self.name,
+            rewrites=tuple(m.record() for m in rewritten),
+            nodes_before=before,
+            nodes_after=len(graph.nodes),
+            seconds=time.perf_counter() - start,
+            recorded=tuple(recorded),
+        )
+
+
+PASSES: Registry[GraphPass] = Registry("pass")
+
+
+def graph_pass(name: str, find: Finder) -> Callable[[PassBody], GraphPass]:
+    """Register `body` as pass `name`, whose matcher is `find`."""
+
+    def wrap(body: PassBody) -> GraphPass:
+        return PASSES.add(name, GraphPass(name, find, body))
 
     return wrap

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -43,25 +43,35 @@ def _remove_dead_nodes(graph: gs.Graph) -> None:
 
 
 def _sort_topologically(graph: gs.Graph) -> None:
-    """Kahn's algorithm, taking ready nodes in their current order (stable for sorted graphs)."""
     position = {id(n): i for i, n in enumerate(graph.nodes)}
-    waiting = {
-        id(n): len({id(p) for t in n.inputs for p in t.inputs if id(p) in position}) for n in graph.nodes
-    }
-    ready = [(position[id(n)], n) for n in graph.nodes if waiting[id(n)] == 0]
-    heapq.heapify(ready)
-    ordered = []
-    while ready:
-        _, node = heapq.heappop(ready)
-        ordered.append(node)
-        for reader in {id(r): r for t in node.outputs for r in t.outputs}.values():
-            if id(reader) in waiting:
-                waiting[id(reader)] -= 1
-                if waiting[id(reader)] == 0:
-                    heapq.heappush(ready, (position[id(reader)], reader))
-    if len(ordered) != len(graph.nodes):
+    producers = [{position[id(p)] for t in n.inputs for p in t.inputs if id(p) in position} for n in graph.nodes]
+    order = stable_topological_order(producers)
+    if len(order) != len(graph.nodes):
         raise ValueError("graph has a cycle; cannot sort it topologically")
-    graph.nodes = ordered
+    graph.nodes = [graph.nodes[i] for i in order]
+
+
+def stable_topological_order(producers: Sequence[Collection[int]]) -> list[int]:
+    """Kahn's algorithm over nodes 0..n-1, `producers[i]` the nodes node i reads from; of the nodes ready
+    at each step the lowest index comes first, so a sorted order comes back unchanged. Linear time (up
+    to the heap). Nodes on a cycle are left out: a shorter result means the graph has one. Shared by
+    onnx-graphsurgeon graphs (`canonicalize`) and NodeProto lists (the CPU lowering)."""
+    waiting = [len(p) for p in producers]
+    users: list[list[int]] = [[] for _ in producers]
+    for index, sources in enumerate(producers):
+        for source in sources:
+            users[source].append(index)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        index = heapq.heappop(ready)
+        order.append(index)
+        for user in users[index]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, user)
+    return order
 
 
 def name_nodes(graph: gs.Graph) -> None:
@@ -110,6 +120,15 @@ def replace_uses(old: gs.Tensor, new: gs.Tensor, nodes: Iterable[gs.Node] | None
                 node.inputs[i] = new
 
 
+def can_bypass(graph: gs.Graph, node: gs.Node, source: gs.Tensor) -> bool:
+    """Whether `bypass` can remove `node` without renaming a graph input or output."""
+    outputs = {t.name for t in graph.outputs}
+    if node.outputs[0].name not in outputs:
+        return True
+    interface = source.name in outputs or any(t is source for t in graph.inputs)
+    return not interface and isinstance(source, gs.Variable) and bool(source.inputs)
+
+
 def bypass(graph: gs.Graph, node: gs.Node, source: gs.Tensor) -> bool:
     """Remove `node`, whose single output equals `source`, keeping graph inputs/outputs intact.
 
@@ -117,15 +136,13 @@ def bypass(graph: gs.Graph, node: gs.Node, source: gs.Tensor) -> bool:
     stays), which is possible only when `source` is a plain intermediate. Returns False (and changes
     nothing) when the node cannot be removed without renaming a graph input or output.
     """
+    if not can_bypass(graph, node, source):
+        return False
     out = node.outputs[0]
-    outputs = {t.name for t in graph.outputs}
-    if out.name not in outputs:
+    if out.name not in {t.name for t in graph.outputs}:
         replace_uses(out, source)
         node.outputs.clear()
         return True
-    interface = source.name in outputs or any(t is source for t in graph.inputs)
-    if interface or not isinstance(source, gs.Variable) or not source.inputs:
-        return False
     writer = source.inputs[0]
     replace_uses(source, out, [n for n in source.outputs if n is not node])
     node.outputs.clear()

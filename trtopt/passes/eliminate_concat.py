@@ -11,40 +11,140 @@ Which Concats remain computable in place (producers writing into slices of the o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.base import Rewrite, graph_pass
-from trtopt.passes.edit import Namer, bypass
+from trtopt.passes.base import Match, Rewrite, graph_pass
+from trtopt.passes.edit import Namer, bypass, can_bypass, canonicalize
 from trtopt.passes.groups import find_concat_groups
 from trtopt.passes.query import constant_array, graph_output_names, producer, sole_consumer
 
-MAX_ROUNDS = 8  # each round can only remove nodes; a fixed point comes after one or two
+
+@dataclass(frozen=True, eq=False)
+class FlattenConcat(Match):
+    """A Concat read only by a Concat on the same axis: its inputs go straight into the outer one."""
+
+    inner: gs.Node
+    outer: gs.Node
+    kind = "flatten_concat"
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.inner, self.outer)
+
+    def describe(self) -> str:
+        return f"{self.inner.name!r} flattened into {self.outer.name!r}"
 
 
-@graph_pass("eliminate_concat")
-def eliminate_concat(graph: gs.Graph) -> tuple[list[Rewrite], list[str]]:
-    """Remove Split->Concat round trips, flatten nested Concats, drop single-input Concats."""
-    rewrites: list[Rewrite] = []
-    for _ in range(MAX_ROUNDS):
-        outputs = graph_output_names(graph)
+@dataclass(frozen=True, eq=False)
+class SplitRun(Match):
+    """Consecutive outputs of one Split (`pieces`, >= 2) read only by one Concat, in order, on the same
+    axis: one piece (the Split's input when they are all of its outputs)."""
+
+    split: gs.Node
+    concat: gs.Node
+    pieces: tuple[gs.Tensor, ...]
+    whole: bool  # all of the Split's outputs, in order: the round trip is the identity
+    kind: str
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.split, self.concat)
+
+    def describe(self) -> str:
+        return f"{len(self.pieces)} outputs of Split {self.split.name!r} feed {self.concat.name!r} in order"
+
+
+@dataclass(frozen=True, eq=False)
+class SingleInputConcat(Match):
+    """A Concat of one tensor: an identity."""
+
+    concat: gs.Node
+    kind = "drop_single_concat"
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.concat,)
+
+    def describe(self) -> str:
+        return f"single-input Concat {self.concat.name!r}"
+
+
+def find_concat_eliminations(graph: gs.Graph) -> list[Match]:
+    """Every nested Concat, Split run and single-input Concat, Concat by Concat in graph order."""
+    outputs = graph_output_names(graph)
+    found: list[Match] = []
+    for node in graph.nodes:
+        if node.op != "Concat" or not node.outputs:
+            continue
+        axis = _axis(node, 0)
+        found += [FlattenConcat(inner, node) for t in node.inputs if (inner := _inner_concat(node, t, axis, outputs))]
+        found += _split_runs(node, outputs)
+        if len(node.inputs) == 1 and can_bypass(graph, node, node.inputs[0]):
+            found.append(SingleInputConcat(node))
+    return found
+
+
+@graph_pass("eliminate_concat", find_concat_eliminations)
+def eliminate_concat(graph: gs.Graph) -> tuple[list[Match], list[Rewrite]]:
+    """Remove Split->Concat round trips, flatten nested Concats, drop single-input Concats.
+
+    One rewrite changes what the others see (a flattened Concat can make Split outputs consecutive), so
+    each round rewrites the matches that share no node and looks again, until nothing matches.
+    """
+    applied: list[Match] = []
+    while matches := _disjoint(find_concat_eliminations(graph)):
         namer = Namer(graph)
-        found: list[Rewrite] = []
-        for node in list(graph.nodes):
-            if node.op == "Concat" and node.outputs:
-                found += _flatten(node, outputs) + _split_runs(graph, node, outputs, namer)
-                if len(node.inputs) == 1 and bypass(graph, node, node.inputs[0]):
-                    found.append(
-                        Rewrite("drop_single_concat", (node.name,), f"single-input Concat {node.name!r}")
-                    )
-        graph.cleanup(remove_unused_graph_inputs=False)
-        rewrites += found
-        if not found:
-            break
-    notes = [
-        f"in place: {g.output} <- {', '.join(g.inputs)}" for g in find_concat_groups(graph) if g.in_place
+        for match in matches:
+            _apply(graph, match, namer)
+        applied += matches
+        canonicalize(graph)
+    recorded = [
+        Rewrite("concat_in_place", (g.output,), f"in place: {g.output} <- {', '.join(g.inputs)}")
+        for g in find_concat_groups(graph)
+        if g.in_place
     ]
-    return rewrites, notes
+    return applied, recorded
+
+
+def _disjoint(matches: list[Match]) -> list[Match]:
+    taken: set[int] = set()
+    kept = []
+    for match in matches:
+        ids = {id(n) for n in match.nodes}
+        if not ids & taken:
+            kept.append(match)
+            taken |= ids
+    return kept
+
+
+def _apply(graph: gs.Graph, match: Match, namer: Namer) -> None:
+    if isinstance(match, FlattenConcat):
+        index = _index(match.outer.inputs, match.inner.outputs[0])
+        _replace_inputs(match.outer, index, 1, list(match.inner.inputs))
+        match.inner.outputs.clear()
+    elif isinstance(match, SplitRun):
+        index = _index(match.concat.inputs, match.pieces[0])
+        first = _index(match.split.outputs, match.pieces[0])
+        count = len(match.pieces)
+        piece = match.split.inputs[0] if match.whole else _merge_outputs(graph, match.split, first, count, namer)
+        _replace_inputs(match.concat, index, count, [piece])
+    elif isinstance(match, SingleInputConcat):
+        bypass(graph, match.concat, match.concat.inputs[0])
+
+
+def _replace_inputs(node: gs.Node, index: int, count: int, new: list[gs.Tensor]) -> None:
+    """inputs[index : index + count] = new (onnx-graphsurgeon's input lists take no slice assignment)."""
+    for _ in range(count):
+        node.inputs.pop(index)
+    for offset, tensor in enumerate(new):
+        node.inputs.insert(index + offset, tensor)
+
+
+def _index(tensors: list[gs.Tensor], tensor: gs.Tensor) -> int:
+    return next(i for i, t in enumerate(tensors) if t is tensor)
 
 
 def _axis(node: gs.Node, default: int) -> int | None:
@@ -56,25 +156,6 @@ def _axis(node: gs.Node, default: int) -> int | None:
     return axis + len(shape) if shape is not None else None
 
 
-def _flatten(concat: gs.Node, outputs: set[str]) -> list[Rewrite]:
-    axis = _axis(concat, 0)
-    rewrites = []
-    index = 0
-    while index < len(concat.inputs):
-        inner = _inner_concat(concat, concat.inputs[index], axis, outputs)
-        if inner is None:
-            index += 1
-            continue
-        pieces = list(inner.inputs)
-        concat.inputs.pop(index)
-        for offset, piece in enumerate(pieces):
-            concat.inputs.insert(index + offset, piece)
-        inner.outputs.clear()
-        detail = f"{inner.name!r} flattened into {concat.name!r}"
-        rewrites.append(Rewrite("flatten_concat", (inner.name, concat.name), detail))
-    return rewrites
-
-
 def _inner_concat(concat: gs.Node, tensor: gs.Tensor, axis: int | None, outputs: set[str]) -> gs.Node | None:
     """The Concat on the same axis that writes `tensor` for `concat` alone, else None."""
     inner = producer(tensor)
@@ -83,37 +164,25 @@ def _inner_concat(concat: gs.Node, tensor: gs.Tensor, axis: int | None, outputs:
     return inner if sole_consumer(tensor, outputs) is concat else None
 
 
-def _split_runs(graph: gs.Graph, concat: gs.Node, outputs: set[str], namer: Namer) -> list[Rewrite]:
-    """Replace runs of consecutive Split outputs (in order, read only here) with one piece."""
-    rewrites = []
+def _split_runs(concat: gs.Node, outputs: set[str]) -> list[SplitRun]:
+    """Runs of >= 2 consecutive Split outputs among the Concat's inputs, in order, read only here."""
+    runs = []
     index = 0
     while index < len(concat.inputs):
         run = _run_at(concat, index, outputs)
         if run is None:
             index += 1
             continue
-        split, first, count = run
-        whole = count == len(split.outputs)
-        piece = split.inputs[0] if whole else _merge_outputs(graph, split, first, count, namer)
-        if piece is None:
-            index += 1
-            continue
-        for _ in range(count):
-            concat.inputs.pop(index)
-        concat.inputs.insert(index, piece)
-        kind = "split_concat_identity" if whole else "merge_split_pieces"
-        detail = f"{count} outputs of Split {split.name!r} feed {concat.name!r} in order"
-        rewrites.append(Rewrite(kind, (split.name, concat.name), detail))
-        index += 1
-    return rewrites
+        runs.append(run)
+        index += len(run.pieces)
+    return runs
 
 
-def _run_at(concat: gs.Node, index: int, outputs: set[str]) -> tuple[gs.Node, int, int] | None:
-    """(split, first output index, length) of a run of >= 2 Split outputs starting at input `index`."""
+def _run_at(concat: gs.Node, index: int, outputs: set[str]) -> SplitRun | None:
     split = producer(concat.inputs[index])
     if split is None or split.op != "Split" or _axis(split, 0) is None or _axis(split, 0) != _axis(concat, 0):
         return None
-    first = next(i for i, t in enumerate(split.outputs) if t is concat.inputs[index])
+    first = _index(split.outputs, concat.inputs[index])
     count = 0
     while (
         index + count < len(concat.inputs)
@@ -122,14 +191,17 @@ def _run_at(concat: gs.Node, index: int, outputs: set[str]) -> tuple[gs.Node, in
         and sole_consumer(split.outputs[first + count], outputs) is concat
     ):
         count += 1
-    return (split, first, count) if count >= 2 else None
+    whole = count == len(split.outputs)
+    if count < 2 or (not whole and _split_sizes(split) is None):
+        return None
+    kind = "split_concat_identity" if whole else "merge_split_pieces"
+    return SplitRun(split, concat, tuple(split.outputs[first : first + count]), whole, kind)
 
 
-def _merge_outputs(graph: gs.Graph, split: gs.Node, first: int, count: int, namer: Namer) -> gs.Tensor | None:
+def _merge_outputs(graph: gs.Graph, split: gs.Node, first: int, count: int, namer: Namer) -> gs.Tensor:
     """Rewrite `split` so outputs first..first+count-1 are one output; return that tensor."""
     sizes = _split_sizes(split)
-    if sizes is None:
-        return None
+    assert sizes is not None  # checked by the matcher
     merged_size = sum(sizes[first : first + count])
     pieces = split.outputs[first : first + count]
     shape = pieces[0].shape

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.base import Rewrite, graph_pass
+from trtopt.passes.base import Match, graph_pass
 from trtopt.passes.edit import Namer, new_constant
-from trtopt.passes.query import constant_array, graph_output_names, is_missing, sole_consumer
+from trtopt.passes.query import constant_array, graph_output_names, is_missing, output_channels, sole_consumer
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm")
 AFFINE_OPS = ("BatchNormalization", "Mul", "Add", "Sub", "Div")
@@ -31,68 +31,78 @@ class ChannelAffine:
     shift: np.ndarray
 
 
-@graph_pass("fold_batchnorm")
-def fold_batchnorm(graph: gs.Graph) -> list[Rewrite]:
-    """Fold every chain of affine ops that alone reads a linear layer's output into that layer."""
+@dataclass(frozen=True, eq=False)
+class AffineFold(Match):
+    """An affine op that alone reads `tensor`, the output of `layer` (directly or through folds before
+    it in the same chain): folding it gives the layer weights scaled and a bias shifted by `affine`."""
+
+    layer: gs.Node
+    follower: gs.Node
+    affine: ChannelAffine
+    kind: str
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.layer, self.follower)
+
+    def describe(self) -> str:
+        return f"{self.follower.op} {self.follower.name!r} folded into {self.layer.op} {self.layer.name!r}"
+
+
+def find_affine_folds(graph: gs.Graph, ops: tuple[str, ...] = AFFINE_OPS, kind: str | None = None) -> list[AffineFold]:
+    """Every chain of `ops` nodes (each the sole reader of the one before) after a linear layer, in
+    graph order; `kind` names the rewrite (default fold_bn, fold_mul, ... by op)."""
     outputs = graph_output_names(graph)
+    found: list[AffineFold] = []
+    for layer in graph.nodes:
+        if layer.op not in LINEAR_OPS or not layer.outputs or not _bias_is_constant(layer):
+            continue
+        tensor = layer.outputs[0]
+        while (follower := sole_consumer(tensor, outputs)) is not None and follower.op in ops:
+            affine = _affine_after(layer, follower, tensor)
+            if affine is None:
+                break
+            found.append(AffineFold(layer, follower, affine, kind or _kind(follower)))
+            tensor = follower.outputs[0]
+    return found
+
+
+@graph_pass("fold_batchnorm", find_affine_folds)
+def fold_batchnorm(graph: gs.Graph) -> list[AffineFold]:
+    """Fold every chain of affine ops that alone reads a linear layer's output into that layer."""
+    matches = find_affine_folds(graph)
+    apply_affine_folds(graph, matches)
+    return matches
+
+
+def apply_affine_folds(graph: gs.Graph, matches: list[AffineFold]) -> None:
+    """Fold each match, in chain order. The folded node's output tensor becomes the layer's output, so
+    a graph output keeps its name."""
     namer = Namer(graph)
-    rewrites: list[Rewrite] = []
-    for layer in list(graph.nodes):
-        if layer.op in LINEAR_OPS and layer.outputs:
-            rewrites += fold_followers(layer, outputs, namer, AFFINE_OPS)
-    return rewrites
-
-
-def fold_followers(layer: gs.Node, outputs: set[str], namer: Namer, ops: tuple[str, ...]) -> list[Rewrite]:
-    """Fold the chain of `ops` nodes (each the sole reader of the previous output) into `layer`.
-
-    The folded node's output tensor becomes the layer's output, so a graph output keeps its name.
-    """
-    rewrites = []
-    while (follower := sole_consumer(layer.outputs[0], outputs)) is not None and follower.op in ops:
-        affine = _affine_after(layer, follower)
-        if affine is None:
-            break
-        _fold(layer, affine, namer)
-        rewrites.append(Rewrite(_kind(follower), (layer.name, follower.name), _detail(layer, follower)))
+    for match in matches:
+        layer, follower = match.layer, match.follower
+        _fold(layer, match.affine, namer)
         layer.outputs[0] = follower.outputs[0]
         follower.outputs.clear()
         follower.inputs.clear()
-    return rewrites
 
 
 def _kind(node: gs.Node) -> str:
     return "fold_bn" if node.op == "BatchNormalization" else f"fold_{node.op.lower()}"
 
 
-def _detail(layer: gs.Node, follower: gs.Node) -> str:
-    return f"{follower.op} {follower.name!r} folded into {layer.op} {layer.name!r}"
-
-
-def output_channels(layer: gs.Node) -> int | None:
-    """Output channels of a linear layer with a constant weight, or None."""
-    weight = constant_array(layer.inputs[1]) if len(layer.inputs) > 1 else None
-    if weight is None or not np.issubdtype(weight.dtype, np.floating):
-        return None
-    if layer.op == "Conv":
-        return int(weight.shape[0])
-    if layer.op == "ConvTranspose":
-        return int(weight.shape[1]) * int(layer.attrs.get("group", 1))
-    if weight.ndim != 2:
-        return None
-    return int(weight.shape[0] if layer.attrs.get("transB", 0) else weight.shape[1])
-
-
-def _affine_after(layer: gs.Node, node: gs.Node) -> ChannelAffine | None:
+def _affine_after(layer: gs.Node, node: gs.Node, tensor: gs.Tensor) -> ChannelAffine | None:
+    """The per-channel affine map `node` applies to `tensor`, the output of `layer`, else None."""
     channels = output_channels(layer)
-    if channels is None or not _bias_is_constant(layer):
+    weight = constant_array(layer.inputs[1])
+    if channels is None or weight is None or not np.issubdtype(weight.dtype, np.floating):
         return None
-    rank = 2 if layer.op == "Gemm" else constant_array(layer.inputs[1]).ndim  # type: ignore[union-attr]
+    rank = 2 if layer.op == "Gemm" else weight.ndim
     if node.op == "BatchNormalization":
         return _batchnorm_affine(node, channels)
     if node.op not in AFFINE_OPS[1:] or len(node.inputs) != 2:
         return None
-    mine = 0 if node.inputs[0] is layer.outputs[0] else 1
+    mine = 0 if node.inputs[0] is tensor else 1
     value = _channel_vector(constant_array(node.inputs[1 - mine]), channels, rank)
     if value is None:
         return None
@@ -139,7 +149,7 @@ def _channel_vector(value: np.ndarray | None, channels: int, rank: int) -> np.nd
 
 def _fold(layer: gs.Node, affine: ChannelAffine, namer: Namer) -> None:
     weight = constant_array(layer.inputs[1])
-    assert weight is not None  # checked by output_channels
+    assert weight is not None  # checked by the matcher
     bias = (
         constant_array(layer.inputs[2]) if len(layer.inputs) > 2 and not is_missing(layer.inputs[2]) else None
     )

@@ -14,34 +14,57 @@ Asymmetric pads stay asymmetric: ONNX Conv has separate begin/end pads per axis.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.base import Rewrite, graph_pass
+from trtopt.passes.base import Match, graph_pass
 from trtopt.passes.edit import replace_uses
 from trtopt.passes.query import constant_array, graph_output_names, is_missing, sole_consumer
 
 
-@graph_pass("fold_pad")
-def fold_pad(graph: gs.Graph) -> list[Rewrite]:
+@dataclass(frozen=True, eq=False)
+class PadFold(Match):
+    """A zero Pad whose only reader is a Conv; `spatial` is what it adds to the Conv's pads."""
+
+    pad: gs.Node
+    conv: gs.Node
+    spatial: tuple[int, ...]
+    kind = "fold_pad"
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.pad, self.conv)
+
+    def describe(self) -> str:
+        return f"Pad {self.pad.name!r} -> pads of {self.conv.name!r}"
+
+
+def find_pad_folds(graph: gs.Graph) -> list[PadFold]:
     outputs = graph_output_names(graph)
-    rewrites = []
-    for pad in list(graph.nodes):
+    found = []
+    for pad in graph.nodes:
         if pad.op != "Pad" or not pad.outputs:
             continue
         conv = sole_consumer(pad.outputs[0], outputs)
         spatial = _spatial_pads(pad)
-        if conv is None or spatial is None or not _foldable_conv(conv, pad.outputs[0], len(spatial) // 2):
-            continue
-        rank = len(spatial) // 2
+        if conv is not None and spatial is not None and _foldable_conv(conv, pad.outputs[0], len(spatial) // 2):
+            found.append(PadFold(pad, conv, tuple(spatial)))
+    return found
+
+
+@graph_pass("fold_pad", find_pad_folds)
+def fold_pad(graph: gs.Graph) -> list[PadFold]:
+    matches = find_pad_folds(graph)
+    for match in matches:
+        pad, conv = match.pad, match.conv
+        rank = len(match.spatial) // 2
         old = list(conv.attrs.get("pads", [0] * (2 * rank)))
-        conv.attrs["pads"] = [int(a + b) for a, b in zip(old, spatial, strict=True)]
+        conv.attrs["pads"] = [int(a + b) for a, b in zip(old, match.spatial, strict=True)]
         replace_uses(pad.outputs[0], pad.inputs[0], [conv])
         pad.outputs.clear()
-        rewrites.append(
-            Rewrite("fold_pad", (pad.name, conv.name), f"Pad {pad.name!r} -> pads of {conv.name!r}")
-        )
-    return rewrites
+    return matches
 
 
 def _spatial_pads(pad: gs.Node) -> list[int] | None:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trtopt.passes.activations import Activation, clone_activation, match_activation
-from trtopt.passes.base import Rewrite, graph_pass
+from trtopt.passes.base import Match, graph_pass
 from trtopt.passes.edit import Namer, new_constant
 from trtopt.passes.query import constant_array, conv_geometry, graph_output_names, is_missing, opset
 
@@ -37,20 +37,56 @@ class Sibling:
         return self.activation.output if self.activation else self.conv.outputs[0]
 
 
-@graph_pass("fuse_parallel_convs")
-def fuse_parallel_convs(graph: gs.Graph) -> list[Rewrite]:
-    """Fuse each set of >= 2 compatible sibling convs into one conv followed by a Split."""
+@dataclass(frozen=True, eq=False)
+class ParallelConvs(Match):
+    """Two or more sibling convs that become one wide conv (+ their shared activation) and a Split."""
+
+    siblings: tuple[Sibling, ...]
+    input: str  # the tensor the siblings read
+    kernel: str  # e.g. "1x1"
+    kind = "fuse_parallel"
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return tuple(s.conv for s in self.siblings)
+
+    def describe(self) -> str:
+        act = self.siblings[0].activation
+        channels = sum(s.weight.shape[0] for s in self.siblings)
+        epilogue = f" + {act.name}" if act else ""
+        return (
+            f"{len(self.siblings)} {self.kernel} convs{epilogue} on {self.input!r} -> "
+            f"one conv of {channels} channels + Split"
+        )
+
+
+def find_parallel_convs(graph: gs.Graph) -> list[ParallelConvs]:
+    """Each set of >= 2 compatible sibling convs: one input, geometry, weight dtype and shape, activation."""
     outputs = graph_output_names(graph)
     families: dict[tuple[object, ...], list[Sibling]] = {}
     for node in graph.nodes:
         found = _sibling(node, outputs)
         if found is not None:
             key = (id(node.inputs[0]), conv_geometry(node), found.weight.dtype.str, found.weight.shape[1:])
-            families.setdefault(key + (found.activation.signature if found.activation else None,), []).append(
-                found
-            )
+            signature = found.activation.signature if found.activation else None
+            families.setdefault((*key, signature), []).append(found)
+    return [_family(siblings) for siblings in families.values() if len(siblings) >= 2]
+
+
+def _family(siblings: list[Sibling]) -> ParallelConvs:
+    first = siblings[0].conv
+    kernel = "x".join(map(str, conv_geometry(first).kernel))  # type: ignore[union-attr]
+    return ParallelConvs(tuple(siblings), first.inputs[0].name, kernel)
+
+
+@graph_pass("fuse_parallel_convs", find_parallel_convs)
+def fuse_parallel_convs(graph: gs.Graph) -> list[ParallelConvs]:
+    """Fuse each set of >= 2 compatible sibling convs into one conv followed by a Split."""
+    matches = find_parallel_convs(graph)
     namer = Namer(graph)
-    return [_fuse(graph, siblings, namer) for siblings in families.values() if len(siblings) >= 2]
+    for match in matches:
+        _fuse(graph, list(match.siblings), namer)
+    return matches
 
 
 def _sibling(node: gs.Node, outputs: set[str]) -> Sibling | None:
@@ -76,7 +112,7 @@ def _sibling(node: gs.Node, outputs: set[str]) -> Sibling | None:
     return Sibling(node, weight, bias, match_activation(out, outputs))
 
 
-def _fuse(graph: gs.Graph, siblings: list[Sibling], namer: Namer) -> Rewrite:
+def _fuse(graph: gs.Graph, siblings: list[Sibling], namer: Namer) -> None:
     first = siblings[0].conv
     x = first.inputs[0]
     sizes = [s.weight.shape[0] for s in siblings]
@@ -98,13 +134,6 @@ def _fuse(graph: gs.Graph, siblings: list[Sibling], namer: Namer) -> Rewrite:
             node.inputs.clear()
     new_nodes.append(_split(graph, wide, pieces, sizes, namer, f"{first.name}/split"))
     graph.nodes.extend(new_nodes)
-    names = tuple(str(s.conv.name) for s in siblings)
-    epilogue = f" + {act.name}" if act else ""
-    kernel = "x".join(map(str, conv_geometry(conv).kernel))  # type: ignore[union-attr]
-    detail = (
-        f"{len(siblings)} {kernel} convs{epilogue} on {x.name!r} -> one conv of {sum(sizes)} channels + Split"
-    )
-    return Rewrite("fuse_parallel", names, detail)
 
 
 def _wide_shape(siblings: list[Sibling]) -> list[object] | None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import onnx_graphsurgeon as gs
 
@@ -48,6 +49,36 @@ class OptimizeResult:
     @property
     def changed(self) -> bool:
         return any(r.changed for r in self.reports)
+
+    def to_dict(self, *, details: bool = True) -> dict[str, Any]:
+        """The optimiser's report, one format everywhere: the plan header keeps the summary
+        (`details=False`); `trtopt optimize --json` and `trtopt inspect --json` add every match, the
+        cost before and after, and the groups."""
+        summary: dict[str, Any] = {
+            "passes": [r.name for r in self.reports],
+            "changes": {r.name: r.counts() for r in self.reports},
+            "nodes": [self.nodes_before, self.nodes_after],
+            "launches_saved": self.launches_saved,
+            "intermediate_bytes_saved": self.bytes_saved,
+            "fusion_groups": len(self.fusion_groups),
+        }
+        if not details:
+            return summary
+        return {
+            **summary,
+            "recorded": {r.name: r.recorded_counts() for r in self.reports},
+            "seconds": self.seconds,
+            "reports": [r.to_dict() for r in self.reports],
+            "before": asdict(self.before),
+            "after": asdict(self.after),
+            "groups": self.groups_dict(),
+        }
+
+    def groups_dict(self) -> dict[str, list[dict[str, Any]]]:
+        return {
+            "fusion": [asdict(g) for g in self.fusion_groups],
+            "concat": [asdict(g) for g in self.concat_groups],
+        }
 
 
 def optimize(graph: gs.Graph, passes: Sequence[str] | None = None) -> OptimizeResult:

@@ -1,13 +1,17 @@
-"""Read-only facts about a gs.Graph that every pass asks: constants, producers, consumers, conv geometry."""
+"""Read-only facts about a gs.Graph that passes, the quantizer and the reports ask: constants, producers,
+consumers, conv geometry, a layer's channels, a Clip's bounds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 CONV_OPS = ("Conv", "ConvTranspose")
+T = TypeVar("T")
 
 
 def graph_output_names(graph: gs.Graph) -> set[str]:
@@ -30,16 +34,19 @@ def sole_consumer(tensor: gs.Tensor, graph_outputs: set[str]) -> gs.Node | None:
     return node if sum(t is tensor for t in node.inputs) == 1 else None
 
 
+def constant_tensor(tensor: gs.Tensor | None) -> gs.Constant | None:
+    """The constant behind a tensor (an initializer, or a Constant node's value), else None."""
+    if tensor is None or isinstance(tensor, gs.Constant):
+        return tensor
+    node = producer(tensor)
+    value = node.attrs.get("value") if node is not None and node.op == "Constant" else None
+    return value if isinstance(value, gs.Constant) else None
+
+
 def constant_array(tensor: gs.Tensor | None) -> np.ndarray | None:
     """The value of a constant tensor (initializer or Constant node output), else None."""
-    if tensor is None:
-        return None
-    if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
-    node = producer(tensor)
-    if node is not None and node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant):
-        return np.asarray(node.attrs["value"].values)
-    return None
+    constant = constant_tensor(tensor)
+    return None if constant is None else np.asarray(constant.values)
 
 
 def is_missing(tensor: gs.Tensor) -> bool:
@@ -90,3 +97,79 @@ def conv_geometry(conv: gs.Node) -> ConvGeometry | None:
         dilations=tuple(int(d) for d in (conv.attrs.get("dilations") or (1,) * rank)),
         group=int(conv.attrs.get("group", 1)),
     )
+
+
+def output_channels(layer: gs.Node) -> int | None:
+    """Output channels (features) of a Conv, ConvTranspose, Gemm or MatMul whose weight is constant
+    (an initializer or a Constant node), else None.
+
+    The weight layouts are ONNX's: Conv (Cout, Cin/group, k...); ConvTranspose (Cin, Cout/group, k...);
+    Gemm B (K, N), or (N, K) with transB; MatMul B (..., K, N). A weight of the wrong rank for its op
+    (a 1-D MatMul operand has no feature axis) gives None.
+    """
+    shape = _weight_shape(layer)
+    if shape is None:
+        return None
+    if layer.op == "Conv":
+        return shape[0]
+    if layer.op == "ConvTranspose":
+        return shape[1] * int(layer.attrs.get("group", 1))
+    if layer.op == "Gemm":
+        return shape[0] if layer.attrs.get("transB", 0) else shape[1]
+    return shape[-1]
+
+
+def input_channels(layer: gs.Node) -> int | None:
+    """Input channels (features) a layer reads, from its constant weight as in `output_channels`."""
+    shape = _weight_shape(layer)
+    if shape is None:
+        return None
+    if layer.op == "Conv":
+        return shape[1] * int(layer.attrs.get("group", 1))
+    if layer.op == "ConvTranspose":
+        return shape[0]
+    if layer.op == "Gemm":
+        return shape[1] if layer.attrs.get("transB", 0) else shape[0]
+    return shape[-2]
+
+
+def _weight_shape(layer: gs.Node) -> tuple[int, ...] | None:
+    """The constant weight's shape when its rank suits the op (see `output_channels`), else None."""
+    weight = constant_array(layer.inputs[1]) if len(layer.inputs) > 1 else None
+    if weight is None:
+        return None
+    rank = weight.ndim
+    if layer.op in CONV_OPS:
+        fits = rank >= 3
+    else:
+        fits = rank == 2 if layer.op == "Gemm" else layer.op == "MatMul" and rank >= 2
+    return tuple(int(d) for d in weight.shape) if fits else None
+
+
+Bound = float | None
+Bounds = tuple[Bound, Bound]
+
+
+def clip_bounds(node: gs.Node) -> Bounds:
+    """(min, max) of a Clip, each None when computed at run time. See `read_clip_bounds`."""
+    return read_clip_bounds(node.attrs, node.inputs[1:3], constant_array, is_missing)
+
+
+def read_clip_bounds(
+    attrs: Mapping[str, Any],
+    operands: Sequence[T],
+    value: Callable[[T], np.ndarray | None],
+    missing: Callable[[T], bool],
+) -> Bounds:
+    """A Clip's (min, max) from its attributes (before opset 11) or its constant operands (from 11).
+
+    `value` gives an operand's constant value (None for a computed operand); `missing` tells an omitted
+    operand. An absent bound is -inf / +inf; a computed one (or one that is not a single number) is None.
+    Written once for both IRs: onnx-graphsurgeon nodes (`clip_bounds`) and NodeProtos (CPU lowering).
+    """
+    bounds: list[Bound] = [float(attrs.get("min", -np.inf)), float(attrs.get("max", np.inf))]
+    for i, operand in enumerate(operands):
+        if not missing(operand):
+            array = value(operand)
+            bounds[i] = float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
+    return bounds[0], bounds[1]

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
+from trtopt.passes.query import input_channels, output_channels
 from trtopt.quant.config import QuantConfig
-from trtopt.quant.rules import RULES, Mark, input_channels, output_channels
+from trtopt.quant.rules import RULES, Mark
 
 log = logging.getLogger(__name__)
 

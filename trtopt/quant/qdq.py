@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.calib.thresholds import ZERO_AMAX
+from trtopt.calib.thresholds import QMAX, ZERO_AMAX, weight_scales
 from trtopt.errors import CalibrationError
+from trtopt.passes.edit import canonicalize
 from trtopt.quant.placement import QuantPlan, QuantSite
 
-QMAX = 127.0
 # A tensor (or weight channel) that was all zeros still needs a positive scale: the calibrator's
 # choice, whose scale is float16's smallest normal number, so FP16 graphs keep it too.
 MIN_AMAX = ZERO_AMAX
@@ -84,7 +84,7 @@ def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> Q
                 graph, consumer.inputs[site.index], site, thresholds[site.tensor]
             )
             n_act += 1
-    graph.cleanup().toposort()
+    canonicalize(graph)
     return QdqReport(
         activation_pairs=n_act,
         weight_dequantizers=n_weight,
@@ -119,12 +119,10 @@ def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: fl
     return restored
 
 
-def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(values: np.ndarray, axis: int, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-channel INT8: returns (int8 values, float32 scale per channel along `axis`)."""
     axis = axis % values.ndim
-    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
-    amax = np.abs(values).max(axis=reduce_axes) if reduce_axes else np.abs(values)
-    scale = (np.maximum(amax, MIN_AMAX) / QMAX).astype(np.float32)
+    scale = weight_scales(values, axis, name=name)
     shape = [1] * values.ndim
     shape[axis] = -1
     q = np.clip(np.rint(values / scale.reshape(shape)), -QMAX, QMAX).astype(np.int8)
@@ -134,7 +132,7 @@ def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarr
 def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int) -> gs.Variable:
     values = np.asarray(weight.values, dtype=np.float32)
     axis = axis % values.ndim
-    q, scale = quantize_weight(values, axis)
+    q, scale = quantize_weight(values, axis, name=weight.name)
     base = f"{weight.name}/int8"
     inputs = [
         gs.Constant(base, q),

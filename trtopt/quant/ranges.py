@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.passes.query import clip_bounds
+
 BOUNDED_OPS = {"Sigmoid", "HardSigmoid", "Tanh", "Softmax"}
 # Ops whose output values are taken from, or averaged over, their data input's values, so a bound on
 # the input (an upper bound here, non-negativity in the CPU lowering) holds for the output too.
@@ -28,7 +30,7 @@ def bounded_tensors(graph: gs.Graph) -> set[str]:
     """Names of tensors whose values are bounded by an activation's fixed range."""
     bounded: set[str] = set()
     for node in graph.nodes:  # passes leave the graph topologically sorted
-        if node.op in BOUNDED_OPS or (node.op == "Clip" and np.isfinite(_clip_max(node))):
+        if node.op in BOUNDED_OPS or (node.op == "Clip" and _has_upper_bound(node)):
             bounded.update(t.name for t in node.outputs)
         elif (node.op in VALUE_PRESERVING_OPS or node.op == "Pad") and _pads_with_zero(node):
             data = node.inputs if node.op == "Concat" else node.inputs[:1]
@@ -37,12 +39,9 @@ def bounded_tensors(graph: gs.Graph) -> set[str]:
     return bounded
 
 
-def _clip_max(node: gs.Node) -> float:
-    if "max" in node.attrs:
-        return float(node.attrs["max"])
-    if len(node.inputs) > 2 and isinstance(node.inputs[2], gs.Constant):
-        return float(np.asarray(node.inputs[2].values).reshape(-1)[0])
-    return float("inf")
+def _has_upper_bound(clip: gs.Node) -> bool:
+    high = clip_bounds(clip)[1]
+    return high is not None and bool(np.isfinite(high))
 
 
 def _pads_with_zero(node: gs.Node) -> bool:

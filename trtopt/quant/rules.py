@@ -58,32 +58,3 @@ def gemm_rule(node: gs.Node) -> list[Mark]:
 @RULES.register("MatMul")
 def matmul_rule(node: gs.Node) -> list[Mark]:
     return [Mark(0, "activation"), _weight_or_activation(node, 1, axis=-1)]
-
-
-def output_channels(node: gs.Node) -> int | None:
-    """Output channels / features of a quantisable layer, from its weight, when known."""
-    weight = node.inputs[1] if len(node.inputs) > 1 else None
-    if not isinstance(weight, gs.Constant):
-        return None
-    shape = weight.values.shape
-    if node.op == "Conv":
-        return int(shape[0])
-    if node.op == "ConvTranspose":
-        return int(shape[1]) * int(node.attrs.get("group", 1))
-    if node.op == "Gemm":
-        return int(shape[0] if node.attrs.get("transB", 0) else shape[1])
-    return int(shape[-1])
-
-
-def input_channels(node: gs.Node) -> int | None:
-    weight = node.inputs[1] if len(node.inputs) > 1 else None
-    if not isinstance(weight, gs.Constant):
-        return None
-    shape = weight.values.shape
-    if node.op == "Conv":
-        return int(shape[1]) * int(node.attrs.get("group", 1))
-    if node.op == "ConvTranspose":
-        return int(shape[0])
-    if node.op == "Gemm":
-        return int(shape[1] if node.attrs.get("transB", 0) else shape[0])
-    return int(shape[-2]) if len(shape) >= 2 else None

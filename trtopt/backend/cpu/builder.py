@@ -85,10 +85,6 @@ class KernelReport:
     int8_matmuls: int
     gemm_convs: int = 0  # INT8 convs whose weights steer ONNX Runtime to its GEMM kernel (nonzero zero point)
 
-    @property
-    def all_convs_int8(self) -> bool:
-        return self.float_convs == 0
-
 
 def kernel_report(model_bytes: bytes) -> KernelReport:
     """Count the kernels in ONNX Runtime's optimised graph (written via optimized_model_filepath)."""

@@ -25,6 +25,8 @@ import onnx
 from onnx import numpy_helper
 
 from trtopt.errors import TrtoptError
+from trtopt.passes.edit import stable_topological_order
+from trtopt.passes.query import read_clip_bounds
 from trtopt.quant.ranges import VALUE_PRESERVING_OPS
 
 # Ops whose output is non-negative whatever their input.
@@ -221,35 +223,20 @@ def _share_duplicate_pairs(graph: onnx.GraphProto, inits: dict[str, onnx.TensorP
 
 
 def _toposorted(nodes: list[onnx.NodeProto], graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Kahn's algorithm, stable: ready nodes keep their original relative order."""
+    """Stable: ready nodes keep their original relative order."""
     known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     producer = {out: index for index, node in enumerate(nodes) for out in node.output}
-    waiting = [sum(1 for i in node.input if i not in known and i in producer) for node in nodes]
-    users: dict[int, list[int]] = {}
-    for index, node in enumerate(nodes):
-        for name in node.input:
-            if name not in known and name in producer:
-                users.setdefault(producer[name], []).append(index)
-    import heapq
-
-    ready = [i for i, w in enumerate(waiting) if w == 0]
-    heapq.heapify(ready)
-    ordered = []
-    while ready:
-        index = heapq.heappop(ready)
-        ordered.append(nodes[index])
-        for user in users.get(index, []):
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                heapq.heappush(ready, user)
-    if len(ordered) < len(nodes):  # a cycle: dropping its nodes silently once cost a plan its outputs
-        stuck = [n.name or n.op_type for i, n in enumerate(nodes) if waiting[i] > 0][:5]
+    sources = [{producer[i] for i in node.input if i not in known and i in producer} for node in nodes]
+    order = stable_topological_order(sources)
+    if len(order) < len(nodes):  # a cycle: dropping its nodes silently once cost a plan its outputs
+        placed = set(order)
+        stuck = [n.name or n.op_type for i, n in enumerate(nodes) if i not in placed][:5]
         raise TrtoptError(
             f"The quantised graph has a cycle through {stuck}; nothing was written.",
             fix="This is a bug in trtopt's Q/DQ placement: please report it with the model; meanwhile build with "
             "--exclude on the layers named, or without --int8.",
         )
-    return ordered
+    return [nodes[i] for i in order]
 
 
 def _is_activation_pair(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
@@ -284,12 +271,13 @@ def _non_negative_tensors(
 
 
 def _clip_min(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> float:
-    for attr in node.attribute:
-        if attr.name == "min":
-            return float(attr.f)
-    if len(node.input) > 1 and node.input[1] in inits:
-        return float(numpy_helper.to_array(inits[node.input[1]]).reshape(-1)[0])
-    return -np.inf
+    attrs = {a.name: a.f for a in node.attribute}
+    low, _ = read_clip_bounds(attrs, node.input[1:3], lambda n: _init_value(n, inits), lambda n: not n)
+    return -np.inf if low is None else low
+
+
+def _init_value(name: str, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    return numpy_helper.to_array(inits[name]) if name in inits else None
 
 
 def _quantize_biases(

@@ -45,6 +45,7 @@ import onnx
 
 from trtopt.backend import BuildOptions, Profile, Shape
 from trtopt.errors import ModelError, ShapeError, TrtoptError
+from trtopt.errors import format_shape as _fmt
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 
 log = logging.getLogger(__name__)
@@ -218,10 +219,6 @@ def _check_given(name: str, dims: list[Any], given: Shape) -> None:
                 f"--shapes sets dimension {i} of input {name!r} to {want}, but the model fixes it at {have}.",
                 fix=f"Only dynamic dimensions can be set; the model's shape is {_fmt(dims)}.",
             )
-
-
-def _fmt(dims: Sequence[Any]) -> str:
-    return "[" + ", ".join("?" if not _is_static(d) else str(d) for d in dims) + "]"
 
 
 # --- the build (needs TensorRT) ------------------------------------------------------------------
