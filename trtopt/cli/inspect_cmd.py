@@ -1,4 +1,5 @@
-"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs and fusion opportunities.
+"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs, fusion opportunities and
+which Conv/Gemm/MatMul weights can run 2:4 sparse on TensorRT (and which already are).
 
 examples:
   trtopt inspect model.onnx
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trtopt.analysis import summarize
+    from trtopt.analysis.sparsity import analyze_sparsity
     from trtopt.cli.console import print_json
     from trtopt.frontend import graph_from_onnx, load_model, parse_shapes
 
@@ -42,10 +44,14 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_model(args.model)
     graph = graph_from_onnx(loaded.model, shapes=shapes, fold_constants=False)
     summary = summarize(graph, source=str(args.model), opset=loaded.opset)
+    sparsity = analyze_sparsity(graph, {n.name: c.macs for n, c in zip(graph.nodes, summary.layers, strict=True)})
     if args.json:
-        print_json(summary.to_dict())
+        print_json({**summary.to_dict(), "sparsity": sparsity.to_dict()})
     else:
+        from trtopt.cli.sparsity_tables import print_sparsity_report
+
         print_summary(summary, all_layers=args.layers)
+        print_sparsity_report(sparsity, all_layers=args.layers)
     return 0
 
 
