@@ -36,7 +36,8 @@ def print_sparsity_report(report: SparsityReport, *, all_layers: bool = False) -
     out.print(table)
     out.print(
         f"2:4 sparsity: {len(eligible)} of {len(report.layers)} layers eligible "
-        f"({report.share(report.eligible_macs):.1%} of MACs could run sparse); {sum(x.is_24 for x in report.layers)} already 2:4 "
+        f"({report.share(report.eligible_macs):.1%} of MACs could run sparse); "
+        f"{sum(x.is_24 for x in report.layers)} already 2:4 "
         f"({report.share(report.sparse_macs):.1%} of MACs). Prune with `trtopt sparsify`, build with `--sparsity`."
     )
 

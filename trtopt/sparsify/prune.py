@@ -132,9 +132,9 @@ def prune_report(
         l1_share = float(np.abs(removed).sum() / l1) if l1 else 0.0
         l2_share = float(np.sqrt((removed**2).sum()) / l2) if l2 else 0.0
         shape = tuple(int(d) for d in dense.shape)
-        pruned.append(
-            PrunedLayer(name, ops.get(name, "?"), site.name, shape, site.axis, l1_share, l2_share, (macs or {}).get(name))
-        )
+        layer_macs = (macs or {}).get(name)
+        op = ops.get(name, "?")
+        pruned.append(PrunedLayer(name, op, site.name, shape, site.axis, l1_share, l2_share, layer_macs))
     return PruneReport(tuple(pruned), dict(reasons))
 
 
