@@ -33,7 +33,7 @@ exactly where the stored integer equals its zero point.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,3 +252,37 @@ def analyze_sparsity(graph: gs.Graph, macs: Mapping[str, int | None] | None = No
 
 def _known_shape(tensor: gs.Tensor) -> bool:
     return tensor.shape is not None and all(isinstance(d, (int, np.integer)) and d >= 0 for d in tensor.shape)
+
+
+# --- what a build records ------------------------------------------------------------------------------
+
+KERNELS_UNSEEN = (
+    "TensorRT decides per layer, on the GPU at build time, whether a sparse kernel is faster (Ampere or newer; "
+    "its log says which in the line '(Sparsity) TRT inference plan picked sparse implementation for layers', "
+    "shown with -v). trtopt cannot see that choice, and no trtopt build has yet run on a GPU: this lists only "
+    "the layers whose weights qualify."
+)
+NO_CPU_KERNELS = "ONNX Runtime's CPU kernels have no 2:4 sparse path: on this backend --sparsity only lists the layers."
+
+
+def sparsity_record(graph: gs.Graph, int8_layers: Sequence[str], fp16: bool, backend: str) -> dict[str, Any]:
+    """What `trtopt build --sparsity` stores in the plan: the layers whose weights (as built, Q/DQ included)
+    are 2:4 and run in INT8 or FP16, the precisions the developer guide names for sparse tactics; 2:4 layers
+    left in FP32; eligible layers that are not 2:4; and their shares of the MACs."""
+    from trtopt.analysis.summary import summarize
+
+    summary = summarize(graph)
+    macs = {n.name: cost.macs for n, cost in zip(graph.nodes, summary.layers, strict=True)}
+    report = analyze_sparsity(graph, macs)
+    reduced = set(int8_layers)
+    qualifying = [x for x in report.layers if x.is_24 and (fp16 or x.name in reduced)]
+    float32 = [x.name for x in report.layers if x.is_24 and x not in qualifying]
+    return {
+        "backend": backend,
+        "qualifying_layers": [x.name for x in qualifying],
+        "qualifying_mac_share": report.share(sum(x.macs or 0 for x in qualifying)),
+        "fp32_layers_with_2_4_weights": float32,
+        "eligible_not_2_4": [x.name for x in report.layers if x.eligible and not x.is_24],
+        "eligible_mac_share": report.share(report.eligible_macs),
+        "note": KERNELS_UNSEEN if backend == "tensorrt" else NO_CPU_KERNELS,
+    }
