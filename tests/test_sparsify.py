@@ -98,7 +98,8 @@ def test_greedy_budget_takes_the_least_sensitive_layers_and_stays_within_it() ->
     chosen = result.choice.chosen
     assert chosen == result.choice.order[: len(chosen)] and 0 < len(chosen) < len(ELIGIBLE)
     assert result.fidelity.loss <= budget < result.choice.measured[len(chosen) + 1]
-    assert FidelityProbe(model, data).measure(result.model).loss == pytest.approx(result.fidelity.loss)
+    # measured with the weights fed as inputs of one session; a session over the written model rounds apart
+    assert FidelityProbe(model, data).measure(result.model).loss == pytest.approx(result.fidelity.loss, abs=1e-6)
     assert {p.name for p in result.report.pruned} == set(chosen)
     assert not sparsify(model, budget=0.0, batches=data).report.pruned
     assert len(sparsify(model, budget=2.0, batches=data).report.pruned) == len(ELIGIBLE)

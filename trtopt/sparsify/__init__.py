@@ -121,18 +121,20 @@ def sparsify(
     ops = {layer_label(n): n.op for n in graph.nodes}
     sites, reasons = prunable_layers(graph)
     candidates = select_layers(sites, reasons, layers)
-    probe = FidelityProbe(model, batches, threads=threads) if batches else None
+    variable = [sites[layer].name for layer in candidates]
+    probe = FidelityProbe(model, batches, threads=threads, variable=variable) if batches else None
     single = choice = None
     if budget is not None and probe is not None:
         each = {layer: pruned_weights(sites, [layer]) for layer in candidates}
         tick = _counter(step, len(candidates) + budget_measurements(len(candidates)))
-        single = sensitivities(model, each, probe, tick)
-        choice = choose_within_budget(model, each, single, probe, budget, tick)
+        single = sensitivities(each, probe, tick)
+        choice = choose_within_budget(each, single, probe, budget, tick)
         chosen: Sequence[str] = choice.chosen
     else:
         chosen = candidates
-    pruned = with_weights(model, pruned_weights(sites, chosen))
-    fidelity = choice.fidelity if choice is not None else probe.measure(pruned) if probe is not None else None
+    weights = pruned_weights(sites, chosen)
+    pruned = with_weights(model, weights)
+    fidelity = choice.fidelity if choice is not None else probe.measure_weights(weights) if probe else None
     report = prune_report(sites, chosen, reasons, ops, macs)
     return SparsifyResult(pruned, report, tuple(candidates), single, choice, fidelity, summary.macs)
 

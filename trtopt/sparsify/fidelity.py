@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from trtopt.compare import ErrorStats, compare_batches
 from trtopt.execution import OrtSession
@@ -53,42 +54,78 @@ DENSE = Fidelity(())
 
 
 class FidelityProbe:
-    """The dense model's outputs on fixed batches, computed once; `measure` compares any variant against them.
+    """The dense model's outputs on fixed batches, computed once; `measure_weights` and `measure` compare a
+    variant (the dense model with some weights replaced, or any model) against them.
 
     `batches` are (feeds, rows): a fixed-batch model's last batch may be padded, and only its first `rows`
-    rows are compared.
+    rows are compared. The initializers named in `variable` become inputs of one ONNX Runtime session, fed the
+    dense or the pruned values on each run: ResNet-50's session takes about a second to create and a batch of
+    8 images two seconds to run on one core, so one session for all candidates saves a third of the time. The
+    math is the same; ONNX Runtime cannot pre-pack or fuse those weights, so rounding may differ from a session
+    over constant weights by about 1e-7 of the outputs' magnitude (the dense reference runs the same way).
     """
 
-    def __init__(self, dense: onnx.ModelProto, batches: Sequence[tuple[Feeds, int]], *, threads: int | None = None):
+    def __init__(
+        self,
+        dense: onnx.ModelProto,
+        batches: Sequence[tuple[Feeds, int]],
+        *,
+        threads: int | None = None,
+        variable: Sequence[str] = (),
+    ) -> None:
+        self.dense = dense
         self.batches = list(batches)
         self.threads = threads
-        session = OrtSession(dense, threads=threads)
-        self.names = list(session.output_names)
-        self.reference = [_rows(session.run(feeds), rows) for feeds, rows in self.batches]
+        stored = {t.name: t for t in dense.graph.initializer}
+        self.fixed = {name: numpy_helper.to_array(stored[name]) for name in dict.fromkeys(variable) if name in stored}
+        self.session = OrtSession(with_weights_as_inputs(dense, list(self.fixed)), threads=threads)
+        self.names = [name for name in self.session.output_names]
+        self.reference = [_rows(self.session.run({**feeds, **self.fixed}), rows) for feeds, rows in self.batches]
         first = self.reference[0] if self.reference else {}
         self.classify = {name for name, value in first.items() if np.asarray(value).ndim == 2}
 
+    def measure_weights(self, weights: Mapping[str, np.ndarray]) -> Fidelity:
+        """The dense model with `weights` ({initializer name: values}) replaced."""
+        if not set(weights) <= set(self.fixed):
+            from trtopt.sparsify.prune import with_weights
+
+            return self.measure(with_weights(self.dense, weights))
+        return self._compare(self.session, {**self.fixed, **weights})
+
     def measure(self, model: onnx.ModelProto) -> Fidelity:
-        session = OrtSession(model, threads=self.threads)
+        """Any model with the dense model's inputs and outputs, in a session of its own."""
+        return self._compare(OrtSession(model, threads=self.threads), {})
+
+    def _compare(self, session: OrtSession, extra: Mapping[str, np.ndarray]) -> Fidelity:
         batches = zip(self.reference, self.batches, strict=True)
-        pairs = ((ref, _rows(session.run(feeds), rows)) for ref, (feeds, rows) in batches)
+        pairs = ((ref, _rows(session.run({**feeds, **extra}), rows)) for ref, (feeds, rows) in batches)
         stats: list[ErrorStats] = compare_batches(pairs, self.names, classify=self.classify)
         return Fidelity(tuple(s.to_dict() for s in stats))
 
 
+def with_weights_as_inputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """A copy of `model` whose initializers `names` are graph inputs instead (same name, dtype and shape)."""
+    if not names:
+        return model
+    result = onnx.ModelProto()
+    result.CopyFrom(model)
+    wanted = set(names)
+    moved = [t for t in result.graph.initializer if t.name in wanted]
+    kept = [t for t in result.graph.initializer if t.name not in wanted]
+    del result.graph.initializer[:]
+    result.graph.initializer.extend(kept)
+    result.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
+    return result
+
+
 def sensitivities(
-    model: onnx.ModelProto,
-    pruned: Mapping[str, Mapping[str, np.ndarray]],
-    probe: FidelityProbe,
-    step: Step | None = None,
+    pruned: Mapping[str, Mapping[str, np.ndarray]], probe: FidelityProbe, step: Step | None = None
 ) -> dict[str, Fidelity]:
     """{layer: fidelity of the model with only that layer pruned}; `pruned` maps a layer to its pruned
     weights ({weight name: values}, `trtopt.sparsify.prune.pruned_weights`)."""
-    from trtopt.sparsify.prune import with_weights
-
     result = {}
     for layer, weights in pruned.items():
-        result[layer] = probe.measure(with_weights(model, weights))
+        result[layer] = probe.measure_weights(weights)
         if step:
             step(layer)
     return result
@@ -111,7 +148,6 @@ class BudgetChoice:
 
 
 def choose_within_budget(
-    model: onnx.ModelProto,
     pruned: Mapping[str, Mapping[str, np.ndarray]],
     single: Mapping[str, Fidelity],
     probe: FidelityProbe,
@@ -119,8 +155,6 @@ def choose_within_budget(
     step: Step | None = None,
 ) -> BudgetChoice:
     """The longest least-sensitive-first prefix of the layers whose pruning together costs at most `budget`."""
-    from trtopt.sparsify.prune import with_weights
-
     order = tuple(sorted(pruned, key=lambda layer: (single[layer].loss, layer)))
     fidelities: dict[int, Fidelity] = {0: DENSE}
     if order:
@@ -129,7 +163,7 @@ def choose_within_budget(
     def measure(k: int) -> float:
         if k not in fidelities:
             weights = {name: values for layer in order[:k] for name, values in pruned[layer].items()}
-            fidelities[k] = probe.measure(with_weights(model, weights))
+            fidelities[k] = probe.measure_weights(weights)
             if step:
                 step(f"first {k} layers")
         return fidelities[k].loss
