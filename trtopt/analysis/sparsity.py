@@ -1,14 +1,15 @@
 """2:4 structured sparsity: which Conv / Gemm / MatMul weights can run on sparse Tensor Cores, and which do.
 
-The rule, from NVIDIA's TensorRT developer guide, section "Structured Sparsity" (8.x; in TensorRT 11 the
-same topic is on the page "Data Formats and Tensors", docs.nvidia.com/deeplearning/tensorrt/11.1.0/
-inference-library/data-formats-tensors.html): NVIDIA Ampere and later GPUs run *convolution kernel weights
-and fully connected weights* on sparse Tensor Cores when, for each output channel and each spatial position
-of the kernel, every four consecutive *input* channels hold at least two zeros. With weights of shape
-[K, C, R, S] and C % 4 == 0, every slice ``weights[k, 4c:4c+4, r, s]`` may have at most two non-zeros. The
-groups run along the reduction axis of the matrix product, the one the Tensor Core sums over (NVIDIA's
-"Exploiting NVIDIA Ampere Structured Sparsity with cuSPARSELt" and the Ampere TensorRT blog describe the
-2:4 pattern as two zeros in every group of four along a row of the sparse operand, the weights).
+The rule, as NVIDIA's TensorRT developer guide states it in its section "Structured Sparsity" (8.x; TensorRT 11
+covers structured sparsity on its page "Data Formats and Tensors", docs.nvidia.com/deeplearning/tensorrt/11.1.0/
+inference-library/data-formats-tensors.html): NVIDIA Ampere and later GPUs run *convolution kernel weights and
+fully connected weights* on sparse Tensor Cores when, for each output channel and each spatial position of
+the kernel, every four *input* channels hold at least two zeros: with weights of shape [K, C, R, S] and
+C % 4 == 0, every slice ``weights[k, 4c:4c+4, r, s]`` has at most two non-zeros. The input channels are the
+reduction axis of the convolution as a matrix product; NVIDIA's blog posts on the sparse Tensor Cores
+("Accelerating Inference with Sparsity Using the NVIDIA Ampere Architecture and NVIDIA TensorRT", "Exploiting
+NVIDIA Ampere Structured Sparsity with cuSPARSELt") describe the same 2:4 pattern, two zeros in every
+contiguous group of four weights, which halves the work of the weight operand.
 
 How that axis lands in an ONNX weight, as NVIDIA's own tools read it:
 
