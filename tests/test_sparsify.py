@@ -189,3 +189,20 @@ def test_pruned_weights_keep_their_dtype_and_name() -> None:
     for tensor in result.model.graph.initializer:
         assert tensor.data_type == before[tensor.name].data_type
         assert numpy_helper.to_array(tensor).shape == numpy_helper.to_array(before[tensor.name]).shape
+
+
+def test_weights_held_by_constant_nodes_are_pruned_and_measured_too() -> None:
+    """Exporters sometimes write weights as Constant nodes instead of initializers: same result, and the
+    fidelity probe (which feeds initializer weights as inputs) falls back to a session of its own."""
+    model = mixed_model()
+    weight = next(t for t in model.graph.initializer if t.name == "conv_w_3")
+    model.graph.node.insert(0, onnx.helper.make_node("Constant", [], ["conv_w_3"], name="w3", value=weight))
+    model.graph.initializer.remove(weight)
+    data = batches()
+    result = sparsify(model, budget=2.0, batches=data)
+    assert "conv_3" in {p.name for p in result.report.pruned}
+    feeds = data[0][0]
+    expected = with_masks_by_hand(mixed_model(), ELIGIBLE)
+    assert np.array_equal(run_model(result.model, feeds)["logits"], run_model(expected, feeds)["logits"])
+    assert result.fidelity is not None
+    assert FidelityProbe(model, data).measure(result.model).loss == pytest.approx(result.fidelity.loss, abs=1e-6)
