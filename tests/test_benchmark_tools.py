@@ -224,3 +224,21 @@ def test_realistic_photos_are_camera_sized_jpegs_that_differ(tmp_path: Path) -> 
     sizes = {Image.open(p).size for p in paths}
     assert sizes <= {(300, 200), (200, 300)} and all(Image.open(p).format == "JPEG" for p in paths)
     assert len({p.read_bytes() for p in paths}) == 3
+
+
+@pytest.mark.slow  # three INT8 builds of the demo model: about 20 s of CPU
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_bench_sparsity_tiny_run_reports_layers_budgets_and_int8(tmp_path: Path) -> None:
+    out = tmp_path / "sparsity.md"
+    stdout = run_tool("tools/bench_sparsity.py", "--sens-count", "2", "--eval-count", "2", "--budgets", "0.01",
+                      "--top", "1", "--int8-count", "8", "--no-int8-layers", "--out", str(out))  # fmt: skip
+    assert out.read_text() == stdout
+    check_header(stdout, "tools/bench_sparsity.py")
+    assert "CPU class `" in stdout and "owed to a GPU run" in stdout and "88.2% of the model's" in stdout
+    layers = table_rows(stdout, "| layer | op | weight | MACs |")
+    assert len(layers) == 2 and all(math.isfinite(float(r[6])) for r in layers)
+    assert float(layers[0][6]) <= float(layers[1][6])  # least sensitive first, then most
+    budgets = table_rows(stdout, "| variant | layers pruned |")
+    assert [r[0] for r in budgets] == ["dense", "budget 1 - cos <= 0.01", "every eligible layer"]
+    assert budgets[-1][1] == "33 of 33" and all(r[6] != "-" for r in budgets)  # every row built to INT8
+    assert float(budgets[1][3]) <= 0.01 < float(budgets[2][3])

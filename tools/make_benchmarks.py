@@ -109,6 +109,24 @@ SECTIONS = (
     ),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
+    # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.
+    Section(
+        "sparsity",
+        "tools/bench_sparsity.py",
+        ("--sens-count", "32", "--int8-count", "64"),
+        ("--sens-count", "2", "--eval-count", "2", "--budgets", "0.01", "--top", "1", "--int8-count", "8",
+         "--no-int8-layers"),  # fmt: skip
+        False,
+    ),
+    Section(
+        "sparsity-resnet50",
+        "tools/bench_sparsity.py",
+        ("--model", "light:resnet50", "--sens-count", "8", "--heldout", "tests/data/heldout", "--budgets", "0.01",
+         "--top", "2", "--int8-count", "32", "--no-int8-layers"),  # fmt: skip
+        ("--model", "light:resnet50", "--sens-count", "1", "--heldout", "tests/data/heldout", "--eval-count", "1",
+         "--budgets", "0.01", "--top", "1", "--no-int8"),  # fmt: skip
+        False,
+    ),
 )
 
 

@@ -138,6 +138,10 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
     metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, labels)
+    if config.sparsity:  # which layers' weights are 2:4 as built (trtopt.analysis.sparsity)
+        from trtopt.analysis.sparsity import sparsity_record
+
+        metadata["sparsity"] = sparsity_record(graph, qdq.quantized_layers if qdq else (), config.fp16, backend)
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
         plan, verification = build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)

@@ -66,7 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--workspace", type=int, default=None, help="TensorRT workspace limit in MiB")
     b.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file to reuse and update")
     b.add_argument("--opt-level", type=int, default=None, help="TensorRT builder optimisation level 0-5")
-    b.add_argument("--sparsity", action="store_true", help="let TensorRT use 2:4 sparse weights")
+    b.add_argument(
+        "--sparsity",
+        action="store_true",
+        help="set TensorRT's SPARSE_WEIGHTS flag, so layers whose weights are 2:4 (see `trtopt sparsify`) may run "
+        "on sparse Tensor Cores; the summary lists the layers that qualify",
+    )
     b.add_argument(
         "--cpu-gemm",
         choices=("auto", "on", "off"),

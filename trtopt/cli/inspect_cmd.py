@@ -1,5 +1,6 @@
-"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs, and what `trtopt optimize`
-would do to it pass by pass (the same matchers, on a copy: nothing is written), with what stays unfused.
+"""Show a model's inputs and outputs, op histogram, parameters, estimated MACs, what `trtopt optimize`
+would do to it pass by pass (the same matchers, on a copy: nothing is written), with what stays unfused, and
+which Conv/Gemm/MatMul weights can run 2:4 sparse on TensorRT (and which already are).
 
 examples:
   trtopt inspect model.onnx
@@ -42,6 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trtopt.analysis import fusion_report, summarize
+    from trtopt.analysis.sparsity import analyze_sparsity
     from trtopt.cli.console import print_json
     from trtopt.frontend import graph_from_onnx, load_model, parse_shapes
 
@@ -51,10 +53,14 @@ def run(args: argparse.Namespace) -> int:
     # The optimiser sees the model as `trtopt optimize` loads it (constants folded).
     fusions = fusion_report(graph_from_onnx(loaded.model, shapes=shapes))
     summary = summarize(graph, source=str(args.model), opset=loaded.opset, fusions=fusions)
+    sparsity = analyze_sparsity(graph, {n.name: c.macs for n, c in zip(graph.nodes, summary.layers, strict=True)})
     if args.json:
-        print_json(summary.to_dict())
+        print_json({**summary.to_dict(), "sparsity": sparsity.to_dict()})
     else:
+        from trtopt.cli.sparsity_tables import print_sparsity_report
+
         print_summary(summary, all_layers=args.layers, every_match=args.matches)
+        print_sparsity_report(sparsity, all_layers=args.layers)
     return 0
 
 

@@ -22,6 +22,7 @@ from trtopt.errors import TrtoptError
 COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("trtopt.cli.inspect_cmd", "show a model's inputs, ops, size, MACs and what optimize does to it"),
     "optimize": ("trtopt.cli.optimize_cmd", "run the graph passes (BN folding, CBR, horizontal, concat)"),
+    "sparsify": ("trtopt.cli.sparsify_cmd", "prune Conv/Gemm/MatMul weights to 2:4 sparsity and measure the cost"),
     "calibrate": ("trtopt.cli.calibrate_cmd", "compute INT8 thresholds from images and write a cache"),
     "build": ("trtopt.cli.build_cmd", "optimise, calibrate, quantise and build a plan file"),
     "run": ("trtopt.cli.run_cmd", "run a plan on images and print the top-5 labels"),

@@ -18,6 +18,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     "build": {"output": "-o", "save_cache": "--save-cache"},
     "calibrate": {"output": "-o"},
     "optimize": {"output": "-o"},
+    "sparsify": {"output": "-o"},
     "export": {"output": "-o"},
     "bench": {"plot": "--plot"},
 }

@@ -35,6 +35,8 @@ def build_summary(result: Any, path: Path) -> dict[str, Any]:
         }
     if result.verification is not None:
         summary["verification"] = result.verification.to_dict()
+    if meta.get("sparsity"):
+        summary["sparsity"] = meta["sparsity"]
     return summary
 
 
@@ -66,6 +68,8 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
     verification = summary.get("verification")
     if verification:
         table.add_row("verified", verification_text(verification))
+    if summary.get("sparsity"):
+        table.add_row("2:4 sparsity", sparsity_text(summary["sparsity"]))
     times = summary["stage_seconds"]
     table.add_row(
         "time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)"
@@ -86,3 +90,21 @@ def verification_text(record: dict[str, Any]) -> str:
     ]
     lines += [f"rejected {r['variant']}: relative error {r['rel_error']:.3g}" for r in v.rejected]
     return "\n".join(lines)
+
+
+def sparsity_text(record: dict[str, Any], shown: int = 6) -> str:
+    """`build --sparsity`: the layers whose weights qualify for TensorRT's sparse kernels, and what is unknown."""
+    layers = record["qualifying_layers"]
+    names = ", ".join(layers[:shown]) + (f" and {len(layers) - shown} more" if len(layers) > shown else "")
+    lines = [
+        f"{len(layers)} layers qualify ({record['qualifying_mac_share']:.1%} of MACs): 2:4 weights, INT8 or FP16"
+        + (f": {names}" if layers else "")
+    ]
+    if record["fp32_layers_with_2_4_weights"]:
+        lines.append(f"{len(record['fp32_layers_with_2_4_weights'])} more have 2:4 weights but run FP32")
+    if record["eligible_not_2_4"]:
+        lines.append(
+            f"{len(record['eligible_not_2_4'])} eligible layers are not 2:4 (`trtopt sparsify` prunes them; "
+            f"eligible: {record['eligible_mac_share']:.1%} of MACs)"
+        )
+    return "\n".join([*lines, record["note"]])

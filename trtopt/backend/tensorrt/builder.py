@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 OPTIMIZATION_LEVELS = range(0, 6)  # IBuilderConfig.builder_optimization_level: 0..5, default 3
 STRONGLY_TYPED_IGNORED_FROM = 11  # the creation flag is a no-op from this major version on
+# TensorRT logs, at the end of a build with SPARSE_WEIGHTS, "(Sparsity) Layers eligible for sparse math: ..." and
+# "(Sparsity) TRT inference plan picked sparse implementation for layers: ..." (developer guide, "Structured
+# Sparsity"): the only record of which layers run sparse, so they are logged at INFO rather than DEBUG.
+SPARSITY_LOG_PREFIX = "(Sparsity)"
 
 
 # --- pure helpers (no TensorRT) -------------------------------------------------------------------
@@ -356,6 +360,8 @@ def _make_logger(trt: Any) -> Any:
                 log.error("TensorRT: %s", msg)
             elif severity == trt.ILogger.WARNING:
                 log.warning("TensorRT: %s", msg)
+            elif msg.startswith(SPARSITY_LOG_PREFIX):  # which layers ran sparse: shown with -v
+                log.info("TensorRT: %s", msg)
             else:
                 log.debug("TensorRT: %s", msg)
 
