@@ -87,7 +87,9 @@ def model_config(plan: Plan, options: TritonOptions, name: str, backend: str) ->
         config["dynamic_batching"] = batching
     gpu = plan.backend == "tensorrt"
     config["instance_group"] = [{"count": options.instances, "kind": Enum("KIND_GPU" if gpu else "KIND_CPU")}]
-    config["parameters"] = _parameters(options, backend)
+    parameters = _parameters(options, backend)
+    if parameters:
+        config["parameters"] = parameters
     return config
 
 
@@ -219,6 +221,13 @@ def labelled_output(plan: Plan) -> int | None:
     labels = plan.labels
     if not labels:
         return None
+    broken = next((i for i, label in enumerate(labels) if "\n" in label or "\r" in label), None)
+    if broken is not None:
+        raise export_error(
+            f"Label {broken} of the plan ({labels[broken]!r:.60}) holds a line break; Triton's label files hold one "
+            "label per line.",
+            "Rebuild the plan with --labels FILE (one label per line).",
+        )
     for i, t in enumerate(plan.outputs):
         if len(t.shape) >= 1 and t.shape[-1] == len(labels):
             return i

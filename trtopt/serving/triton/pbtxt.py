@@ -132,10 +132,10 @@ class _Parser:
                 self.pos += 1
             if self.peek() in (("punct", "{"), ("punct", "<")):
                 values: list[Any] = [self.block()]
+            elif self.peek() == ("punct", "["):  # the colon may be left out before a list of messages
+                values = self.list()
             elif not colon:
                 raise self.fail(f"expected ':' or '{{' after {name}")
-            elif self.peek() == ("punct", "["):
-                values = self.list()
             else:
                 values = [self.scalar()]
             self._add(fields, name, values)
