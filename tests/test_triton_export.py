@@ -5,11 +5,9 @@ serves what this writes on a real Triton server."""
 
 from __future__ import annotations
 
-import onnx
 import pytest
-from model_files import tiny_model_with_images
+from model_files import dynamic_batch_tiny_plan
 
-from trtopt.build import BuildConfig, build_plan
 from trtopt.errors import TrtoptError
 from trtopt.plan import Plan, TensorSpec, write_plan
 from trtopt.serving.triton import TritonOptions, export_triton
@@ -173,15 +171,8 @@ def test_the_check_catches_a_config_that_contradicts_the_plan(tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def cpu_plan(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """tiny_cnn with a dynamic batch dimension, built INT8 on the CPU from 8 images."""
-    root = tiny_model_with_images(tmp_path_factory.mktemp("cpu"), 8)
-    model = onnx.load(root / "tiny.onnx")
-    for value in (model.graph.input[0], model.graph.output[0]):
-        value.type.tensor_type.shape.dim[0].dim_param = "N"
-    onnx.save(model, root / "tiny.onnx")
-    result = build_plan(root / "tiny.onnx", BuildConfig(backend="cpu", calib=str(root / "images"),
-                                                        labels=LABELS))  # fmt: skip
-    write_plan(result.plan, root / "tiny.engine")
+    root = tmp_path_factory.mktemp("cpu")
+    dynamic_batch_tiny_plan(root, LABELS)
     return root
 
 
