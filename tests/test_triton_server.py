@@ -32,6 +32,7 @@ from trtopt.classify import top_k
 from trtopt.plan import write_plan
 from trtopt.serving.triton import TritonOptions, export_triton
 
+pytestmark = pytest.mark.slow  # builds the demo plan and starts a server: about 20 s on an idle 2-core machine
 ROOT = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((ROOT / "calib_data").glob("*.jpg"))[:12]
 TIMEOUT = 60.0  # seconds per request
@@ -65,6 +66,9 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
         dist = triton_env.find_server()
     except triton_env.Unavailable as exc:
         _unavailable(str(exc))
+    stale = triton_env.version_mismatches(dist)
+    if stale:
+        _unavailable(f"the server venv's {', '.join(stale)}: run `python tools/triton_env.py` to align them")
     work = tmp_path_factory.mktemp("triton")
     plan = work / "demo.engine"
     config = BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=16)

@@ -144,6 +144,24 @@ def stub_env(into: Path, dist: ServerDist) -> Path:
     return into
 
 
+def version_mismatches(dist: ServerDist) -> list[str]:
+    """SERVING_DEPS whose version in the server venv differs from this environment's (then the served plan
+    may compute differently from the same plan run here)."""
+    from importlib import metadata
+
+    mismatches = []
+    for name in SERVING_DEPS:
+        try:
+            here = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found = metadata.distributions(path=[str(dist.site)])
+        there = [d.version for d in found if d.metadata["Name"].lower().replace("_", "-") == name]
+        if there and there[0] != here:
+            mismatches.append(f"{name} {there[0]} (here {here})")
+    return mismatches
+
+
 def install() -> Path:
     """Create the server's own venv with the pinned wheel and the serving dependencies (idempotent)."""
     from importlib import metadata
@@ -168,13 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check, install nothing")
     args = parser.parse_args(argv)
     try:
+        if not args.check:
+            install()  # a no-op in seconds when all is there; re-pins when this environment's versions moved
         dist = find_server()
     except Unavailable as exc:
-        if args.check:
-            print(f"unavailable: {exc}")
-            return 1
-        install()
-        dist = find_server()
+        print(f"unavailable: {exc}")
+        return 1
+    stale = version_mismatches(dist)
+    if stale:
+        print(f"unavailable: the server venv's {', '.join(stale)} differ from this environment's")
+        return 1
     print(f"Triton {TRITON_VERSION} server: {dist.binary}")
     return 0
 
