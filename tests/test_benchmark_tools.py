@@ -224,3 +224,20 @@ def test_realistic_photos_are_camera_sized_jpegs_that_differ(tmp_path: Path) -> 
     sizes = {Image.open(p).size for p in paths}
     assert sizes <= {(300, 200), (200, 300)} and all(Image.open(p).format == "JPEG" for p in paths)
     assert len({p.read_bytes() for p in paths}) == 3
+
+
+def test_bench_serving_measures_closed_loop_clients_and_tabulates() -> None:
+    """tools/bench_serving.py's measurement and table, with a stand-in call (the servers are
+    tests/test_triton_server.py's business)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_serving import System, measure, point, table
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    seen: list[bytes] = []
+    rate, latencies = measure(lambda: seen.append, [b"a", b"b", b"c"], clients=3, seconds=0.2, warmup=0.05)
+    assert rate > 0 and latencies and all(x >= 0 for x in latencies)
+    assert set(seen) == {b"a", b"b", b"c"}  # each client starts at its own photo and cycles through all
+    system = System("stand-in", "on", lambda: seen.append)
+    rows = table([point(system, 3, [(10.0, [0.010, 0.020], 2.0), (30.0, [0.030], 4.0)])], [3])
+    assert rows[2] == "| stand-in | on | 20.0, 20 / 30, batch 3.0 |"  # median rate, pooled percentiles, mean batch

@@ -21,7 +21,10 @@ included, and noisy (the section records the load average).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +49,14 @@ from triton_server import TritonServer, free_ports  # noqa: E402
 import trtopt  # noqa: E402
 
 Call = Callable[[bytes], Any]
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    batching: str
+    make_call: Callable[[], Call]
+    counts: Callable[[], tuple[float, float]] | None = None  # Triton's (samples, executions) so far
 
 
 @dataclass
@@ -86,9 +97,8 @@ def measure(
         t.join()
     if errors:
         raise RuntimeError(f"{len(errors)} client(s) failed: {errors[0]!r}")
-    done = sorted(x for per_client in latencies for x in per_client)
-    window = max(time.perf_counter() - measure_from, 1e-9)
-    return len(done) / window, 1000 * done[len(done) // 2], 1000 * done[min(len(done) - 1, int(0.99 * len(done)))]
+    done = [x for per_client in latencies for x in per_client]
+    return len(done) / max(time.perf_counter() - measure_from, 1e-9), done
 
 
 def engine_calls(plan: Path) -> Callable[[], Call]:
@@ -167,41 +177,50 @@ def export_models(plan: Path, repo: Path, env: Path, args: argparse.Namespace) -
     export_triton(plan, repo, TritonOptions(name="batching_on", queue_delay_us=args.queue_delay_us, **common))  # type: ignore[arg-type]
 
 
-def run_all(plan: Path, work: Path, photos: list[bytes], args: argparse.Namespace) -> list[Point]:
-    points: list[Point] = []
-
-    def run(
-        system: str, batching: str, make: Callable[[], Call], metrics: Callable[[], tuple[float, float]] | None = None
-    ) -> None:
-        for clients in args.concurrency:
-            before = metrics() if metrics else None
-            rate, p50, p99 = measure(make, photos, clients, args.seconds, args.warmup)
-            mean = None
-            if metrics and before:
-                after = metrics()
-                mean = (after[0] - before[0]) / max(after[1] - before[1], 1)
-            points.append(Point(system, batching, clients, rate, p50, p99, mean))
-            print(f"{system} {batching} x{clients}: {rate:.1f}/s p50 {p50:.1f} ms p99 {p99:.1f} ms", file=sys.stderr)
-
-    run("in-process Engine", "-", engine_calls(plan))
+def systems(plan: Path, work: Path, stack: contextlib.ExitStack, args: argparse.Namespace) -> list[System]:
+    """Start the servers (closed by `stack`) and return every (system, batching) to measure."""
     process, url = start_stdlib(plan)
-    try:
-        run("stdlib example (HTTP)", "-", stdlib_calls(url))
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    stack.callback(lambda: (process.terminate(), process.wait(timeout=30)))
     dist = find_server()
     export_models(plan, work / "repo", stub_env(work / "stub-env", dist), args)
-    with TritonServer(dist, work / "repo", work) as server:
-        for model, batching in (("batching_off", "off"), ("batching_on", "on")):
-            for protocol, url in (("http", server.http_url), ("grpc", server.grpc_url)):
-                run(
-                    f"Triton ({protocol.upper() if protocol == 'http' else 'gRPC'})",
-                    batching,
-                    triton_calls(url, model, protocol),
-                    lambda m=model: batch_counts(server, m),
-                )  # type: ignore[misc]
-    return points
+    server = stack.enter_context(TritonServer(dist, work / "repo", work))
+    found = [
+        System("in-process Engine", "-", engine_calls(plan)),
+        System("stdlib example (HTTP)", "-", stdlib_calls(url)),
+    ]
+    for model, batching in (("batching_off", "off"), ("batching_on", "on")):
+        for protocol, address in (("http", server.http_url), ("grpc", server.grpc_url)):
+            name = f"Triton ({'HTTP' if protocol == 'http' else 'gRPC'})"
+            counts = functools.partial(batch_counts, server, model)
+            found.append(System(name, batching, triton_calls(address, model, protocol), counts))
+    return found
+
+
+def run_all(plan: Path, work: Path, photos: list[bytes], args: argparse.Namespace) -> list[Point]:
+    """Every point `--rounds` times, round-robin over the systems, so that load from other jobs on a shared
+    machine falls on all of them alike; per point: median throughput, latency percentiles over all rounds."""
+    with contextlib.ExitStack() as stack:
+        measured = systems(plan, work, stack, args)
+        runs: dict[tuple[int, int], list[tuple[float, list[float], float | None]]] = {}
+        for round_ in range(args.rounds):
+            for k, system in enumerate(measured):
+                for clients in args.concurrency:
+                    before = system.counts() if system.counts else None
+                    rate, latencies = measure(system.make_call, photos, clients, args.seconds, args.warmup)
+                    after = system.counts() if system.counts else None
+                    batch = (after[0] - before[0]) / max(after[1] - before[1], 1) if before and after else None
+                    runs.setdefault((k, clients), []).append((rate, latencies, batch))
+                    print(f"round {round_ + 1}: {system.name} {system.batching} x{clients}: {rate:.1f}/s",
+                          file=sys.stderr, flush=True)  # fmt: skip
+    return [point(measured[k], clients, results) for (k, clients), results in runs.items()]
+
+
+def point(system: System, clients: int, results: list[tuple[float, list[float], float | None]]) -> Point:
+    latencies = sorted(x for _, lat, _ in results for x in lat)
+    batches = [b for _, _, b in results if b is not None]
+    p50, p99 = (1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))] for q in (0.5, 0.99))
+    rate = statistics.median(r for r, _, _ in results)
+    return Point(system.name, system.batching, clients, rate, p50, p99, statistics.mean(batches) if batches else None)
 
 
 def table(points: list[Point], concurrency: list[int]) -> list[str]:
@@ -228,7 +247,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", type=Path, help="a CPU plan of an image model (default: build the demo plan)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per point")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per point and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over all points (round-robin)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each point")
     parser.add_argument("--instances", type=int, default=2, help="Triton model instances (1 intra-op thread each)")
     parser.add_argument("--queue-delay-us", type=int, default=2000, help="dynamic batching: max queue delay")
@@ -249,7 +269,9 @@ def main() -> None:
         f"trtopt.Engine, {args.instances} instances x 1 intra-op thread, max_batch_size 8, queue delay "
         f"{args.queue_delay_us} us when batching; stdlib example: 1 intra-op thread, up to 4 inferences at once",
         f"- workload: {len(photos)} calib_data/ JPEGs (256 px short side) sent one per request, closed-loop clients "
-        f"on threads of the benchmark process, {args.warmup:g} s warm-up + {args.seconds:g} s per point; 1-minute "
+        f"on threads of the benchmark process, {args.warmup:g} s warm-up + {args.seconds:g} s per point, "
+        f"{args.rounds} rounds round-robin over all points (req/s: median of the rounds; p50/p99: over all "
+        f"rounds' requests; batch: mean); 1-minute "
         f"load average {load_before} before, {load_average()} after (the machine is shared: expect noise)",
         "",
         *table(points, args.concurrency),

@@ -109,6 +109,15 @@ SECTIONS = (
     ),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
+    # Issue #19: the plan served in-process, by the stdlib example and by Triton (needs tools/triton_env.py and
+    # the serving extra); docs/serving.md sizes a fleet from it.
+    Section(
+        "serving",
+        "tools/bench_serving.py",
+        (),
+        ("--seconds", "0.5", "--warmup", "0.2", "--concurrency", "1", "--photos", "4"),
+        False,
+    ),
 )
 
 
