@@ -239,3 +239,28 @@ def test_pbtxt_reads_comments_lists_and_reports_lines() -> None:
         dict_from_pbtxt('a: 1\nb {\n c: "unterminated\n}\n')
     with pytest.raises(PbtxtError, match="line 2: expected ':' or '\\{' after b"):
         dict_from_pbtxt("a: 1\nb 2\n")
+
+
+def test_a_tensorrt_build_records_the_batch_limit_export_serves(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """build_plan with --batch 16 on the TensorRT backend (TensorRT itself stood in for: the backend is
+    selected and the sections built by stand-ins) records its optimisation profile; the export reads it."""
+    import trtopt.build as build_module
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.zoo import build_model
+
+    model = build_model("tiny_cnn", seed=1)
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
+
+    def stand_in_build(backend, model, io, options, fp32, checks):  # type: ignore[no-untyped-def]
+        return Plan(backend, io[0], io[1], {"engine": b"stand-in"}, versions={"tensorrt": "11.0.0.1"}), None
+
+    monkeypatch.setattr(build_module, "select_backend", lambda name: ("tensorrt", "stand-in"))
+    monkeypatch.setattr(build_module, "build_verified", stand_in_build)
+    plan = build_plan(tmp_path / "m.onnx", BuildConfig(backend="tensorrt", int8=False, batch=16)).plan
+    assert plan.metadata["profiles"] == {"input": {"min": [1, 3, 32, 32], "opt": [16, 3, 32, 32],
+                                                   "max": [16, 3, 32, 32]}}  # fmt: skip
+    write_plan(plan, tmp_path / "m.engine")
+    report = export_triton(tmp_path / "m.engine", tmp_path / "repo")
+    assert report.max_batch_size == 16 and config_of(tmp_path / "repo" / "m")["input"][0]["dims"] == [3, 32, 32]
