@@ -54,6 +54,34 @@ def _tools() -> Any:
     return triton_env, triton_server
 
 
+def _dist() -> Any:
+    triton_env, _ = _tools()
+    try:
+        return triton_env.find_server()
+    except triton_env.Unavailable as exc:
+        _unavailable(str(exc))
+
+
+@pytest.mark.parametrize(
+    ("backend", "message"),
+    [
+        ("no_such_backend", "(?s)exited with code.*no_such_backend"),  # --exit-on-error ends the server
+        ("python", "(?s)not ready within 4 s.*model file not found"),  # a stub that never starts: the timeout
+    ],
+)
+def test_a_server_that_cannot_load_its_model_stops_with_its_log(tmp_path: Path, backend: str, message: str) -> None:
+    """The launcher's failure paths: start() raises with the end of the server's log, and stops it."""
+    _, triton_server = _tools()
+    (tmp_path / "repo" / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "broken" / "config.pbtxt").write_text(
+        f'backend: "{backend}"\nmax_batch_size: 0\ninput {{ name: "x" data_type: TYPE_FP32 dims: [ 1 ] }}\n'
+    )  # and no model file
+    server = triton_server.TritonServer(_dist(), tmp_path / "repo", tmp_path, timeout=4)
+    with pytest.raises(triton_server.ServerError, match=message):
+        server.start()
+    assert server.process is None  # stopped: its process group signalled and the server reaped
+
+
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
     triton_env, triton_server = _tools()
@@ -62,10 +90,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
         import tritonclient.http  # noqa: F401
     except ImportError as exc:
         _unavailable(f"tritonclient is not installed ({exc}): pip install -e '.[serving]'")
-    try:
-        dist = triton_env.find_server()
-    except triton_env.Unavailable as exc:
-        _unavailable(str(exc))
+    dist = _dist()
     stale = triton_env.version_mismatches(dist)
     if stale:
         _unavailable(f"the server venv's {', '.join(stale)}: run `python tools/triton_env.py` to align them")
