@@ -120,6 +120,8 @@ def test_tensorrt_static_batch_is_served_with_max_batch_size_0(tmp_path) -> None
         ({}, TritonOptions(name="../escape"), "cannot be a model name"),
         ({}, TritonOptions(dynamic_batching=False, queue_delay_us=5), "switched off"),
         ({"labels": ["a\nb", *LABELS[1:]]}, TritonOptions(), "holds a line break"),
+        ({}, TritonOptions(backend="python", python_env="envs/trtopt"), "must be an absolute path"),
+        ({}, TritonOptions(python_env="/opt/env"), "--python-env is for the Python backend"),
     ],
 )
 def test_tensorrt_export_errors(tmp_path, kwargs, options, message) -> None:  # type: ignore[no-untyped-def]

@@ -248,8 +248,16 @@ def _parameters(options: TritonOptions, backend: str) -> list[dict[str, Any]]:
         if backend != "python":
             raise export_error("--python-env is for the Python backend.", "Add --triton-backend python, or drop it.")
         # The python backend's custom execution environment (python_backend README, "Creating Custom Execution
-        # Environments"): a packed tarball or an unpacked folder with bin/activate.
-        params["EXECUTION_ENV_PATH"] = options.python_env
+        # Environments"): a packed tarball or an unpacked folder with bin/activate, given as an absolute path on
+        # the server or one under $$TRITON_MODEL_DIRECTORY (the model's folder).
+        env = options.python_env
+        if not (env.startswith("/") or env.startswith("$$TRITON_MODEL_DIRECTORY/")):
+            raise export_error(
+                f"--python-env {env!r} must be an absolute path on the server, or start with "
+                "$$TRITON_MODEL_DIRECTORY/ for an environment inside the model's folder.",
+                "Pass e.g. --python-env /opt/envs/trtopt or '--python-env $$TRITON_MODEL_DIRECTORY/env.tar.gz'.",
+            )
+        params["EXECUTION_ENV_PATH"] = env
     return [{"key": k, "value": {"string_value": v}} for k, v in params.items()]
 
 
