@@ -41,7 +41,7 @@ KINDS = {
     "python": ("backend", "python", "model.py"),
 }
 REPEATED = frozenset({"input", "output", "dims", "instance_group", "preferred_batch_size", "parameters", "gpus"})
-DEFAULT_CPU_MAX_BATCH = 8  # CPU plans take any batch; bench_serving.py measured batches of up to 8 usefully
+DEFAULT_CPU_MAX_BATCH = 8  # CPU plans take any batch; per image, batch 8 costs what batch 1 does (BENCHMARKS latency)
 IMAGE_INPUT = "IMAGE"  # the Python model's input of encoded images (TYPE_STRING, one image per batch row)
 LABELS_FILE = "labels.txt"
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")

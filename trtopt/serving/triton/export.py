@@ -18,7 +18,6 @@ error or an interrupt leaves nothing half-written. An existing REPO/NAME is neve
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import tempfile
@@ -33,7 +32,6 @@ from trtopt.serving.triton.config import KINDS, LABELS_FILE, TritonOptions, chec
 from trtopt.serving.triton.pbtxt import pbtxt_from_dict
 from trtopt.serving.triton.python_model import PLAN_FILE
 
-log = logging.getLogger(__name__)
 VERSION = "1"
 MODEL_PY = '''"""Triton Python-backend model for a trtopt plan, written by `trtopt export --triton`.
 

@@ -19,7 +19,6 @@ from Triton's classification extension (the output's `label_filename`, written b
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,6 @@ import numpy as np
 from trtopt.errors import TrtoptError
 
 PLAN_FILE = "plan.engine"  # the plan, in the model's version folder beside model.py
-log = logging.getLogger(__name__)
 
 
 class TritonPythonModel:
