@@ -163,16 +163,36 @@ def _infer(triton: Any, protocol: str, photos: list[Path], classes: int = 0) -> 
         client.close()
 
 
+def _infer_tensor(triton: Any, protocol: str, x: np.ndarray) -> np.ndarray:
+    module = __import__(f"tritonclient.{protocol}", fromlist=["InferInput"])
+    client = _http(triton) if protocol == "http" else _grpc(triton)
+    try:
+        tensor = module.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        return client.infer("demo", [tensor]).as_numpy("logits")
+    finally:
+        client.close()
+
+
 def test_concurrent_photos_over_http_and_grpc_equal_the_engine(triton: Any) -> None:
+    """Images and tensors, one or several per request, at once (the batcher may group both in one execute())."""
     engine = triton.engine
-    jobs = [(protocol, [photo]) for photo in PHOTOS for protocol in ("http", "grpc")]
+    jobs: list[tuple[str, Any]] = [(protocol, [photo]) for photo in PHOTOS for protocol in ("http", "grpc")]
     jobs += [("grpc", PHOTOS[:3]), ("http", PHOTOS[3:5])]  # several images in one request
+    tensors = engine.preprocess([str(p) for p in PHOTOS[5:8]])
+    jobs += [("grpc", tensors[:2]), ("http", tensors[2:])]  # the plan's own input
+
+    def send(job: tuple[str, Any]) -> np.ndarray:
+        protocol, what = job
+        return _infer_tensor(triton, protocol, what) if isinstance(what, np.ndarray) else _infer(triton, *job)
+
     with ThreadPoolExecutor(max_workers=8) as pool:
-        answers = list(pool.map(lambda job: _infer(triton, *job), jobs))
-    for (protocol, photos), answer in zip(jobs, answers, strict=True):
-        expected = engine(engine.preprocess([p.read_bytes() for p in photos]))
-        assert answer.dtype == np.float32 and answer.shape == expected.shape, (protocol, photos)
-        assert np.array_equal(answer, expected), (protocol, [p.name for p in photos])
+        answers = list(pool.map(send, jobs))
+    for (protocol, what), answer in zip(jobs, answers, strict=True):
+        inputs = what if isinstance(what, np.ndarray) else engine.preprocess([p.read_bytes() for p in what])
+        expected = engine(inputs)
+        assert answer.dtype == np.float32 and answer.shape == expected.shape, protocol
+        assert np.array_equal(answer, expected), (protocol, what if isinstance(what, np.ndarray) else what[0].name)
 
 
 def test_labels_through_the_classification_extension(triton: Any) -> None:
