@@ -82,6 +82,44 @@ def test_a_server_that_cannot_load_its_model_stops_with_its_log(tmp_path: Path, 
     assert server.process is None  # stopped: its process group signalled and the server reaped
 
 
+def _stand_in_plan(tmp_path: Path, backend: str) -> Path:
+    """A TensorRT plan (tests/test_triton_export.py's stand-in) or a CPU plan around tiny_cnn's FP32 ONNX with a
+    dynamic batch: enough for a configuration, which is all Triton reads before it looks for the backend."""
+    from test_triton_export import trt_plan
+
+    from trtopt.plan import Plan, TensorSpec
+    from trtopt.zoo import build_model
+
+    if backend == "tensorrt":
+        return trt_plan(tmp_path / "m.engine")
+    model = build_model("tiny_cnn", seed=1)
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    io = (TensorSpec("input", (-1, 3, 32, 32), "float32"),), (TensorSpec("logits", (-1, 10), "float32"),)
+    return write_plan(Plan("cpu", *io, {"onnx": model.SerializeToString()}), tmp_path / "m.engine")
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_tensorrt_and_onnxruntime_configs_pass_tritons_own_validation(tmp_path: Path, backend: str) -> None:
+    """No TensorRT or ONNX Runtime backend installs from PyPI, but Triton parses and validates every
+    configuration when it polls the repository, before it looks for the backend library: an exported model
+    must fail only at that lookup. A configuration Triton refuses fails earlier, with Triton's reason."""
+    _, triton_server = _tools()
+    dist = _dist()
+    options = TritonOptions(backend=backend, preferred_batch=(4,))
+    export_triton(_stand_in_plan(tmp_path, backend), tmp_path / "repo", options)
+    (tmp_path / "run").mkdir()
+    server = triton_server.TritonServer(dist, tmp_path / "repo", tmp_path / "run", timeout=60)
+    with pytest.raises(triton_server.ServerError) as failed:
+        server.start()
+    assert f"unable to find backend library for backend '{backend}'" in str(failed.value)
+    assert "Poll failed for model directory 'm'" not in str(failed.value)
+    config = tmp_path / "repo" / "m" / "config.pbtxt"
+    config.write_text(config.read_text().replace("preferred_batch_size: [ 4 ]", "preferred_batch_size: [ 64 ]"))
+    with pytest.raises(triton_server.ServerError, match="preferred size must be <= max batch size"):
+        server.start()
+
+
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
     triton_env, triton_server = _tools()
