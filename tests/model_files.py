@@ -158,3 +158,17 @@ def tiny_model_with_images(root: Path, count: int, *, model: str = "tiny.onnx", 
         small = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
         Image.fromarray(small).resize((48, 40), Image.BILINEAR).save(root / images / f"img{i:02d}.png")
     return root
+
+
+def dynamic_batch_tiny_plan(root: Path, labels: list[str] | None = None) -> Path:
+    """tiny_cnn with a dynamic batch dimension, built INT8 on the CPU from 8 images: `root/tiny.engine`."""
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.plan import write_plan
+
+    tiny_model_with_images(root, 8)
+    model = onnx.load(root / "tiny.onnx")
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    onnx.save(model, root / "tiny.onnx")
+    result = build_plan(root / "tiny.onnx", BuildConfig(backend="cpu", calib=str(root / "images"), labels=labels))
+    return write_plan(result.plan, root / "tiny.engine")

@@ -242,3 +242,20 @@ def test_bench_sparsity_tiny_run_reports_layers_budgets_and_int8(tmp_path: Path)
     assert [r[0] for r in budgets] == ["dense", "budget 1 - cos <= 0.01", "every eligible layer"]
     assert budgets[-1][1] == "33 of 33" and all(r[6] != "-" for r in budgets)  # every row built to INT8
     assert float(budgets[1][3]) <= 0.01 < float(budgets[2][3])
+
+
+def test_bench_serving_measures_closed_loop_clients_and_tabulates() -> None:
+    """tools/bench_serving.py's measurement and table, with a stand-in call (the servers are
+    tests/test_triton_server.py's business)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_serving import System, measure, point, table
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    seen: list[bytes] = []
+    rate, latencies = measure(lambda: seen.append, [b"a", b"b", b"c"], clients=3, seconds=0.2, warmup=0.05)
+    assert rate > 0 and latencies and all(x >= 0 for x in latencies)
+    assert set(seen) == {b"a", b"b", b"c"}  # each client starts at its own photo and cycles through all
+    system = System("stand-in", "on", lambda: seen.append)
+    rows = table([point(system, 3, [(10.0, [0.010, 0.020], 2.0), (30.0, [0.030], 4.0)])], [3])
+    assert rows[2] == "| stand-in | on | 20.0, 20 / 30, batch 3.0 |"  # median rate, pooled percentiles, mean batch

@@ -302,6 +302,10 @@ def test_large_jpegs_decode_at_a_reduced_size_within_tolerance(tmp_path: Path) -
     diff = np.abs(fast - exact)
     assert diff.mean() < 1.0 and diff.max() <= 12, (diff.mean(), diff.max())
     np.testing.assert_array_equal(preprocess_images([path], spec)[0], fast)  # Engine.preprocess's path
+    # the same file's bytes (an upload, a Triton request) decode as the file does, draft included
+    np.testing.assert_array_equal(preprocess_images([path.read_bytes()], spec)[0], fast)
+    with pytest.raises(DataError, match="Cannot read image 1 \\(encoded bytes\\)"):
+        preprocess_images([path, b"not an image"], spec)
 
 
 def test_draft_keeps_exif_orientation_and_leaves_small_or_other_images_exact(tmp_path: Path) -> None:

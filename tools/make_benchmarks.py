@@ -127,6 +127,15 @@ SECTIONS = (
          "--budgets", "0.01", "--top", "1", "--no-int8"),  # fmt: skip
         False,
     ),
+    # Issue #19: the plan served in-process, by the stdlib example and by Triton (needs tools/triton_env.py and
+    # the serving extra); docs/serving.md sizes a fleet from it.
+    Section(
+        "serving",
+        "tools/bench_serving.py",
+        (),
+        ("--seconds", "0.5", "--warmup", "0.2", "--concurrency", "1", "--photos", "4"),
+        False,
+    ),
 )
 
 
@@ -215,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the markdown to write; sections and plots go to docs/benchmarks/ beside it")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in SECTIONS],
                         help="re-run only these sections; the others keep their last output in docs/benchmarks/")
+    parser.add_argument("--assemble", action="store_true",
+                        help="re-run nothing: rebuild the document from the sections kept in docs/benchmarks/")
     args = parser.parse_args(argv)
     out_dir = args.out.parent / PLOTS
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = []
     for section in SECTIONS:
         kept = out_dir / f"{section.name}.md"
-        if args.only and section.name not in args.only:
+        if args.assemble or (args.only and section.name not in args.only):
             if kept.is_file():  # keep the section's last output, with its own date and command
                 parts.append((section, with_plot(kept.read_text(), section, args.out, out_dir), None))
             continue

@@ -138,13 +138,16 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
     metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, labels)
+    options = _build_options(graph, config, backend)
+    if options.profiles:  # the batch limit `trtopt export --triton` needs (max_batch_size)
+        metadata["profiles"] = {n: {k: list(v) for k, v in vars(p).items()} for n, p in options.profiles.items()}
     if config.sparsity:  # which layers' weights are 2:4 as built (trtopt.analysis.sparsity)
         from trtopt.analysis.sparsity import sparsity_record
 
         metadata["sparsity"] = sparsity_record(graph, qdq.quantized_layers if qdq else (), config.fp16, backend)
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
-        plan, verification = build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
+        plan, verification = build_verified(backend, model, io, options, fp32, checks)
     plan = replace(plan, metadata={**metadata, **({"verification": verification.to_dict()} if verification else {})})
     kernels = _kernel_report(plan) if backend == "cpu" and config.int8 else None
     return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias, verification)

@@ -122,7 +122,8 @@ class Engine:
         return outputs, float(device_ms)
 
     def preprocess(self, images: Sequence[Any]) -> np.ndarray:
-        """Apply the plan's stored preprocessing to images (paths, PIL images or HWC uint8 arrays)."""
+        """Apply the plan's stored preprocessing to images (paths, encoded file bytes, PIL images or HWC uint8
+        arrays)."""
         from trtopt.data import PreprocessSpec, preprocess_images
 
         if isinstance(images, (str, bytes, os.PathLike)) or not isinstance(images, Sequence):

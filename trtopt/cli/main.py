@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("trtopt.cli.run_cmd", "run a plan on images and print the top-5 labels"),
     "compare": ("trtopt.cli.compare_cmd", "compare a plan against the FP32 model, per output or per layer"),
     "bench": ("trtopt.cli.bench_cmd", "measure a plan's latency and throughput per batch size"),
-    "export": ("trtopt.cli.export_cmd", "extract the raw engine or ONNX from a plan"),
+    "export": ("trtopt.cli.export_cmd", "extract the raw engine or ONNX from a plan, or write a Triton repository"),
 }
 
 EPILOG = """\

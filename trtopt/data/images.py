@@ -68,9 +68,9 @@ def read_image(path: str | os.PathLike[str], *, draft: DraftSize | None = None) 
     return _decode(path, repr(str(path)), draft)
 
 
-def read_image_bytes(data: bytes, where: str = "the image") -> Image.Image:
-    """`read_image` for an image held in memory (an upload), with the same checks and limits."""
-    return _decode(io.BytesIO(data), where)
+def read_image_bytes(data: bytes, where: str = "the image", *, draft: DraftSize | None = None) -> Image.Image:
+    """`read_image` for an image held in memory (an upload), with the same checks, limits and drafting."""
+    return _decode(io.BytesIO(data), where, draft)
 
 
 def _decode(source: Path | io.BytesIO, where: str, draft: DraftSize | None = None) -> Image.Image:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,14 +28,14 @@ from typing import Any, NoReturn
 import numpy as np
 from PIL import Image
 
-from trtopt.data.images import read_image, rgb_from_image
+from trtopt.data.images import DraftSize, read_image, read_image_bytes, rgb_from_image
 from trtopt.data.limits import check_image_size, check_resized_size
 from trtopt.data.resize import PAD_ALIGNS, RESIZE_MODES, letterbox_offset, target_size
 from trtopt.data.resize import resized_size as resized_size
 from trtopt.errors import DataError
 from trtopt.registry import Registry
 
-ImageLike = Image.Image | str | os.PathLike | np.ndarray
+ImageLike = Image.Image | str | os.PathLike | bytes | np.ndarray
 
 INTERPOLATIONS = {
     "bilinear": Image.Resampling.BILINEAR,
@@ -256,13 +256,23 @@ def preprocess_file(path: str | os.PathLike[str], spec: PreprocessSpec) -> np.nd
     160 held-out photos; BENCHMARKS.md, draft-decoding; issue #18). Images already within 2x of the
     target decode exactly as before.
     """
+    return _preprocess_drafted(lambda draft: read_image(path, draft=draft), spec)
+
+
+def preprocess_encoded(data: bytes, spec: PreprocessSpec, where: str = "the image") -> np.ndarray:
+    """`preprocess_file` for an image file held in memory (an upload): the same decoding, drafting and
+    limits, so a served plan answers exactly as `trtopt run` on the same file."""
+    return _preprocess_drafted(lambda draft: read_image_bytes(data, where, draft=draft), spec)
+
+
+def _preprocess_drafted(read: Callable[[DraftSize], Image.Image], spec: PreprocessSpec) -> np.ndarray:
     target: list[tuple[int, int]] = []
 
     def draft(width: int, height: int) -> tuple[int, int]:
         target.append(target_size(width, height, spec.resize_mode, spec.resize_short, spec.crop_hw))
         return target[-1]
 
-    img = read_image(path, draft=draft)
+    img = read(draft)
     return _sample_from(img, spec, target[-1] if target else None)
 
 
@@ -334,6 +344,8 @@ def _pad(pixels: np.ndarray, spec: PreprocessSpec) -> np.ndarray:
 def _preprocess_any(item: ImageLike, index: int, spec: PreprocessSpec) -> np.ndarray:
     if isinstance(item, (str, os.PathLike)):
         return preprocess_file(item, spec)  # a file decodes only as large as needed
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return preprocess_encoded(bytes(item), spec, f"{index} (encoded bytes)")
     return preprocess_image(_image_from(item, index), spec)
 
 
@@ -353,6 +365,7 @@ def _image_from(item: ImageLike, index: int) -> Image.Image:
         grey = item.ndim == 3 and item.shape[2] == 1
         return Image.fromarray(np.ascontiguousarray(item[:, :, 0] if grey else item))
     raise DataError(
-        f"Image {index} is a {type(item).__name__}; expected a PIL image, a file path or a uint8 array.",
-        fix="Pass PIL.Image objects, str/Path file names or HWC uint8 numpy arrays.",
+        f"Image {index} is a {type(item).__name__}; expected a PIL image, a file path, an image file's bytes "
+        "or a uint8 array.",
+        fix="Pass PIL.Image objects, str/Path file names, bytes read from image files or HWC uint8 numpy arrays.",
     )
