@@ -202,7 +202,7 @@ def _task_table(task: dict):  # type: ignore[no-untyped-def, type-arg]
     from rich.table import Table
 
     kind = task["task"] + (f" ({task['variant']})" if task["variant"] else "")
-    table = Table(title=f"task: {kind}; {task['reason']}", title_justify="left")
+    table = Table(title=f"task: {kind}", caption=task["reason"], title_justify="left", caption_justify="left")
     table.add_column("metric", justify="left")
     table.add_column("value", justify="right")
     for label, value in _task_rows(task["task"], task["metrics"]):
