@@ -116,7 +116,7 @@ def test_int8_recognizer_and_map_report_their_agreement(work: Path, capsys: pyte
     assert m["blank"] == 3 and 0.0 <= m["exact_match"] <= 1.0 and 0.0 <= m["mean_normalized_edit_distance"] <= 1.0
     assert ctc["outputs"][0]["rel_error"] > 0, "INT8 moves the probabilities"
     maps = compare(work, "text_map", "int8", capsys, "--map-threshold", "0.5")["task"]["metrics"]
-    assert maps["threshold"] == 0.5 and 0.0 <= maps["binary_iou"] <= 1.0 and maps["min_cosine"] <= maps["mean_cosine"]
+    assert maps["threshold"] == 0.5 and 0.0 <= maps["binary_iou"] <= 1.0 and maps["min_text_image_cosine"] <= 1.0
 
 
 def test_forced_task_and_readable_tables(work: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,8 +117,11 @@ def test_map_iou_pools_pixels_over_images_instead_of_averaging_ratios() -> None:
     agreement.update(small_ref, np.zeros_like(small_ref))  # the one text pixel missed
     assert agreement.iou == pytest.approx(70 / 81)  # mean of per-image ratios would be (70/80 + 0) / 2
     assert (agreement.reference_pixels, agreement.test_pixels) == (81, 70)
-    assert agreement.min_cosine == pytest.approx(0.0)
-    assert agreement.mean_cosine == pytest.approx((np.sqrt(70 / 80) + 0.0) / 2)
+    assert agreement.text_cosines == pytest.approx([np.sqrt(70 / 80), 0.0])
+    assert agreement.cosine == pytest.approx(70 / np.sqrt(81 * 70))  # all pixels as one vector
+    blank = np.full((1, 1, 10, 10), 1e-6)  # no text: its per-image cosine is noise and is not kept
+    agreement.update(blank, blank * np.random.default_rng(0).random(blank.shape))
+    assert len(agreement.text_cosines) == 2 and agreement.images == 3 and agreement.min_text_cosine == 0.0
 
 
 def test_cosine_rows_per_image() -> None:

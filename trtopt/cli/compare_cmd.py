@@ -226,10 +226,11 @@ def _task_rows(task: str, m: dict) -> list[tuple[str, str]]:  # type: ignore[typ
         ]  # fmt: skip
     if task == "text-detect":
         return [
-            ("images", str(m["images"])),
+            ("images (with FP32 text pixels)", f"{m['images']} ({m['images_with_text']})"),
             (f"binarised-map IoU (> {m['threshold']:g})", pct(m["binary_iou"])),
             ("pixels above threshold: FP32 / plan", f"{m['reference_pixels']} / {m['test_pixels']}"),
-            ("score-map cosine: mean / worst image", f"{_num(m['mean_cosine'])} / {_num(m['min_cosine'])}"),
+            ("score-map cosine, all pixels", _num(m["cosine"])),
+            ("worst cosine of an image with text", _num(m["min_text_image_cosine"])),
         ]
     if task == "ctc":
         return [

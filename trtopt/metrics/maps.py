@@ -25,8 +25,8 @@ def binary_iou(reference: np.ndarray, test: np.ndarray, threshold: float = DB_TH
 
 def cosine_rows(reference: np.ndarray, test: np.ndarray) -> np.ndarray:
     """Cosine similarity per row (image) of two [N, ...] arrays; 1.0 where both rows are zero."""
-    ref = np.asarray(reference, np.float64).reshape(len(reference), -1)
-    tst = np.asarray(test, np.float64).reshape(len(test), -1)
+    ref = np.asarray(reference, np.float64).reshape(len(reference), int(np.prod(np.shape(reference)[1:])))
+    tst = np.asarray(test, np.float64).reshape(len(test), int(np.prod(np.shape(test)[1:])))
     dot = (ref * tst).sum(axis=1)
     norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(tst, axis=1)
     same = np.all(ref == tst, axis=1)
@@ -35,46 +35,66 @@ def cosine_rows(reference: np.ndarray, test: np.ndarray) -> np.ndarray:
 
 @dataclass
 class MapAgreement:
-    """Score-map agreement summed over images (FP32 map = reference)."""
+    """Score-map agreement summed over images (FP32 map = reference).
+
+    The cosine is pooled over every pixel of every image, so images with text dominate it, as they do the
+    detector's result. Per-image cosines are kept only for images where the FP32 map has a pixel above the
+    threshold: on an image without text the map is ~1e-6 everywhere, and its cosine measures noise.
+    """
 
     threshold: float = DB_THRESHOLD
+    images: int = 0
     intersection: int = 0
     union: int = 0
     reference_pixels: int = 0  # pixels above the threshold in the FP32 maps
     test_pixels: int = 0
-    cosines: list[float] = field(default_factory=list)
+    dot: float = 0.0
+    ref_sq: float = 0.0
+    test_sq: float = 0.0
+    text_cosines: list[float] = field(default_factory=list)  # per image with FP32 text pixels
 
     def update(self, reference: np.ndarray, test: np.ndarray) -> None:
         """`reference`, `test`: one batch of maps, [N, ...]."""
-        inter, union = binary_iou(reference, test, self.threshold)
+        ref, tst = np.asarray(reference, np.float64), np.asarray(test, np.float64)
+        inter, union = binary_iou(ref, tst, self.threshold)
+        self.images += len(ref)
         self.intersection += inter
         self.union += union
-        self.reference_pixels += int(np.count_nonzero(np.asarray(reference) > self.threshold))
-        self.test_pixels += int(np.count_nonzero(np.asarray(test) > self.threshold))
-        self.cosines.extend(float(c) for c in cosine_rows(reference, test))
+        self.reference_pixels += int(np.count_nonzero(ref > self.threshold))
+        self.test_pixels += int(np.count_nonzero(tst > self.threshold))
+        self.dot += float(np.vdot(ref, tst))
+        self.ref_sq += float(np.vdot(ref, ref))
+        self.test_sq += float(np.vdot(tst, tst))
+        has_text = (ref > self.threshold).reshape(len(ref), -1).any(axis=1)
+        self.text_cosines.extend(float(c) for c in cosine_rows(ref[has_text], tst[has_text]))
 
     @property
     def iou(self) -> float | None:
         """Binarised-map IoU over all images; 1.0 when neither side has a pixel above the threshold."""
-        if not self.cosines:
+        if not self.images:
             return None
         return self.intersection / self.union if self.union else 1.0
 
     @property
-    def mean_cosine(self) -> float | None:
-        return float(np.mean(self.cosines)) if self.cosines else None
+    def cosine(self) -> float | None:
+        """Cosine of all maps taken as one vector."""
+        if not self.images:
+            return None
+        norms = np.sqrt(self.ref_sq * self.test_sq)
+        return self.dot / norms if norms > 0 else float(self.ref_sq == self.test_sq)
 
     @property
-    def min_cosine(self) -> float | None:
-        return float(np.min(self.cosines)) if self.cosines else None
+    def min_text_cosine(self) -> float | None:
+        return min(self.text_cosines) if self.text_cosines else None
 
     def to_dict(self) -> dict[str, object]:
         return {
             "threshold": self.threshold,
-            "images": len(self.cosines),
+            "images": self.images,
+            "images_with_text": len(self.text_cosines),
             "binary_iou": self.iou,
             "reference_pixels": self.reference_pixels,
             "test_pixels": self.test_pixels,
-            "mean_cosine": self.mean_cosine,
-            "min_cosine": self.min_cosine,
+            "cosine": self.cosine,
+            "min_text_image_cosine": self.min_text_cosine,
         }
