@@ -135,7 +135,11 @@ def eval_feeds(subject: Subject, data: Data) -> list[tuple[dict[str, np.ndarray]
     dataset = load(subject, data.eval_sources, data.eval_count)
     if data.eval_skip:
         dataset = dataset.split_tail(len(dataset) - data.eval_skip)[1]
-    return [(batch.feeds, len(batch)) for batch in dataset.batches(8)]
+    batches = []
+    for batch in dataset.batches(8):
+        rows = getattr(batch, "rows", len(batch))  # None: one whole feed without a batch dimension
+        batches.append((batch.feeds, len(next(iter(batch.feeds.values()))) if rows is None else rows))
+    return batches
 
 
 # --- builds (each in a spawned process) ---------------------------------------------------------------

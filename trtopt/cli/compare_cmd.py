@@ -167,9 +167,9 @@ def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict, dict]:  # typ
     (see Dataset.batches): arrays whose first axis is the padded batch keep their first len(batch) rows."""
     import numpy as np
 
-    n = len(batch)
+    n = getattr(batch, "rows", len(batch))  # None: a whole feed without a batch dimension, nothing to drop
     padded = len(next(iter(batch.feeds.values())))
-    if padded == n:
+    if n is None or padded == n:
         return batch.feeds, reference, test
 
     def trim(arrays: dict) -> dict:  # type: ignore[type-arg]
