@@ -1,5 +1,6 @@
 """`trtopt compare` end to end with task metrics, on three small models built in code and real image files.
 
+    (built in tests/task_models.py)
     detector:  input 1x3x64x96 ─┬─ Conv k8 s8 ─ Reshape ─┐          (boxes: 4 channels, scores: 3 channels,
                                 ├─ Conv k16 s16 ─ Reshape ─ Concat ─ per stride; Sigmoid; boxes x 64)
                                 └─ Conv k32 s32 ─ Reshape ─┘   ─► Concat(boxes, scores) ─► [1, 7, 126] (YOLOv8)
@@ -19,38 +20,9 @@ import numpy as np
 import onnx
 import pytest
 from PIL import Image
+from task_models import detector, recognizer, text_map
 
 from trtopt.cli.main import main
-from trtopt.zoo.builder import GraphBuilder
-
-
-def detector() -> onnx.ModelProto:
-    b = GraphBuilder("tiny_yolo", seed=3, opset=13)
-    x = b.input("images", [1, 3, 64, 96])
-    x = b.relu(b.conv(x, 3, 8, 3))
-    heads: dict[str, list[str]] = {"boxes": [], "scores": []}
-    for stride in (8, 16, 32):
-        for kind, channels in (("boxes", 4), ("scores", 3)):
-            y = b.conv(x, 8, channels, stride, stride=stride, pads=[0, 0, 0, 0])
-            heads[kind].append(b.node("Reshape", [y, b.const("shape", np.array([1, channels, -1], np.int64))]))
-    boxes = b.mul(b.node("Sigmoid", [b.concat(heads["boxes"], axis=2)]), b.const("px", np.array(64, np.float32)))
-    scores = b.node("Sigmoid", [b.concat(heads["scores"], axis=2)])
-    return b.build([b.concat([boxes, scores], axis=1, out="output0")])
-
-
-def text_map() -> onnx.ModelProto:
-    b = GraphBuilder("tiny_db", seed=4, opset=13)
-    x = b.relu(b.conv(b.input("x", [1, 3, 32, 32]), 3, 8, 3))
-    return b.build([b.node("Sigmoid", [b.conv(x, 8, 1, 3)], out="maps")])
-
-
-def recognizer() -> onnx.ModelProto:
-    b = GraphBuilder("tiny_ctc", seed=5, opset=13)
-    x = b.relu(b.conv(b.input("x", [1, 3, 32, 64]), 3, 8, 3))
-    y = b.conv(x, 8, 12, (32, 4), stride=4, pads=[0, 0, 0, 0])  # [1, 12, 1, 16]
-    y = b.node("Transpose", [b.node("Reshape", [y, b.const("shape", np.array([1, 12, 16], np.int64))])], perm=[0, 2, 1])
-    return b.build([b.node("Softmax", [y], axis=2, out="probs")])
-
 
 MODELS = {"detector": detector, "text_map": text_map, "recognizer": recognizer}
 

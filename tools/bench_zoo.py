@@ -84,9 +84,9 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
     assert subject.path is not None
     data = split_data(subject, args.count, args.eval_count, workdir)
     batches = eval_feeds(subject, data)
-    trtopt = [built("default", run_isolated(trtopt_build, subject, data, None)[0])]
-    trtopt += [built(m, run_isolated(trtopt_build, subject, data, m)[0]) for m in args.methods]
-    ort = built("ORT QDQ MinMax", run_isolated(ort_build, subject, data, str(workdir))[0])
+    trtopt = [built("default", _run(args, trtopt_build, subject, data, None))]
+    trtopt += [built(m, _run(args, trtopt_build, subject, data, m)) for m in args.methods]
+    ort = built("ORT QDQ MinMax", _run(args, ort_build, subject, data, str(workdir)))
     fp32 = session(subject.path)
     for v in [*trtopt, ort]:
         if not v.error:
@@ -101,6 +101,11 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
     ms = latencies(timed, feeds, args.iterations, args.warmup)
     return {"subject": subject, "data": data, "trtopt": trtopt, "ort": ort, "ms": ms,
             "samples": sum(rows for _, rows in batches)}  # fmt: skip
+
+
+def _run(args: argparse.Namespace, fn: Any, *fn_args: Any) -> Any:
+    """A build in a fresh process (its memory returns after it), or in this one for --quick runs."""
+    return fn(*fn_args) if args.quick else run_isolated(fn, *fn_args)[0]
 
 
 # --- report ------------------------------------------------------------------------------------------
@@ -237,7 +242,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-count", type=int, default=32, help="held-out samples per model (default 32)")
     parser.add_argument("--iterations", type=int, default=20, help="timed rounds (default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 8 + 4 samples, one method, 3 rounds")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 8 + 4 samples, one method, 3 rounds, builds in this process")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     args = parser.parse_args(argv)
     if args.quick:
