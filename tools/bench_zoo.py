@@ -149,8 +149,8 @@ def summary_row(result: dict[str, Any]) -> str:
     goal = "–"
     if not default.error and not ort.error:
         d, o = headline(default), headline(ort)
-        faithful = (d[0] is None or o[0] is None or d[0] >= o[0]) and d[1] >= min(o[1], GOAL_COSINE)
-        goal = "yes" if faithful and d[1] >= GOAL_COSINE else "no"
+        as_faithful = d[0] >= o[0] if d[0] is not None and o[0] is not None else d[1] >= o[1]
+        goal = "yes" if as_faithful and d[1] >= GOAL_COSINE else "no"
     best_name = best.note.removeprefix("method ") if not best.error else "–"
     return (f"| {s.name} | {s.task}: {metric_name(result)} | {build} | {cell(default)} | {best_name}: {cell(best)} "
             f"| {cell(ort)} | {goal} | {ratio['trtopt kernels']} / {ratio['trtopt reference']} "
@@ -201,7 +201,7 @@ def report(results: list[dict[str, Any]], missing: list[Subject], args: argparse
         f"1 thread, median of {args.iterations} interleaved rounds",
         "",
         "| model | task: metric | trtopt builds | trtopt default: metric / worst cos | best method: metric / worst "
-        "cos | ORT QDQ: metric / worst cos | default ≥ ORT and cos ≥ 0.99 | latency / FP32: trtopt kernels / "
+        "cos | ORT QDQ: metric / worst cos | goal: default ≥ ORT, cos ≥ 0.99 | latency / FP32: trtopt kernels / "
         "reference | ORT kernels / reference | FP32 ms |",
         "|---|---|---|---:|---:|---:|---|---:|---:|---:|",
         *[summary_row(r) for r in results],
@@ -211,7 +211,10 @@ def report(results: list[dict[str, Any]], missing: list[Subject], args: argparse
         "Metric: box F1 (FP32's boxes matched at IoU ≥ 0.5 within a class, after YOLO decoding, score ≥ 0.25, "
         "NMS 0.45), map IoU (score maps binarised at 0.3, DB's threshold), exact match (greedy CTC decoding, "
         "blank 0), top-1 agreement; worst cos: the lowest cosine with FP32 over the model's outputs. "
-        "Kernels: as ONNX Runtime runs the model on this CPU (trtopt: as `trtopt.Engine` runs the plan).",
+        "Kernels: as ONNX Runtime runs the model on this CPU (trtopt: as `trtopt.Engine` runs the plan). Goal "
+        "(issue #16): trtopt's default plan has a task metric at least ORT's (the worst cosine where the task "
+        "has no metric) and a worst output cosine of at least 0.99. Best method: chosen on the held-out data "
+        "itself, so an upper bound of what choosing a method can give.",
         "",
         "### Every variant: kernels and Q/DQ reference",
         "",
@@ -242,7 +245,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-count", type=int, default=32, help="held-out samples per model (default 32)")
     parser.add_argument("--iterations", type=int, default=20, help="timed rounds (default 20)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 8 + 4 samples, one method, 3 rounds, builds in this process")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 8 + 4 samples, one method, 3 rounds, builds in this process")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     args = parser.parse_args(argv)
     if args.quick:
