@@ -262,14 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     cached = [s for s in everything if s.path is not None]
     if args.quick and not args.model:
         cached = cached[:1]
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
-        for subject in cached:
-            print(f"== {subject.name}", file=sys.stderr, flush=True)
-            results.append(run_subject(subject, args, Path(tmp)))
     missing = [s for s in everything if s.path is None]
-    minutes = (time.perf_counter() - start) / 60
-    text = report(results, missing, args, sys.argv[1:] if argv is None else argv, minutes, load_before)
+    argv_used = sys.argv[1:] if argv is None else argv
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
+        for done, subject in enumerate(cached):
+            print(f"== {subject.name} ({done + 1} of {len(cached)})", file=sys.stderr, flush=True)
+            results.append(run_subject(subject, args, Path(tmp)))
+            if args.out and done + 1 < len(cached):  # a long run leaves what it has measured so far
+                partial = report(results, missing, args, argv_used, (time.perf_counter() - start) / 60, load_before)
+                args.out.write_text(partial + f"\n(partial: {done + 1} of {len(cached)} models so far)\n")
+    text = report(results, missing, args, argv_used, (time.perf_counter() - start) / 60, load_before)
     emit(text, args.out)
     return 0
 
