@@ -165,7 +165,9 @@ def trtopt_build(subject: Subject, data: Data, method: str | None) -> dict[str, 
 
 def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
     """quant_pre_process, then quantize_static (QDQ, per-channel QInt8 weights, QUInt8 activations, MinMax,
-    ORT's default calibrator) on the calibration samples trtopt reads; without the pre-process if it fails."""
+    ORT's default calibrator) on the calibration samples trtopt reads. Models with dynamic H/W get the static
+    shape trtopt builds with first; if ORT's symbolic shape inference still fails, the pre-process runs
+    without it, and if that fails too the model is quantised as it is (the table says which)."""
     from bench_setup import DatasetReader, even_batch
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -175,11 +177,16 @@ def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
     fixed = dataset.fixed_batch
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        source, note = Path(tmp, "pre.onnx"), "after quant_pre_process"
+        source, note = _static_copy(subject, Path(tmp)), "after quant_pre_process"
         try:
-            quant_pre_process(str(subject.path), str(source))
-        except Exception as exc:  # ORT's symbolic shape inference refuses some models: say so, go on
-            source, note = subject.path, f"quant_pre_process failed ({type(exc).__name__}), model as is"
+            quant_pre_process(str(source), str(Path(tmp, "pre.onnx")))
+            source = Path(tmp, "pre.onnx")
+        except Exception as exc:  # ORT's symbolic shape inference refuses some models: try without it
+            try:
+                quant_pre_process(str(source), str(Path(tmp, "pre.onnx")), skip_symbolic_shape=True)
+                source, note = Path(tmp, "pre.onnx"), f"quant_pre_process without symbolic shapes ({_why(exc)})"
+            except Exception as again:  # then quantise the model as it is, and say so
+                note = f"quant_pre_process failed ({_why(exc)}; {_why(again)}), model as is"
         out = Path(tmp, "qdq.onnx")
         try:
             quantize_static(str(source), str(out), DatasetReader(dataset, fixed or even_batch(len(dataset))),
@@ -189,6 +196,26 @@ def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
             return {"error": f"quantize_static failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         model = out.read_bytes()
     return {"seconds": time.perf_counter() - start, "kernels": model, "reference": model, "note": note}
+
+
+def _static_copy(subject: Subject, folder: Path) -> Path:
+    """The model with its image input fixed to the shape trtopt builds with (ORT's shape inference needs it)."""
+    assert subject.path is not None
+    if not subject.input_shape:
+        return subject.path
+    model = onnx.load(str(subject.path))
+    for tensor in model.graph.input:
+        if tensor.name == subject.input_name:
+            for dim, size in zip(tensor.type.tensor_type.shape.dim, subject.input_shape, strict=True):
+                dim.Clear()
+                dim.dim_value = size
+    path = folder / "static.onnx"
+    onnx.save_model(model, str(path))
+    return path
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}" if str(exc) else type(exc).__name__
 
 
 def built(name: str, result: dict[str, Any]) -> Variant:
