@@ -56,6 +56,8 @@ from zoo_variants import (  # noqa: E402
     trtopt_build,
 )
 
+from trtopt.errors import TrtoptError  # noqa: E402
+
 GOAL_COSINE = 0.99  # issue #16's bar for every output, detector heads included
 
 
@@ -89,9 +91,12 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
     ort = built("ORT QDQ MinMax", _run(args, ort_build, subject, data, str(workdir)))
     fp32 = session(subject.path)
     for v in [*trtopt, ort]:
-        if not v.error:
-            v.scores = {"kernels": score(fp32, session(v.kernels), batches, subject.task),
-                        "reference": score(fp32, session(v.reference, reference=True), batches, subject.task)}
+        try:
+            if not v.error:
+                v.scores = {"kernels": score(fp32, session(v.kernels), batches, subject.task),
+                            "reference": score(fp32, session(v.reference, reference=True), batches, subject.task)}
+        except (TrtoptError, RuntimeError) as exc:  # ONNX Runtime refused the quantised model: a row, not a crash
+            v.error = f"cannot run it: {str(exc).splitlines()[0][:200]}"
     timed = {"fp32": session(subject.path, threads=1)}
     for key, v in (("trtopt", trtopt[0]), ("ort", ort)):
         if not v.error:

@@ -18,11 +18,13 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.version_converter
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIB_DIR = ROOT / "calib_data"
 HELDOUT_DIRS = (ROOT / "tests" / "data" / "heldout", ROOT / "tests" / "data" / "heldout_more")
-HELDOUT_SEED = 1  # tools/make_text_calib.py renders the committed calibration set with seed 0
+HELDOUT_SEED = 1
+MIN_PER_CHANNEL_OPSET = 13  # tools/make_text_calib.py renders the committed calibration set with seed 0
 
 
 @dataclass(frozen=True)
@@ -199,11 +201,15 @@ def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
 
 
 def _static_copy(subject: Subject, folder: Path) -> Path:
-    """The model with its image input fixed to the shape trtopt builds with (ORT's shape inference needs it)."""
+    """The model with its image input fixed to the shape trtopt builds with (ORT's shape inference needs it),
+    at opset 13 at least (ORT writes per-channel Q/DQ, which older opsets lack, into an invalid model)."""
     assert subject.path is not None
-    if not subject.input_shape:
-        return subject.path
     model = onnx.load(str(subject.path))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if not subject.input_shape and opset >= MIN_PER_CHANNEL_OPSET:
+        return subject.path
+    if opset < MIN_PER_CHANNEL_OPSET:  # per-channel DequantizeLinear needs opset 13; trtopt converts too
+        model = onnx.version_converter.convert_version(model, MIN_PER_CHANNEL_OPSET)
     for tensor in model.graph.input:
         if tensor.name == subject.input_name:
             for dim, size in zip(tensor.type.tensor_type.shape.dim, subject.input_shape, strict=True):
