@@ -107,6 +107,8 @@ SECTIONS = (
          "--no-ort"),  # fmt: skip
         True,
     ),
+    # Issue #16: every zoo model (tools/zoo.py; fetch the cache first), trtopt default / best method vs ORT.
+    Section("zoo", "tools/bench_zoo.py", (), ("--quick",), False),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.

@@ -1,9 +1,11 @@
 """FP32 model vs plan on the same inputs: how far did quantisation move the outputs, and where.
 
-Per output: top-1 agreement (for [batch, classes] outputs), cosine similarity, max and mean absolute
-error. Per layer: the plan's ONNX graph keeps the optimised FP32 graph's tensor names (Q/DQ sit on
-edges), so the same intermediate tensors are exposed in both and compared; the layer that adds the most
-error to what it received (`added_errors`) is the first candidate for `--exclude`.
+Per output: cosine similarity, relative error, max and mean absolute error, top-1 agreement (for
+[batch, classes] outputs). Per task (`compare_outputs`, trtopt.metrics): box matching for detectors,
+binarised score-map IoU for text detectors, decoded-sequence agreement for CTC recognizers. Per layer:
+the plan's ONNX graph keeps the optimised FP32 graph's tensor names (Q/DQ sit on edges), so the same
+intermediate tensors are exposed in both and compared; the layer that adds the most error to what it
+received (`added_errors`) is the first candidate for `--exclude`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
+
+from trtopt.metrics import TaskConfig, TaskEvaluator, choose_task
 
 
 @dataclass
@@ -25,6 +29,7 @@ class ErrorStats:
     ref_sq: float = 0.0
     test_sq: float = 0.0
     abs_sum: float = 0.0
+    diff_sq: float = 0.0
     max_abs: float = 0.0
     ref_abs_max: float = 0.0
     top1_same: int = 0
@@ -38,6 +43,7 @@ class ErrorStats:
         self.ref_sq += float(ref64 @ ref64)
         self.test_sq += float(test64 @ test64)
         self.abs_sum += float(diff.sum())
+        self.diff_sq += float(diff @ diff)
         self.max_abs = max(self.max_abs, float(diff.max(initial=0.0)))
         self.ref_abs_max = max(self.ref_abs_max, float(np.abs(ref64).max(initial=0.0)))
         if classify and ref.ndim == 2:
@@ -48,6 +54,14 @@ class ErrorStats:
     def cosine(self) -> float:
         denom = np.sqrt(self.ref_sq * self.test_sq)
         return float(self.dot / denom) if denom > 0 else float(self.ref_sq == self.test_sq)
+
+    @property
+    def rel_error(self) -> float:
+        """||test - ref|| / ||ref|| over every element seen (as trtopt.verify measures it); inf when the
+        reference is all zero and the test is not."""
+        if self.ref_sq > 0:
+            return float(np.sqrt(self.diff_sq / self.ref_sq))
+        return 0.0 if self.diff_sq == 0 else float("inf")
 
     @property
     def mean_abs(self) -> float:
@@ -61,6 +75,7 @@ class ErrorStats:
         return {
             "name": self.name,
             "cosine": self.cosine,
+            "rel_error": self.rel_error,
             "max_abs_error": self.max_abs,
             "mean_abs_error": self.mean_abs,
             "reference_abs_max": self.ref_abs_max,
@@ -81,6 +96,62 @@ def compare_batches(
         for n in names:
             stats[n].update(np.asarray(ref[n]), np.asarray(test[n]), classify=n in (classify or set()))
     return [stats[n] for n in names]
+
+
+@dataclass
+class OutputComparison:
+    """Per-output statistics and the task metric, over every compared sample."""
+
+    outputs: list[ErrorStats]
+    task: TaskEvaluator | None  # None when no batch was compared
+    samples: int
+
+    @property
+    def worst_cosine(self) -> float:
+        return min((s.cosine for s in self.outputs), default=1.0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "outputs": [s.to_dict() for s in self.outputs],
+            "task": self.task.to_dict() if self.task else None,
+            "samples": self.samples,
+        }
+
+
+Triple = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
+
+
+def compare_outputs(batches: Iterable[Triple], names: list[str], config: TaskConfig | None = None) -> OutputComparison:
+    """Per-output statistics and the task metric over (inputs, FP32 outputs, plan outputs) batches.
+
+    The task is chosen on the first batch (`trtopt.metrics.choose_task`: FP32 outputs, batch size, and the
+    height and width of the first image-shaped input); [N, C] outputs also get top-1 agreement.
+    """
+    config = config or TaskConfig()
+    stats = {n: ErrorStats(n) for n in names}
+    evaluator = None
+    samples = 0
+    for feeds, ref, test in batches:
+        batch = len(next(iter(feeds.values()))) if feeds else 1
+        if evaluator is None:
+            hw = image_hw(feeds)
+            evaluator = TaskEvaluator(choose_task({n: ref[n] for n in names}, hw, config, batch), config, hw)
+        for n in names:
+            r, t = np.asarray(ref[n]), np.asarray(test[n])
+            stats[n].update(r, t, classify=r.ndim == 2 and r.shape[0] == batch and r.shape[1] > 1)
+        evaluator.update(ref, test)
+        samples += batch
+    return OutputComparison([stats[n] for n in names], evaluator, samples)
+
+
+def image_hw(feeds: Mapping[str, np.ndarray]) -> tuple[int, int] | None:
+    """Height and width of the first rank-4 input: NCHW unless only the last axis looks like channels."""
+    for value in feeds.values():
+        shape = np.shape(value)
+        if len(shape) == 4:
+            channels_last = shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4)
+            return (int(shape[1]), int(shape[2])) if channels_last else (int(shape[2]), int(shape[3]))
+    return None
 
 
 def added_errors(graph: gs.Graph, losses: Mapping[str, float]) -> dict[str, float]:

@@ -1,6 +1,18 @@
 """Compare a plan with the FP32 model it was built from, on the same inputs.
 
-Per output: top-1 agreement, cosine similarity, max/mean absolute error. With --per-layer, the same
+Per output: cosine similarity, relative error, max/mean absolute error, top-1 agreement ([N, classes]
+outputs). Per task (--task, chosen from the outputs by default and named in the summary):
+  detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), or a
+               --decoder of yours; FP32's boxes matched by the plan's at IoU >= --match-iou, per class:
+               recall of FP32's boxes, precision, F1 and the box counts
+  text-detect  score maps (DB): per-image cosine, and IoU of the maps binarised at --map-threshold (0.3)
+  ctc          greedy CTC decoding (argmax, merge repeats, drop --blank): exact-match rate, mean normalised
+               edit distance
+  classify     top-1 agreement
+  raw          the per-output numbers only
+auto picks the first that fits: a rank-3 output over the input's YOLO grid (strides 8/16/32[/64]) is a
+detector; a rank-4 map of at most 4 channels in [0, 1], at >= 1/4 of the input's size, a text detector;
+another rank-3 output a CTC recognizer; [N, classes] a classifier. With --per-layer, the same
 intermediate tensors are read from both (the plan's graph keeps the FP32 tensor names) and listed in
 graph order with the error each layer adds, so you can see where quantisation error grows and which
 layers to keep in float with `trtopt build --exclude NAME`.
@@ -12,6 +24,8 @@ the error, the per-output table measures it.
 examples:
   trtopt compare model.onnx plan.engine --data images/
   trtopt compare model.onnx plan.engine --data images/ --per-layer --top 10
+  trtopt compare det.onnx det.engine --data images/ --task detect --score-threshold 0.3
+  trtopt compare det.onnx det.engine --data images/ --decoder my_decoder.py:decode
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from trtopt.cli.preprocess_args import add_preprocess_arguments
 
 if TYPE_CHECKING:
     from trtopt.engine import Engine
+    from trtopt.metrics import TaskConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +48,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
     parser.add_argument("--per-layer", action="store_true", help="also compare every layer's output")
     parser.add_argument("--top", type=int, default=15, help="layers to list in --per-layer mode (default 15)")
+    add_task_arguments(parser)
     add_preprocess_arguments(parser, base="plan")
     parser.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+
+
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    t = parser.add_argument_group("task metrics (see the description above)")
+    t.add_argument("--task", default="auto", choices=("auto", "classify", "detect", "text-detect", "ctc", "raw"),
+                   help="what the model does, for its fidelity metric (default auto: chosen from the outputs)")
+    t.add_argument("--task-output", metavar="NAME", help="the output the task metric reads (default: chosen)")
+    t.add_argument("--box-format", default="auto", choices=("auto", "yolov8", "yolov5", "yolox"),
+                   help="detector layout: yolov8 [N, 4+C, A], yolov5 [N, A, 5+C] decoded, yolox [N, A, 5+C] "
+                   "raw (grid decoding); default auto")
+    t.add_argument("--decoder", metavar="FILE.py:FUNC",
+                   help="your detection decoder: FUNC(outputs: {name: array}) returns one (boxes [K,4] x1y1x2y2, "
+                   "scores [K], classes [K]) per image of the batch")
+    t.add_argument("--score-threshold", type=float, default=0.25, help="detections kept from score S (default 0.25)")
+    t.add_argument("--nms-iou", type=float, default=0.45, help="NMS IoU threshold per class (default 0.45)")
+    t.add_argument("--match-iou", type=float, default=0.5, help="IoU at which a box matches FP32's (default 0.5)")
+    t.add_argument("--map-threshold", type=float, default=0.3,
+                   help="binarisation threshold of score maps (default 0.3, DB's)")
+    t.add_argument("--blank", type=int, default=0, help="CTC blank class index (default 0)")
+    t.add_argument("--ctc-layout", default="auto", choices=("auto", "ntc", "tnc"),
+                   help="CTC output layout: [N, T, C] or [T, N, C] (default auto)")
+
+
+def task_config_from_args(args: argparse.Namespace) -> TaskConfig:
+    """The task flags, range-checked (a TrtoptError names the flag)."""
+    from trtopt.errors import TrtoptError
+    from trtopt.metrics import DecodeConfig, TaskConfig
+    from trtopt.metrics.hook import load_decoder
+
+    for flag in ("score_threshold", "nms_iou", "match_iou", "map_threshold"):
+        value = getattr(args, flag)
+        if not 0.0 <= value <= 1.0:
+            name = "--" + flag.replace("_", "-")
+            raise TrtoptError(f"{name} is {value!r}; expected a number from 0 to 1.", fix=f"Pass e.g. {name} 0.5.")
+    if args.blank < 0:
+        raise TrtoptError(f"--blank is {args.blank}; expected a class index >= 0.", fix="Pass e.g. --blank 0.")
+    decoder, name = load_decoder(args.decoder) if args.decoder else (None, "")
+    return TaskConfig(
+        task=args.task, output=args.task_output, box_format=args.box_format,
+        decode=DecodeConfig(score_threshold=args.score_threshold, nms_iou=args.nms_iou),
+        match_iou=args.match_iou, map_threshold=args.map_threshold, blank=args.blank, ctc_layout=args.ctc_layout,
+        decoder=decoder, decoder_name=name,
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,21 +107,23 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.cli.console import out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
-    from trtopt.compare import compare_batches
+    from trtopt.compare import compare_outputs
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
 
+    config = task_config_from_args(args)
     reference = OrtSession(load_model(args.model).model)
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count, overrides=overrides_from_args(args))
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
-    classify = {t.name for t in engine.outputs if len(t.shape) == 2}
-    pairs = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
-    outputs = [s.to_dict() for s in compare_batches(pairs, names, classify=classify)]
+    batches = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
+    result = compare_outputs(batches, names, config)
     layers = _per_layer(args, engine, dataset) if args.per_layer else None
     if args.json:
-        print_json({"outputs": outputs, "layers": layers, "samples": len(dataset)})
+        print_json(result.to_dict() | {"layers": layers})
         return 0
-    out.print(_outputs_table(outputs, len(dataset), engine.backend))
+    out.print(_outputs_table(result.to_dict()["outputs"], result.samples, engine.backend))
+    if result.task is not None:
+        out.print(_task_table(result.task.to_dict()))
     if layers is not None:
         out.print(_layers_table(layers, args.top))
     return 0
@@ -91,7 +152,7 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     producers = {n.outputs[0].name: (n.name, n.op) for n in reference_graph.nodes}
     reference = OrtSession(onnx_from_graph(reference_graph), expose=names)
     test = OrtSession(test_model, expose=names, opt_level="basic")
-    pairs = (_rows(b, reference.run(b.feeds), test.run(b.feeds)) for b in dataset.batches(args.batch))
+    pairs = (_rows(b, reference.run(b.feeds), test.run(b.feeds))[1:] for b in dataset.batches(args.batch))
     stats = compare_batches(pairs, names)
     added = added_errors(reference_graph, {s.name: max(0.0, 1.0 - s.cosine) for s in stats})
     return [
@@ -101,29 +162,90 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     ]
 
 
-def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
-    """Drop the padding rows a fixed-batch model's last batch carries (see Dataset.batches)."""
-    n = batch.rows  # None: a whole feed of a model without a batch dimension, nothing to drop
-    return {k: v[:n] for k, v in reference.items()}, {k: v[:n] for k, v in test.items()}
+def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict, dict]:  # type: ignore[no-untyped-def]
+    """(inputs, FP32 outputs, plan outputs) without the padding rows a fixed-batch model's last batch carries
+    (see Dataset.batches): arrays whose first axis is the padded batch keep their first len(batch) rows."""
+    import numpy as np
+
+    n = getattr(batch, "rows", len(batch))  # None: a whole feed without a batch dimension, nothing to drop
+    padded = len(next(iter(batch.feeds.values())))
+    if n is None or padded == n:
+        return batch.feeds, reference, test
+
+    def trim(arrays: dict) -> dict:  # type: ignore[type-arg]
+        return {k: v[:n] if np.ndim(v) and len(v) == padded else v for k, v in arrays.items()}
+
+    return trim(batch.feeds), trim(reference), trim(test)
 
 
 def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-untyped-def]
     from rich.table import Table
 
-    table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs", title_justify="left")
-    for col in ("output", "top-1 agreement", "cosine", "max abs err", "mean abs err", "|ref| max"):
+    table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs, per output", title_justify="left")
+    for col in ("output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "top-1 agreement"):
         table.add_column(col, justify="right" if col != "output" else "left")
     for o in outputs:
         agree = "-" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%}"
         table.add_row(
             o["name"],
-            agree,
             f"{o['cosine']:.5f}",
+            f"{o['rel_error']:.4g}",
             f"{o['max_abs_error']:.4g}",
             f"{o['mean_abs_error']:.4g}",
             f"{o['reference_abs_max']:.4g}",
+            agree,
         )
     return table
+
+
+def _task_table(task: dict):  # type: ignore[no-untyped-def, type-arg]
+    from rich.table import Table
+
+    kind = task["task"] + (f" ({task['variant']})" if task["variant"] else "")
+    table = Table(title=f"task: {kind}", caption=task["reason"], title_justify="left", caption_justify="left")
+    table.add_column("metric", justify="left")
+    table.add_column("value", justify="right")
+    for label, value in _task_rows(task["task"], task["metrics"]):
+        table.add_row(label, value)
+    return table
+
+
+def _task_rows(task: str, m: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg]
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1%}"
+
+    if task == "detect":
+        return [
+            ("images", str(m["images"])),
+            (f"boxes: FP32 / plan (score >= {m['score_threshold']:g}, NMS IoU {m['nms_iou']:g})",
+             f"{m['reference_boxes']} / {m['test_boxes']}"),
+            (f"matched (same class, IoU >= {m['iou_threshold']:g})", str(m["matched"])),
+            ("recall of FP32's boxes", pct(m["recall"])),
+            ("precision", pct(m["precision"])),
+            ("F1", pct(m["f1"])),
+        ]  # fmt: skip
+    if task == "text-detect":
+        return [
+            ("images (with FP32 text pixels)", f"{m['images']} ({m['images_with_text']})"),
+            (f"binarised-map IoU (> {m['threshold']:g})", pct(m["binary_iou"])),
+            ("pixels above threshold: FP32 / plan", f"{m['reference_pixels']} / {m['test_pixels']}"),
+            ("score-map cosine, all pixels", _num(m["cosine"])),
+            ("worst cosine of an image with text", _num(m["min_text_image_cosine"])),
+        ]
+    if task == "ctc":
+        return [
+            ("samples", str(m["samples"])),
+            ("exact sequence match", pct(m["exact_match"])),
+            ("mean normalised edit distance", _num(m["mean_normalized_edit_distance"])),
+            (f"FP32 sequences empty (blank {m['blank']})", str(m["empty_reference"])),
+        ]
+    if task == "classify":
+        return [("samples", str(m["samples"])), ("top-1 agreement", pct(m["top1_agreement"]))]
+    return [("per-output numbers only", "-")]
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.5f}"
 
 
 def _layers_table(layers, top: int):  # type: ignore[no-untyped-def]

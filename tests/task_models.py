@@ -1,0 +1,37 @@
+"""Small models built in code whose outputs look like real task heads, for the task-metric tests (see the
+sketches in tests/test_compare_tasks.py): a YOLOv8-layout detector, a DB-style text score map, a CTC head."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from trtopt.zoo.builder import GraphBuilder
+
+
+def detector() -> onnx.ModelProto:
+    b = GraphBuilder("tiny_yolo", seed=3, opset=13)
+    x = b.input("images", [1, 3, 64, 96])
+    x = b.relu(b.conv(x, 3, 8, 3))
+    heads: dict[str, list[str]] = {"boxes": [], "scores": []}
+    for stride in (8, 16, 32):
+        for kind, channels in (("boxes", 4), ("scores", 3)):
+            y = b.conv(x, 8, channels, stride, stride=stride, pads=[0, 0, 0, 0])
+            heads[kind].append(b.node("Reshape", [y, b.const("shape", np.array([1, channels, -1], np.int64))]))
+    boxes = b.mul(b.node("Sigmoid", [b.concat(heads["boxes"], axis=2)]), b.const("px", np.array(64, np.float32)))
+    scores = b.node("Sigmoid", [b.concat(heads["scores"], axis=2)])
+    return b.build([b.concat([boxes, scores], axis=1, out="output0")])
+
+
+def text_map() -> onnx.ModelProto:
+    b = GraphBuilder("tiny_db", seed=4, opset=13)
+    x = b.relu(b.conv(b.input("x", [1, 3, 32, 32]), 3, 8, 3))
+    return b.build([b.node("Sigmoid", [b.conv(x, 8, 1, 3)], out="maps")])
+
+
+def recognizer() -> onnx.ModelProto:
+    b = GraphBuilder("tiny_ctc", seed=5, opset=13)
+    x = b.relu(b.conv(b.input("x", [1, 3, 32, 64]), 3, 8, 3))
+    y = b.conv(x, 8, 12, (32, 4), stride=4, pads=[0, 0, 0, 0])  # [1, 12, 1, 16]
+    y = b.node("Transpose", [b.node("Reshape", [y, b.const("shape", np.array([1, 12, 16], np.int64))])], perm=[0, 2, 1])
+    return b.build([b.node("Softmax", [y], axis=2, out="probs")])

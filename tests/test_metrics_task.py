@@ -1,0 +1,200 @@
+"""YOLO decoding round trips (boxes encoded by hand into each layout decode back), the task chooser's rule on
+output shapes seen in real models, and the user decoder hook."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trtopt.errors import TrtoptError
+from trtopt.metrics import DecodeConfig, TaskConfig, TaskEvaluator, choose_task, decode
+from trtopt.metrics.hook import load_decoder
+from trtopt.metrics.yolo import grid_cells, is_raw_yolox, yolo_grid_match
+
+HW = (64, 96)  # input height, width: strides 8/16/32 give 8x12 + 4x6 + 2x3 = 126 anchor points
+ANCHORS = grid_cells(*HW, (8, 16, 32))
+# Two objects (centre x, centre y, w, h in pixels; class; score) and a weaker near-duplicate of the first.
+OBJECTS = [((20.0, 12.0, 16.0, 8.0), 2, 0.9), ((70.0, 40.0, 24.0, 30.0), 0, 0.8), ((21.0, 12.0, 16.0, 8.0), 2, 0.6)]
+EXPECTED_XYXY = [[12.0, 8.0, 28.0, 16.0], [58.0, 25.0, 82.0, 55.0]]
+
+
+def yolov8_output(classes: int = 3, seed: int = 0) -> np.ndarray:
+    """[1, 4 + C, A]: background anchors score below the threshold; three anchors carry the objects."""
+    rng = np.random.default_rng(seed)
+    out = np.concatenate([rng.uniform(0, 60, (4, ANCHORS)), rng.uniform(0, 0.2, (classes, ANCHORS))])
+    for anchor, (box, cls, score) in zip((5, 60, 100), OBJECTS, strict=True):
+        out[:4, anchor] = box
+        out[4 + cls, anchor] = score
+    return out[None].astype(np.float32)
+
+
+def test_yolov8_decoding_round_trip_with_threshold_and_nms() -> None:
+    (found,) = decode(yolov8_output(), "yolov8", HW, DecodeConfig(score_threshold=0.25, nms_iou=0.45))
+    assert found.boxes == pytest.approx(np.array(EXPECTED_XYXY))  # the near-duplicate lost to NMS
+    assert found.classes.tolist() == [2, 0] and found.scores == pytest.approx([0.9, 0.8])
+    (loose,) = decode(yolov8_output(), "yolov8", HW, DecodeConfig(score_threshold=0.25, nms_iou=0.95))
+    assert len(loose) == 3
+    (strict,) = decode(yolov8_output(), "yolov8", HW, DecodeConfig(score_threshold=0.85))
+    assert strict.classes.tolist() == [2]
+
+
+def test_yolov5_decoding_multiplies_objectness_and_class_probability() -> None:
+    anchors = 3 * ANCHORS  # three anchors per cell
+    out = np.zeros((1, anchors, 5 + 3), np.float32)
+    out[0, :, :4] = 30.0
+    out[0, :, 4] = 0.1
+    (obj, box), cls = (0.9, EXPECTED_XYXY[0]), 1
+    out[0, 7, :4] = (20.0, 12.0, 16.0, 8.0)
+    out[0, 7, 4], out[0, 7, 5 + cls] = obj, 0.5  # score 0.45
+    out[0, 8, 4], out[0, 8, 5 + cls] = 0.3, 0.9  # score 0.27
+    (found,) = decode(out, "yolov5", HW, DecodeConfig(score_threshold=0.3))
+    assert len(found) == 1 and found.boxes[0] == pytest.approx(box) and found.scores[0] == pytest.approx(0.45)
+
+
+def yolox_raw_output(seed: int = 1) -> np.ndarray:
+    """[1, A, 5 + C] before grid decoding: each object written into its cell as (offset, log size / stride)."""
+    rng = np.random.default_rng(seed)
+    out = np.concatenate([rng.normal(0, 1, (ANCHORS, 4)), np.full((ANCHORS, 4), 0.05)], axis=1)
+    first16 = (HW[0] // 8) * (HW[1] // 8)  # stride-16 cells start after the stride-8 ones
+    for (box, cls, score), stride in zip(OBJECTS[:2], (8, 16), strict=True):
+        cx, cy, w, h = box
+        gx, gy = int(cx // stride), int(cy // stride)
+        index = (0 if stride == 8 else first16) + gy * (HW[1] // stride) + gx  # row-major within a stride
+        out[index, :4] = (cx / stride - gx, cy / stride - gy, np.log(w / stride), np.log(h / stride))
+        out[index, 4], out[index, 5 + cls] = 1.0, score
+    return out[None].astype(np.float32)
+
+
+def test_yolox_grid_decoding_round_trip() -> None:
+    raw = yolox_raw_output()
+    assert is_raw_yolox(raw[0], HW)
+    (found,) = decode(raw, "yolox", HW)
+    assert found.boxes == pytest.approx(np.array(EXPECTED_XYXY), abs=1e-4)
+    assert found.classes.tolist() == [2, 0]
+    with pytest.raises(ValueError, match="anchors"):
+        decode(raw[:, :-1], "yolox", HW)
+
+
+def test_grid_match_knows_anchor_free_and_anchor_based_heads() -> None:
+    assert yolo_grid_match(8400, 640, 640) == ((8, 16, 32), 1)  # YOLOv8n at 640
+    assert yolo_grid_match(25200, 640, 640) == ((8, 16, 32), 3)  # YOLOv5s at 640
+    assert yolo_grid_match(3549, 416, 416) == ((8, 16, 32), 1)  # a YOLOX at 416
+    assert yolo_grid_match(6625, 48, 320) is None  # PP-OCR's 6625-character CTC head
+
+
+# --- choosing the task -------------------------------------------------------------------------------
+
+
+def choose(outputs: dict[str, np.ndarray], hw: tuple[int, int] | None, batch: int = 2, **kw: object) -> tuple:
+    choice = choose_task(outputs, hw, TaskConfig(**kw), batch)  # type: ignore[arg-type]
+    return choice.task, choice.output, choice.variant
+
+
+def test_auto_reads_real_models_output_shapes() -> None:
+    rng = np.random.default_rng(0)
+    assert choose({"o": yolov8_output()}, HW, 1) == ("detect", "o", "yolov8")
+    assert choose({"o": yolox_raw_output()}, HW, 1) == ("detect", "o", "yolox")
+    decoded = yolox_raw_output()
+    decoded[..., 2:4] = np.abs(decoded[..., 2:4])  # sizes all positive: already decoded
+    assert choose({"o": decoded}, HW, 1) == ("detect", "o", "yolov5")
+    # PP-OCRv4 recognizer: [N, 40, 6625] softmax on a 48x320 crop is a CTC head, not a YOLOv8 one
+    assert choose({"o": rng.random((2, 40, 6625))}, (48, 320)) == ("ctc", "o", "ntc")
+    # ddddocr's recognizer writes [T, N, C] with N = 1
+    assert choose({"o": rng.random((20, 1, 50))}, (64, 160), 1) == ("ctc", "o", "tnc")
+    assert choose({"map": rng.random((2, 1, 64, 96))}, HW) == ("text-detect", "map", "")
+    assert choose({"logits": rng.normal(size=(2, 10))}, HW) == ("classify", "logits", "")
+    assert choose({"feat": rng.normal(size=(2, 1, 64, 96))}, HW)[0] == "raw"  # not a probability map
+    assert choose({"emb": rng.normal(size=(2, 5, 4, 4, 4))}, HW)[0] == "raw"
+
+
+def test_a_detector_head_wins_over_other_outputs_and_task_output_picks_one() -> None:
+    outs = {"logits": np.zeros((1, 5)), "boxes": yolov8_output()}
+    assert choose(outs, HW, 1) == ("detect", "boxes", "yolov8")
+    assert choose(outs, HW, 1, task="classify") == ("classify", "logits", "")
+    assert choose(outs, HW, 1, output="logits") == ("classify", "logits", "")
+
+
+def test_forced_task_without_a_fitting_output_is_a_user_error() -> None:
+    with pytest.raises(TrtoptError, match="no output of the model looks like one"):
+        choose_task({"logits": np.zeros((2, 10))}, HW, TaskConfig(task="detect"), 2)
+    with pytest.raises(TrtoptError, match="is not an output"):
+        choose_task({"logits": np.zeros((2, 10))}, HW, TaskConfig(output="nope"), 2)
+    with pytest.raises(TrtoptError, match="is not a task"):
+        choose_task({"logits": np.zeros((2, 10))}, HW, TaskConfig(task="segment"), 2)
+
+
+def test_evaluator_compares_decoded_boxes_of_both_sides() -> None:
+    ref = yolov8_output()
+    test = ref.copy()
+    test[0, 4 + 2, 5] = 0.1  # the plan lost the first object's score
+    config = TaskConfig()
+    evaluator = TaskEvaluator(choose_task({"o": ref}, HW, config, 1), config, HW)
+    evaluator.update({"o": ref}, {"o": test})
+    m = evaluator.to_dict()["metrics"]
+    # FP32: the two objects (the duplicate is suppressed). Plan: its duplicate survives instead of the first
+    # object (IoU 0.88 with it), so it still matches; the second object matches too.
+    assert (m["reference_boxes"], m["test_boxes"], m["matched"]) == (2, 2, 2)  # type: ignore[index]
+    test[0, 4 + 2, 100] = 0.1  # now the duplicate is gone as well
+    evaluator.update({"o": ref}, {"o": test})
+    assert evaluator.boxes.matched == 3 and evaluator.boxes.reference_boxes == 4 and evaluator.boxes.test_boxes == 3
+    assert evaluator.headline() == ("box F1", pytest.approx(6 / 7))
+
+
+# --- the user's decoder -------------------------------------------------------------------------------
+
+
+def write_decoder(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "my_decoder.py"
+    path.write_text("import numpy as np\n\n" + body)
+    return f"{path}:decode"
+
+
+def test_user_decoder_feeds_box_matching(tmp_path: Path) -> None:
+    spec = write_decoder(
+        tmp_path,
+        "def decode(outputs):\n"
+        "    rows = outputs['boxes']  # [N, K, 6]: x1 y1 x2 y2 score class\n"
+        "    return [(r[:, :4], r[:, 4], r[:, 5].astype(int)) for r in rows]\n",
+    )
+    decoder, name = load_decoder(spec)
+    assert name == "my_decoder.py:decode"
+    ref = np.array([[[0, 0, 10, 10, 0.9, 1], [20, 20, 30, 30, 0.8, 2]]], np.float32)
+    test = ref.copy()
+    test[0, 1, 5] = 3  # the second box changes class
+    config = TaskConfig(decoder=decoder, decoder_name=name)
+    evaluator = TaskEvaluator(choose_task({"boxes": ref}, None, config, 1), config, None)
+    evaluator.update({"boxes": ref}, {"boxes": test})
+    assert evaluator.choice.task == "detect" and evaluator.choice.variant == "decoder"
+    assert (evaluator.boxes.matched, evaluator.boxes.recall) == (1, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("def decode(outputs):\n    return []\n", "returned 0 images for a batch of 1"),
+        ("def decode(outputs):\n    raise KeyError('scores')\n", "failed: KeyError"),
+        ("def decode(outputs):\n    return [([[0, 0, 1, 1]], [1, 2], [0])]\n", "differ in length"),
+    ],
+)
+def test_a_failing_decoder_is_one_clear_error(tmp_path: Path, body: str, message: str) -> None:
+    decoder, name = load_decoder(write_decoder(tmp_path, body))
+    config = TaskConfig(decoder=decoder, decoder_name=name)
+    evaluator = TaskEvaluator(choose_task({"o": np.zeros((1, 3))}, None, config, 1), config, None)
+    with pytest.raises(TrtoptError, match=message):
+        evaluator.update({"o": np.zeros((1, 3))}, {"o": np.zeros((1, 3))})
+
+
+def test_decoder_spec_errors(tmp_path: Path) -> None:
+    good = write_decoder(tmp_path, "def decode(outputs):\n    return []\n")
+    with pytest.raises(TrtoptError, match="names no function"):
+        load_decoder(good.rsplit(":", 1)[0])
+    with pytest.raises(TrtoptError, match="no such file"):
+        load_decoder(str(tmp_path / "missing.py") + ":decode")
+    with pytest.raises(TrtoptError, match="has no function 'other'"):
+        load_decoder(good.rsplit(":", 1)[0] + ":other")
+    broken = tmp_path / "broken.py"
+    broken.write_text("import not_a_module_anywhere\n")
+    with pytest.raises(TrtoptError, match="importing .* failed: ModuleNotFoundError"):
+        load_decoder(f"{broken}:decode")

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""INT8 fidelity on the real-model zoo: trtopt's default plan, its best --method, and ONNX Runtime's
+quantize_static on the same calibration data, each against the FP32 model on held-out data, with the
+task's own metric (trtopt.metrics) and every output's cosine, and latency against FP32.
+
+    python tools/bench_zoo.py [--models NAME ...] [--methods max percentile mse] [--count 64]
+        [--eval-count 32] [--iterations 20] [--quick] [--out FILE.md]
+    python tools/bench_zoo.py --model det.onnx --task detect-yolov8 --preprocess "--scale 255" --quick
+
+Models come from tools/zoo.py (`python tools/zoo.py fetch` fills its cache; uncached models get a row
+saying so), or one ONNX file with --model. Per model:
+- calibration: the catalog's data (`calib_data/` photos, the text sets of `calib_text/`, or an .npz), the
+  first --count samples; held-out evaluation never uses a calibration file (checked by content hash):
+  the photos of `tests/data/heldout*`, the text sets rendered again with another seed, or an .npz's last
+  samples;
+- trtopt: `build_plan(BuildConfig(backend="cpu", ...))` with the catalog's preprocessing flags and static
+  shape, once with trtopt's default method and once per --methods entry (any name `--method` takes,
+  `auto` included once it exists); "best" is the method with the best held-out task metric (so it is
+  chosen on the evaluation data: an upper bound on what picking a method can give);
+- ONNX Runtime: `quant_pre_process`, then `quantize_static(QuantFormat.QDQ, per_channel=True,
+  activation_type=QUInt8, weight_type=QInt8)` with its default MinMax calibrator, reading the same
+  samples through trtopt's loader (trtopt holds the last 8 of 64 or more back to verify its plan);
+- fidelity: each variant as it runs on this CPU ("kernels") against FP32 on the held-out samples: the
+  task metric (box F1 after decoding for detectors, binarised score-map IoU for text detectors, exact
+  sequence match of greedy CTC decoding for recognizers, top-1 agreement for classifiers) and the worst
+  per-output cosine; the detail table adds the Q/DQ reference (the same graph with ONNX Runtime's graph
+  optimisations off, so Q/DQ run as float math);
+- latency: batch 1, 1 intra-op thread, the median of --iterations interleaved rounds, as a ratio to FP32
+  (below 1 is faster), for the kernels and for the Q/DQ reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_setup import emit, header_lines, load_average, run_isolated  # noqa: E402
+from zoo_variants import (  # noqa: E402
+    CALIB_DIR,
+    Subject,
+    Variant,
+    built,
+    eval_feeds,
+    latencies,
+    ort_build,
+    score,
+    session,
+    split_data,
+    trtopt_build,
+)
+
+from trtopt.errors import TrtoptError  # noqa: E402
+
+GOAL_COSINE = 0.99  # issue #16's bar for every output, detector heads included
+
+
+def subjects(args: argparse.Namespace) -> list[Subject]:
+    if args.model:
+        calib = Path(args.calib) if args.calib else CALIB_DIR
+        return [Subject(args.model.stem, args.model, args.task, tuple(shlex.split(args.preprocess or "")), calib,
+                        None, "", "given")]  # fmt: skip
+    try:
+        import zoo  # tools/zoo.py
+    except ImportError:
+        raise SystemExit("tools/zoo.py is missing: this branch has no model zoo; pass --model FILE.onnx") from None
+    known = {m.name for m in zoo.catalog()}
+    unknown = set(args.models or ()) - known
+    if unknown:
+        raise SystemExit(f"unknown zoo models {sorted(unknown)}; the zoo has: {', '.join(sorted(known))}")
+    return [
+        Subject(m.name, zoo.cached_path(m.name), m.task, tuple(m.preprocess), zoo.calib_path(m), m.input_shape,
+                m.input_name, f"{m.package} {m.version}")
+        for m in zoo.catalog() if not args.models or m.name in args.models
+    ]  # fmt: skip
+
+
+def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Build, evaluate and time every variant of one model."""
+    assert subject.path is not None
+    data = split_data(subject, args.count, args.eval_count, workdir)
+    batches = eval_feeds(subject, data)
+    trtopt = [built("default", _run(args, trtopt_build, subject, data, None))]
+    trtopt += [built(m, _run(args, trtopt_build, subject, data, m)) for m in args.methods]
+    ort = built("ORT QDQ MinMax", _run(args, ort_build, subject, data, str(workdir)))
+    fp32 = session(subject.path)
+    for v in [*trtopt, ort]:
+        try:
+            if not v.error:
+                v.scores = {"kernels": score(fp32, session(v.kernels), batches, subject.task),
+                            "reference": score(fp32, session(v.reference, reference=True), batches, subject.task)}
+        except (TrtoptError, RuntimeError) as exc:  # ONNX Runtime refused the quantised model: a row, not a crash
+            v.error = f"cannot run it: {str(exc).splitlines()[0][:200]}"
+    timed = {"fp32": session(subject.path, threads=1)}
+    for key, v in (("trtopt", trtopt[0]), ("ort", ort)):
+        if not v.error:
+            timed[f"{key} kernels"] = session(v.kernels, threads=1)
+            timed[f"{key} reference"] = session(v.reference, threads=1, reference=True)
+    feeds = {k: a[:1] for k, a in batches[0][0].items()}
+    ms = latencies(timed, feeds, args.iterations, args.warmup)
+    return {"subject": subject, "data": data, "trtopt": trtopt, "ort": ort, "ms": ms,
+            "samples": sum(rows for _, rows in batches)}  # fmt: skip
+
+
+def _run(args: argparse.Namespace, fn: Any, *fn_args: Any) -> Any:
+    """A build in a fresh process (its memory returns after it), or in this one for --quick runs."""
+    return fn(*fn_args) if args.quick else run_isolated(fn, *fn_args)[0]
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+def headline(v: Variant, side: str = "kernels") -> tuple[float | None, float]:
+    """(task metric or None, worst per-output cosine) of a variant."""
+    result = v.scores[side]
+    value = result.task.headline()[1] if result.task is not None else None
+    return value, result.worst_cosine
+
+
+def rank(v: Variant) -> tuple[float, float]:
+    value, cosine = headline(v)
+    return (value if value is not None else cosine), cosine
+
+
+def cell(v: Variant, side: str = "kernels") -> str:
+    if v.error:
+        return "build failed"
+    value, cosine = headline(v, side)
+    return ("" if value is None else f"{value * 100:.1f}% / ") + f"{cosine:.4f}"
+
+
+def metric_name(result: dict[str, Any]) -> str:
+    for v in [*result["trtopt"], result["ort"]]:
+        if not v.error and v.scores["kernels"].task is not None:
+            name = v.scores["kernels"].task.headline()[0]
+            return name or "worst cosine only"
+    return "–"
+
+
+def summary_row(result: dict[str, Any]) -> str:
+    s: Subject = result["subject"]
+    trtopt, ort, ms = result["trtopt"], result["ort"], result["ms"]
+    default, fine = trtopt[0], [v for v in trtopt if not v.error]
+    best = max(fine, key=rank) if fine else default
+    build = "yes" if not default.error else f"no: {default.error[:120]}"
+    ratio = {k: f"{ms[k] / ms['fp32']:.2f}" if k in ms else "–" for k in
+             ("trtopt kernels", "trtopt reference", "ort kernels", "ort reference")}  # fmt: skip
+    goal = "–"
+    if not default.error and not ort.error:
+        d, o = headline(default), headline(ort)
+        as_faithful = d[0] >= o[0] if d[0] is not None and o[0] is not None else d[1] >= o[1]
+        goal = "yes" if as_faithful and d[1] >= GOAL_COSINE else "no"
+    best_name = best.note.removeprefix("method ") if not best.error else "–"
+    return (f"| {s.name} | {s.task}: {metric_name(result)} | {build} | {cell(default)} | {best_name}: {cell(best)} "
+            f"| {cell(ort)} | {goal} | {ratio['trtopt kernels']} / {ratio['trtopt reference']} "
+            f"| {ratio['ort kernels']} / {ratio['ort reference']} | {ms['fp32']:.1f} |")  # fmt: skip
+
+
+def detail_rows(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for v in [*result["trtopt"], result["ort"]]:
+        label = f"trtopt {v.name}" if v.name != "ORT QDQ MinMax" else v.name
+        if v.error:
+            rows.append(f"| {result['subject'].name} | {label} | – | failed: {v.error[:160]} | – | – |")
+            continue
+        task = v.scores["kernels"].task
+        counts = _counts(task.to_dict()) if task is not None else ""
+        rows.append(f"| {result['subject'].name} | {label} ({v.note}) | {v.build_s:.1f} s | {cell(v)} {counts} "
+                    f"| {cell(v, 'reference')} | {_outputs(v)} |")  # fmt: skip
+    return rows
+
+
+def _counts(task: dict[str, Any]) -> str:
+    m = task["metrics"]
+    if task["task"] == "detect":
+        return f"(boxes FP32 {m['reference_boxes']}, INT8 {m['test_boxes']}, matched {m['matched']})"
+    if task["task"] == "text-detect":
+        return f"(pixels > {m['threshold']:g}: FP32 {m['reference_pixels']}, INT8 {m['test_pixels']})"
+    if task["task"] == "ctc":
+        return f"(edit distance {m['mean_normalized_edit_distance']:.3f}; {m['empty_reference']} FP32 empty)"
+    return ""
+
+
+def _outputs(v: Variant) -> str:
+    stats = v.scores["kernels"].outputs
+    return ", ".join(f"{s.name[:24]} {s.cosine:.4f} / {s.rel_error:.3f}" for s in stats[:4]) + (
+        f" (+{len(stats) - 4} more)" if len(stats) > 4 else "")
+
+
+def report(results: list[dict[str, Any]], missing: list[Subject], args: argparse.Namespace, argv: list[str],
+           minutes: float, load_before: str) -> str:  # fmt: skip
+    lines = [
+        "## Real-model zoo: task fidelity of trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
+        "",
+        *header_lines("tools/bench_zoo.py", argv),
+        f"- took {minutes:.1f} min; 1-minute load average {load_before} before, {load_average()} after (more than "
+        "~2 on 2 cores means other jobs ran and the latencies are noisy)",
+        f"- per model: up to {args.count} calibration samples, {args.eval_count} held-out samples (never calibration "
+        f"files), trtopt default + methods {', '.join(args.methods) or 'none'}, ORT QDQ MinMax; latency: batch 1, "
+        f"1 thread, median of {args.iterations} interleaved rounds",
+        "",
+        "| model | task: metric | trtopt builds | trtopt default: metric / worst cos | best method: metric / worst "
+        "cos | ORT QDQ: metric / worst cos | goal: default ≥ ORT, cos ≥ 0.99 | latency / FP32: trtopt kernels / "
+        "reference | ORT kernels / reference | FP32 ms |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|---:|",
+        *[summary_row(r) for r in results],
+        *[f"| {s.name} | {s.task} | not cached (`python tools/zoo.py fetch {s.name}`) | – | – | – | – | – | – | – |"
+          for s in missing],
+        "",
+        "Metric: box F1 (FP32's boxes matched at IoU ≥ 0.5 within a class, after YOLO decoding, score ≥ 0.25, "
+        "NMS 0.45), map IoU (score maps binarised at 0.3, DB's threshold), exact match (greedy CTC decoding, "
+        "blank 0), top-1 agreement; worst cos: the lowest cosine with FP32 over the model's outputs. "
+        "Kernels: as ONNX Runtime runs the model on this CPU (trtopt: as `trtopt.Engine` runs the plan). Goal "
+        "(issue #16): trtopt's default plan has a task metric at least ORT's (the worst cosine where the task "
+        "has no metric) and a worst output cosine of at least 0.99. Best method: chosen on the held-out data "
+        "itself, so an upper bound of what choosing a method can give.",
+        "",
+        "### Every variant: kernels and Q/DQ reference",
+        "",
+        "| model | variant | build | kernels: metric / worst cos (counts) | reference: metric / worst cos "
+        "| per output: cosine / rel. error (kernels) |",
+        "|---|---|---:|---|---:|---|",
+        *[row for r in results for row in detail_rows(r)],
+        "",
+        "Data per model: " + "; ".join(f"{r['subject'].name}: {r['data'].description}" for r in results) + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from trtopt.build import BuildConfig
+    from trtopt.calib import METHODS
+
+    default = BuildConfig().calib_method
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", metavar="NAME", help="zoo models (default: every cached one)")
+    parser.add_argument("--model", type=Path, help="one ONNX file instead of the zoo (with --task, --preprocess)")
+    parser.add_argument("--task", default="raw", help="with --model: a zoo task (classify, detect-yolov8, ctc...)")
+    parser.add_argument("--preprocess", help="with --model: trtopt preprocessing flags, quoted")
+    parser.add_argument("--calib", help="with --model: calibration folder or .npz (default calib_data/)")
+    parser.add_argument("--methods", nargs="*", default=[m for m in METHODS.names() if m != default],
+                        help=f"trtopt --method values besides the default ({default}); e.g. auto")
+    parser.add_argument("--count", type=int, default=64, help="calibration samples per model (default 64)")
+    parser.add_argument("--eval-count", type=int, default=32, help="held-out samples per model (default 32)")
+    parser.add_argument("--iterations", type=int, default=20, help="timed rounds (default 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 8 + 4 samples, one method, 3 rounds, builds in this process")
+    parser.add_argument("--out", type=Path, help="also write the markdown here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.count, args.eval_count, args.iterations, args.warmup = 8, 4, 3, 1
+        args.methods = args.methods[:1]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_before, start = load_average(), time.perf_counter()
+    everything = subjects(args)
+    cached = [s for s in everything if s.path is not None]
+    if args.quick and not args.model:
+        cached = cached[:1]
+    missing = [s for s in everything if s.path is None]
+    argv_used = sys.argv[1:] if argv is None else argv
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
+        for done, subject in enumerate(cached):
+            print(f"== {subject.name} ({done + 1} of {len(cached)})", file=sys.stderr, flush=True)
+            results.append(run_subject(subject, args, Path(tmp)))
+            if args.out and done + 1 < len(cached):  # a long run leaves what it has measured so far
+                partial = report(results, missing, args, argv_used, (time.perf_counter() - start) / 60, load_before)
+                args.out.write_text(partial + f"\n(partial: {done + 1} of {len(cached)} models so far)\n")
+    text = report(results, missing, args, argv_used, (time.perf_counter() - start) / 60, load_before)
+    emit(text, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

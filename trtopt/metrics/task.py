@@ -1,0 +1,228 @@
+"""Which task a model's outputs serve, and the task's fidelity metric between FP32 and a quantised plan.
+
+`choose_task` looks at the FP32 outputs of the first batch (their actual shapes: exported models often
+declare wrong or symbolic ones) and the image input's height and width. The rule, first match wins:
+
+1. a user decoder (`TaskConfig.decoder`) -> **detect**, with the boxes it returns;
+2. a rank-3 output [N, a, b] one of whose axes is the anchor count of a YOLO head on this input (one or three
+   anchors per cell of the stride 8/16/32 or 8/16/32/64 grids, `yolo.yolo_grid_match`) -> **detect**:
+   anchors last ([N, 4 + C, A]) is YOLOv8; anchors first ([N, A, 5 + C]) is YOLOX when the boxes are still
+   raw (`yolo.is_raw_yolox`), else YOLOv5;
+3. a rank-4 output [N, C, H, W] with at most 4 channels, at least a quarter of the input's height and width,
+   and every value in [0, 1] (a probability map) -> **text-detect**;
+4. any other rank-3 output with at least 2 classes on its last axis -> **ctc**: [N, T, C] when its first
+   axis is the batch size and its second is not, [T, N, C] in the opposite case (ambiguous: [N, T, C]);
+5. a rank-2 output [N, C] with C >= 2 -> **classify**;
+6. otherwise **raw** (per-output cosine and relative error only, which every task reports anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from trtopt.errors import TrtoptError
+from trtopt.metrics.boxes import BoxAgreement, Detections
+from trtopt.metrics.ctc import CTC_LAYOUTS, SequenceAgreement, decode_batch
+from trtopt.metrics.maps import DB_THRESHOLD, MapAgreement
+from trtopt.metrics.yolo import BOX_FORMATS, DecodeConfig, decode, is_raw_yolox, yolo_grid_match
+
+TASKS = ("auto", "classify", "detect", "text-detect", "ctc", "raw")
+Decoder = Callable[[dict[str, np.ndarray]], Sequence[Any]]  # one batch's outputs -> (boxes, scores, classes)s
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """How `trtopt compare` measures task fidelity. None / "auto" means: chosen from the outputs."""
+
+    task: str = "auto"
+    output: str | None = None  # the output the task metric reads
+    box_format: str = "auto"  # auto, or one of yolo.BOX_FORMATS
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    match_iou: float = 0.5
+    map_threshold: float = DB_THRESHOLD
+    blank: int = 0
+    ctc_layout: str = "auto"  # auto, ntc or tnc
+    decoder: Decoder | None = None
+    decoder_name: str = ""
+
+
+@dataclass(frozen=True)
+class TaskChoice:
+    task: str
+    output: str | None  # the output the metric reads (None: a user decoder reads them all)
+    variant: str  # box format or CTC layout; "" where there is none
+    reason: str
+
+
+def choose_task(outputs: Mapping[str, np.ndarray], input_hw: tuple[int, int] | None, config: TaskConfig,
+                batch: int) -> TaskChoice:  # fmt: skip
+    """The task (config.task, or by the rule in this module's docstring) and the output it reads."""
+    if config.task not in TASKS:
+        raise TrtoptError(f"--task {config.task!r} is not a task.", fix=f"Use one of: {', '.join(TASKS)}.")
+    if config.output is not None and config.output not in outputs:
+        raise TrtoptError(f"--task-output {config.output!r} is not an output of the model.",
+                          fix=f"Use one of: {', '.join(outputs)}.")  # fmt: skip
+    names = [config.output] if config.output else list(outputs)
+    wanted = config.task
+    if wanted == "raw":
+        return TaskChoice("raw", None, "", "asked for (--task raw)")
+    if config.decoder is not None and wanted in ("auto", "detect"):
+        return TaskChoice("detect", None, "decoder", f"user decoder {config.decoder_name}")
+    checks = {"detect": _detector, "text-detect": _score_map, "ctc": _ctc, "classify": _classifier}
+    for task, check in checks.items():
+        if wanted not in ("auto", task):
+            continue
+        for name in names:
+            found = check(np.asarray(outputs[name]), input_hw, config, batch)
+            if found is not None:
+                how = "asked for" if wanted == task else "chosen"
+                return TaskChoice(task, name, found[0], f"{how}: output {name!r} {found[1]}")
+    if wanted != "auto":
+        raise TrtoptError(
+            f"--task {wanted}: no output of the model looks like one ({_shapes(outputs)}).",
+            fix="Pick the output with --task-output NAME, force the layout (--box-format, --ctc-layout), pass a "
+            "decoder (--decoder file.py:function) for other detectors, or use --task raw.",
+        )
+    return TaskChoice("raw", None, "", f"chosen: no output looks like a task's ({_shapes(outputs)})")
+
+
+def _shapes(outputs: Mapping[str, np.ndarray]) -> str:
+    return ", ".join(f"{n} {list(np.shape(v))}" for n, v in outputs.items())
+
+
+Found = tuple[str, str] | None  # (variant, why)
+
+
+def _detector(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
+    if out.ndim != 3 or input_hw is None:
+        return None
+    forced = config.box_format if config.box_format != "auto" else None
+    if yolo_grid_match(out.shape[2], *input_hw) and out.shape[1] >= 5 and forced in (None, "yolov8"):
+        return "yolov8", f"{list(out.shape)}: [N, 4 + classes, anchors] over the input's YOLO grid -> YOLOv8"
+    if yolo_grid_match(out.shape[1], *input_hw) and out.shape[2] >= 6:
+        raw = is_raw_yolox(out[0], input_hw)
+        variant = forced or ("yolox" if raw else "yolov5")
+        how = "raw boxes (negative log-sizes) -> YOLOX grid decoding" if raw else "decoded boxes -> YOLOv5"
+        return variant, f"{list(out.shape)}: [N, anchors, 5 + classes] over the input's YOLO grid, {how}"
+    if forced is not None and out.shape[1 if forced == "yolov8" else 2] >= 5:
+        return forced, f"{list(out.shape)}: --box-format {forced}"
+    return None
+
+
+def _score_map(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
+    if out.ndim != 4 or input_hw is None:
+        return None
+    forced = config.task == "text-detect"
+    if not forced and not (out.shape[1] <= 4 and out.shape[2] * 4 >= input_hw[0] and out.shape[3] * 4 >= input_hw[1]):
+        return None
+    if not forced and not (out.size and float(out.min()) >= 0.0 and float(out.max()) <= 1.0):
+        return None
+    return "", f"{list(out.shape)}: a dense probability map, binarised at {config.map_threshold:g}"
+
+
+def _ctc(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
+    if out.ndim != 3 or out.shape[2] < 2:
+        return None
+    if config.ctc_layout != "auto":
+        if config.ctc_layout not in CTC_LAYOUTS:
+            raise TrtoptError(f"--ctc-layout {config.ctc_layout!r} is not a layout.",
+                              fix=f"Use auto or one of: {', '.join(CTC_LAYOUTS)}.")  # fmt: skip
+        return config.ctc_layout, f"{list(out.shape)}: --ctc-layout {config.ctc_layout}"
+    time_major = out.shape[1] == batch and out.shape[0] != batch
+    layout = "tnc" if time_major else "ntc"
+    return layout, f"{list(out.shape)}: {'[T, N, C]' if time_major else '[N, T, C]'} class scores per time step"
+
+
+def _classifier(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
+    if out.ndim == 2 and out.shape[1] >= 2:
+        return "", f"{list(out.shape)}: [N, classes]"
+    return None
+
+
+class TaskEvaluator:
+    """Accumulates the chosen task's metric over batches of (FP32 outputs, plan outputs)."""
+
+    def __init__(self, choice: TaskChoice, config: TaskConfig, input_hw: tuple[int, int] | None) -> None:
+        self.choice = choice
+        self.config = config
+        self.input_hw = input_hw
+        self.boxes = BoxAgreement(config.match_iou)
+        self.maps = MapAgreement(config.map_threshold)
+        self.sequences = SequenceAgreement()
+        self.top1 = [0, 0]  # same, rows
+
+    def update(self, reference: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray]) -> None:
+        task, name = self.choice.task, self.choice.output
+        if task == "detect":
+            for ref, tst in zip(self._detections(reference), self._detections(test), strict=True):
+                self.boxes.update(ref, tst)
+        elif task == "text-detect" and name is not None:
+            self.maps.update(reference[name], test[name])
+        elif task == "ctc" and name is not None:
+            layout, blank = self.choice.variant, self.config.blank
+            self.sequences.update(decode_batch(reference[name], layout, blank), decode_batch(test[name], layout, blank))
+        elif task == "classify" and name is not None:
+            self.top1[0] += int((reference[name].argmax(axis=1) == test[name].argmax(axis=1)).sum())
+            self.top1[1] += len(reference[name])
+
+    def _detections(self, outputs: Mapping[str, np.ndarray]) -> list[Detections]:
+        if self.choice.variant == "decoder" and self.config.decoder is not None:
+            return _call_decoder(self.config.decoder, self.config.decoder_name, outputs)
+        assert self.choice.output is not None and self.input_hw is not None  # set by choose_task
+        try:
+            return decode(outputs[self.choice.output], self.choice.variant, self.input_hw, self.config.decode)
+        except ValueError as exc:
+            raise TrtoptError(
+                f"Cannot decode output {self.choice.output!r} as {self.choice.variant}: {exc}.",
+                fix="Pick another --box-format, or pass --decoder file.py:function.",
+            ) from None
+
+    def headline(self) -> tuple[str, float | None]:
+        """The task's one number (higher is better): F1, map IoU, exact-match rate or top-1 agreement."""
+        task = self.choice.task
+        if task == "detect":
+            return "box F1", self.boxes.f1
+        if task == "text-detect":
+            return "map IoU", self.maps.iou
+        if task == "ctc":
+            return "exact match", self.sequences.exact_rate
+        if task == "classify":
+            return "top-1 agreement", self.top1[0] / self.top1[1] if self.top1[1] else None
+        return "", None
+
+    def to_dict(self) -> dict[str, object]:
+        metrics: dict[str, object] = {}
+        if self.choice.task == "detect":
+            metrics = self.boxes.to_dict() | {"score_threshold": self.config.decode.score_threshold,
+                                              "nms_iou": self.config.decode.nms_iou}  # fmt: skip
+        elif self.choice.task == "text-detect":
+            metrics = self.maps.to_dict()
+        elif self.choice.task == "ctc":
+            metrics = self.sequences.to_dict() | {"blank": self.config.blank}
+        elif self.choice.task == "classify":
+            metrics = {"top1_agreement": self.headline()[1], "samples": self.top1[1]}
+        return {"task": self.choice.task, "output": self.choice.output, "variant": self.choice.variant,
+                "reason": self.choice.reason, "metrics": metrics}  # fmt: skip
+
+
+def _call_decoder(decoder: Decoder, name: str, outputs: Mapping[str, np.ndarray]) -> list[Detections]:
+    try:
+        result = [Detections.of(*image) for image in decoder(dict(outputs))]
+    except Exception as exc:  # the user's code: any failure becomes one clear message
+        raise TrtoptError(
+            f"The decoder {name} failed: {type(exc).__name__}: {exc}",
+            fix="It receives one batch's outputs as {name: array} and must return, per image, a tuple "
+            "(boxes [K, 4] as x1 y1 x2 y2, scores [K], classes [K]).",
+        ) from None
+    batch = len(next(iter(outputs.values())))
+    if len(result) != batch:
+        raise TrtoptError(f"The decoder {name} returned {len(result)} images for a batch of {batch}.",
+                          fix="Return one (boxes, scores, classes) tuple per image of the batch.")  # fmt: skip
+    return result
+
+
+__all__ = ["BOX_FORMATS", "TASKS", "TaskChoice", "TaskConfig", "TaskEvaluator", "choose_task"]
