@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from trtopt.backend.tensorrt import cuda
-from trtopt.backend.tensorrt.pointers import (
+from trtopt.errors import DataError
+from trtopt.execution.device_arrays import (
     DL_CPU,
     DL_CUDA,
     _DLTensor,
@@ -20,7 +21,6 @@ from trtopt.backend.tensorrt.pointers import (
     from_cuda_array_interface,
     from_dlpack,
 )
-from trtopt.errors import DataError
 
 
 class FakeCudaArray:

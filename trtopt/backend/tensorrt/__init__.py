@@ -2,7 +2,8 @@
 
 File roles as in every backend: ``detect.py`` (is TensorRT usable here, and why not), ``builder.py``
 (ONNX -> plan sections), ``runner.py`` (plan -> outputs), plus ``cuda.py`` (checked cuda-bindings calls)
-and ``pointers.py`` (device pointers from ``__cuda_array_interface__`` / DLPack objects). Nothing here
+and the backend-neutral ``trtopt/execution/device_arrays.py`` (device pointers from ``__cuda_array_interface__`` /
+DLPack objects). Nothing here
 imports `tensorrt` or `cuda` at module import time; each entry point does, behind `detect.require()`.
 
 Written against the TensorRT 11 Python API reference and the "Migrating from TensorRT 10.x to 11.x"

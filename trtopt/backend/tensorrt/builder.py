@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import onnx
 
-from trtopt.backend import BuildOptions, Profile, Shape
+from trtopt.backend.base import Profile, Shape
 from trtopt.errors import ModelError, ShapeError, TrtoptError
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 
@@ -53,13 +54,22 @@ OPTIMIZATION_LEVELS = range(0, 6)  # IBuilderConfig.builder_optimization_level: 
 STRONGLY_TYPED_IGNORED_FROM = 11  # the creation flag is a no-op from this major version on
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """What one engine build is told (`TensorRTBackend.options` resolves it from the build config and the
+    graph). None means TensorRT's default."""
+
+    profiles: Mapping[str, Profile] | None = None
+    workspace_mib: int | None = None
+    timing_cache: Path | None = None
+    optimization_level: int | None = None
+    sparsity: bool = False
+    fp16: bool = False
+    threads: int | None = None
+
+
 # --- pure helpers (no TensorRT) -------------------------------------------------------------------
 
-
-# TensorRT's tactics accumulate in TF32 or FP16 where the ONNX reference (run by ONNX Runtime on the CPU)
-# computes in FP32, and no TensorRT build has run through trtopt.verify yet: until its tolerance is measured
-# on a GPU, a mismatch is recorded in the plan and logged, not refused (validity errors still are).
-STRICT_VERIFICATION = False
 
 def profiles_for(
     inputs: Sequence[Any], shapes: Mapping[str, Shape] | None, batch: int | None
@@ -122,7 +132,7 @@ def _check_batch_applies(inputs: Sequence[Any], batch: int | None) -> None:
         )
 
 
-def validate_options(options: BuildOptions) -> None:
+def validate_options(options: EngineOptions) -> None:
     """Reject option values TensorRT would reject later, with a message that says how to fix them."""
     if options.workspace_mib is not None and options.workspace_mib <= 0:
         raise TrtoptError(
@@ -227,7 +237,7 @@ def _fmt(dims: Sequence[Any]) -> str:
 # --- the build (needs TensorRT) ------------------------------------------------------------------
 
 
-def build(model: onnx.ModelProto, options: BuildOptions) -> tuple[dict[str, bytes], dict[str, str]]:
+def build(model: onnx.ModelProto, options: EngineOptions) -> tuple[dict[str, bytes], dict[str, str]]:
     """Build a serialised engine. Returns sections {"engine", "onnx"} and the library versions used."""
     from trtopt.backend.tensorrt.detect import require, tensorrt_major
 
@@ -282,7 +292,7 @@ def _parse(parser: Any, model_bytes: bytes) -> None:
         )
 
 
-def _configure(trt: Any, builder: Any, network: Any, config: Any, options: BuildOptions) -> None:
+def _configure(trt: Any, builder: Any, network: Any, config: Any, options: EngineOptions) -> None:
     if options.workspace_mib is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     if options.optimization_level is not None:
