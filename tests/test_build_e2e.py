@@ -101,6 +101,8 @@ def test_engine_validates_inputs_once(workdir: Path, built) -> None:  # type: ig
     with pytest.raises(ShapeError, match="missing"):
         engine.infer({"other": good})
     assert engine.infer({"input": good})["logits"].shape == (1, 10)
+    outputs, device_ms = engine.timed_infer({"input": good})  # the CPU runner has no device clock
+    assert engine.timing == "host" and device_ms is None and outputs["logits"].shape == (1, 10)
 
 
 def test_cache_reuse_gives_the_same_plan(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]

@@ -141,6 +141,8 @@ class PlanMetadata:
         from trtopt.verify import Verification
 
         check_metadata_version(data.get("metadata_version", 1), where)
+        quant = data.get("calibration") is not None  # trtopt writes the five quantisation keys together
+        known = _KEYS + (_QUANT_KEYS if quant else ())  # without a calibration record the others are kept as read
         try:
             labels, optimizer = data.get("labels"), data.get("optimizer")
             return cls(
@@ -149,9 +151,9 @@ class PlanMetadata:
                 preprocess=dict(data["preprocess"]) if data.get("preprocess") is not None else None,
                 labels=tuple(str(x) for x in labels) if labels is not None else None,
                 optimizer=OptimizerRecord.from_dict(optimizer) if optimizer else None,
-                quant=QuantRecord.from_dict(data) if data.get("calibration") is not None else None,
+                quant=QuantRecord.from_dict(data) if quant else None,
                 verification=Verification.from_dict(data["verification"]) if data.get("verification") else None,
-                extra={k: v for k, v in data.items() if k not in _KEYS and k not in _QUANT_KEYS},
+                extra={k: v for k, v in data.items() if k not in known},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise PlanError(
