@@ -73,7 +73,7 @@ def test_batch_on_a_static_model_explains_the_reexport() -> None:
     ("options", "message"),
     [
         (EngineOptions(workspace_mib=0), "--workspace"),
-        (EngineOptions(optimization_level=6), "0..5"),
+        (EngineOptions(optimization_level=6), "--opt-level is 6; expected a whole number from 0 to 5"),
         (EngineOptions(threads=0), "--threads"),
         (EngineOptions(profiles={"x": Profile((1, 3), (8, 3), (4, 3))}), "min <= opt <= max"),
         (EngineOptions(profiles={"x": Profile((1, 3), (1, 3, 1), (1, 3))}), "same rank"),

@@ -38,6 +38,11 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "pr
             help=f"the base recipe: {PRESET_NAMES}. Default: the model's sidecar <model>.json if present, else "
             "imagenet (raw for uint8 inputs). An explicit --preset replaces the sidecar",
         )
+    _add_field_arguments(g, default)
+
+
+def _add_field_arguments(g: argparse._ArgumentGroup, default: str) -> None:
+    """One flag per field of the spec; `default` says where a field left out comes from."""
     g.add_argument(
         "--resize",
         type=int,

@@ -45,12 +45,14 @@ from typing import Any, NamedTuple
 import onnx
 
 from trtopt.backend.base import Profile, Shape
+from trtopt.config_checks import check_int, check_threads
 from trtopt.errors import ModelError, ShapeError, TrtoptError
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 
 log = logging.getLogger(__name__)
 
 OPTIMIZATION_LEVELS = range(0, 6)  # IBuilderConfig.builder_optimization_level: 0..5, default 3
+MAX_WORKSPACE_MIB = 2**30  # 1 PiB: anything larger is a typo
 STRONGLY_TYPED_IGNORED_FROM = 11  # the creation flag is a no-op from this major version on
 
 
@@ -133,20 +135,12 @@ def _check_batch_applies(inputs: Sequence[Any], batch: int | None) -> None:
 
 
 def validate_options(options: EngineOptions) -> None:
-    """Reject option values TensorRT would reject later, with a message that says how to fix them."""
-    if options.workspace_mib is not None and options.workspace_mib <= 0:
-        raise TrtoptError(
-            f"--workspace must be a positive number of MiB, got {options.workspace_mib}.",
-            fix="Pass e.g. --workspace 4096, or leave it out to let TensorRT use the device memory it needs.",
-        )
-    level = options.optimization_level
-    if level is not None and level not in OPTIMIZATION_LEVELS:
-        raise TrtoptError(
-            f"--opt-level must be 0..5 (TensorRT builder_optimization_level), got {level}.",
-            fix="Use 3 (TensorRT's default) or 5 for the longest search and fastest engine.",
-        )
-    if options.threads is not None and options.threads < 1:
-        raise TrtoptError(f"--threads must be at least 1, got {options.threads}.")
+    """Reject option values TensorRT would reject later, with a message that says how to fix them (the one
+    home of these ranges: `TensorRTOptions` checks the user's settings here too)."""
+    check_int(options.workspace_mib, "--workspace", 1, MAX_WORKSPACE_MIB, example="4096")
+    low, high = OPTIMIZATION_LEVELS.start, OPTIMIZATION_LEVELS.stop - 1
+    check_int(options.optimization_level, "--opt-level", low, high, example="3 (TensorRT's default)")
+    check_threads(options.threads)
     if options.timing_cache is not None and Path(options.timing_cache).is_dir():
         raise TrtoptError(
             f"--timing-cache {str(options.timing_cache)!r} is a folder.",

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from trtopt.backend.base import BackendOptions
-from trtopt.config_checks import MAX_BATCH, check_int, check_threads
-from trtopt.errors import TrtoptError
+from trtopt.config_checks import MAX_BATCH, check_int
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,8 @@ class TensorRTOptions(BackendOptions):
     threads: int | None = None
 
     def __post_init__(self) -> None:
+        from trtopt.backend.tensorrt.builder import EngineOptions, validate_options
+
         check_int(self.batch, "--batch", 1, MAX_BATCH, example="8")
-        check_int(self.workspace_mib, "--workspace", 1, 2**30, example="4096")
-        check_int(self.optimization_level, "--opt-level", 0, 5, example="3")
-        check_threads(self.threads)
-        if self.timing_cache is not None and Path(self.timing_cache).is_dir():
-            raise TrtoptError(
-                f"--timing-cache {str(self.timing_cache)!r} is a folder.",
-                fix="Give a file path, e.g. --timing-cache build/timing.cache (created if missing).",
-            )
+        validate_options(EngineOptions(workspace_mib=self.workspace_mib, timing_cache=self.timing_cache,
+                                       optimization_level=self.optimization_level, threads=self.threads))  # fmt: skip
