@@ -83,12 +83,13 @@ def graph_from_onnx(
     """Load a model into a gs.Graph with inferred shapes and folded constants.
 
     Each round trip between onnx-graphsurgeon and protobuf copies every weight (seconds on VGG-19's 550 MB),
-    so shapes are inferred on the protobuf before the first import where no input shape is set, and again
-    after constant folding only when folding changed the graph (the result is the same either way)."""
+    so shapes are inferred on the protobuf before the first import where no input shape is set (and the
+    model fits one protobuf), and again after constant folding only when folding changed the graph. The
+    graph is the same either way. The caller's `source` is never changed."""
     model = source if isinstance(source, onnx.ModelProto) else load_model(source).model
-    if shapes:
+    if shapes or model.ByteSize() >= PROTOBUF_LIMIT:  # inference on disk moves the weights of the proto it gets
         graph = gs.import_onnx(model)
-        apply_shapes(graph, shapes)
+        apply_shapes(graph, shapes or {})
         graph = _infer_shapes(graph)
     else:
         graph = gs.import_onnx(_inferred(model))
