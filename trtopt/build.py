@@ -2,7 +2,7 @@
 
     graph = load_graph(path, config.graph)                       # frontend
     graph = optimize(graph, config.graph.passes).graph           # passes
-    backend = select_backend(config.backend)                     # backend: its options, checked up front
+    backend, _ = select_backend(config.backend)                  # backend: its options, checked up front
     data, checks = calibration_and_checks(graph, spec, ...)      # data: calibration and verification samples
     amax = calibrate_graph(graph, fp32, tensors, config.calib)   # calib (or a cache)
     insert_qdq(graph, qplan, amax)                               # quant, after bias correction
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +27,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.backend import BackendOptions, BackendReport, get_backend, quantizable_tensors, select_backend
 from trtopt.calib.config import CalibConfig
+from trtopt.calib.stage import ProgressHook
 from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.errors import TrtoptError
 from trtopt.frontend import onnx_from_graph
@@ -38,13 +39,12 @@ from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
     from trtopt.backend import Backend
-    from trtopt.calib import CalibProgress, Calibration
+    from trtopt.calib import Calibration
     from trtopt.data import Dataset, PreprocessSpec
     from trtopt.passes import OptimizeResult
 
 log = logging.getLogger(__name__)
 Options = TypeVar("Options", bound=BackendOptions)
-ProgressHook = Callable[["CalibProgress"], None]  # calibration progress, with the total filled in
 
 
 @dataclass(frozen=True)
