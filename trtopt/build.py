@@ -38,7 +38,6 @@ from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
-    from trtopt.backend import Backend
     from trtopt.calib import Calibration
     from trtopt.data import Dataset, PreprocessSpec
     from trtopt.passes import OptimizeResult
@@ -120,7 +119,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     spec = preprocess_spec_for(path, graph, config.preprocess)
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
-    quantized = _quantize(graph, fp32, backend, data, config, times, progress) if config.int8 else Quantized()
+    quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
+    quantized = _quantize(graph, fp32, quant, data, config, times, progress) if config.int8 else Quantized()
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
     with times("build"):
         plan, verification = build_verified(backend, model, _io(graph), options, fp32, checks)
@@ -161,13 +161,13 @@ def _samples(graph: gs.Graph, spec: PreprocessSpec | None, config: BuildConfig) 
 def _quantize(
     graph: gs.Graph,
     fp32: onnx.ModelProto,
-    backend: Backend,
+    quant: QuantConfig,
     data: Dataset | None,
     config: BuildConfig,
     times: StageTimes,
     progress: ProgressHook | None,
 ) -> Quantized:
-    """Place Q/DQ for `backend`, calibrate, correct biases, insert Q/DQ into `graph` (in place).
+    """Place Q/DQ by `quant` (the backend's form), calibrate, correct biases, insert Q/DQ into `graph` (in place).
 
     Calibration covers every tensor any backend may quantise (`quantizable_tensors`), not only this plan's:
     one cache then serves every build of the graph, and the thresholds do not depend on the backend or on
@@ -175,13 +175,13 @@ def _quantize(
     it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
     from trtopt.calib.stage import calibrate_graph
 
-    qplan = plan_quantization(graph, backend.quant_config(config.quant))
+    qplan = plan_quantization(graph, quant)
     tensors = quantizable_tensors(graph)
     with times("calibrate"):
         calibration = calibrate_graph(graph, fp32, tensors, config.calib, dataset=data, data=config.data,
                                       progress=progress)  # fmt: skip
     with times("quantize"):
-        bias = _correct_biases(graph, qplan, calibration) if config.quant.bias_correction else None
+        bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, calibration.amax)
     return Quantized(calibration, bias, qdq)
 

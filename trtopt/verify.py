@@ -18,7 +18,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import onnx
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
+Settings = TypeVar("Settings")  # what the backend's `options` resolved
 Feeds = Mapping[str, np.ndarray]
 
 # Kernels may round differently from the float reference, but only by rounding. Quantising a tensor moves
@@ -244,10 +245,10 @@ def verify_plan(
 
 
 def build_verified(
-    backend: Backend,
+    backend: Backend[Settings],
     model: onnx.ModelProto,
     io: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
-    options: Any,
+    options: Settings,
     fp32: onnx.ModelProto,
     checks: Checks,
 ) -> tuple[Plan, Verification | None]:

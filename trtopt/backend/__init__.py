@@ -10,7 +10,7 @@ lazily: the CPU backend needs ONNX Runtime, the TensorRT one `tensorrt` and `cud
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtopt.backend.base import (
     Backend,
@@ -46,17 +46,17 @@ __all__ = [
     "select_backend",
 ]
 
-BACKENDS: Registry[Backend] = Registry("backend")
+BACKENDS: Registry[Backend[Any]] = Registry("backend")
 
 
-def get_backend(name: str) -> Backend:
+def get_backend(name: str) -> Backend[Any]:
     """The registered backend called `name`; an unknown name lists the valid ones (and `auto`)."""
     if name not in BACKENDS:
         raise UnknownNameError("backend", name, ["auto", *BACKENDS])
     return BACKENDS.get(name)
 
 
-def select_backend(name: str = "auto") -> tuple[Backend, str]:
+def select_backend(name: str = "auto") -> tuple[Backend[Any], str]:
     """The backend to build with, and why: `name` if it is available here, or for `auto` the available
     backend of lowest `auto_rank` (TensorRT where a GPU and TensorRT answer, else the CPU)."""
     if name != "auto":
@@ -67,7 +67,7 @@ def select_backend(name: str = "auto") -> tuple[Backend, str]:
                 f"Backend {name!r} is not available here: {status.reason}", fix=backend.install_hint
             )
         return backend, f"{name} (asked for)"
-    skipped: list[tuple[Backend, str]] = []
+    skipped: list[tuple[Backend[Any], str]] = []
     for backend in sorted((BACKENDS.get(n) for n in BACKENDS), key=lambda b: b.auto_rank):
         status = backend.status()
         if status.available:

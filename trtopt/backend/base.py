@@ -29,7 +29,7 @@ import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from trtopt.quant import QuantConfig
 
 Shape = tuple[int, ...]
+BuildSettings = TypeVar("BuildSettings")  # what a backend's `options` resolves and its `build` takes
 Sections = dict[str, bytes]  # plan section name -> bytes
 Versions = dict[str, str]  # library -> version that built the plan
 
@@ -101,8 +102,10 @@ class BackendReport(Protocol):
     def rows(self) -> list[tuple[str, str]]: ...
 
 
-class Backend(ABC):
-    """One backend (see the module docstring). Subclasses set the class attributes and the abstract methods."""
+class Backend(ABC, Generic[BuildSettings]):
+    """One backend (see the module docstring). Subclasses set the class attributes and the abstract methods;
+    `BuildSettings` is what `options` resolves for one build (the CPU's `CpuOptions`, TensorRT's
+    `EngineOptions`)."""
 
     name: ClassVar[str]
     title: ClassVar[str]  # how messages name it, e.g. "TensorRT"
@@ -126,24 +129,24 @@ class Backend(ABC):
         return quant
 
     @abstractmethod
-    def options(self, config: BuildConfig, graph: gs.Graph) -> Any:
+    def options(self, config: BuildConfig, graph: gs.Graph) -> BuildSettings:
         """The settings `build` takes, from the build config (this backend's `options_type` entry in
         `config.backend_options`, or its defaults) and the optimised graph. Raises `TrtoptError` for a
         setting this backend cannot honour, before any slow work."""
 
-    def variants(self, options: Any) -> list[tuple[str, Any]]:
+    def variants(self, options: BuildSettings) -> list[tuple[str, BuildSettings]]:
         """Ways to build this plan, to try in order until one verifies: (label, options) pairs."""
         return [(self.name, options)]
 
     @abstractmethod
-    def build(self, model: onnx.ModelProto, options: Any) -> tuple[Sections, Versions]:
+    def build(self, model: onnx.ModelProto, options: BuildSettings) -> tuple[Sections, Versions]:
         """The plan sections for a quantised (Q/DQ) ONNX model, and the versions of the libraries used."""
 
     def machine(self) -> str:
         """Where this backend's kernels ran, for messages ("this avx2 CPU")."""
         return f"the {self.name} backend"
 
-    def report(self, plan: Plan, options: Any) -> BackendReport | None:
+    def report(self, plan: Plan, options: BuildSettings) -> BackendReport | None:
         """What this backend made of the plan, for the build summary (None: nothing to say)."""
         return None
 

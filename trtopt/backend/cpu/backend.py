@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 ORT_OUTPUT_FOLDS = frozenset({"Relu", "Clip"})
 
 
-class CpuBackend(Backend):
+class CpuBackend(Backend[CpuOptions]):
     name = "cpu"
     title = "ONNX Runtime CPU"
     options_type = CpuOptions

@@ -44,7 +44,7 @@ class ProfilesReport:
         return [("TensorRT profiles", shapes)]
 
 
-class TensorRTBackend(Backend):
+class TensorRTBackend(Backend["EngineOptions"]):
     name = "tensorrt"
     title = "TensorRT"
     options_type = TensorRTOptions
