@@ -105,8 +105,8 @@ class Engine:
 
     @property
     def timing(self) -> str:
-        """How `timed_infer` times a call: "host" (None: time the call on the host yourself) or the device
-        clock the backend's runner reads (e.g. "cuda-events")."""
+        """How the backend's runner times a call: "host" (it has no device clock: `timed_infer` returns None
+        and callers time the call themselves) or the device clock it reads (e.g. "cuda-events")."""
         return getattr(self._runner, "timing", "host")
 
     def timed_infer(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], float | None]:
