@@ -25,7 +25,10 @@ import numpy as np
 import onnx
 from pass_helpers import max_relative_error
 
+from trtopt.backend.cpu.options import CpuOptions
 from trtopt.build import BuildConfig, BuildResult, build_plan
+from trtopt.calib import CalibConfig
+from trtopt.data import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
@@ -77,12 +80,10 @@ class BuildVariant:
     def config(self, calib: Path) -> BuildConfig:
         return BuildConfig(
             backend="cpu",
-            calib=str(calib),
-            calib_method=self.method,
-            quant=QuantConfig(min_channels=self.min_channels),
-            cpu_gemm=self.cpu_gemm,
-            bias_correction=self.bias_correction,
-            threads=1,
+            data=DataConfig(sources=(str(calib),)),
+            calib=CalibConfig(method=self.method, threads=1),
+            quant=QuantConfig(min_channels=self.min_channels, bias_correction=self.bias_correction),
+            backend_options=(CpuOptions(gemm=self.cpu_gemm),),
         )
 
 

@@ -163,6 +163,7 @@ def tiny_model_with_images(root: Path, count: int, *, model: str = "tiny.onnx", 
 def dynamic_batch_tiny_plan(root: Path, labels: list[str] | None = None) -> Path:
     """tiny_cnn with a dynamic batch dimension, built INT8 on the CPU from 8 images: `root/tiny.engine`."""
     from trtopt.build import BuildConfig, build_plan
+    from trtopt.data.config import DataConfig
     from trtopt.plan import write_plan
 
     tiny_model_with_images(root, 8)
@@ -170,5 +171,6 @@ def dynamic_batch_tiny_plan(root: Path, labels: list[str] | None = None) -> Path
     for value in (model.graph.input[0], model.graph.output[0]):
         value.type.tensor_type.shape.dim[0].dim_param = "N"
     onnx.save(model, root / "tiny.onnx")
-    result = build_plan(root / "tiny.onnx", BuildConfig(backend="cpu", calib=str(root / "images"), labels=labels))
+    data = DataConfig(sources=(str(root / "images"),))
+    result = build_plan(root / "tiny.onnx", BuildConfig(backend="cpu", data=data, labels=labels))
     return write_plan(result.plan, root / "tiny.engine")

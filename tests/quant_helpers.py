@@ -48,7 +48,12 @@ def quantize(
 
 
 def cpu_config(config: QuantConfig | None = None) -> QuantConfig:
-    return replace(config or QuantConfig(min_channels=1), quantize_outputs=True)
+    """The CPU backend's form of `config` (quantised layer outputs, past the activations ONNX Runtime folds),
+    with `float_leading_depthwise` left as given."""
+    from trtopt.backend import get_backend
+
+    config = config or QuantConfig(min_channels=1)
+    return replace(get_backend("cpu").quant_config(config), float_leading_depthwise=config.float_leading_depthwise)
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -99,6 +99,7 @@ class Spec:
 
 class FakeEngine:
     backend = "cpu"
+    timing = "host"
     inputs = (Spec("x", (-1, 3, 4, 4), "float32"), Spec("ids", (-1, 2), "int64"))
     loaded: list[FakeEngine] = []
 
@@ -128,12 +129,14 @@ def test_random_inputs_fill_the_dynamic_batch() -> None:
         bench_cmd.random_inputs([Spec("x", (1, 3), "float32")], 4)
 
 
-def test_timing_function_prefers_gpu_events_on_tensorrt() -> None:
+def test_timing_function_uses_the_device_clock_the_runner_offers() -> None:
+    """`trtopt bench` asks the engine how its runner times a call (`Engine.timing`), not which backend it is."""
     engine = FakeEngine()
     assert bench_cmd.timing_function(engine)[1] == "host"
 
     class TrtEngine(FakeEngine):
         backend = "tensorrt"
+        timing = "cuda-events"
 
         def timed_infer(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
             return self.infer(feeds), 0.25

@@ -12,10 +12,12 @@ from model_files import tiny_model_with_images
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
-from trtopt.calib import load_cache, save_cache
+from trtopt.calib import CalibConfig, load_cache, save_cache
+from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.errors import BackendUnavailableError, CalibrationError, PlanError, ShapeError, TrtoptError
 from trtopt.execution import OrtSession
 from trtopt.plan import Plan, read_plan, write_plan
+from trtopt.quant import QuantConfig
 from trtopt.zoo import build_model
 
 
@@ -27,7 +29,10 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def built(workdir: Path):  # type: ignore[no-untyped-def]
     config = BuildConfig(
-        backend="cpu", calib=str(workdir / "images"), preset="imagenet", save_cache=workdir / "c.json"
+        backend="cpu",
+        data=DataConfig(sources=(str(workdir / "images"),)),
+        preprocess=PreprocessConfig(preset="imagenet"),
+        calib=CalibConfig(save_cache=workdir / "c.json"),
     )
     result = build_plan(workdir / "tiny.onnx", config)
     write_plan(result.plan, workdir / "tiny.engine")
@@ -42,15 +47,15 @@ def test_plan_is_int8_and_self_describing(workdir: Path, built) -> None:  # type
     plan = read_plan(workdir / "tiny.engine")
     assert plan.backend == "cpu" and set(plan.sections) == {"onnx"}
     assert plan.versions["trtopt"] == trtopt.__version__ and "onnxruntime" in plan.versions
-    meta = plan.metadata
-    assert meta["precision"] == "int8" and meta["calibration"]["samples"] == 12
-    assert meta["preprocess"]["crop"] == [32, 32] and meta["int8_layers"]
-    assert all(t > 0 for t in meta["thresholds"].values())
-    assert meta["bias_corrected_layers"] and set(meta["bias_corrected_layers"]) <= set(meta["int8_layers"])
-    assert meta["optimizer"]["passes"][0] == "fold_pad" and meta["optimizer"]["fusion_groups"] > 0
-    float_convs = [n for n in meta["float_layers"] if n.startswith("conv")]
-    assert built.kernels.float_convs == len(float_convs)  # every quantised conv became QLinearConv
-    assert built.kernels.int8_convs == len([n for n in meta["int8_layers"] if n.startswith("conv")])
+    meta, quant = plan.metadata, plan.metadata.quant
+    assert meta.precision == "int8" and quant is not None and quant.samples == 12
+    assert meta.preprocess is not None and meta.preprocess["crop"] == [32, 32] and quant.int8_layers
+    assert all(t > 0 for t in quant.thresholds.values())
+    assert quant.bias_corrected_layers and set(quant.bias_corrected_layers) <= set(quant.int8_layers)
+    assert meta.optimizer is not None and meta.optimizer.passes[0] == "fold_pad" and meta.optimizer.fusion_groups > 0
+    float_convs = [n for n in quant.float_layers if n.startswith("conv")]
+    assert built.report.float_convs == len(float_convs)  # every quantised conv became QLinearConv
+    assert built.report.int8_convs == len([n for n in quant.int8_layers if n.startswith("conv")])
 
 
 def test_engine_matches_fp32_on_real_inputs(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
@@ -96,12 +101,14 @@ def test_engine_validates_inputs_once(workdir: Path, built) -> None:  # type: ig
     with pytest.raises(ShapeError, match="missing"):
         engine.infer({"other": good})
     assert engine.infer({"input": good})["logits"].shape == (1, 10)
+    outputs, device_ms = engine.timed_infer({"input": good})  # the CPU runner has no device clock
+    assert engine.timing == "host" and device_ms is None and outputs["logits"].shape == (1, 10)
 
 
 def test_cache_reuse_gives_the_same_plan(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
     cache = load_cache(workdir / "c.json")
     assert cache.amax == pytest.approx(dict(built.calibration.amax))
-    again = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "c.json"))
+    again = build_plan(workdir / "tiny.onnx", _from_cache(workdir / "c.json"))
     assert again.qdq.thresholds == built.qdq.thresholds
     first, second = (onnx.load_model_from_string(r.plan.sections["onnx"]) for r in (built, again))
     assert [(n.op_type, list(n.input)) for n in first.graph.node] == [
@@ -116,17 +123,20 @@ def test_bias_correction_needs_channel_means_and_can_be_switched_off(workdir: Pa
     """A TensorRT cache has thresholds only: the plan is built as before, without bias correction, which
     is exactly what `bias_correction=False` gives from trtopt's cache."""
     save_cache(workdir / "trt.cache", built.calibration, format="tensorrt")
-    from_trt = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "trt.cache"))
-    switched_off = build_plan(
-        workdir / "tiny.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "c.json", bias_correction=False)
-    )
+    from_trt = build_plan(workdir / "tiny.onnx", _from_cache(workdir / "trt.cache"))
+    switched_off = build_plan(workdir / "tiny.onnx", _from_cache(workdir / "c.json", bias_correction=False))
     assert from_trt.bias is None and switched_off.bias is None and built.bias is not None
-    assert from_trt.plan.metadata["bias_corrected_layers"] == []
+    assert from_trt.plan.metadata.quant is not None and from_trt.plan.metadata.quant.bias_corrected_layers == ()
     corrected, from_trt_biases, plain = (_biases(r) for r in (built, from_trt, switched_off))
     assert corrected.keys() == from_trt_biases.keys() == plain.keys()
     for layer, values in plain.items():  # the TensorRT cache rounds thresholds to float32 scales
         np.testing.assert_allclose(from_trt_biases[layer], values, rtol=1e-4, atol=1e-6)
     assert any(not np.allclose(corrected[layer], plain[layer]) for layer in built.bias.corrected)
+
+
+def _from_cache(cache: Path, *, bias_correction: bool = True) -> BuildConfig:
+    quant = QuantConfig(bias_correction=bias_correction)
+    return BuildConfig(backend="cpu", calib=CalibConfig(cache=cache), quant=quant)
 
 
 def _biases(result) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
@@ -145,7 +155,7 @@ def _biases(result) -> dict[str, np.ndarray]:  # type: ignore[no-untyped-def]
 def test_cache_for_another_model_is_refused(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
     onnx.save_model(build_model("resnet_basic"), workdir / "other.onnx")
     with pytest.raises(CalibrationError, match="does not fit this model") as info:
-        build_plan(workdir / "other.onnx", BuildConfig(backend="cpu", calib_cache=workdir / "c.json"))
+        build_plan(workdir / "other.onnx", _from_cache(workdir / "c.json"))
     assert "no threshold" in str(info.value) and info.value.fix
 
 

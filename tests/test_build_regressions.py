@@ -41,13 +41,15 @@ def test_light_models_nobody_tuned_for_build_and_verify_in_int8(tmp_path) -> Non
     Inception-v1 once failed with a cycle in the quantised graph (a fire/inception module's conv feeding a
     Concat); now every INT8 build verifies itself: kernels within tolerance of the Q/DQ reference."""
     from trtopt.build import BuildConfig, build_plan
+    from trtopt.data import DataConfig
     from trtopt.zoo.light import light_model
 
     images = sorted((ROOT / "calib_data").glob("*.jpg"))[:12]
     for name in ("squeezenet", "inception_v1"):
         onnx.save(light_model(name, seed=1, opset=9), tmp_path / f"{name}.onnx")
-        result = build_plan(tmp_path / f"{name}.onnx", BuildConfig(backend="cpu", calib=[str(p) for p in images]))
+        config = BuildConfig(backend="cpu", data=DataConfig(sources=tuple(str(p) for p in images)))
+        result = build_plan(tmp_path / f"{name}.onnx", config)
         v = result.verification
         assert v is not None and v.ok, (name, v)
         assert v.reference_vs_fp32.cosine > 0.99, (name, v.reference_vs_fp32)
-        assert result.kernels.int8_convs >= 20, (name, result.kernels)
+        assert result.report.int8_convs >= 20, (name, result.report)

@@ -1,6 +1,6 @@
 """trtopt's CUDA layer on a real GPU, no TensorRT needed: `cuda.py` (cuda-bindings allocations, copies,
-streams, events, graphs) and `pointers.py` on real CuPy arrays and PyTorch tensors, each pointer checked
-by copying what it points to back to the host.
+streams, events, graphs) and `trtopt/execution/device_arrays.py` on real CuPy arrays and PyTorch tensors,
+each pointer checked by copying what it points to back to the host.
 
 Marked ``gpu(tensorrt=False)``: skipped with the reason where cuda-bindings or a GPU is missing, failed
 instead under TRTOPT_REQUIRE_GPU=1 (conftest.py). CuPy and PyTorch tests need those libraries too
@@ -16,8 +16,8 @@ import pytest
 from gpu_helpers import cuda_stream, cuda_torch, device_buffer, gpu_library, pinned_buffer, read_device
 
 from trtopt.backend.tensorrt import cuda
-from trtopt.backend.tensorrt.pointers import DL_CUDA, device_array_from, dlpack_device_type, from_dlpack
 from trtopt.errors import DataError
+from trtopt.execution.device_arrays import DL_CUDA, device_array_from, dlpack_device_type, from_dlpack
 
 pytestmark = pytest.mark.gpu(tensorrt=False)
 RNG = np.random.default_rng(0)
@@ -116,7 +116,7 @@ def test_stream_handles_convert_to_distinct_nonzero_ints() -> None:
         assert int(first) != 0 and int(second) != 0 and int(first) != int(second)
 
 
-# --- pointers.py on CuPy -------------------------------------------------------------------------
+# --- device_arrays.py on CuPy -------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -171,7 +171,7 @@ def test_cupy_dlpack_reads_the_same_pointer(cp: Any) -> None:
         np.testing.assert_array_equal(read_device(view.ptr, view.shape, view.dtype, stream), host)
 
 
-# --- pointers.py on PyTorch ----------------------------------------------------------------------
+# --- device_arrays.py on PyTorch ----------------------------------------------------------------------
 
 
 def test_torch_cuda_tensor_pointer_shape_and_dtype() -> None:

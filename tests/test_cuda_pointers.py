@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from trtopt.backend.tensorrt import cuda
-from trtopt.backend.tensorrt.pointers import (
+from trtopt.errors import DataError
+from trtopt.execution.device_arrays import (
     DL_CPU,
     DL_CUDA,
     _DLTensor,
@@ -20,7 +21,6 @@ from trtopt.backend.tensorrt.pointers import (
     from_cuda_array_interface,
     from_dlpack,
 )
-from trtopt.errors import DataError
 
 
 class FakeCudaArray:
@@ -171,10 +171,12 @@ def test_a_producer_refusing_its_buffer_is_a_user_error_with_its_reason() -> Non
 
 
 def test_engine_validation_reports_a_refusing_producer_as_a_user_error() -> None:
-    from trtopt.engine import _shape_and_dtype
+    """`Engine` reads every input through the backend-neutral `array_shape_and_dtype` before any runner."""
+    from trtopt.execution.device_arrays import array_shape_and_dtype
 
     with pytest.raises(DataError, match=r"detach\(\)"):
-        _shape_and_dtype(RefusingProducer())
+        array_shape_and_dtype(RefusingProducer())
+    assert array_shape_and_dtype(FakeCudaArray((4, 2), "<f4")) == ((4, 2), "float32")
 
 
 def test_raw_byte_typestr_bfloat16_from_torch_is_refused_with_a_fix() -> None:

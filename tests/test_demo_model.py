@@ -16,7 +16,7 @@ import pytest
 import trtopt
 from trtopt.build import BuildConfig, build_plan
 from trtopt.classify import imagenet_labels, top_k
-from trtopt.data import PreprocessSpec, preprocess_images
+from trtopt.data import DataConfig, PreprocessSpec, preprocess_images
 from trtopt.execution import OrtSession
 from trtopt.frontend import load_model
 from trtopt.plan import write_plan
@@ -61,13 +61,13 @@ def test_fp32_model_classifies_real_photos(labelled, batch) -> None:  # type: ig
 
 
 def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # type: ignore[no-untyped-def]
-    config = BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=48)
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(ROOT / "calib_data"),), count=48))
     result = build_plan(MODEL, config)
     # The 3-channel stem stays float (DESIGN.md: tiny layers), and so does the depthwise conv it feeds
     # (QuantConfig.float_leading_depthwise).
-    assert result.kernels.float_convs == 2
-    assert result.kernels.int8_convs == 47
-    assert len(result.plan.metadata["bias_corrected_layers"]) == 48
+    assert result.report.float_convs == 2
+    assert result.report.int8_convs == 47
+    assert result.plan.metadata.quant is not None and len(result.plan.metadata.quant.bias_corrected_layers) == 48
     path = write_plan(result.plan, tmp_path / "demo.engine")
     engine = trtopt.Engine.load(path)
     assert engine.labels == imagenet_labels()
@@ -80,7 +80,9 @@ def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # 
 
 def test_leading_depthwise_rule_can_be_switched_off() -> None:
     config = BuildConfig(
-        backend="cpu", calib=str(ROOT / "calib_data"), calib_count=8, quant=QuantConfig(float_leading_depthwise=False)
+        backend="cpu",
+        data=DataConfig(sources=(str(ROOT / "calib_data"),), count=8),
+        quant=QuantConfig(float_leading_depthwise=False),
     )
     result = build_plan(MODEL, config)
-    assert (result.kernels.float_convs, result.kernels.int8_convs) == (1, 48)
+    assert (result.report.float_convs, result.report.int8_convs) == (1, 48)

@@ -80,7 +80,7 @@ def test_cli_int8_build_of_an_opset_9_model(tmp_path: Path, caplog: pytest.LogCa
     feeds = {name: data[:1]}
     reference = next(iter(ort_outputs(original, feeds).values())).ravel()
     with Engine.load(plan) as engine:
-        assert engine.plan.metadata["int8_layers"]
+        assert engine.plan.metadata.quant is not None and engine.plan.metadata.quant.int8_layers
         actual = next(iter(engine.infer(feeds).values())).ravel()
     cosine = float(reference @ actual / (np.linalg.norm(reference) * np.linalg.norm(actual)))
     assert cosine > 0.99, cosine

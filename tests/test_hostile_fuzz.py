@@ -51,8 +51,9 @@ VALID_PLAN = plan_bytes(
             "preprocess": {"crop": 8, "resize": 10, "scale": 255.0},
             "labels": [f"class {i}" for i in range(192)],
             "thresholds": {"input": 2.5},
-            "verification": {"samples": 8, "isa": "avx2", "variant": "u8u8", "tolerance": 0.01, "rejected": [],
-                             "reference_vs_fp32": {"cosine": 1.0, "rel_error": 0.0, "top1": 1.0}},
+            "verification": {"samples": 8, "source": "random", "isa": "avx2", "variant": "u8u8", "tolerance": 0.01,
+                             "rejected": [], "reference_vs_fp32": {"cosine": 1.0, "rel_error": 0.0, "top1": 1.0},
+                             "kernels_vs_reference": {"cosine": 1.0, "rel_error": 0.0, "top1": 1.0}},
         },  # fmt: skip
         versions={"trtopt": "0.1.0"},
     )
@@ -73,7 +74,8 @@ def _bounded(call: Callable[[], Any]) -> Any:
 
 
 def test_the_valid_plan_reads() -> None:
-    assert plan_from_bytes(VALID_PLAN).metadata["labels"][0] == "class 0"
+    metadata = plan_from_bytes(VALID_PLAN).metadata
+    assert metadata.labels is not None and metadata.labels[0] == "class 0" and metadata.verification is not None
 
 
 @FUZZ

@@ -32,14 +32,16 @@ from PIL import Image
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
-from trtopt.calib import load_cache
+from trtopt.calib import CalibConfig, load_cache
 from trtopt.cli.main import main
+from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.data.images import UnreadableFileError, read_image, read_image_bytes
 from trtopt.errors import CalibrationError, DataError, ModelError, PlanError, ShapeError, TrtoptError
 from trtopt.frontend import graph_from_onnx, load_model, parse_shapes, require_static_shapes
 from trtopt.frontend.writer import check_output, write_atomic
 from trtopt.plan import read_plan, write_plan
 from trtopt.plan.format import plan_from_bytes
+from trtopt.verify import VerifyConfig
 from trtopt.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +50,15 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tiny_model_with_images(tmp_path_factory.mktemp("hostile"), 6, model="m.onnx", images="imgs")
-    config = BuildConfig(backend="cpu", calib=str(root / "imgs"), preset="imagenet", save_cache=root / "c.json",
-                         verify_samples=2)  # fmt: skip
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(root / "imgs"),)),
+                         preprocess=PreprocessConfig(preset="imagenet"), calib=CalibConfig(save_cache=root / "c.json"),
+                         verify=VerifyConfig(samples=2))  # fmt: skip
     write_plan(build_plan(root / "m.onnx", config).plan, root / "p.engine")
     return root
+
+
+def _from_cache(cache: Path, **stages: Any) -> BuildConfig:
+    return BuildConfig(backend="cpu", calib=CalibConfig(cache=cache), verify=VerifyConfig(samples=1), **stages)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str]:
@@ -114,9 +121,9 @@ def test_files_get_the_mode_open_would_give(tmp_path: Path) -> None:
 
 
 def test_unwritable_output_fails_before_calibration(work, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import trtopt.build
+    import trtopt.calib.stage
 
-    monkeypatch.setattr(trtopt.build, "calibrate_graph", lambda *a, **k: pytest.fail("calibrated anyway"))
+    monkeypatch.setattr(trtopt.calib.stage, "calibrate_graph", lambda *a, **k: pytest.fail("calibrated anyway"))
     (work / "afile").write_bytes(b"")
     cache = work / "early.json"
     code, text = _cli(capsys, "build", work / "m.onnx", "--int8", "--calib", work / "imgs", "--save-cache", cache,
@@ -387,8 +394,10 @@ def test_plan_onnx_with_external_data_is_refused(work) -> None:  # type: ignore[
 def test_unknown_metadata_is_kept(work) -> None:  # type: ignore[no-untyped-def]
     data = _edited(work, _set(["metadata", "future_record"], {"a": [1, 2, {"b": "c"}]}))
     plan = plan_from_bytes(data)
-    assert plan.metadata["future_record"] == {"a": [1, 2, {"b": "c"}]}
-    assert read_plan(work / "p.engine").metadata["verification"]["isa"]
+    assert plan.metadata.extra["future_record"] == {"a": [1, 2, {"b": "c"}]}
+    assert plan.metadata.to_dict()["future_record"] == {"a": [1, 2, {"b": "c"}]}  # written back as read
+    verification = read_plan(work / "p.engine").metadata.verification
+    assert verification is not None and verification.isa
 
 
 # --- silent wrong results -------------------------------------------------------------------------------
@@ -416,13 +425,12 @@ def test_absurd_caches_are_refused(work, tmp_path, bad) -> None:  # type: ignore
     (tmp_path / "c.json").write_text(json.dumps(doc))
     load_cache(tmp_path / "c.json")  # readable; it is the build that refuses it
     with pytest.raises(CalibrationError, match="wrong length" if bad == "short-means" else "outside"):
-        build_plan(work / "m.onnx", BuildConfig(backend="cpu", calib_cache=tmp_path / "c.json", verify_samples=1))
+        build_plan(work / "m.onnx", _from_cache(tmp_path / "c.json"))
 
 
 def test_exclude_that_matches_nothing_warns(work, caplog) -> None:  # type: ignore[no-untyped-def]
     with caplog.at_level(logging.WARNING, logger="trtopt.quant.placement"):
-        build_plan(work / "m.onnx", BuildConfig(backend="cpu", calib_cache=work / "c.json", verify_samples=1,
-                                                quant=trtopt.quant.QuantConfig(exclude=("Cnov",))))  # fmt: skip
+        build_plan(work / "m.onnx", _from_cache(work / "c.json", quant=trtopt.quant.QuantConfig(exclude=("Cnov",))))
     assert "'Cnov' matches no node" in caplog.text
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
+from trtopt.data import DataConfig
 from trtopt.plan import write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
     path = tmp_path_factory.mktemp("svc") / "demo.engine"
     result = build_plan(
         ROOT / "models" / "efficientnet_lite0.onnx",
-        BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=16),
+        BuildConfig(backend="cpu", data=DataConfig(sources=(str(ROOT / "calib_data"),), count=16)),
     )
     write_plan(result.plan, path)
     httpd = _load_example().make_server(trtopt.Engine.load(path), "127.0.0.1", 0)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
+from hostile_files import sealed_plan, split_plan
 from onnx import helper
 
+from trtopt.engine import Engine
 from trtopt.errors import PlanError
-from trtopt.plan import FORMAT_VERSION, MAGIC, Plan, TensorSpec, read_plan, write_plan
-from trtopt.plan.format import plan_bytes
+from trtopt.execution import OrtSession
+from trtopt.plan import FORMAT_VERSION, MAGIC, METADATA_VERSION, Plan, PlanMetadata, TensorSpec, read_plan, write_plan
+from trtopt.plan.format import plan_bytes, plan_from_bytes
 
 
 def _onnx() -> bytes:
@@ -73,3 +78,64 @@ def test_missing_and_folder(tmp_path):
         read_plan(tmp_path / "nope.engine")
     with pytest.raises(PlanError, match="is a folder"):
         read_plan(tmp_path)
+
+
+# --- typed, versioned metadata ------------------------------------------------------------------------
+
+OLD_PLAN = Path(__file__).parent / "data" / "plans" / "v1_tiny_cpu_int8.engine"  # written by trtopt 0.1.0
+
+
+def _header(path: Path) -> dict:
+    return split_plan(path.read_bytes())[0]
+
+
+def test_a_plan_written_by_trtopt_0_1_loads_typed_and_runs() -> None:
+    """Metadata version 1 (no `metadata_version` key, a free-form object) reads into the same typed record."""
+    raw = _header(OLD_PLAN)["metadata"]
+    assert "metadata_version" not in raw  # really the old format
+    plan = read_plan(OLD_PLAN)
+    meta = plan.metadata
+    assert meta.precision == "int8" and meta.source_model == "tiny.onnx" and meta.labels is None
+    assert meta.quant is not None and meta.quant.method == "entropy" and meta.quant.samples == 12
+    assert meta.quant.thresholds == raw["thresholds"] and list(meta.quant.int8_layers) == raw["int8_layers"]
+    assert meta.quant.float_layers == raw["float_layers"]
+    assert meta.optimizer is not None and list(meta.optimizer.passes) == raw["optimizer"]["passes"]
+    assert meta.verification is not None and meta.verification.variant == raw["verification"]["variant"]
+    assert plan.preprocess == raw["preprocess"] and not meta.extra
+    # Written back, it is the same record with its version added: nothing lost, nothing renamed.
+    assert meta.to_dict() == {**raw, "metadata_version": METADATA_VERSION}
+    with Engine.load(OLD_PLAN, threads=1) as engine:
+        x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+        expected = OrtSession(onnx.load_from_string(plan.sections["onnx"])).run({"input": x})["logits"]
+        np.testing.assert_allclose(engine(x), expected, rtol=1e-5, atol=1e-5)
+        assert engine.verification == meta.verification
+
+
+def test_metadata_round_trips_typed(tmp_path: Path) -> None:
+    plan = read_plan(OLD_PLAN)
+    path = write_plan(plan, tmp_path / "again.engine")
+    assert _header(path)["metadata"]["metadata_version"] == METADATA_VERSION
+    assert read_plan(path).metadata == plan.metadata
+    assert PlanMetadata.from_dict(plan.metadata.to_dict()) == plan.metadata
+
+
+def test_a_newer_metadata_version_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    header = _header(OLD_PLAN)
+    header["metadata"]["metadata_version"] = METADATA_VERSION + 1
+    header["metadata"]["thresholds"] = {"x": {"per_channel": [1.0, 2.0]}}  # a newer layout: not read as v2
+    with pytest.raises(PlanError, match=f"metadata version {METADATA_VERSION + 1}, written by a newer trtopt") as info:
+        plan_from_bytes(sealed_plan(header, split_plan(OLD_PLAN.read_bytes())[1]), "future.engine")
+    assert "Upgrade trtopt" in info.value.fix
+    with pytest.raises(PlanError, match="newer trtopt"):
+        PlanMetadata.from_dict({"metadata_version": METADATA_VERSION + 1})
+    with pytest.raises(PlanError, match="metadata_version 'two'"):
+        PlanMetadata.from_dict({"metadata_version": "two"})
+
+
+def test_malformed_metadata_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match="malformed metadata") as info:
+        PlanMetadata.from_dict({"calibration": {"samples": 3}})  # no method
+    assert info.value.fix
+    with pytest.raises(PlanError, match="malformed metadata"):
+        PlanMetadata.from_dict({"verification": {"isa": "avx2"}})  # an incomplete verification record
+

@@ -57,7 +57,10 @@ def built(workdir: Path) -> tuple[dict, onnx.ModelProto]:  # type: ignore[type-a
 
 
 def config(workdir: Path, **fields: object) -> BuildConfig:
-    return BuildConfig(backend="cpu", calib=str(workdir / "data"), quant=QuantConfig(min_channels=1), **fields)  # type: ignore[arg-type]
+    from trtopt.data.config import DataConfig
+
+    data = DataConfig(sources=(str(workdir / "data"),))
+    return BuildConfig(backend="cpu", data=data, quant=QuantConfig(min_channels=1), **fields)  # type: ignore[arg-type]
 
 
 def stored_int8_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from trtopt.backend import BuildOptions, Profile
+from trtopt.backend import Profile
 from trtopt.backend.tensorrt.builder import (
+    EngineOptions,
     ParserErrorInfo,
     format_parser_errors,
     network_flags,
@@ -71,25 +72,25 @@ def test_batch_on_a_static_model_explains_the_reexport() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (BuildOptions(workspace_mib=0), "--workspace"),
-        (BuildOptions(optimization_level=6), "0..5"),
-        (BuildOptions(threads=0), "--threads"),
-        (BuildOptions(profiles={"x": Profile((1, 3), (8, 3), (4, 3))}), "min <= opt <= max"),
-        (BuildOptions(profiles={"x": Profile((1, 3), (1, 3, 1), (1, 3))}), "same rank"),
+        (EngineOptions(workspace_mib=0), "--workspace"),
+        (EngineOptions(optimization_level=6), "--opt-level is 6; expected a whole number from 0 to 5"),
+        (EngineOptions(threads=0), "--threads"),
+        (EngineOptions(profiles={"x": Profile((1, 3), (8, 3), (4, 3))}), "min <= opt <= max"),
+        (EngineOptions(profiles={"x": Profile((1, 3), (1, 3, 1), (1, 3))}), "same rank"),
     ],
 )
-def test_validate_options_rejects_with_a_fix(options: BuildOptions, message: str) -> None:
+def test_validate_options_rejects_with_a_fix(options: EngineOptions, message: str) -> None:
     with pytest.raises(TrtoptError, match=message):
         validate_options(options)
 
 
 def test_validate_options_accepts_defaults_and_rejects_a_cache_folder(tmp_path: Path) -> None:
-    validate_options(BuildOptions())
+    validate_options(EngineOptions())
     validate_options(
-        BuildOptions(workspace_mib=1024, optimization_level=5, timing_cache=tmp_path / "t.cache")
+        EngineOptions(workspace_mib=1024, optimization_level=5, timing_cache=tmp_path / "t.cache")
     )
     with pytest.raises(TrtoptError, match="is a folder"):
-        validate_options(BuildOptions(timing_cache=tmp_path))
+        validate_options(EngineOptions(timing_cache=tmp_path))
 
 
 def test_network_flags_strongly_typed_on_10_and_nothing_on_11() -> None:

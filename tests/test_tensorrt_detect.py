@@ -96,7 +96,7 @@ def test_available_with_tensorrt_cuda_and_a_gpu(monkeypatch: pytest.MonkeyPatch,
     install(monkeypatch, fake_tensorrt(version), fake_cudart(count=2))
     status = detect.status()
     assert status.available and status.reason == f"TensorRT {version}, 2 CUDA device(s)"
-    assert select_backend("auto")[0] == "tensorrt"
+    assert select_backend("auto")[0].name == "tensorrt"
 
 
 def test_result_is_cached_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,8 +110,8 @@ def test_result_is_cached_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_auto_falls_back_to_cpu_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, None, None)
-    name, why = select_backend("auto")
-    assert name == "cpu" and "not importable" in why
+    backend, why = select_backend("auto")
+    assert backend.name == "cpu" and "not importable" in why
 
 
 def test_cuda_status_needs_no_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtopt.backend import BuildOptions, Profile, RunOptions
+from trtopt.backend import Profile, RunOptions
+from trtopt.backend.tensorrt.builder import EngineOptions
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant.qdq import quantize_weight
 
@@ -55,7 +56,7 @@ def build_plan(model: onnx.ModelProto, max_batch: int = 8, **build: object) -> P
     from trtopt.backend.tensorrt.builder import build as trt_build
 
     profile = Profile((1, 3, 16, 16), (max_batch, 3, 16, 16), (max_batch, 3, 16, 16))
-    sections, versions = trt_build(model, BuildOptions(profiles={"x": profile}, **build))  # type: ignore[arg-type]
+    sections, versions = trt_build(model, EngineOptions(profiles={"x": profile}, **build))  # type: ignore[arg-type]
     return Plan(
         backend="tensorrt",
         inputs=(TensorSpec("x", (-1, 3, 16, 16), "float32"),),

@@ -49,8 +49,9 @@ from trt_native_double import (
     real_tensorrt,
 )
 
-from trtopt.backend import BuildOptions, Profile, RunOptions
+from trtopt.backend import Profile, RunOptions
 from trtopt.backend.tensorrt import builder, detect, runner
+from trtopt.backend.tensorrt.builder import EngineOptions
 from trtopt.errors import ModelError, PlanError, ShapeError, TrtoptError
 
 TRT10 = "10.13.3.9.post1"
@@ -121,7 +122,7 @@ def build_everything(b: Boundary, monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     """Every option that reaches TensorRT, through `build`; the result is what the doubles scripted."""
     install_builder(b, monkeypatch)
     cache = tmp_path / "timing.cache"
-    sections, versions = module.build(tiny_model(), BuildOptions(**FULL_OPTIONS, timing_cache=cache))
+    sections, versions = module.build(tiny_model(), EngineOptions(**FULL_OPTIONS, timing_cache=cache))
     assert sections["engine"] == b"ENGINE" and cache.read_bytes() == b"CACHE"
     assert versions["tensorrt"] == b.trt.__version__
 
@@ -136,7 +137,7 @@ def fail_a_build(b: Boundary, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, m
 
     loggers = install_builder(b, monkeypatch, **{"Builder.build_serialized_network": log_and_fail})
     with pytest.raises(TrtoptError) as caught:
-        module.build(tiny_model(), BuildOptions(profiles=FULL_OPTIONS["profiles"]))
+        module.build(tiny_model(), EngineOptions(profiles=FULL_OPTIONS["profiles"]))
     assert "  - no implementation for node head/foo" in str(caught.value)
     assert "a warning" not in str(caught.value)
 
@@ -167,7 +168,7 @@ def test_failed_build_shows_what_tensorrt_logged(
 def test_parser_error_code_is_printed_by_name(boundary: Boundary, monkeypatch: pytest.MonkeyPatch) -> None:
     install_builder(boundary, monkeypatch, **{"OnnxParser.parse": False})
     with pytest.raises(ModelError) as caught:
-        builder.build(tiny_model(), BuildOptions(profiles=FULL_OPTIONS["profiles"]))
+        builder.build(tiny_model(), EngineOptions(profiles=FULL_OPTIONS["profiles"]))
     assert "node 'head/foo' (Foo) #3: No importer registered for op: Foo [UNSUPPORTED_NODE]" in str(caught.value)
 
 
@@ -183,7 +184,7 @@ def test_a_refusal_returned_by_tensorrt_is_a_clear_error(
     message: str,
 ) -> None:  # fmt: skip
     install_builder(boundary, monkeypatch, **refusal)
-    options = BuildOptions(profiles=FULL_OPTIONS["profiles"], timing_cache=tmp_path / "timing.cache")
+    options = EngineOptions(profiles=FULL_OPTIONS["profiles"], timing_cache=tmp_path / "timing.cache")
     with pytest.raises(error, match=message):
         builder.build(tiny_model(), options)
 
@@ -336,7 +337,7 @@ def test_a_double_cannot_answer_what_tensorrt_cannot(
     with pytest.raises(BindingMismatch, match="TensorRT returns"):
         if runs == "build":
             install_builder(boundary, monkeypatch, **answers)
-            builder.build(tiny_model(), BuildOptions(profiles=FULL_OPTIONS["profiles"]))
+            builder.build(tiny_model(), EngineOptions(profiles=FULL_OPTIONS["profiles"]))
         else:
             install_runner(boundary, monkeypatch, **answers)
             runner.create_runner(Plan(), RunOptions()).infer({"x": np.ones((1, 4), np.float32)})
@@ -389,9 +390,9 @@ def test_the_runner_stand_in_matches_the_real_api(trt: ModuleType) -> None:
 
 ENTRY_POINTS = {
     "build": """
-        from trtopt.backend import BuildOptions
+        from trtopt.backend.tensorrt.builder import EngineOptions
         from trtopt.backend.tensorrt import builder
-        builder.build(model, BuildOptions(workspace_mib=64))
+        builder.build(model, EngineOptions(workspace_mib=64))
     """,
     "run": """
         from trtopt.backend import RunOptions

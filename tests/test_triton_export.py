@@ -256,11 +256,15 @@ def test_a_tensorrt_build_records_the_batch_limit_export_serves(tmp_path, monkey
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
 
     def stand_in_build(backend, model, io, options, fp32, checks):  # type: ignore[no-untyped-def]
-        return Plan(backend, io[0], io[1], {"engine": b"stand-in"}, versions={"tensorrt": "11.0.0.1"}), None
+        return Plan(backend.name, io[0], io[1], {"engine": b"stand-in"}, versions={"tensorrt": "11.0.0.1"}), None
 
-    monkeypatch.setattr(build_module, "select_backend", lambda name: ("tensorrt", "stand-in"))
+    from trtopt.backend import get_backend
+    from trtopt.backend.tensorrt.options import TensorRTOptions
+
+    monkeypatch.setattr(build_module, "select_backend", lambda name: (get_backend("tensorrt"), "stand-in"))
     monkeypatch.setattr(build_module, "build_verified", stand_in_build)
-    plan = build_plan(tmp_path / "m.onnx", BuildConfig(backend="tensorrt", int8=False, batch=16)).plan
+    config = BuildConfig(backend="tensorrt", int8=False, backend_options=(TensorRTOptions(batch=16),))
+    plan = build_plan(tmp_path / "m.onnx", config).plan
     assert plan.metadata["profiles"] == {"input": {"min": [1, 3, 32, 32], "opt": [16, 3, 32, 32],
                                                    "max": [16, 3, 32, 32]}}  # fmt: skip
     write_plan(plan, tmp_path / "m.engine")

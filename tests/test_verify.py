@@ -16,13 +16,15 @@ from model_files import tiny_model_with_images
 from onnx import numpy_helper
 
 import trtopt
+from trtopt.backend import get_backend
 from trtopt.backend.cpu import builder as cpu_builder
 from trtopt.backend.cpu import runner as cpu_runner
 from trtopt.backend.cpu.isa import cpu_isa, isa_from_flags
 from trtopt.build import BuildConfig, build_plan
+from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.plan import read_plan, write_plan
-from trtopt.verify import KERNEL_FLOOR, Agreement, Verification, agreement, kernel_tolerance
+from trtopt.verify import KERNEL_FLOOR, Agreement, Verification, VerifyConfig, agreement, kernel_tolerance
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +32,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_with_images(tmp_path_factory.mktemp("verify"), 20)
 
 
-def _config(workdir: Path, **overrides) -> BuildConfig:  # type: ignore[no-untyped-def]
-    return BuildConfig(backend="cpu", calib=str(workdir / "images"), preset="imagenet", **overrides)
+def _config(workdir: Path, verify_samples: int = 8) -> BuildConfig:
+    return BuildConfig(
+        backend="cpu",
+        data=DataConfig(sources=(str(workdir / "images"),)),
+        preprocess=PreprocessConfig(preset="imagenet"),
+        verify=VerifyConfig(verify_samples),
+    )
 
 
 # ---- the measures -------------------------------------------------------------------------------------
@@ -118,11 +125,12 @@ def test_large_calibration_sets_hold_samples_back(workdir: Path) -> None:
 
 
 def test_fp32_and_cache_builds_verify_on_random_inputs(workdir: Path) -> None:
-    fp32 = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", int8=False, preset="imagenet"))
+    config = BuildConfig(backend="cpu", int8=False, preprocess=PreprocessConfig("imagenet"))
+    fp32 = build_plan(workdir / "tiny.onnx", config)
     assert fp32.verification is not None and fp32.verification.ok and "random" in fp32.verification.source
     assert fp32.verification.reference_vs_fp32.rel_error < 1e-6  # no Q/DQ: the reference is the FP32 graph
-    with pytest.raises(TrtoptError, match="at least 1"):
-        build_plan(workdir / "tiny.onnx", _config(workdir, verify_samples=0))
+    with pytest.raises(TrtoptError, match="--verify-samples is 0"):
+        VerifyConfig(samples=0)
 
 
 def _candidates(*auto: str):  # type: ignore[no-untyped-def]
@@ -207,7 +215,8 @@ def test_u8s8_plans_are_re_encoded_where_they_would_saturate(workdir: Path, capl
 
 def test_a_plan_verified_elsewhere_says_so_on_load(workdir: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     plan = read_plan(workdir / "tiny.engine") if (workdir / "tiny.engine").exists() else _u8u8_plan(workdir)
-    other = "amx" if plan.metadata["verification"]["isa"] != "amx" else "avx2"
+    assert plan.metadata.verification is not None
+    other = "amx" if plan.metadata.verification.isa != "amx" else "avx2"
     with caplog.at_level(logging.WARNING):
         cpu_runner.model_for_this_cpu(plan, isa=other)
     assert f"runs on a {other} CPU" in caplog.text and "exact here too" in caplog.text
@@ -248,17 +257,19 @@ def _dequantized(model: onnx.ModelProto) -> list[float]:
 
 
 def test_a_lenient_backend_writes_a_mismatching_plan_with_its_record(workdir: Path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
-    """TensorRT (STRICT_VERIFICATION = False until its tolerance is measured on a GPU) keeps the plan and the
+    """TensorRT (`strict_verification = False` until its tolerance is measured on a GPU) keeps the plan and the
     record of the mismatch; a strict backend would refuse it (test above)."""
+    assert get_backend("cpu").strict_verification and not get_backend("tensorrt").strict_verification
     import trtopt.verify as verify
 
     monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8u8"))
     monkeypatch.setattr(cpu_runner, "model_for_this_cpu", _corrupting("u8u8"))
-    monkeypatch.setattr("trtopt.backend.strict_verification", lambda name: False)
+    monkeypatch.setattr(get_backend("cpu"), "strict_verification", False)
     with caplog.at_level(logging.WARNING):
         result = build_plan(workdir / "tiny.onnx", _config(workdir))
     assert result.verification is not None and not result.verification.ok
-    assert result.plan.metadata["verification"]["kernels_vs_reference"]["rel_error"] > result.verification.tolerance
+    assert result.plan.metadata.verification == result.verification
+    assert result.verification.kernels_vs_reference.rel_error > result.verification.tolerance
     assert "beyond the CPU tolerance" in caplog.text
 
     def no_reference(model_bytes):  # type: ignore[no-untyped-def]
@@ -266,7 +277,8 @@ def test_a_lenient_backend_writes_a_mismatching_plan_with_its_record(workdir: Pa
 
     monkeypatch.setattr(verify, "reference_runner", no_reference)
     lenient = build_plan(workdir / "tiny.onnx", _config(workdir))
-    assert lenient.verification is None and "verification" not in lenient.plan.metadata
-    monkeypatch.setattr("trtopt.backend.strict_verification", lambda name: True)
+    assert lenient.verification is None and lenient.plan.metadata.verification is None
+    assert "verification" not in lenient.plan.metadata.to_dict()
+    monkeypatch.setattr(get_backend("cpu"), "strict_verification", True)
     with pytest.raises(TrtoptError, match="cannot run this plan's ONNX as a reference"):
         build_plan(workdir / "tiny.onnx", _config(workdir))

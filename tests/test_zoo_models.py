@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from zoo_fixtures import ZooCase, zoo_model  # noqa: F401  (the fixture)
 
-from trtopt.build import BuildConfig, preprocess_spec_for
 from trtopt.cli.main import main
-from trtopt.cli.preprocess_args import add_preprocess_arguments, overrides_from_args
+from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
 from trtopt.data import input_infos_from_graph, load_dataset
+from trtopt.data.samples import preprocess_spec_for
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph
 from trtopt.passes import optimize
@@ -39,7 +39,7 @@ def one_feed(case: ZooCase, graph) -> dict[str, np.ndarray]:  # type: ignore[no-
     parser = argparse.ArgumentParser()
     add_preprocess_arguments(parser)
     args = parser.parse_args(list(case.model.preprocess))
-    spec = preprocess_spec_for(case.path, graph, BuildConfig(preset=args.preset, preprocess=overrides_from_args(args)))
+    spec = preprocess_spec_for(case.path, graph, preprocess_config(args))
     data = load_dataset(case.calib, input_infos_from_graph(graph), spec, count=1)
     (batch,) = list(data.batches(1))
     return batch.feeds

@@ -339,7 +339,7 @@ def report(args: argparse.Namespace, ev: Evaluation, argv_used: list[str], load_
         f"held-out: {counts['heldout']} images from "
         f"{' + '.join(f'`{rel_path(f)}` ({n})' for f, n in zip(args.heldout, sets, strict=True))} "
         f"({counts['labelled']} with ImageNet labels); in-sample = held-out + calibration images",
-        "- trtopt: `build_plan(BuildConfig(backend='cpu', calib_method=...))` (per-channel symmetric INT8 "
+        "- trtopt: `build_plan(BuildConfig(backend='cpu', calib=CalibConfig(method=...)))` (per-channel symmetric INT8 "
         "weights, symmetric per-tensor activations); ORT: `quant_pre_process` (as ORT recommends; "
         "not for the 'no pre-process' rows), then `quantize_static(QuantFormat.QDQ, per_channel=True, "
         "activation_type=QUInt8, weight_type=QInt8, calibrate_method=...)` with default calibrator settings, "

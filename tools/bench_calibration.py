@@ -90,9 +90,12 @@ def model_inputs(graph: object) -> list:
 
 def model_spec(model_path: str) -> object:
     """The preprocessing `trtopt build` applies to this model (its sidecar preset, or the input's default)."""
-    from trtopt.build import BuildConfig, load_graph, preprocess_spec_for
+    from trtopt.data import PreprocessConfig
+    from trtopt.data.samples import preprocess_spec_for
+    from trtopt.frontend.config import GraphConfig, load_graph
 
-    return preprocess_spec_for(Path(model_path), load_graph(Path(model_path), BuildConfig(int8=False)), BuildConfig())
+    graph = load_graph(Path(model_path), GraphConfig(), int8=False, batch=8)
+    return preprocess_spec_for(Path(model_path), graph, PreprocessConfig())
 
 
 def input_shape(model_path: str) -> tuple[str, list[int]]:
@@ -127,12 +130,21 @@ def run_trtopt(args: argparse.Namespace, tensors: list[str], source: Callable[[]
 def run_trtopt_calibrate(args: argparse.Namespace) -> dict:
     """`trtopt calibrate`'s work: load, optimise, calibrate the tensors a build quantises (the clock runs
     from the model load on)."""
-    from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
+    from trtopt.backend import quantizable_tensors
+    from trtopt.calib import CalibConfig
+    from trtopt.calib.stage import calibrate_graph
+    from trtopt.data import DataConfig, PreprocessConfig
+    from trtopt.data.samples import load_samples, preprocess_spec_for
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.passes import optimize
 
-    config = BuildConfig(calib=args.images, calib_count=args.count, calib_batch=args.batch)
-    graph = optimize(load_graph(Path(args.model), config), config.passes).graph
-    return dict(calibrate_graph(graph, config, preprocess_spec_for(Path(args.model), graph, config)).amax)
+    data = DataConfig(sources=(args.images,), count=args.count, batch=args.batch)
+    graph = optimize(load_graph(Path(args.model), GraphConfig(), int8=True, batch=data.batch)).graph
+    dataset = load_samples(graph, preprocess_spec_for(Path(args.model), graph, PreprocessConfig()), data)
+    calibration = calibrate_graph(graph, onnx_from_graph(graph), quantizable_tensors(graph), CalibConfig(),
+                                  dataset=dataset, data=data)  # fmt: skip
+    return dict(calibration.amax)
 
 
 def run_ort(args: argparse.Namespace, tensors: list[str], source: Callable[[], Iterator[Feeds]]) -> dict:

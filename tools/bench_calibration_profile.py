@@ -47,19 +47,19 @@ def measured(fn: Callable[[], Any]) -> tuple[Any, float, float]:
 
 def profile(model_path: Path, photos: list[Path], batch: int) -> list[tuple[str, float, float]]:
     """(stage, wall s, CPU s) per stage, for all `photos`."""
-    from trtopt.build import BuildConfig, load_graph, preprocess_spec_for
+    from trtopt.backend import quantizable_tensors
     from trtopt.calib import HistogramCollector
-    from trtopt.data import preprocess_image, read_image
+    from trtopt.data import PreprocessConfig, preprocess_image, read_image
     from trtopt.data.preprocess import preprocess_file
+    from trtopt.data.samples import preprocess_spec_for
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
+    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.passes import optimize
-    from trtopt.quant import QuantConfig, plan_quantization
 
-    config = BuildConfig()
-    graph = optimize(load_graph(model_path, config)).graph
-    spec = preprocess_spec_for(model_path, graph, config)
-    tensors = plan_quantization(graph, QuantConfig(min_channels=1, quantize_outputs=True)).activation_tensors
+    graph = optimize(load_graph(model_path, GraphConfig(), int8=True, batch=8)).graph
+    spec = preprocess_spec_for(model_path, graph, PreprocessConfig())
+    tensors = quantizable_tensors(graph)
     rows = []
     samples, wall, cpu = measured(lambda: [preprocess_file(p, spec) for p in photos])
     rows.append(("decode + preprocess, JPEG draft (1 thread)", wall, cpu))

@@ -66,8 +66,9 @@ def build(model_path: Path, photos: list[Path]) -> tuple[dict[str, float], bytes
     """(entropy thresholds, the plan's ONNX as this CPU runs it) of a CPU INT8 build on `photos`."""
     from trtopt.backend.cpu.runner import model_for_this_cpu
     from trtopt.build import BuildConfig, build_plan
+    from trtopt.data import DataConfig
 
-    result = build_plan(model_path, BuildConfig(backend="cpu", calib=[str(p) for p in photos]))
+    result = build_plan(model_path, BuildConfig(backend="cpu", data=DataConfig(sources=tuple(str(p) for p in photos))))
     return dict(result.calibration.amax), model_for_this_cpu(result.plan)
 
 

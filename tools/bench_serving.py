@@ -302,9 +302,10 @@ def main() -> None:
 
 def build_demo_plan(work: Path) -> Path:
     from trtopt.build import BuildConfig, build_plan
+    from trtopt.data.config import DataConfig
     from trtopt.plan import write_plan
 
-    result = build_plan(DEMO_MODEL, BuildConfig(backend="cpu", calib=str(CALIB_DIR)))
+    result = build_plan(DEMO_MODEL, BuildConfig(backend="cpu", data=DataConfig(sources=(str(CALIB_DIR),))))
     return write_plan(result.plan, work / "demo.engine")
 
 

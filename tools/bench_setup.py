@@ -120,7 +120,9 @@ class ModelUnderTest:
 def resolve_model(model: str, workdir: Path) -> ModelUnderTest:
     """`model` is an ONNX path, a trtopt.zoo name (built with batch 1 into `workdir`) or light:NAME, a real
     topology from the onnx package with random weights and a dynamic batch (trtopt.zoo.light; timing only)."""
-    from trtopt.build import BuildConfig, load_graph, preprocess_spec_for
+    from trtopt.data import PreprocessConfig
+    from trtopt.data.samples import preprocess_spec_for
+    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.zoo import NAMES, build_model
     from trtopt.zoo.light import LIGHT_NAMES, light_model
 
@@ -138,7 +140,7 @@ def resolve_model(model: str, workdir: Path) -> ModelUnderTest:
                 f"--model {model!r}: no such file, not a zoo model ({', '.join(NAMES)}) and not "
                 f"light:NAME ({', '.join(LIGHT_NAMES)})"
             )
-    graph = load_graph(path, BuildConfig(int8=False))
+    graph = load_graph(path, GraphConfig(), int8=False, batch=8)
     tensor = graph.inputs[0]
     batch = tensor.shape[0] if isinstance(tensor.shape[0], int) and tensor.shape[0] > 0 else None
     return ModelUnderTest(
@@ -148,7 +150,7 @@ def resolve_model(model: str, workdir: Path) -> ModelUnderTest:
         static_batch=batch,
         sample_shape=tuple(int(d) for d in tensor.shape[1:]),
         num_classes=int(graph.outputs[0].shape[-1]),
-        spec=preprocess_spec_for(path, graph, BuildConfig()),
+        spec=preprocess_spec_for(path, graph, PreprocessConfig()),
     )
 
 
@@ -240,9 +242,14 @@ def trtopt_build(
 ) -> tuple[float, bytes]:
     """trtopt's whole CPU INT8 build (load, optimise, calibrate, quantise, lower, verify) on a folder or a
     list of image files: (wall seconds, the plan's ONNX bytes as stored)."""
+    from trtopt.backend.cpu.options import CpuOptions
     from trtopt.build import BuildConfig, build_plan
+    from trtopt.calib import CalibConfig
+    from trtopt.data import DataConfig
 
-    config = BuildConfig(backend="cpu", calib=calib, calib_count=count, calib_method=method, cpu_encoding=encoding)
+    sources = (str(calib),) if isinstance(calib, (str, Path)) else tuple(calib)
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=sources, count=count), calib=CalibConfig(method=method),
+                         backend_options=(CpuOptions(encoding=encoding),))  # fmt: skip
     start = time.perf_counter()
     result = build_plan(model.path, config)
     return time.perf_counter() - start, result.plan.sections["onnx"]

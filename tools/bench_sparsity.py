@@ -85,7 +85,11 @@ def build_int8(proto: onnx.ModelProto, args: argparse.Namespace, workdir: Path, 
     sidecar = spec_from.with_suffix(".json")
     if sidecar.is_file():
         path.with_suffix(".json").write_bytes(sidecar.read_bytes())
-    config = BuildConfig(backend="cpu", calib=str(args.calib), calib_count=args.int8_count, threads=args.threads)
+    from trtopt.calib.config import CalibConfig
+    from trtopt.data.config import DataConfig
+
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(args.calib),), count=args.int8_count),
+                         calib=CalibConfig(threads=args.threads))  # fmt: skip
     plan = build_plan(path, config).plan
     return onnx.load_from_string(model_for_this_cpu(plan))
 

@@ -237,7 +237,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     from trtopt.build import BuildConfig
     from trtopt.calib import METHODS
 
-    default = BuildConfig().calib_method
+    default = BuildConfig().calib.method
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", metavar="NAME", help="zoo models (default: every cached one)")
     parser.add_argument("--model", type=Path, help="one ONNX file instead of the zoo (with --task, --preprocess)")

@@ -65,27 +65,31 @@ class Variant:
 def build_config(subject: Subject, data: Data | None, method: str | None, *, int8: bool = True) -> Any:
     """The BuildConfig `trtopt build` gets from the subject's flags (`method` None: trtopt's default)."""
     from trtopt.build import BuildConfig
-    from trtopt.cli.preprocess_args import add_preprocess_arguments, overrides_from_args
+    from trtopt.calib.config import CalibConfig
+    from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
+    from trtopt.data.config import DataConfig
+    from trtopt.frontend.config import GraphConfig
 
     parser = argparse.ArgumentParser(add_help=False)
     add_preprocess_arguments(parser, base="preset")
     flags = parser.parse_args(list(subject.preprocess))
     shapes = {subject.input_name: tuple(subject.input_shape)} if subject.input_shape else None
-    extra = {"calib_method": method} if method else {}
-    calib = list(data.calib_sources) if data else None
-    return BuildConfig(backend="cpu", int8=int8, calib=calib, calib_count=data.calib_count if data else None,
-                       shapes=shapes, preset=flags.preset, preprocess=overrides_from_args(flags), **extra)  # fmt: skip
+    calib = CalibConfig(method=method) if method else CalibConfig()
+    data_config = DataConfig(sources=tuple(data.calib_sources), count=data.calib_count) if data else DataConfig()
+    return BuildConfig(backend="cpu", int8=int8, graph=GraphConfig(shapes=shapes), preprocess=preprocess_config(flags),
+                       data=data_config, calib=calib)  # fmt: skip
 
 
 def load(subject: Subject, sources: tuple[str, ...], count: int | None) -> Any:
     """The samples in `sources` preprocessed as `trtopt build` does for this subject."""
-    from trtopt.build import load_graph, preprocess_spec_for
     from trtopt.data import input_infos_from_graph, load_dataset
+    from trtopt.data.samples import preprocess_spec_for
+    from trtopt.frontend.config import load_graph
 
     assert subject.path is not None
     config = build_config(subject, None, None, int8=False)
-    graph = load_graph(subject.path, config)
-    spec = preprocess_spec_for(subject.path, graph, config)
+    graph = load_graph(subject.path, config.graph, int8=False, batch=config.data.batch)
+    spec = preprocess_spec_for(subject.path, graph, config.preprocess)
     return load_dataset(list(sources) if len(sources) > 1 else sources[0], input_infos_from_graph(graph), spec,
                         count=count)  # fmt: skip
 

@@ -1,89 +1,99 @@
 """The whole build in one short function: load -> optimise -> calibrate -> quantise -> build -> plan.
 
-graph = graph_from_onnx(path)              # frontend
-optimized = optimize(graph, passes)        # passes
-amax = calibrate(graph, data, tensors)     # calib (or a cache)
-correct_biases(graph, plan, means)         # quant
-insert_qdq(graph, plan, amax)              # quant
-sections = build_sections(backend, model)  # backend, each variant until one verifies:
-verify_plan(plan, fp32, held_back)         # verify: FP32 vs Q/DQ reference vs kernels
+    graph = load_graph(path, config.graph)                       # frontend
+    graph = optimize(graph, config.graph.passes).graph           # passes
+    backend, _ = select_backend(config.backend)                  # backend: its options, checked up front
+    data, checks = calibration_and_checks(graph, spec, ...)      # data: calibration and verification samples
+    amax = calibrate_graph(graph, fp32, tensors, config.calib)   # calib (or a cache)
+    insert_qdq(graph, qplan, amax)                               # quant, after bias correction
+    plan = build_verified(backend, model, options, fp32, checks) # backend variants until one verifies
+
+Every decision that depends on where the plan runs belongs to the backend object (`trtopt.backend.base`);
+this module names none.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.backend import BuildOptions, select_backend
-from trtopt.errors import ShapeError, TrtoptError
-from trtopt.frontend import (
-    MIN_OPSET,
-    MIN_QDQ_OPSET,
-    graph_from_onnx,
-    load_model,
-    onnx_from_graph,
-    require_static_shapes,
+from trtopt.backend import (
+    BackendOptions,
+    BackendReport,
+    Profile,
+    get_backend,
+    quantizable_tensors,
+    select_backend,
 )
-from trtopt.frontend.shapes import Shape
-from trtopt.memory import check_graph_memory
-from trtopt.plan import Plan, TensorSpec
+from trtopt.calib.config import CalibConfig
+from trtopt.calib.stage import ProgressHook
+from trtopt.data.config import DataConfig, PreprocessConfig
+from trtopt.errors import TrtoptError
+from trtopt.frontend import onnx_from_graph
+from trtopt.frontend.config import GraphConfig, load_graph
+from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
-from trtopt.verify import Checks, Verification, build_verified, random_checks
+from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
-    from trtopt.calib import CalibProgress
-    from trtopt.data import PreprocessOverrides
+    from trtopt.calib import Calibration
+    from trtopt.data import Dataset, PreprocessSpec
+    from trtopt.passes import OptimizeResult
 
 log = logging.getLogger(__name__)
+Options = TypeVar("Options", bound=BackendOptions)
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Everything `trtopt build` can be told. None means default."""
+    """Everything `trtopt build` can be told, one config per stage. None means default.
+
+    `int8` quantises (it needs `data.sources` or `calib.cache`); `fp16` runs the float regions in FP16
+    where the backend can. `backend_options` holds each backend's own typed options (at most one per
+    backend; a backend without an entry uses its defaults), so one config serves `backend="auto"`."""
 
     backend: str = "auto"
     int8: bool = True
-    calib: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None
-    calib_cache: Path | None = None
-    save_cache: Path | None = None
-    calib_count: int | None = None
-    calib_batch: int = 8
-    calib_method: str = "entropy"
-    workers: int | None = None  # threads decoding calibration images ahead (None: up to 4, at most the CPUs)
-    bounded_max: bool = True
-    bias_correction: bool = True
-    preset: str | None = None
-    preprocess: PreprocessOverrides | None = None  # fields over the preset or sidecar (--mean, --std, ...)
-    shapes: dict[str, Shape] | None = None
-    batch: int | None = None
-    passes: tuple[str, ...] | None = None
-    quant: QuantConfig = field(default_factory=QuantConfig)
     fp16: bool = False
-    labels: list[str] | None = None
-    workspace_mib: int | None = None
-    timing_cache: Path | None = None
-    optimization_level: int | None = None
-    sparsity: bool = False
-    threads: int | None = None
-    cpu_gemm: str = "auto"
-    cpu_encoding: str = "auto"
-    verify_samples: int = 8
+    sparsity: bool = False  # record which layers' weights are 2:4; TensorRT also sets SPARSE_WEIGHTS
+    graph: GraphConfig = field(default_factory=GraphConfig)
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    quant: QuantConfig = field(default_factory=QuantConfig)
+    backend_options: tuple[BackendOptions, ...] = ()
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+    labels: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        from trtopt.config_checks import check_build_config
+        stages = {"graph": GraphConfig, "preprocess": PreprocessConfig, "data": DataConfig, "calib": CalibConfig,
+                  "quant": QuantConfig, "verify": VerifyConfig}  # fmt: skip
+        for name, kind in stages.items():
+            if not isinstance(getattr(self, name), kind):
+                raise TrtoptError(
+                    f"BuildConfig.{name} is a {type(getattr(self, name)).__name__}; expected a {kind.__name__} "
+                    "(configs nest by stage since trtopt 0.2).",
+                    fix=f"Pass BuildConfig({name}={kind.__name__}(...)); README.md, 'Python API', shows where each "
+                    "former BuildConfig field went.",
+                )
+        if self.backend != "auto":
+            get_backend(self.backend)  # an unknown name lists the valid ones
+        object.__setattr__(self, "backend_options", _checked_options(self.backend_options))
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(self.labels))
 
-        check_build_config(self)
+    def options_for(self, kind: type[Options]) -> Options:
+        """This config's options of `kind` (one backend's `options_type`), or that backend's defaults."""
+        return next((o for o in self.backend_options if isinstance(o, kind)), None) or kind()
 
 
 @dataclass
@@ -91,175 +101,130 @@ class BuildResult:
     plan: Plan
     backend_reason: str
     stage_seconds: dict[str, float]
-    qdq: QdqReport | None
-    optimizer: Any
-    calibration: Any
-    kernels: Any = None
+    optimizer: OptimizeResult
+    calibration: Calibration | None = None
     bias: BiasReport | None = None
+    qdq: QdqReport | None = None
     verification: Verification | None = None
-
-
-ProgressHook = Callable[["CalibProgress"], None]  # calibration progress, with the total filled in
+    report: BackendReport | None = None  # what the backend made of the plan (kernels, profiles)
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
+    from trtopt.data.samples import preprocess_spec_for
     from trtopt.passes import optimize
 
-    if config.int8 and not (config.calib or config.calib_cache):
+    path, times = Path(model_path), StageTimes()
+    _require_thresholds(config)
+    with times("load"):
+        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch)
+    with times("optimize"):
+        optimized = optimize(graph, config.graph.passes)
+    graph = optimized.graph
+    labels = _labels(graph, config.labels)  # everything up to `fp32` is checked before the slow work
+    backend, reason = select_backend(config.backend)
+    options = backend.options(config, graph)
+    spec = preprocess_spec_for(path, graph, config.preprocess)
+    data, checks = _samples(graph, spec, config)
+    fp32 = onnx_from_graph(graph)
+    quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
+    quantized = _quantize(graph, fp32, quant, data, config, times, progress) if config.int8 else Quantized()
+    model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
+    with times("build"):
+        plan, verification = build_verified(backend, model, _io(graph), options, fp32, checks)
+    records = _records(graph, config, backend.name, backend.profiles(options), quantized)
+    plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
+    return BuildResult(plan, reason, times.seconds, optimized, *quantized, verification, backend.report(plan, options))
+
+
+class Quantized(NamedTuple):
+    """What the quantisation stage made (all None for an FP32 build)."""
+
+    calibration: Calibration | None = None
+    bias: BiasReport | None = None
+    qdq: QdqReport | None = None
+
+
+class StageTimes:
+    """Wall time per stage: `with times("load"): ...`; `seconds` maps stage -> seconds, in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[stage] = time.perf_counter() - start
+
+
+def _samples(graph: gs.Graph, spec: PreprocessSpec | None, config: BuildConfig) -> tuple[Dataset | None, Checks]:
+    from trtopt.data.samples import calibration_and_checks
+
+    from_cache = config.calib.cache is not None
+    calibrating = config.int8 and not from_cache
+    return calibration_and_checks(graph, spec, config.data, config.verify.samples, calibrating=calibrating,
+                                  from_cache=from_cache)  # fmt: skip
+
+
+def _quantize(
+    graph: gs.Graph,
+    fp32: onnx.ModelProto,
+    quant: QuantConfig,
+    data: Dataset | None,
+    config: BuildConfig,
+    times: StageTimes,
+    progress: ProgressHook | None,
+) -> Quantized:
+    """Place Q/DQ by `quant` (the backend's form), calibrate, correct biases, insert Q/DQ into `graph` (in place).
+
+    Calibration covers every tensor any backend may quantise (`quantizable_tensors`), not only this plan's:
+    one cache then serves every build of the graph, and the thresholds do not depend on the backend or on
+    --exclude. (Measuring fewer tensors is not neutral: ONNX Runtime fuses differently around the tensors
+    it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
+    from trtopt.calib.stage import calibrate_graph
+
+    qplan = plan_quantization(graph, quant)
+    tensors = quantizable_tensors(graph)
+    with times("calibrate"):
+        calibration = calibrate_graph(graph, fp32, tensors, config.calib, dataset=data, data=config.data,
+                                      progress=progress)  # fmt: skip
+    with times("quantize"):
+        bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
+        qdq = insert_qdq(graph, qplan, calibration.amax)
+    return Quantized(calibration, bias, qdq)
+
+
+def _require_thresholds(config: BuildConfig) -> None:
+    if config.int8 and not (config.data.sources or config.calib.cache):
         raise TrtoptError(
             "--int8 needs calibration data or a calibration cache.",
             fix="Add --calib DIR (a folder of representative images) or --calib-cache FILE.",
         )
-    times: dict[str, float] = {}
-    with _timed(times, "load"):
-        graph = load_graph(Path(model_path), config)
-    with _timed(times, "optimize"):
-        optimized = optimize(graph, config.passes)
-        graph = optimized.graph
-    labels = _labels(graph, config)  # checked before the slow work
-    backend, reason = select_backend(config.backend)
-    if config.fp16 and backend != "tensorrt":
-        raise TrtoptError(
-            f"--fp16 is for the TensorRT backend; this build uses {reason}.",
-            fix="Drop --fp16 for CPU plans (ONNX Runtime's CPU kernels gain nothing from FP16), or build with "
-            "--backend tensorrt on a GPU machine. `trtopt.precision.convert_to_fp16` converts an ONNX file alone.",
-        )
-    spec = preprocess_spec_for(Path(model_path), graph, config)
-    calib_data, checks = _data_for(graph, config, spec)
-    fp32 = onnx_from_graph(graph)
-    calibration = qdq = bias = None
-    if config.int8:
-        qplan = plan_quantization(graph, _backend_quant_config(config.quant, backend))
-        with _timed(times, "calibrate"):
-            calibration = calibrate_graph(graph, config, spec, progress, dataset=calib_data)
-        with _timed(times, "quantize"):
-            bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
-            qdq = insert_qdq(graph, qplan, calibration.amax)
-    model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
-    metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, labels)
-    options = _build_options(graph, config, backend)
-    if options.profiles:  # the batch limit `trtopt export --triton` needs (max_batch_size)
-        metadata["profiles"] = {n: {k: list(v) for k, v in vars(p).items()} for n, p in options.profiles.items()}
-    if config.sparsity:  # which layers' weights are 2:4 as built (trtopt.analysis.sparsity)
-        from trtopt.analysis.sparsity import sparsity_record
-
-        metadata["sparsity"] = sparsity_record(graph, qdq.quantized_layers if qdq else (), config.fp16, backend)
-    with _timed(times, "build"):
-        io = (_specs(graph.inputs), _specs(graph.outputs))
-        plan, verification = build_verified(backend, model, io, options, fp32, checks)
-    plan = replace(plan, metadata={**metadata, **({"verification": verification.to_dict()} if verification else {})})
-    kernels = _kernel_report(plan) if backend == "cpu" and config.int8 else None
-    return BuildResult(plan, reason, times, qdq, optimized, calibration, kernels, bias, verification)
 
 
-def _kernel_report(plan: Plan) -> Any:
-    """Which kernels ONNX Runtime made of the plan (for the summary); the plan already verified, so a failure
-    here is reported, not a traceback."""
-    from trtopt.backend.cpu.builder import kernel_report
-    from trtopt.verify import plan_errors
-
-    try:
-        return kernel_report(plan.sections["onnx"])
-    except plan_errors() as exc:
-        raise TrtoptError(
-            f"ONNX Runtime could not optimise the built plan: {str(exc).strip().splitlines()[0]} Nothing was written.",
-            fix="This is a bug in trtopt's CPU lowering: please report it with the model; meanwhile try --passes ''.",
-        ) from None
-
-
-def _data_for(graph: gs.Graph, config: BuildConfig, spec: Any) -> tuple[Any, Checks]:
-    """(calibration data set or None, verification samples). A large enough calibration set gives its last
-    `verify_samples` samples to verification; a small one shares them; without data, random inputs."""
-    from trtopt.data import input_infos_from_graph, load_dataset
-
-    count = config.verify_samples
-    if count <= 0:
-        raise TrtoptError(f"verify_samples must be at least 1, received {count}.", fix="Pass e.g. 8 (the default).")
-    if not config.calib:
-        return None, random_checks(graph, spec, count, config.calib_batch)
-    raw = config.calib
-    sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw]
-    data = load_dataset(sources if len(sources) > 1 else sources[0], input_infos_from_graph(graph), spec,
-                        count=config.calib_count)  # fmt: skip
-    if config.int8 and not config.calib_cache and len(data) >= 8 * count:
-        data, checks = data.split_tail(count)
-        source = f"the last {count} calibration samples, held back from calibration"
-    else:
-        checks = load_dataset(sources if len(sources) > 1 else sources[0], data.inputs, data.spec, count=count)
-        shared = "thresholds from the cache" if config.calib_cache else "too few to hold any back"
-        source = f"{min(count, len(data))} of the {len(data)} calibration samples ({shared})"
-    batches = [(b.feeds, b.rows) for b in checks.batches(config.calib_batch)]
-    return data, Checks(batches, source, len(checks))
+def _checked_options(options: BackendOptions | Sequence[BackendOptions]) -> tuple[BackendOptions, ...]:
+    """At most one options object per registered backend."""
+    given = (options,) if isinstance(options, BackendOptions) else tuple(options)
+    seen: set[str] = set()
+    for item in given:
+        if not isinstance(item, BackendOptions):
+            raise TrtoptError(
+                f"BuildConfig.backend_options holds {item!r}; expected backend options such as the "
+                "`options_type` of a backend in trtopt.backend.BACKENDS.",
+                fix="Pass each backend's own options class (its `options_type`), at most one per backend.",
+            )
+        get_backend(item.backend)
+        if item.backend in seen:
+            raise TrtoptError(f"BuildConfig.backend_options has two entries for the {item.backend!r} backend.",
+                              fix="Give each backend's options once.")  # fmt: skip
+        seen.add(item.backend)
+    return given
 
 
-def load_graph(path: Path, config: BuildConfig) -> gs.Graph:
-    # INT8 needs per-axis Q/DQ (opset 13); the front end converts older models (trtopt.frontend.opset).
-    model = load_model(path, min_opset=MIN_QDQ_OPSET if config.int8 else MIN_OPSET).model
-    graph = graph_from_onnx(model, shapes=config.shapes)
-    require_static_shapes(graph)
-    check_graph_memory(graph, config.calib_batch)  # before anything runs: a message, not an OOM kill
-    return graph
-
-
-def calibrate_graph(
-    graph: gs.Graph,
-    config: BuildConfig,
-    spec: Any,
-    progress: ProgressHook | None = None,
-    *,
-    keep_histograms: bool | None = None,
-    dataset: Any = None,
-) -> Any:
-    from trtopt.calib import (
-        CalibConfig,
-        calibrate,
-        check_cache_matches,
-        load_cache,
-        model_fingerprint,
-        save_cache,
-    )
-    from trtopt.calib.cache import channel_counts
-    from trtopt.data import input_infos_from_graph, load_dataset
-
-    # Calibrate every tensor any backend or quantisation option may quantise, so one cache serves CPU
-    # and TensorRT builds, with or without --exclude / --min-channels, alike.
-    tensors = plan_quantization(graph, QuantConfig(min_channels=1, quantize_outputs=True)).activation_tensors
-    model = onnx_from_graph(graph)
-    if config.calib_cache:
-        calibration = load_cache(config.calib_cache)
-        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model), channels=channel_counts(graph))
-        return calibration
-    raw = config.calib
-    sources = [str(raw)] if isinstance(raw, (str, os.PathLike)) else [str(p) for p in raw or []]
-    source = sources if len(sources) > 1 else sources[0]
-    if dataset is None:
-        dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=config.calib_count)
-    calibration = calibrate(
-        model,
-        lambda: (b.feeds for b in dataset.batches(config.calib_batch, workers=config.workers)),
-        tensors,
-        CalibConfig(method=config.calib_method, keep_histograms=keep_histograms, threads=config.threads),
-        progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
-        data_description=f"{len(dataset)} samples from {' '.join(sources)}",
-    )
-    calibration = _bounded_at_max(graph, calibration) if config.bounded_max else calibration
-    if config.save_cache:
-        save_cache(config.save_cache, calibration)
-    return calibration
-
-
-def _backend_quant_config(quant: QuantConfig, backend: str) -> QuantConfig:
-    """What the backend adds: ONNX Runtime needs quantised layer outputs, and CPU plans keep a depthwise
-    conv fed by a float layer float unless the user said otherwise (see QuantConfig)."""
-    cpu = backend == "cpu"
-    leading = cpu if quant.float_leading_depthwise is None else quant.float_leading_depthwise
-    return replace(quant, quantize_outputs=cpu, float_leading_depthwise=leading)
-
-
-def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Any) -> BiasReport | None:
+def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration) -> BiasReport | None:
     """Bias correction (trtopt.quant.bias) needs the FP32 channel means that trtopt's calibrator and
-    cache record; TensorRT and ONNX Runtime caches have none, so those builds go without it."""
+    cache record; caches of other tools have none, so those builds go without it."""
     if not calibration.channel_means:
         log.warning(
             "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
@@ -271,54 +236,19 @@ def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Any) -> Bias
     return report
 
 
-def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
-    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges)."""
-    from trtopt.quant.ranges import bounded_tensors
-
-    histograms = calibration.histograms or {}
-    amax = dict(calibration.amax)
-    for name in bounded_tensors(graph) & set(histograms):
-        amax[name] = max(amax[name], float(histograms[name].amax))
-    return replace(calibration, amax=amax)
-
-
-def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
-    """Preprocessing for image data: `--preset`, else the model's sidecar `<model>.json`, else ImageNet; then
-    the fields given one by one (`config.preprocess`: --mean, --std, ...) over it."""
-    from trtopt.data import PreprocessOverrides, PreprocessSpec, spec_for_input
-
-    image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
-    if len(graph.inputs) != 1 and (config.preprocess or config.preset is not None):
-        from trtopt.data.overrides import refuse_for_multi_input
-
-        refuse_for_multi_input([t.name for t in graph.inputs])
-    if len(graph.inputs) != 1 or not image_inputs:
-        return None
-    tensor = image_inputs[0]
-    overrides = config.preprocess or PreprocessOverrides()
-    sidecar = model_path.with_suffix(".json")
-    if config.preset is None and sidecar.is_file():
-        described = json.loads(sidecar.read_text()).get("preprocess")
-        if described:
-            spec = PreprocessSpec.from_dict(described, where=str(sidecar))
-            return overrides.apply(spec, name=tensor.name, input_shape=tuple(tensor.shape))
-    try:
-        return spec_for_input(tuple(tensor.shape), tensor.dtype, config.preset, name=tensor.name, overrides=overrides)
-    except ShapeError:
-        if config.preset is not None or overrides:
-            raise
-        return None  # not an image input: data must come as .npy/.npz, and the plan stores no preprocessing
-
-
-def _labels(graph: gs.Graph, config: BuildConfig) -> list[str] | None:
+def _labels(graph: gs.Graph, given: Sequence[str] | None) -> list[str] | None:
     from trtopt.classify import check_labels, default_labels
 
     shape = graph.outputs[0].shape if graph.outputs else None
     classes = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
-    if config.labels is not None:
-        check_labels(list(config.labels), classes, "--labels")
-        return config.labels
+    if given is not None:
+        check_labels(list(given), classes, "--labels")
+        return list(given)
     return default_labels(classes) if classes else None
+
+
+def _io(graph: gs.Graph) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    return _specs(graph.inputs), _specs(graph.outputs)
 
 
 def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
@@ -332,53 +262,53 @@ def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
     )
 
 
-def _build_options(graph: gs.Graph, config: BuildConfig, backend: str) -> BuildOptions:
-    profiles = None
-    if backend == "tensorrt":  # optimisation profiles are TensorRT's; ONNX Runtime takes any batch
-        from trtopt.backend.tensorrt.builder import profiles_for
-
-        profiles = profiles_for(graph.inputs, config.shapes, config.batch) or None
-    return BuildOptions(
-        profiles=profiles,
-        workspace_mib=config.workspace_mib,
-        timing_cache=config.timing_cache,
-        optimization_level=config.optimization_level,
-        sparsity=config.sparsity,
-        fp16=config.fp16,
-        threads=config.threads,
-        cpu_gemm=config.cpu_gemm,
-        cpu_encoding=config.cpu_encoding,
+def _quant_record(quantized: Quantized) -> QuantRecord | None:
+    calibration, bias, qdq = quantized
+    if calibration is None or qdq is None:
+        return None
+    return QuantRecord(
+        method=calibration.method,
+        samples=calibration.num_samples,
+        thresholds=qdq.thresholds,
+        int8_layers=tuple(qdq.quantized_layers),
+        float_layers=qdq.float_layers,
+        bias_corrected_layers=tuple(bias.corrected) if bias is not None else (),
     )
 
 
+def _records(graph: gs.Graph, config: BuildConfig, backend: str, profiles: Mapping[str, Profile] | None,
+             quantized: Quantized) -> dict[str, Any]:  # fmt: skip
+    """The plan's optional records: the run-time shape profiles the backend fixed (`trtopt export --triton`
+    reads the batch limit), and with --sparsity which layers' weights are 2:4 (trtopt.analysis.sparsity)."""
+    records: dict[str, Any] = {}
+    if profiles:
+        records["profiles"] = {n: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)}
+                               for n, p in profiles.items()}  # fmt: skip
+    if config.sparsity:
+        from trtopt.analysis.sparsity import sparsity_record
+
+        layers = quantized.qdq.quantized_layers if quantized.qdq else ()
+        records["sparsity"] = sparsity_record(graph, layers, config.fp16, backend)
+    return records
+
+
 def _metadata(
-    model_path: Path,
+    path: Path,
     config: BuildConfig,
-    spec: Any,
-    optimized: Any,
-    calibration: Any,
-    qdq: QdqReport | None,
-    bias: BiasReport | None,
+    spec: PreprocessSpec | None,
     labels: list[str] | None,
-) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "source_model": model_path.name,
-        "preprocess": spec.to_dict() if spec is not None else None,
-        "labels": labels,
-        "precision": ("int8" if config.int8 else "fp32") + ("+fp16" if config.fp16 else ""),
-        "optimizer": optimized.to_dict(details=False),
-    }
-    if calibration is not None and qdq is not None:
-        meta["calibration"] = {"method": calibration.method, "samples": calibration.num_samples}
-        meta["thresholds"] = qdq.thresholds
-        meta["int8_layers"] = list(qdq.quantized_layers)
-        meta["float_layers"] = qdq.float_layers
-        meta["bias_corrected_layers"] = list(bias.corrected) if bias is not None else []
-    return meta
-
-
-@contextmanager
-def _timed(times: dict[str, float], stage: str) -> Iterator[None]:
-    start = time.perf_counter()
-    yield
-    times[stage] = time.perf_counter() - start
+    optimized: OptimizeResult,
+    quantized: Quantized,
+    verification: Verification | None,
+    records: dict[str, Any],
+) -> PlanMetadata:
+    return PlanMetadata(
+        **records,
+        source_model=path.name,
+        precision=("int8" if config.int8 else "fp32") + ("+fp16" if config.fp16 else ""),
+        preprocess=spec.to_dict() if spec is not None else None,
+        labels=tuple(labels) if labels is not None else None,
+        optimizer=OptimizerRecord.from_result(optimized),
+        quant=_quant_record(quantized),
+        verification=verification,
+    )

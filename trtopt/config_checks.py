@@ -1,4 +1,4 @@
-"""Range checks for the numbers a user passes (`BuildConfig`, `Engine` options), done once, up front.
+"""Range checks for the numbers a user passes (the stage configs, backend options, `Engine`), done once, up front.
 
 `--threads -1`, `--batch 0`, `--workspace -1` or `--opt-level 99` used to be accepted and then ignored or
 passed on to a backend that misbehaved; each is now a `TrtoptError` naming the option and its range.
@@ -28,13 +28,3 @@ def check_int(value: Any, option: str, low: int, high: int, *, optional: bool = 
 
 def check_threads(threads: Any) -> None:
     check_int(threads, "--threads", 1, MAX_THREADS, example="4")
-
-
-def check_build_config(config: Any) -> None:
-    """Every numeric field of a `trtopt.build.BuildConfig`, by the CLI option that sets it."""
-    check_int(config.batch, "--batch", 1, MAX_BATCH, example="8")
-    check_int(config.calib_batch, "--calib-batch", 1, 4096, optional=False, example="8")
-    check_int(config.calib_count, "--calib-count", 1, 2**31 - 1, example="500")
-    check_int(config.workspace_mib, "--workspace", 1, 2**30, example="4096")
-    check_int(config.optimization_level, "--opt-level", 0, 5, example="3")
-    check_threads(config.threads)

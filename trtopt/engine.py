@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from trtopt.backend import Runner, RunOptions, create_runner
-from trtopt.backend.tensorrt.pointers import cuda_array_interface
 from trtopt.config_checks import check_threads
 from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError, format_shape
+from trtopt.execution.device_arrays import array_shape_and_dtype
 from trtopt.plan import Plan, TensorSpec, read_plan
 from trtopt.verify import Verification, plan_errors
 
@@ -80,14 +80,7 @@ class Engine:
     def verification(self) -> Verification | None:
         """What the build measured on this plan: INT8 reference vs FP32 and kernels vs reference, the CPU
         class and the backend variant (see `trtopt.verify`); None for plans built before trtopt verified."""
-        record = self.plan.metadata.get("verification")
-        try:
-            return Verification.from_dict(record) if record else None
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the header schema leaves it open
-            raise PlanError(
-                f"The plan's verification record is incomplete or malformed ({type(exc).__name__}: {exc}).",
-                fix="Rebuild the plan with `trtopt build`.",
-            ) from None
+        return self.plan.metadata.verification
 
     def __call__(self, inputs: Any) -> Any:
         """`engine(array)` for a single-input plan returns the single output (or a dict if several);
@@ -110,9 +103,15 @@ class Engine:
         with _runtime_errors_as_user_errors():
             return self._runner.infer(feeds)
 
+    @property
+    def timing(self) -> str:
+        """How the backend's runner times a call: "host" (it has no device clock: `timed_infer` returns None
+        and callers time the call themselves) or the device clock it reads (e.g. "cuda-events")."""
+        return getattr(self._runner, "timing", "host")
+
     def timed_infer(self, feeds: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], float | None]:
-        """`infer` plus the device time in milliseconds where the backend measures it (TensorRT: CUDA
-        events around the GPU work); None where it does not (CPU: time the call on the host)."""
+        """`infer` plus the device time in milliseconds where the backend measures it (`timing` is not
+        "host": e.g. CUDA events around the GPU work); None where it does not."""
         feeds = self._validate(feeds)
         timed = getattr(self._runner, "timed_infer", None)
         with _runtime_errors_as_user_errors():
@@ -169,7 +168,7 @@ class Engine:
             )
         checked = dict(feeds)
         for name, spec in expected.items():
-            shape, dtype = _shape_and_dtype(feeds[name])
+            shape, dtype = array_shape_and_dtype(feeds[name])  # DataError if the producer refuses (torch: grad)
             if dtype != spec.dtype:
                 raise ShapeError(
                     f"Input {name!r} has dtype {dtype}; the plan expects {spec.dtype}.",
@@ -221,14 +220,3 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
-    interface = cuda_array_interface(value)  # DataError if the producer refuses (torch: requires grad)
-    if interface is not None:
-        return tuple(interface["shape"]), np.dtype(interface["typestr"]).name
-    if isinstance(value, np.ndarray):
-        return value.shape, value.dtype.name
-    if hasattr(value, "__dlpack__") and hasattr(value, "shape"):
-        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
-        return tuple(value.shape), dtype
-    array = np.asarray(value)
-    return array.shape, array.dtype.name

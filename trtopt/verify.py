@@ -18,16 +18,24 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import onnx
 
 from trtopt.errors import TrtoptError
 
+if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
+
+    from trtopt.backend import Backend
+    from trtopt.data import PreprocessSpec
+    from trtopt.plan import Plan, TensorSpec
+
 log = logging.getLogger(__name__)
 
 Outputs = dict[str, np.ndarray]
+Settings = TypeVar("Settings")  # what the backend's `options` resolved
 Feeds = Mapping[str, np.ndarray]
 
 # Kernels may round differently from the float reference, but only by rounding. Quantising a tensor moves
@@ -39,6 +47,20 @@ Feeds = Mapping[str, np.ndarray]
 # quantisation does not touch, where float fusions still change the last bits.
 KERNEL_TOLERANCE = 2.0
 KERNEL_FLOOR = 1e-4
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """How a build checks its plan (always on). `samples` (--verify-samples): samples run through FP32, the
+    INT8 reference and the kernels; held back from calibration when it has 8 times as many or more, else
+    shared with it; random inputs where the build has no data."""
+
+    samples: int = 8
+
+    def __post_init__(self) -> None:
+        from trtopt.config_checks import check_int
+
+        check_int(self.samples, "--verify-samples", 1, 2**20, optional=False, example="8")
 
 
 @dataclass(frozen=True)
@@ -144,7 +166,7 @@ def reference_runner(model_bytes: bytes) -> Runner:
     return lambda feeds: session.run(feeds)
 
 
-def check_outputs(outputs: Outputs, expected: Iterable[Any]) -> None:
+def check_outputs(outputs: Outputs, expected: Iterable[TensorSpec]) -> None:
     """Every graph output is produced, with the plan's shape (-1: any size)."""
     for spec in expected:
         if spec.name not in outputs:
@@ -190,7 +212,7 @@ def plan_errors() -> tuple[type[BaseException], ...]:
 
 
 def verify_plan(
-    plan: Any,
+    plan: Plan,
     fp32: Outputs,
     batches: Sequence[tuple[Feeds, int | None]],
     *,
@@ -243,39 +265,39 @@ def verify_plan(
 
 
 def build_verified(
-    backend: str,
+    backend: Backend[Settings],
     model: onnx.ModelProto,
-    io: tuple[Any, Any],
-    options: Any,
+    io: tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]],
+    options: Settings,
     fp32: onnx.ModelProto,
     checks: Checks,
-) -> tuple[Any, Verification | None]:
+) -> tuple[Plan, Verification | None]:
     """Build each of the backend's variants in turn until one computes what its Q/DQ graph says. None: a
-    lenient backend (`strict_verification`) whose graph ONNX Runtime cannot run as a reference."""
+    lenient backend (`Backend.strict_verification`) whose graph ONNX Runtime cannot run as a reference.
+    `options` are what `backend.options` resolved."""
     from trtopt import __version__
-    from trtopt.backend import build_sections, build_variants, strict_verification
     from trtopt.backend.cpu.isa import cpu_isa
     from trtopt.execution import OrtSession
     from trtopt.plan import Plan
 
     expected = collect(OrtSession(fp32).run, checks.batches)
     io = (io[0], observed_outputs(io[1], expected))
-    strict = strict_verification(backend)
+    strict = backend.strict_verification
     rejected: list[dict[str, Any]] = []
-    for label, variant in build_variants(backend, options):
-        sections, versions = build_sections(backend, model, variant)
-        plan = Plan(backend, *io, sections=sections, versions={"trtopt": __version__, **versions})
+    for label, variant in backend.variants(options):
+        sections, versions = backend.build(model, variant)
+        plan = Plan(backend.name, *io, sections=sections, versions={"trtopt": __version__, **versions})
         try:
             result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(),
                                  variant=label, rejected=rejected, samples=checks.samples)  # fmt: skip
         except ReferenceUnavailable as exc:
             if strict:
                 raise
-            log.warning("the %s plan is valid but not compared with a reference: %s", backend, exc.what)
+            log.warning("the %s plan is valid but not compared with a reference: %s", backend.name, exc.what)
             return plan, None
         if not strict and not result.ok:
             log.warning("the %s kernels differ from the plan's Q/DQ reference beyond the CPU tolerance (%s; "
-                        "tolerance %.3g); the plan is written with that record", backend,
+                        "tolerance %.3g); the plan is written with that record", backend.name,
                         result.kernels_vs_reference.describe(), result.tolerance)  # fmt: skip
             return plan, result
         if result.ok:
@@ -286,13 +308,11 @@ def build_verified(
                  result.tolerance)  # fmt: skip
         rejected.append({"variant": label, "rel_error": result.kernels_vs_reference.rel_error})
     tried = ", ".join(f"{r['variant']} (relative error {r['rel_error']:.3g})" for r in rejected)
-    where = f"this {cpu_isa()} CPU" if backend == "cpu" else f"the {backend} backend"
-    hint = "Build with --cpu-encoding auto (or u8u8, exact on every x86 CPU), " if backend == "cpu" else "Try "
     raise TrtoptError(
-        f"No build of this plan computes what its graph says on {where}: tried {tried}, against a tolerance "
-        f"of {result.tolerance:.3g} (twice the plan's own quantisation error). Nothing was written.",
-        fix=hint + "--exclude the layers `trtopt compare --per-layer` names, or report the model: the kernels "
-        "should not differ from the reference.",
+        f"No build of this plan computes what its graph says on {backend.machine()}: tried {tried}, against a "
+        f"tolerance of {result.tolerance:.3g} (twice the plan's own quantisation error). Nothing was written.",
+        fix=backend.mismatch_fix + "--exclude the layers `trtopt compare --per-layer` names, or report the model: "
+        "the kernels should not differ from the reference.",
     )
 
 
@@ -305,7 +325,7 @@ class Checks:
     samples: int | None = None  # None: counted from the batches' rows
 
 
-def random_checks(graph: Any, spec: Any, count: int, batch: int) -> Checks:
+def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batch: int) -> Checks:
     """Random inputs where no data was given: noise images through the model's preprocessing, else
     standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
     from trtopt.data import input_infos_from_graph, preprocess_images

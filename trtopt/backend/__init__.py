@@ -1,157 +1,104 @@
 """Backends turn a quantised ONNX graph into plan sections (build) and run a plan (runner).
 
-Every backend has the same file roles, so `ls trtopt/backend/*` shows the architecture:
-``builder.py`` (ONNX -> plan sections) and ``runner.py`` (plan -> outputs); TensorRT adds
-``detect.py``. Backends are imported lazily: the CPU one needs only ONNX Runtime, the TensorRT one
-needs `tensorrt` and `cuda-bindings` (``pip install trtopt[gpu]``).
+Each backend is one registered object (`BACKENDS`; the contract is `trtopt.backend.base.Backend`) with the
+same file roles, so `ls trtopt/backend/*` shows the architecture: ``backend.py`` (the registered object:
+status, quantisation defaults, options, variants, verification policy, report), ``builder.py`` (ONNX ->
+plan sections) and ``runner.py`` (plan -> outputs); TensorRT adds ``detect.py``. Heavy libraries load
+lazily: the CPU backend needs ONNX Runtime, the TensorRT one `tensorrt` and `cuda-bindings`
+(``pip install trtopt[gpu]``).
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import onnx
-
+from trtopt.backend.base import (
+    Backend,
+    BackendOptions,
+    BackendReport,
+    BackendStatus,
+    Profile,
+    Runner,
+    RunOptions,
+    Shape,
+)
 from trtopt.errors import BackendUnavailableError, UnknownNameError
+from trtopt.registry import Registry
 
-Shape = tuple[int, ...]
+if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
 
+    from trtopt.plan import Plan
 
-@dataclass(frozen=True)
-class Profile:
-    """The shapes one input may take at run time (TensorRT optimisation profile; CPU ignores it)."""
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BackendOptions",
+    "BackendReport",
+    "BackendStatus",
+    "Profile",
+    "RunOptions",
+    "Runner",
+    "Shape",
+    "create_runner",
+    "get_backend",
+    "quantizable_tensors",
+    "select_backend",
+]
 
-    min: Shape
-    opt: Shape
-    max: Shape
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What a backend build may be told. None means the backend's default."""
-
-    profiles: Mapping[str, Profile] | None = None
-    workspace_mib: int | None = None
-    timing_cache: Path | None = None
-    optimization_level: int | None = None
-    sparsity: bool = False
-    fp16: bool = False
-    threads: int | None = None
-    cpu_gemm: str = "auto"  # CPU: route long-reduction INT8 convs to the GEMM kernel: auto (where AMX), on, off
-    cpu_encoding: str = "auto"  # CPU: how INT8 weights are stored (trtopt.backend.cpu.lowering.ENCODINGS)
+BACKENDS: Registry[Backend[Any]] = Registry("backend")
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How a runner executes. None means the backend's default."""
-
-    threads: int | None = None
-    cuda_graph: bool = False
-    device: int = 0
-
-
-@dataclass(frozen=True)
-class BackendStatus:
-    available: bool
-    reason: str = ""
-
-
-class Runner(Protocol):
-    """Executes one plan. Inputs arrive validated (names, shapes, dtypes) by `trtopt.Engine`."""
-
-    def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class BackendInfo:
-    name: str
-    builder: str  # module with build(model, options) -> (sections, versions)
-    runner: str  # module with create_runner(plan, options) -> Runner
-    detect: str  # module with status() -> BackendStatus
-
-
-BACKENDS: dict[str, BackendInfo] = {
-    "cpu": BackendInfo(
-        "cpu", "trtopt.backend.cpu.builder", "trtopt.backend.cpu.runner", "trtopt.backend.cpu.builder"
-    ),
-    "tensorrt": BackendInfo(
-        "tensorrt",
-        "trtopt.backend.tensorrt.builder",
-        "trtopt.backend.tensorrt.runner",
-        "trtopt.backend.tensorrt.detect",
-    ),
-}
-
-
-def backend_info(name: str) -> BackendInfo:
+def get_backend(name: str) -> Backend[Any]:
+    """The registered backend called `name`; an unknown name lists the valid ones (and `auto`)."""
     if name not in BACKENDS:
         raise UnknownNameError("backend", name, ["auto", *BACKENDS])
-    return BACKENDS[name]
+    return BACKENDS.get(name)
 
 
-def backend_status(name: str) -> BackendStatus:
-    status: BackendStatus = importlib.import_module(backend_info(name).detect).status()
-    return status
-
-
-def select_backend(name: str = "auto") -> tuple[str, str]:
-    """Resolve 'auto' (TensorRT when a GPU and TensorRT answer, else CPU). Returns (name, why)."""
+def select_backend(name: str = "auto") -> tuple[Backend[Any], str]:
+    """The backend to build with, and why: `name` if it is available here, or for `auto` the available
+    backend of lowest `auto_rank` (TensorRT where a GPU and TensorRT answer, else the CPU)."""
     if name != "auto":
-        status = backend_status(name)
+        backend = get_backend(name)
+        status = backend.status()
         if not status.available:
             raise BackendUnavailableError(
-                f"Backend {name!r} is not available here: {status.reason}", fix=_hint(name)
+                f"Backend {name!r} is not available here: {status.reason}", fix=backend.install_hint
             )
-        return name, f"{name} (asked for)"
-    trt = backend_status("tensorrt")
-    if trt.available:
-        return "tensorrt", "tensorrt (GPU and TensorRT found)"
-    return "cpu", f"cpu (TensorRT not used: {trt.reason})"
+        return backend, f"{name} (asked for)"
+    skipped: list[tuple[Backend[Any], str]] = []
+    for backend in sorted((BACKENDS.get(n) for n in BACKENDS), key=lambda b: b.auto_rank):
+        status = backend.status()
+        if status.available:
+            why = "; ".join(f"{b.title} not used: {reason}" for b, reason in skipped) or backend.auto_reason
+            return backend, f"{backend.name} ({why})"
+        skipped.append((backend, status.reason))
+    raise BackendUnavailableError("No backend is available here: " + "; ".join(f"{b.name}: {r}" for b, r in skipped))
 
 
-def build_sections(
-    name: str, model: onnx.ModelProto, options: BuildOptions
-) -> tuple[dict[str, bytes], dict[str, str]]:
-    """Run a backend's builder: (plan sections, versions of the libraries that built it)."""
-    module = importlib.import_module(backend_info(name).builder)
-    sections, versions = module.build(model, options)
-    return sections, versions
-
-
-def build_variants(name: str, options: BuildOptions) -> list[tuple[str, BuildOptions]]:
-    """The backend's ways to build this plan, to try in order until one verifies (trtopt.verify):
-    (label, options) pairs. The CPU backend offers its INT8 encodings, fastest first; others have one."""
-    module = importlib.import_module(backend_info(name).builder)
-    variants = getattr(module, "variants", None)
-    return list(variants(options)) if variants is not None else [(name, options)]
-
-
-def strict_verification(name: str) -> bool:
-    """Whether a plan whose kernels miss the verification tolerance is refused (True) or written with a
-    warning. A backend module says so with STRICT_VERIFICATION; the default is strict."""
-    return bool(getattr(importlib.import_module(backend_info(name).builder), "STRICT_VERIFICATION", True))
-
-
-def create_runner(plan: Any, options: RunOptions) -> Runner:
-    info = backend_info(plan.backend)
-    status = backend_status(plan.backend)
+def create_runner(plan: Plan, options: RunOptions) -> Runner:
+    """A runner for `plan` on the backend it was built for, or a clear error where that backend is missing."""
+    backend = get_backend(plan.backend)
+    status = backend.status()
     if not status.available:
         raise BackendUnavailableError(
             f"This plan was built for the {plan.backend!r} backend, which is not available here: {status.reason}",
-            fix=_hint(plan.backend) + " Or build a CPU plan with `trtopt build ... --backend cpu`.",
+            fix=backend.install_hint + " Or build a CPU plan with `trtopt build ... --backend cpu`.",
         )
-    runner: Runner = importlib.import_module(info.runner).create_runner(plan, options)
-    return runner
+    return backend.create_runner(plan, options)
 
 
-def _hint(name: str) -> str:
-    if name == "tensorrt":
-        return "Install TensorRT 11 and CUDA bindings on a machine with an NVIDIA GPU: pip install 'trtopt[gpu]'."
-    return ""
+def quantizable_tensors(graph: gs.Graph) -> list[str]:
+    """Every tensor any registered backend may quantise in `graph`, whatever the user's --exclude or
+    --min-channels: what a calibration cache must cover to serve every build of this graph."""
+    from trtopt.quant import QuantConfig, plan_quantization
+
+    widest = QuantConfig(min_channels=1, float_leading_depthwise=False)
+    config = QuantConfig.covering([BACKENDS.get(n).quant_config(widest) for n in BACKENDS])
+    return plan_quantization(graph, config).activation_tensors
+
+
+# Register the backends (their modules import nothing heavy); `trtopt build --help` lists them in this order.
+from trtopt.backend.cpu import backend as _cpu  # noqa: E402, F401
+from trtopt.backend.tensorrt import backend as _tensorrt  # noqa: E402, F401

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from trtopt.errors import CalibrationError
 
@@ -35,6 +36,15 @@ class CalibConfig:
     - `histogram_threads`: threads that count the tensors of a batch in parallel while ONNX Runtime is
       idle (`None`: up to 4, no more than the CPUs).
 
+    The calibration stage of a build or of `trtopt calibrate` (`trtopt.calib.stage.calibrate_graph`) also
+    reads:
+
+    - `bounded_max` (on; --no-bounded-max turns it off): tensors with a hard activation bound (ReLU6,
+      Sigmoid outputs) keep their observed maximum as threshold (`trtopt.quant.ranges`);
+    - `cache` (--calib-cache): take the thresholds from this trtopt, TensorRT or ONNX Runtime cache
+      instead of measuring them;
+    - `save_cache` (--save-cache): also write the measured thresholds to this trtopt cache.
+
     Any field given as `None` takes its default, so optional CLI values can be passed straight through.
     """
 
@@ -46,11 +56,17 @@ class CalibConfig:
     keep_histograms: bool | None = None
     threads: int | None = None
     histogram_threads: int | None = None
+    bounded_max: bool = True
+    cache: Path | None = None
+    save_cache: Path | None = None
 
     def __post_init__(self) -> None:
         for field in fields(self):
             if getattr(self, field.name) is None and field.default is not None:
                 object.__setattr__(self, field.name, field.default)
+        for name in ("cache", "save_cache"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         self._validate()
 
     def _validate(self) -> None:

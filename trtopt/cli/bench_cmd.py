@@ -89,9 +89,9 @@ def _bench(args: argparse.Namespace, engine: Any) -> int:
 
 
 def timing_function(engine: Any) -> tuple[Callable[[Any], Any], str]:
-    """GPU-event timing where the engine offers it (TensorRT runner's `timed_infer`), else host clock."""
-    if engine.backend == "tensorrt":
-        return (lambda feeds: engine.timed_infer(feeds)[1]), "cuda-events"
+    """The device clock where the engine's runner has one (`Engine.timing`, e.g. CUDA events), else host."""
+    if engine.timing != "host":
+        return (lambda feeds: engine.timed_infer(feeds)[1]), engine.timing
     return engine.infer, "host"
 
 

@@ -16,137 +16,44 @@ examples:
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from trtopt.cli.datasets import add_workers_argument
+from trtopt.cli.args import (
+    add_backend_arguments,
+    add_calibration_arguments,
+    add_graph_arguments,
+    add_quant_arguments,
+    add_verify_arguments,
+)
 from trtopt.cli.preprocess_args import add_preprocess_arguments
+
+if TYPE_CHECKING:
+    from trtopt.build import BuildConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
     parser.add_argument("-o", "--output", required=True, help="plan file to write (e.g. plan.engine)")
     parser.add_argument("--int8", action="store_true", help="quantise to INT8 (needs --calib or --calib-cache)")
-    g = parser.add_argument_group("calibration")
-    g.add_argument("--calib", nargs="+", metavar="PATH", help="calibration images / .npy / .npz (folders or files)")
-    g.add_argument("--calib-cache", type=Path, help="reuse thresholds from a trtopt, TensorRT or ONNX Runtime cache")
-    g.add_argument("--save-cache", type=Path, help="also write the thresholds to this trtopt cache (JSON)")
-    g.add_argument("--calib-count", type=int, default=None, help="use the first N calibration samples (default all)")
-    g.add_argument("--calib-batch", type=int, default=8, help="calibration batch size (default 8)")
-    add_workers_argument(g)
-    g.add_argument(
-        "--method",
-        default="entropy",
-        help="activation threshold method: entropy (default; TensorRT's KL search), max, percentile "
-        "(99.99%%), mse. Worth a try when `trtopt compare` shows top-1 flips: on the demo model "
-        "percentile flipped fewer held-out photos than entropy (BENCHMARKS.md, accuracy sections)",
-    )
-    q = parser.add_argument_group("quantisation")
-    q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
-    q.add_argument("--keep-first-last", action="store_true", help="keep the first and last layers in float")
-    q.add_argument(
-        "--min-channels",
-        type=int,
-        default=16,
-        help="layers with fewer input or output channels stay float (default 16)",
-    )
-    q.add_argument(
-        "--no-bias-correction",
-        action="store_true",
-        help="leave the biases as they are (default: subtract the mean output shift INT8 weights cause)",
-    )
-    b = parser.add_argument_group("build")
-    b.add_argument("--backend", default="auto", help="auto (TensorRT if a GPU answers, else cpu), cpu, tensorrt")
-    b.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes, e.g. input:1x3x224x224")
-    b.add_argument(
-        "--batch", type=int, default=None, help="largest batch for dynamic-batch plans (TensorRT profile; default 1)"
-    )
-    b.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all, in order)")
-    b.add_argument("--fp16", action="store_true", help="convert the non-INT8 regions to FP16 (for GPUs)")
-    b.add_argument("--labels", type=Path, help="class names, one per line (default: ImageNet for 1000 classes)")
-    b.add_argument("--workspace", type=int, default=None, help="TensorRT workspace limit in MiB")
-    b.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file to reuse and update")
-    b.add_argument("--opt-level", type=int, default=None, help="TensorRT builder optimisation level 0-5")
-    b.add_argument(
-        "--sparsity",
-        action="store_true",
-        help="set TensorRT's SPARSE_WEIGHTS flag, so layers whose weights are 2:4 (see `trtopt sparsify`) may run "
-        "on sparse Tensor Cores; the summary lists the layers that qualify",
-    )
-    b.add_argument(
-        "--cpu-gemm",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="CPU plans: run INT8 convs with long reductions (C_in*kh*kw >= 160) on ONNX Runtime's GEMM kernel, "
-        "which uses AMX; auto (default): on where this CPU has AMX. Same results either way, only speed differs",
-    )
-    b.add_argument(
-        "--cpu-encoding",
-        choices=("auto", "u8s8", "u8u8"),
-        default="auto",
-        help="CPU plans: how INT8 weights are stored for ONNX Runtime. u8s8 (int8 weights) is fastest but exact "
-        "only on CPUs with VNNI or AMX: on AVX2-only CPUs its kernels saturate 16-bit sums. u8u8 (the same "
-        "values as uint8) is exact on every x86 CPU. auto (default): u8s8 where it is exact, else u8u8; the build "
-        "verifies the choice either way",
-    )
-    v = parser.add_argument_group("verification (always on)")
-    v.add_argument(
-        "--verify-samples",
-        type=int,
-        default=8,
-        metavar="N",
-        help="check the plan on N samples through FP32, the INT8 reference and the kernels (default 8: held "
-        "back from calibration when it has 8*N or more, else shared with it; random inputs without --calib)",
-    )
+    add_calibration_arguments(parser, build=True)
+    add_quant_arguments(parser)
+    add_graph_arguments(parser)
+    add_backend_arguments(parser)
+    add_verify_arguments(parser)
     add_preprocess_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the build summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtopt.build import BuildConfig, build_plan
+    from trtopt.build import build_plan
     from trtopt.cli.console import phase_progress, print_json
-    from trtopt.cli.datasets import check_workers
-    from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.cli.summaries import build_summary, print_build_summary
     from trtopt.errors import TrtoptError
-    from trtopt.frontend import parse_shapes
     from trtopt.plan import write_plan
-    from trtopt.quant import QuantConfig
 
-    check_workers(args.workers)
     if (args.calib or args.calib_cache) and not args.int8:
         raise TrtoptError("--calib / --calib-cache given without --int8.", fix="Add --int8 to quantise.")
-    from trtopt.classify import read_labels
-
-    labels = read_labels(args.labels) if args.labels else None
-    config = BuildConfig(
-        backend=args.backend,
-        int8=args.int8,
-        calib=args.calib,
-        calib_cache=args.calib_cache,
-        save_cache=args.save_cache,
-        calib_count=args.calib_count,
-        calib_batch=args.calib_batch,
-        calib_method=args.method,
-        workers=args.workers,
-        bias_correction=not args.no_bias_correction,
-        preset=args.preset,
-        preprocess=overrides_from_args(args),
-        shapes=parse_shapes(args.shapes),
-        batch=args.batch,
-        passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
-        quant=QuantConfig(
-            exclude=tuple(args.exclude), keep_first_last=args.keep_first_last, min_channels=args.min_channels
-        ),
-        fp16=args.fp16,
-        labels=labels,
-        workspace_mib=args.workspace,
-        timing_cache=args.timing_cache,
-        optimization_level=args.opt_level,
-        sparsity=args.sparsity,
-        cpu_gemm=args.cpu_gemm,
-        cpu_encoding=args.cpu_encoding,
-        verify_samples=args.verify_samples,
-    )
+    config = build_config(args)
     with phase_progress("calibration", disable=args.json) as on_progress:
         result = build_plan(args.model, config, progress=on_progress)
     path = write_plan(result.plan, args.output)
@@ -154,5 +61,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print_build_summary(summary, result.backend_reason)
+        print_build_summary(summary, result.backend_reason, result.report)
     return 0
+
+
+def build_config(args: argparse.Namespace) -> BuildConfig:
+    """The `BuildConfig` the flags describe, stage by stage (each stage's config validates its own flags)."""
+    from trtopt.build import BuildConfig
+    from trtopt.classify import read_labels
+    from trtopt.cli import args as groups
+    from trtopt.cli.preprocess_args import preprocess_config
+
+    return BuildConfig(
+        backend=args.backend,
+        int8=args.int8,
+        fp16=args.fp16,
+        sparsity=args.sparsity,
+        graph=groups.graph_config(args),
+        preprocess=preprocess_config(args),
+        data=groups.data_config(args),
+        calib=groups.calib_config(args),
+        quant=groups.quant_config(args),
+        backend_options=groups.backend_options(args),
+        verify=groups.verify_config(args),
+        labels=tuple(read_labels(args.labels)) if args.labels else None,
+    )

@@ -16,66 +16,39 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trtopt.cli.datasets import add_workers_argument
+from trtopt.cli.args import add_calibration_arguments, add_graph_arguments
 from trtopt.cli.preprocess_args import add_preprocess_arguments
+
+if TYPE_CHECKING:
+    from trtopt.calib import Calibration
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
-    parser.add_argument("--calib", nargs="+", required=True, metavar="PATH", help="images / .npy / .npz")
     parser.add_argument("-o", "--output", type=Path, required=True, help="cache file to write")
     parser.add_argument(
         "--format",
         default="trtopt",
         help="trtopt (JSON, default), tensorrt, onnxruntime-json, onnxruntime-text",
     )
-    parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
-    parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
-    parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
-    add_workers_argument(parser)
-    parser.add_argument("--shapes", nargs="+", metavar="NAME:DxDxD", help="concrete input shapes")
-    parser.add_argument("--passes", default=None, help="comma-separated optimiser passes (default: all)")
-    parser.add_argument("--no-bounded-max", action="store_true", help="saturate ReLU6/Sigmoid outputs too")
-    parser.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
-    parser.add_argument("--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)")
-    parser.add_argument(
-        "--plot-top", type=int, default=4, help="with --plot-dir and no --plot: the N most clipped tensors"
-    )
+    add_calibration_arguments(parser, build=False)
+    add_graph_arguments(parser)
+    p = parser.add_argument_group("plots")
+    p.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
+    p.add_argument("--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)")
+    p.add_argument("--plot-top", type=int, default=4, help="with --plot-dir and no --plot: the N most clipped tensors")
     add_preprocess_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print a summary as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtopt.build import BuildConfig, calibrate_graph, load_graph, preprocess_spec_for
     from trtopt.calib import CACHE_FORMATS, save_cache
-    from trtopt.cli.console import err, out, phase_progress, print_json
-    from trtopt.cli.datasets import check_workers
-    from trtopt.cli.preprocess_args import overrides_from_args
-    from trtopt.frontend import parse_shapes
-    from trtopt.passes import optimize
+    from trtopt.cli.console import err, out, print_json
 
     CACHE_FORMATS.get(args.format)  # fail on a bad name before the slow part
-    check_workers(args.workers)
-    config = BuildConfig(
-        calib=args.calib,
-        calib_count=args.calib_count,
-        calib_batch=args.calib_batch,
-        calib_method=args.method,
-        workers=args.workers,
-        bounded_max=not args.no_bounded_max,
-        preset=args.preset,
-        preprocess=overrides_from_args(args),
-        shapes=parse_shapes(args.shapes),
-        passes=tuple(p.strip() for p in args.passes.split(",") if p.strip()) if args.passes else None,
-    )
-    model = Path(args.model)
-    graph = optimize(load_graph(model, config), config.passes).graph
-    spec = preprocess_spec_for(model, graph, config)
-    with phase_progress("calibration", disable=args.json) as on_progress:
-        keep = True if args.plot_dir else None  # None: only where the method needs histograms
-        calibration = calibrate_graph(graph, config, spec, on_progress, keep_histograms=keep)
+    calibration = calibrate_model(args)
     save_cache(args.output, calibration, format=args.format)
     plots = _plots(args, calibration) if args.plot_dir else []
     summary = _summary(args, calibration, plots)
@@ -91,7 +64,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plots(args: argparse.Namespace, calibration: Any) -> list[str]:
+def calibrate_model(args: argparse.Namespace) -> Calibration:
+    """Load and optimise the model as `trtopt build --int8` does (so the cache names exactly the tensors a
+    build quantises, for every backend), then calibrate every tensor any backend may quantise."""
+    from trtopt.backend import quantizable_tensors
+    from trtopt.calib.stage import calibrate_graph
+    from trtopt.cli import args as groups
+    from trtopt.cli.console import phase_progress
+    from trtopt.cli.preprocess_args import preprocess_config
+    from trtopt.data.samples import load_samples, preprocess_spec_for
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.frontend.config import load_graph
+    from trtopt.passes import optimize
+
+    graph_config, data = groups.graph_config(args), groups.data_config(args)
+    calib = groups.calib_config(args, keep_histograms=True if args.plot_dir else None)  # None: as the method needs
+    preprocess = preprocess_config(args)
+    model = Path(args.model)
+    graph = optimize(load_graph(model, graph_config, int8=True, batch=data.batch), graph_config.passes).graph
+    spec = preprocess_spec_for(model, graph, preprocess)
+    with phase_progress("calibration", disable=args.json) as on_progress:
+        dataset = load_samples(graph, spec, data)
+        return calibrate_graph(graph, onnx_from_graph(graph), quantizable_tensors(graph), calib, dataset=dataset,
+                               data=data, progress=on_progress)  # fmt: skip
+
+
+def _plots(args: argparse.Namespace, calibration: Calibration) -> list[str]:
     from trtopt.calib import CalibConfig, compute_thresholds, plot_histogram
     from trtopt.errors import TrtoptError
 
@@ -113,13 +111,13 @@ def _plots(args: argparse.Namespace, calibration: Any) -> list[str]:
     return paths
 
 
-def _most_clipped(calibration: Any, n: int) -> list[str]:
+def _most_clipped(calibration: Calibration, n: int) -> list[str]:
     histograms = calibration.histograms or {}
     ratio = {t: calibration.amax[t] / h.amax for t, h in histograms.items() if h.amax > 0}
     return sorted(ratio, key=ratio.__getitem__)[:n]
 
 
-def _summary(args: argparse.Namespace, calibration: Any, plots: list[str]) -> dict[str, Any]:
+def _summary(args: argparse.Namespace, calibration: Calibration, plots: list[str]) -> dict[str, Any]:
     timings = calibration.timings
     return {
         "cache": str(args.output),

@@ -137,8 +137,8 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     from trtopt.frontend import graph_from_onnx, onnx_from_graph
     from trtopt.passes import optimize
 
-    optimizer = engine.plan.metadata.get("optimizer") or {}
-    passes = optimizer.get("passes") if isinstance(optimizer, dict) else None
+    optimizer = engine.plan.metadata.optimizer
+    passes = optimizer.passes if optimizer is not None else None
     shapes = {t.name: tuple(t.shape) for t in engine.inputs if -1 not in t.shape}
     reference_graph = optimize(graph_from_onnx(args.model, shapes=shapes or None), passes).graph
     test_model = onnx.load_model_from_string(engine.plan.sections["onnx"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,23 +28,3 @@ def dataset_for_plan(
         else:
             spec = overrides.apply(spec, name=info.name, input_shape=info.shape)
     return load_dataset(list(sources) if len(sources) > 1 else sources[0], infos, spec, count=count)
-
-
-def check_workers(workers: int | None) -> None:
-    """Fail on a bad --workers before the slow part."""
-    from trtopt.errors import TrtoptError
-
-    if workers is not None and workers < 1:
-        raise TrtoptError(f"--workers is {workers}.", fix="Give at least 1 decoding thread, or leave it out.")
-
-
-def add_workers_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """`--workers`, shared by the commands that calibrate (build, calibrate)."""
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        metavar="N",
-        help="threads that decode and preprocess calibration images ahead of inference (default: up to 4, "
-        "at most the CPUs)",
-    )

@@ -17,27 +17,23 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trtopt.passes import OptimizeResult
 
+from trtopt.cli.args import add_graph_arguments, graph_config
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="input ONNX model")
     parser.add_argument("-o", "--output", required=True, help="where to write the optimised ONNX model")
-    parser.add_argument(
-        "--passes",
-        help="comma-separated passes to run in this order (default: all, in the default order)",
-    )
-    parser.add_argument(
-        "--shapes", action="append", help="input shapes for dynamic models, e.g. input:1x3x224x224"
-    )
+    add_graph_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtopt.frontend import graph_from_onnx, onnx_from_graph, parse_shapes, save_onnx
+    from trtopt.frontend import graph_from_onnx, onnx_from_graph, save_onnx
     from trtopt.passes import optimize, record_metadata
 
-    passes = _parse_passes(args.passes)
-    graph = graph_from_onnx(args.model, shapes=parse_shapes(args.shapes))
-    result = optimize(graph, passes)
+    config = graph_config(args)  # unknown pass names fail here, before any work
+    graph = graph_from_onnx(args.model, shapes=dict(config.shapes) if config.shapes else None)
+    result = optimize(graph, config.passes)
     model = onnx_from_graph(result.graph)
     record_metadata(model, result)
     save_onnx(model, args.output)
@@ -48,21 +44,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_tables(result, args.output)
     return 0
-
-
-def _parse_passes(text: str | None) -> list[str] | None:
-    """None (default order) or the listed names; unknown names fail before any work is done."""
-    if text is None:
-        return None
-    from trtopt.errors import TrtoptError
-    from trtopt.passes import PASSES
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if not names:
-        raise TrtoptError("--passes is empty.", fix=f"List passes from: {', '.join(PASSES.names())}.")
-    for name in names:
-        PASSES.get(name)  # raises UnknownNameError listing the valid names
-    return names
 
 
 def report_dict(result: OptimizeResult, source: str, output: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trtopt.data import PreprocessOverrides
+    from trtopt.data.config import PreprocessConfig
 
 # Kept literal (not imported from trtopt.data) so that `--help` works without numpy and Pillow.
 PRESET_NAMES = "imagenet, tf, inception, efficientnet-lite, caffe, unit, raw"
@@ -149,3 +150,10 @@ def overrides_from_args(args: argparse.Namespace) -> PreprocessOverrides:
         pad_value=args.pad_value,
         pad_align=args.pad_align,
     )
+
+
+def preprocess_config(args: argparse.Namespace) -> PreprocessConfig:
+    """--preset and the single-field flags, for the commands that build or calibrate from images."""
+    from trtopt.data.config import PreprocessConfig
+
+    return PreprocessConfig(preset=args.preset, overrides=overrides_from_args(args))

@@ -3,36 +3,34 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from trtopt.cli.console import out
 
+if TYPE_CHECKING:
+    from trtopt.backend import BackendReport
+    from trtopt.build import BuildResult
 
-def build_summary(result: Any, path: Path) -> dict[str, Any]:
+
+def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
     meta = result.plan.metadata
-    int8 = meta.get("int8_layers") or []
-    floats = meta.get("float_layers") or {}
+    quant = meta.quant
     summary: dict[str, Any] = {
         "plan": str(path),
         "backend": result.plan.backend,
-        "precision": meta.get("precision"),
+        "precision": meta.precision,
         "file_bytes": path.stat().st_size,
         "stage_seconds": result.stage_seconds,
-        "int8_layers": len(int8),
-        "bias_corrected_layers": len(meta.get("bias_corrected_layers") or []),
-        "float_layers": floats,
-        "calibration": meta.get("calibration"),
-        "optimizer": meta.get("optimizer"),
+        "int8_layers": len(quant.int8_layers) if quant else 0,
+        "bias_corrected_layers": len(quant.bias_corrected_layers) if quant else 0,
+        "float_layers": quant.float_layers if quant else {},
+        "calibration": {"method": quant.method, "samples": quant.samples} if quant else None,
+        "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
     }
-    if result.kernels is not None:
-        summary["onnxruntime_kernels"] = {
-            "int8_convs": result.kernels.int8_convs,
-            "float_convs": result.kernels.float_convs,
-            "int8_matmuls": result.kernels.int8_matmuls,
-            "gemm_convs": result.kernels.gemm_convs,
-        }
+    if result.report is not None:
+        summary[result.report.key] = result.report.to_dict()
     if result.verification is not None:
         summary["verification"] = result.verification.to_dict()
     if meta.get("sparsity"):
@@ -40,7 +38,8 @@ def build_summary(result: Any, path: Path) -> dict[str, Any]:
     return summary
 
 
-def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
+def print_build_summary(summary: dict[str, Any], backend_reason: str, report: BackendReport | None = None) -> None:
+    """The summary as a table; `report` adds what the backend made of the plan (`BuildResult.report`)."""
     table = Table(title=f"built {summary['plan']}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -57,14 +56,8 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
         for why in floats.values():
             reasons[why] = reasons.get(why, 0) + 1
         table.add_row("float layers", ", ".join(f"{n} ({why})" for why, n in reasons.items()))
-    kernels = summary.get("onnxruntime_kernels")
-    if kernels:
-        table.add_row(
-            "ONNX Runtime kernels",
-            f"{kernels['int8_convs']} INT8 convs"
-            + (f" ({kernels['gemm_convs']} on the GEMM/AMX kernel)" if kernels.get("gemm_convs") else "")
-            + f", {kernels['float_convs']} float convs, {kernels['int8_matmuls']} INT8 matmuls",
-        )
+    for label, text in report.rows() if report is not None else []:
+        table.add_row(label, text)
     verification = summary.get("verification")
     if verification:
         table.add_row("verified", verification_text(verification))

@@ -8,6 +8,7 @@ Typical use::
         run(batch.feeds)
 """
 
+from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.data.dataset import Batch, Dataset, SkippedFile, load_dataset
 from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, read_image, rgb_from_image
 from trtopt.data.input_spec import detect_layout, spec_for_input
@@ -19,8 +20,10 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "PRESETS",
     "Batch",
+    "DataConfig",
     "Dataset",
     "InputInfo",
+    "PreprocessConfig",
     "PreprocessOverrides",
     "PreprocessSpec",
     "SkippedFile",

@@ -82,16 +82,30 @@ def graph_from_onnx(
     fold_constants: bool = True,
 ) -> gs.Graph:
     """Load a model into a gs.Graph with inferred shapes and folded constants, in the passes' canonical
-    form (dead nodes removed, topologically sorted, every node named)."""
+    form (dead nodes removed, topologically sorted, every node named).
+
+    Each round trip between onnx-graphsurgeon and protobuf copies every weight (seconds on VGG-19's 550 MB),
+    so shapes are inferred on the protobuf before the first import where no input shape is set (and the
+    model fits one protobuf), and again after constant folding only when folding changed the graph. The
+    graph is the same either way. The caller's `source` is never changed."""
     model = source if isinstance(source, onnx.ModelProto) else load_model(source).model
-    graph = gs.import_onnx(model)
-    if shapes:
-        apply_shapes(graph, shapes)
-    graph = _infer_shapes(graph)
-    if fold_constants:
-        graph.fold_constants(error_ok=True).cleanup()
+    if shapes or model.ByteSize() >= PROTOBUF_LIMIT:  # inference on disk moves the weights of the proto it gets
+        graph = gs.import_onnx(model)
+        apply_shapes(graph, shapes or {})
         graph = _infer_shapes(graph)
+    else:
+        graph = gs.import_onnx(_inferred(model))
+    if fold_constants:
+        before = _folding_state(graph)
+        graph.fold_constants(error_ok=True).cleanup()
+        if _folding_state(graph) != before:
+            graph = _infer_shapes(graph)
     return canonicalize(graph)
+
+
+def _folding_state(graph: gs.Graph) -> tuple[int, frozenset[str]]:
+    """What constant folding changes: the nodes left, and which tensors are constants."""
+    return len(graph.nodes), frozenset(n for n, t in graph.tensors().items() if isinstance(t, gs.Constant))
 
 
 def onnx_from_graph(graph: gs.Graph) -> onnx.ModelProto:
@@ -287,7 +301,10 @@ def _standard_op_names() -> tuple[str, ...]:
 
 
 def _infer_shapes(graph: gs.Graph) -> gs.Graph:
-    model = gs.export_onnx(graph, do_type_check=False)
+    return gs.import_onnx(_inferred(gs.export_onnx(graph, do_type_check=False)))
+
+
+def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         if model.ByteSize() < PROTOBUF_LIMIT:
             inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -298,7 +315,7 @@ def _infer_shapes(graph: gs.Graph) -> gs.Graph:
             f"ONNX shape inference failed: {str(exc).strip().splitlines()[0]}",
             fix="The model's shapes or types are inconsistent; check the --shapes you passed and the export.",
         ) from None
-    return gs.import_onnx(inferred)
+    return inferred
 
 
 def _infer_shapes_on_disk(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -10,10 +10,11 @@ Layout, all integers little-endian::
     sha256                   32 bytes over everything above (integrity check)
 
 The header says what the plan is (backend, versions of trtopt / TensorRT / ONNX Runtime, inputs and
-outputs, preprocessing, labels, thresholds, optimiser report) and lists each section's name, size and
-sha256. The reader checks all of it, and bounds it, before use (`trtopt.plan.schema`). A CPU plan
-carries an "onnx" section (the lowered INT8 model); a TensorRT plan carries an "engine" section (the
-serialised ICudaEngine, extractable with `trtopt export`) and its "onnx" source.
+outputs, and its metadata: preprocessing, labels, thresholds, optimiser report, verification; versioned on
+its own, see `trtopt.plan.metadata`) and lists each section's name, size and sha256. The reader checks all
+of it, and bounds it, before use (`trtopt.plan.schema`). A CPU plan carries an "onnx" section (the lowered
+INT8 model); a TensorRT plan carries an "engine" section (the serialised ICudaEngine, extractable with
+`trtopt export`) and its "onnx" source.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtopt.errors import PlanError
 from trtopt.frontend.writer import write_atomic
+from trtopt.plan.metadata import PlanMetadata
 from trtopt.plan.schema import MAX_HEADER_BYTES, check_header, check_onnx_section, check_sections
 
 MAGIC = b"TRTOPLAN"
@@ -56,22 +59,27 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Plan:
-    """A plan in memory: its backend, I/O, free-form metadata and raw sections."""
+    """A plan in memory: its backend, I/O, metadata and raw sections. `metadata` may be given as a mapping
+    in its header form; it is read (and checked) into a `PlanMetadata`."""
 
     backend: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     sections: dict[str, bytes]
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: PlanMetadata = field(default_factory=PlanMetadata)
     versions: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.metadata, Mapping):
+            object.__setattr__(self, "metadata", PlanMetadata.from_dict(self.metadata))
 
     @property
     def preprocess(self) -> dict[str, Any] | None:
-        return self.metadata.get("preprocess")
+        return self.metadata.preprocess
 
     @property
     def labels(self) -> list[str] | None:
-        return self.metadata.get("labels")
+        return list(self.metadata.labels) if self.metadata.labels is not None else None
 
     def header(self) -> dict[str, Any]:
         return {
@@ -79,7 +87,7 @@ class Plan:
             "versions": self.versions,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
-            "metadata": self.metadata,
+            "metadata": self.metadata.to_dict(),
             "sections": [
                 {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
                 for name, data in self.sections.items()
@@ -151,7 +159,7 @@ def plan_from_bytes(data: bytes, where: str = "<bytes>") -> Plan:
         inputs=tuple(TensorSpec.from_dict(t) for t in header["inputs"]),
         outputs=tuple(TensorSpec.from_dict(t) for t in header["outputs"]),
         sections=sections,
-        metadata=header.get("metadata", {}),
+        metadata=PlanMetadata.from_dict(header.get("metadata", {}), where),
         versions=header.get("versions", {}),
     )
 

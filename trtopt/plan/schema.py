@@ -29,7 +29,6 @@ MAX_SECTIONS = 16
 MAX_LABELS = 1_000_000
 MAX_CROP = 4096  # preprocess.crop (each side)
 MAX_RESIZE = 8192  # preprocess.resize (shorter side)
-BACKENDS = {"cpu": "onnx", "tensorrt": "engine"}  # backend -> section its runner needs
 DTYPES = ("float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16", "int32", "uint32",
           "int64", "uint64", "bool")  # fmt: skip
 _SECTION_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -68,6 +67,8 @@ def check_header(header: Any, where: str) -> None:
     check_header_bounds(header, where)
     if not isinstance(header, dict):
         raise _fail(where, f"expected a JSON object, found {type(header).__name__}")
+    from trtopt.backend import BACKENDS
+
     backend = header.get("backend")  # an unknown but well-formed name is refused by the backend registry
     if not isinstance(backend, str) or not _BACKEND_NAME.fullmatch(backend):
         raise _fail(where, f"backend {_short(backend)}; expected a name such as {', '.join(BACKENDS)}")
@@ -91,8 +92,9 @@ def check_header(header: Any, where: str) -> None:
         if entry["name"] in names:
             raise _fail(where, f"section {entry['name']!r} appears twice")
         names.add(entry["name"])
-    if backend in BACKENDS and BACKENDS[backend] not in names:
-        raise _fail(where, f"a {backend} plan needs an {BACKENDS[backend]!r} section, found {sorted(names)}")
+    needed = BACKENDS.get(backend).runner_section if backend in BACKENDS else None
+    if needed is not None and needed not in names:
+        raise _fail(where, f"a {backend} plan needs an {needed!r} section, found {sorted(names)}")
 
 
 def check_sections(sections: list[dict[str, Any]], payload: bytes, where: str) -> dict[str, bytes]:
@@ -150,6 +152,9 @@ def _check_tensors(value: Any, where: str, key: str) -> None:
 
 
 def _check_metadata(meta: dict[str, Any], where: str) -> None:
+    from trtopt.plan.metadata import check_metadata_version
+
+    check_metadata_version(meta.get("metadata_version", 1), where)  # first: a newer version may mean other things
     preprocess = meta.get("preprocess")
     if preprocess is not None:
         _check_preprocess(preprocess, where)

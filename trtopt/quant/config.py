@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trtopt.errors import TrtoptError
@@ -18,19 +19,17 @@ class QuantConfig:
     backend too: quantising EfficientNet-Lite0's 3-channel stem bought no measurable speed and cost
     about two points of top-1 agreement with FP32 (measured with tools/bench_accuracy.py).
 
-    `quantize_outputs` also puts Q/DQ on every consumer edge of a quantised layer's (fused) output. The
-    TensorRT form leaves those to TensorRT; ONNX Runtime needs them, because it only turns a Conv into
-    QLinearConv when the Conv's output is quantised too (DQ -> Conv -> Q). The CPU backend sets it.
+    `quantize_outputs` also puts Q/DQ on every consumer edge of a quantised layer's output, after the
+    activations in `output_folds` that follow it (those the backend's INT8 kernel applies before it
+    quantises its output). The TensorRT form leaves outputs to TensorRT; a backend whose kernels need them
+    says so in its `quant_config` (the CPU backend: `trtopt.backend.cpu.backend`).
 
     `float_leading_depthwise` keeps a depthwise conv float when its input comes from a float layer (or
-    the graph input): INT8 would start at it, and on ONNX Runtime that buys nothing. MLAS's INT8
-    depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16 depthwise convs: 0.6x to 1.8x each, 1.0x
-    in total, 1 thread), the float -> INT8 conversion only moves one layer later onto a tensor no larger
-    (a depthwise conv keeps the channel count), and a depthwise conv is the layer type INT8 weights hurt
-    most (9 or 25 weights per channel, scaled up by BatchNorm folding). Measured on EfficientNet-Lite0's
-    first block (bias correction on): 3-4 % lower latency at batch 1 and 8, and 1 - cosine to FP32 on
-    held-out photos 0.00112 instead of 0.00154. `None` means the backend's default: `build_plan` turns it
-    on for CPU plans and off for TensorRT (`plan_quantization` alone reads `None` as off).
+    the graph input), so that INT8 would start at it. `None` means the backend's default (its
+    `quant_config`; `plan_quantization` alone reads `None` as off).
+
+    `bias_correction` subtracts the mean output shift that rounding a layer's weights to INT8 causes from
+    its bias (`trtopt.quant.bias`); placement ignores it, the quantisation stage of a build reads it.
     """
 
     exclude: tuple[str, ...] = ()
@@ -38,7 +37,9 @@ class QuantConfig:
     min_channels: int = 16
     quantize_residual: bool = True
     quantize_outputs: bool = False
+    output_folds: frozenset[str] = frozenset()
     float_leading_depthwise: bool | None = None
+    bias_correction: bool = True
 
     def __post_init__(self) -> None:
         channels = self.min_channels
@@ -52,3 +53,17 @@ class QuantConfig:
                 f"--exclude (QuantConfig.exclude) is {self.exclude!r}; expected a tuple of node names or op types.",
                 fix="Pass e.g. exclude=('Gemm', 'conv_12').",
             )
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        object.__setattr__(self, "output_folds", frozenset(self.output_folds))
+
+    @classmethod
+    def covering(cls, configs: Sequence[QuantConfig]) -> QuantConfig:
+        """A config whose placement quantises every tensor any of `configs` may quantise: no exclusions,
+        the smallest `min_channels`, and every kind of site any of them asks for."""
+        return cls(
+            min_channels=min((c.min_channels for c in configs), default=cls.min_channels),
+            quantize_residual=any(c.quantize_residual for c in configs),
+            quantize_outputs=any(c.quantize_outputs for c in configs),
+            output_folds=frozenset().union(*(c.output_folds for c in configs)),
+            float_leading_depthwise=False,
+        )

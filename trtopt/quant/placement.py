@@ -7,7 +7,8 @@ Rules (TensorRT explicit quantization, as summarised in DESIGN.md "Where Q/DQ go
 - a Concat whose output is quantised gets its inputs quantised with the *same* threshold as its output,
   so TensorRT can write the producers straight into the output (concat elimination in INT8);
 - graph outputs and every other op stay float; each consumer gets its own Q/DQ pair;
-- for ONNX Runtime only (`quantize_outputs`), each quantised layer's output edges are quantised too.
+- where a backend's INT8 kernels need it (`QuantConfig.quantize_outputs`, set by the backend's
+  `quant_config`), each quantised layer's output edges are quantised too.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark
 
 log = logging.getLogger(__name__)
-
-# Activations ONNX Runtime folds into a preceding QLinearConv's output quantisation.
-CPU_FOLDED_ACTIVATIONS = {"Relu", "Clip"}
-
 
 @dataclass(frozen=True)
 class QuantSite:
@@ -64,7 +61,7 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
             sites.append(_site(node, mark))
     quantized = {n.name for n in layers}
     sites += _residual_sites(graph, quantized) if config.quantize_residual else []
-    sites += _output_sites(graph, layers, sites) if config.quantize_outputs else []
+    sites += _output_sites(graph, layers, sites, config.output_folds) if config.quantize_outputs else []
     concat_sites, shared = _concat_sites(graph, sites, config)
     sites += concat_sites
     return QuantPlan(
@@ -157,12 +154,14 @@ def _residual_sites(graph: gs.Graph, quantized: set[str]) -> list[QuantSite]:
     return sites
 
 
-def _output_sites(graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite]) -> list[QuantSite]:
+def _output_sites(
+    graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite], folds: frozenset[str]
+) -> list[QuantSite]:
     taken = {(s.tensor, s.consumer, s.index) for s in sites}
     graph_outputs = {t.name for t in graph.outputs}
     added = []
     for layer in layers:
-        out = _int8_kernel_output(layer, graph_outputs)
+        out = _int8_kernel_output(layer, graph_outputs, folds)
         for consumer in out.outputs:
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is out and (out.name, consumer.name, index) not in taken:
@@ -171,16 +170,11 @@ def _output_sites(graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite]
     return added
 
 
-def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str]) -> gs.Tensor:
-    """The tensor ONNX Runtime's INT8 kernel of `layer` can write: the layer's output, or past a sole
-    Relu / Clip that follows it (ONNX Runtime drops those into the Q's range). Any other activation
-    (SiLU, Sigmoid, HardSwish) or a residual Add runs in float after the INT8 layer."""
+def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str], folds: frozenset[str]) -> gs.Tensor:
+    """The tensor the backend's INT8 kernel of `layer` can write: the layer's output, or past a sole
+    activation in `folds` that follows it. Any other op runs in float after the INT8 layer."""
     out = layer.outputs[0]
-    while (
-        len(out.outputs) == 1
-        and out.outputs[0].op in CPU_FOLDED_ACTIVATIONS
-        and out.name not in graph_outputs
-    ):
+    while len(out.outputs) == 1 and out.outputs[0].op in folds and out.name not in graph_outputs:
         out = out.outputs[0].outputs[0]
     return out
 
@@ -190,8 +184,8 @@ def _concat_sites(
 ) -> tuple[list[QuantSite], list[tuple[str, ...]]]:
     """Sites on the inputs of every Concat whose output is quantised, and the groups sharing a threshold.
 
-    An input edge that already has a pair (on the CPU backend, the output pair of an INT8 conv that feeds
-    the Concat) keeps it: thresholds are per tensor, so that pair gets the group's threshold too. A second
+    An input edge that already has a pair (with `quantize_outputs`, the output pair of an INT8 conv that
+    feeds the Concat) keeps it: thresholds are per tensor, so that pair gets the group's threshold too. A second
     pair on the same edge would be inserted under the same names and close a cycle (issue #13, failure 2).
     """
     excluded = set(config.exclude)

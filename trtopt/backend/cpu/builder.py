@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import tempfile
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import onnx
 import onnxruntime as ort
 
-from trtopt.backend import BackendStatus, BuildOptions
 from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
 from trtopt.backend.cpu.lowering import ENCODINGS, lower_for_cpu
+from trtopt.backend.cpu.options import GEMM_CHOICES, CpuOptions
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.execution.ort_session import session_options
 
@@ -26,14 +27,9 @@ FLOAT_CONV_OPS = {"Conv", "FusedConv", "NchwcConv"}
 DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
 
 
-def status() -> BackendStatus:
-    return BackendStatus(True, f"ONNX Runtime {ort.__version__} CPU")
-
-
 # Dense INT8 convs with at least this reduction length go to ONNX Runtime's GEMM kernel when routing is on
 # (trtopt.backend.cpu.lowering.route_to_gemm has the measurements behind it).
 GEMM_MIN_K = 160
-CPU_GEMM_CHOICES = ("auto", "on", "off")
 
 
 def has_amx_int8(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -42,8 +38,8 @@ def has_amx_int8(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
 
 
 def gemm_routing(choice: str) -> bool:
-    if choice not in CPU_GEMM_CHOICES:
-        raise TrtoptError(f"cpu_gemm must be one of {', '.join(CPU_GEMM_CHOICES)}, got {choice!r}.")
+    if choice not in GEMM_CHOICES:
+        raise TrtoptError(f"cpu_gemm must be one of {', '.join(GEMM_CHOICES)}, got {choice!r}.")
     return choice == "on" or (choice == "auto" and has_amx_int8())
 
 
@@ -64,26 +60,32 @@ def exact_encoding(isa: str | None = None) -> str:
     return "u8s8" if (isa or cpu_isa()) in EXACT_U8S8 else "u8u8"
 
 
-def variants(options: BuildOptions) -> list[tuple[str, BuildOptions]]:
-    return [(e, replace(options, cpu_encoding=e)) for e in candidate_encodings(options.cpu_encoding)]
-
-
-def build(model: onnx.ModelProto, options: BuildOptions) -> tuple[dict[str, bytes], dict[str, str]]:
-    encoding = candidate_encodings(options.cpu_encoding)[0]
-    gemm_min_k = GEMM_MIN_K if gemm_routing(options.cpu_gemm) else None
+def build(model: onnx.ModelProto, options: CpuOptions) -> tuple[dict[str, bytes], dict[str, str]]:
+    encoding = candidate_encodings(options.encoding)[0]
+    gemm_min_k = GEMM_MIN_K if gemm_routing(options.gemm) else None
     lowered = lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding)
     return {"onnx": lowered.SerializeToString()}, {"onnxruntime": ort.__version__, "onnx": onnx.__version__}
 
 
 @dataclass(frozen=True)
 class KernelReport:
-    """What ONNX Runtime turned the graph into after its own optimisations."""
+    """What ONNX Runtime turned the graph into after its own optimisations (the CPU backend's report)."""
 
+    key: ClassVar[str] = "onnxruntime_kernels"
     ops: dict[str, int]
     int8_convs: int
     float_convs: int
     int8_matmuls: int
     gemm_convs: int = 0  # INT8 convs whose weights steer ONNX Runtime to its GEMM kernel (nonzero zero point)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"int8_convs": self.int8_convs, "float_convs": self.float_convs, "int8_matmuls": self.int8_matmuls,
+                "gemm_convs": self.gemm_convs}  # fmt: skip
+
+    def rows(self) -> list[tuple[str, str]]:
+        gemm = f" ({self.gemm_convs} on the GEMM/AMX kernel)" if self.gemm_convs else ""
+        convs = f"{self.int8_convs} INT8 convs{gemm}, {self.float_convs} float convs"
+        return [("ONNX Runtime kernels", f"{convs}, {self.int8_matmuls} INT8 matmuls")]
 
 
 def kernel_report(model_bytes: bytes) -> KernelReport:

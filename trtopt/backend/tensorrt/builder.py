@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import onnx
 
-from trtopt.backend import BuildOptions, Profile, Shape
+from trtopt.backend.base import Profile, Shape
+from trtopt.config_checks import check_int, check_threads
 from trtopt.errors import ModelError, ShapeError, TrtoptError
 from trtopt.errors import format_shape as _fmt
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
@@ -51,6 +53,7 @@ from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 log = logging.getLogger(__name__)
 
 OPTIMIZATION_LEVELS = range(0, 6)  # IBuilderConfig.builder_optimization_level: 0..5, default 3
+MAX_WORKSPACE_MIB = 2**30  # 1 PiB: anything larger is a typo
 STRONGLY_TYPED_IGNORED_FROM = 11  # the creation flag is a no-op from this major version on
 # TensorRT logs, at the end of a build with SPARSE_WEIGHTS, "(Sparsity) Layers eligible for sparse math: ..." and
 # "(Sparsity) TRT inference plan picked sparse implementation for layers: ..." (developer guide, "Structured
@@ -58,13 +61,22 @@ STRONGLY_TYPED_IGNORED_FROM = 11  # the creation flag is a no-op from this major
 SPARSITY_LOG_PREFIX = "(Sparsity)"
 
 
+@dataclass(frozen=True)
+class EngineOptions:
+    """What one engine build is told (`TensorRTBackend.options` resolves it from the build config and the
+    graph). None means TensorRT's default."""
+
+    profiles: Mapping[str, Profile] | None = None
+    workspace_mib: int | None = None
+    timing_cache: Path | None = None
+    optimization_level: int | None = None
+    sparsity: bool = False
+    fp16: bool = False
+    threads: int | None = None
+
+
 # --- pure helpers (no TensorRT) -------------------------------------------------------------------
 
-
-# TensorRT's tactics accumulate in TF32 or FP16 where the ONNX reference (run by ONNX Runtime on the CPU)
-# computes in FP32, and no TensorRT build has run through trtopt.verify yet: until its tolerance is measured
-# on a GPU, a mismatch is recorded in the plan and logged, not refused (validity errors still are).
-STRICT_VERIFICATION = False
 
 def profiles_for(
     inputs: Sequence[Any], shapes: Mapping[str, Shape] | None, batch: int | None
@@ -127,21 +139,13 @@ def _check_batch_applies(inputs: Sequence[Any], batch: int | None) -> None:
         )
 
 
-def validate_options(options: BuildOptions) -> None:
-    """Reject option values TensorRT would reject later, with a message that says how to fix them."""
-    if options.workspace_mib is not None and options.workspace_mib <= 0:
-        raise TrtoptError(
-            f"--workspace must be a positive number of MiB, got {options.workspace_mib}.",
-            fix="Pass e.g. --workspace 4096, or leave it out to let TensorRT use the device memory it needs.",
-        )
-    level = options.optimization_level
-    if level is not None and level not in OPTIMIZATION_LEVELS:
-        raise TrtoptError(
-            f"--opt-level must be 0..5 (TensorRT builder_optimization_level), got {level}.",
-            fix="Use 3 (TensorRT's default) or 5 for the longest search and fastest engine.",
-        )
-    if options.threads is not None and options.threads < 1:
-        raise TrtoptError(f"--threads must be at least 1, got {options.threads}.")
+def validate_options(options: EngineOptions) -> None:
+    """Reject option values TensorRT would reject later, with a message that says how to fix them (the one
+    home of these ranges: `TensorRTOptions` checks the user's settings here too)."""
+    check_int(options.workspace_mib, "--workspace", 1, MAX_WORKSPACE_MIB, example="4096")
+    low, high = OPTIMIZATION_LEVELS.start, OPTIMIZATION_LEVELS.stop - 1
+    check_int(options.optimization_level, "--opt-level", low, high, example="3 (TensorRT's default)")
+    check_threads(options.threads)
     if options.timing_cache is not None and Path(options.timing_cache).is_dir():
         raise TrtoptError(
             f"--timing-cache {str(options.timing_cache)!r} is a folder.",
@@ -228,7 +232,7 @@ def _check_given(name: str, dims: list[Any], given: Shape) -> None:
 # --- the build (needs TensorRT) ------------------------------------------------------------------
 
 
-def build(model: onnx.ModelProto, options: BuildOptions) -> tuple[dict[str, bytes], dict[str, str]]:
+def build(model: onnx.ModelProto, options: EngineOptions) -> tuple[dict[str, bytes], dict[str, str]]:
     """Build a serialised engine. Returns sections {"engine", "onnx"} and the library versions used."""
     from trtopt.backend.tensorrt.detect import require, tensorrt_major
 
@@ -283,7 +287,7 @@ def _parse(parser: Any, model_bytes: bytes) -> None:
         )
 
 
-def _configure(trt: Any, builder: Any, network: Any, config: Any, options: BuildOptions) -> None:
+def _configure(trt: Any, builder: Any, network: Any, config: Any, options: EngineOptions) -> None:
     if options.workspace_mib is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     if options.optimization_level is not None:

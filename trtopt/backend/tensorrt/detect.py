@@ -10,7 +10,7 @@ TensorRT counts as present only when all of these hold (checked in this order, f
 3. ``cuda.bindings.runtime`` (cuda-bindings, the CUDA Python low-level bindings) imports.
 4. ``cudaGetDeviceCount()`` reports at least one device (it returns ``(err, count)``).
 
-`cuda_status` checks 3 and 4 alone: the runtime's CUDA layer (``cuda.py``, ``pointers.py``, the
+`cuda_status` checks 3 and 4 alone: the runtime's CUDA layer (``cuda.py``, ``trtopt/execution/device_arrays.py``, the
 runner's buffers, streams, events and graphs) needs no TensorRT, and its GPU tests run wherever CUDA does.
 
 The answers are cached per process: probing loads the TensorRT and CUDA libraries, which is slow, and

@@ -39,8 +39,8 @@ import numpy as np
 
 from trtopt.backend import RunOptions
 from trtopt.backend.tensorrt import cuda
-from trtopt.backend.tensorrt.pointers import DeviceArray, device_array_from
 from trtopt.errors import PlanError, ShapeError
+from trtopt.execution.device_arrays import DeviceArray, device_array_from
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ def create_runner(plan: Any, options: RunOptions) -> TensorRTRunner:
 
 class TensorRTRunner:
     """Executes one engine from several threads; each thread gets its own context, stream and buffers."""
+
+    timing = "cuda-events"  # `timed_infer` measures the GPU work between CUDA events
 
     def __init__(self, plan: Any, options: RunOptions) -> None:
         from trtopt.backend.tensorrt.builder import _make_logger

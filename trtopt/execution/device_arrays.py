@@ -1,5 +1,8 @@
 """Device pointers from other libraries' GPU arrays, for zero-copy inputs. Pure: no CUDA needed.
 
+Backend-neutral: `trtopt.Engine` reads every input's shape and dtype through `array_shape_and_dtype`
+before any backend sees it, and a GPU runner binds the pointers `device_array_from` finds.
+
 Two protocols describe a GPU buffer without copying it:
 
 - ``__cuda_array_interface__`` (Numba's CUDA Array Interface, v3): a dict with ``data`` (pointer,
@@ -59,6 +62,22 @@ def device_array_from(obj: Any, stream: int | None = None) -> DeviceArray | None
         if device_type in _DL_GPU_TYPES:
             return from_dlpack(obj, stream=stream)
     return None
+
+
+def array_shape_and_dtype(value: Any) -> tuple[tuple[int, ...], str]:
+    """Shape and numpy dtype name of a numpy array, a device array (CUDA array interface or DLPack: torch,
+    CuPy) or anything numpy can convert, without copying device memory. `DataError` if the producer refuses
+    to export itself (a torch tensor that requires grad)."""
+    interface = cuda_array_interface(value)
+    if interface is not None:
+        return tuple(interface["shape"]), np.dtype(interface["typestr"]).name
+    if isinstance(value, np.ndarray):
+        return value.shape, value.dtype.name
+    if hasattr(value, "__dlpack__") and hasattr(value, "shape"):
+        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+        return tuple(value.shape), dtype
+    array = np.asarray(value)
+    return array.shape, array.dtype.name
 
 
 def cuda_array_interface(obj: Any) -> dict[str, Any] | None:

@@ -1,0 +1,166 @@
+"""The backend contract: every decision that depends on where a plan runs, behind one object per backend.
+
+A backend is a `Backend` registered by name in `trtopt.backend.BACKENDS`, where it is defined
+(`trtopt/backend/<name>/backend.py`). It owns:
+
+- **status**: whether it can run here, and if not, what is missing (`status`, `install_hint`);
+- **quantisation defaults**: what its INT8 kernels need from Q/DQ placement (`quant_config`);
+- **options**: its own typed options (`options_type`), their CLI flags, and the settings a build passes it,
+  resolved from the build config and the graph (`options`);
+- **build**: the plan sections, and the variants to try until one verifies (`build`, `variants`);
+- **verification policy**: whether a plan whose kernels miss the tolerance is refused (`strict_verification`);
+- **report**: what it made of the plan, for the build summary (`report`: kernels on the CPU, profiles on
+  TensorRT);
+- **runner**: executing a plan (`create_runner`).
+
+`trtopt.build` calls only these; it names no backend. Heavy libraries (ONNX Runtime, TensorRT, CUDA) are
+imported inside the methods, so every backend object can be constructed, asked for its status and
+listed in `--help` where its library is missing.
+
+The file roles follow Polygraphy's backends (NVIDIA/TensorRT, tools/Polygraphy/polygraphy/backend/<name>/
+{loader,runner}.py): our `builder.py` plays the loader's part and `runner.py` the runner's; as Polygraphy's
+`BaseRunner.infer` validates inputs once before `infer_impl`, `trtopt.Engine` validates them before any
+runner sees them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    from trtopt.build import BuildConfig
+    from trtopt.plan import Plan
+    from trtopt.quant import QuantConfig
+
+Shape = tuple[int, ...]
+BuildSettings = TypeVar("BuildSettings")  # what a backend's `options` resolves and its `build` takes
+Sections = dict[str, bytes]  # plan section name -> bytes
+Versions = dict[str, str]  # library -> version that built the plan
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The shapes one input may take at run time (TensorRT optimisation profile; CPU ignores it)."""
+
+    min: Shape
+    opt: Shape
+    max: Shape
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a runner executes. None means the backend's default."""
+
+    threads: int | None = None
+    cuda_graph: bool = False
+    device: int = 0
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    available: bool
+    reason: str = ""
+
+
+class Runner(Protocol):
+    """Executes one plan. Inputs arrive validated (names, shapes, dtypes) by `trtopt.Engine`.
+
+    `timing` names how `trtopt bench` times a call: "host" (the host clock around `infer`) or a device
+    clock, which the runner then measures in `timed_infer(feeds) -> (outputs, milliseconds)`."""
+
+    timing: str
+
+    def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+class BackendOptions:
+    """Base of each backend's own typed, frozen options (`Backend.options_type`). `backend` names the
+    backend they belong to, so a build config can carry options for several backends at once."""
+
+    backend: ClassVar[str]
+
+
+class BackendReport(Protocol):
+    """What a backend made of a built plan, for the build summary: `key` and `to_dict()` for `--json`,
+    `rows()` for the table."""
+
+    key: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def rows(self) -> list[tuple[str, str]]: ...
+
+
+class Backend(ABC, Generic[BuildSettings]):
+    """One backend (see the module docstring). Subclasses set the class attributes and the abstract methods;
+    `BuildSettings` is what `options` resolves for one build (the CPU's `CpuOptions`, TensorRT's
+    `EngineOptions`)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]  # how messages name it, e.g. "TensorRT"
+    options_type: ClassVar[type[BackendOptions]]
+    runner_section: ClassVar[str]  # the plan section its runner reads
+    install_hint: ClassVar[str] = ""  # how to make it available, for "not available here" errors
+    auto_rank: ClassVar[int] = 100  # `--backend auto` takes the available backend of lowest rank
+    auto_reason: ClassVar[str] = ""  # why `auto` took it, when it is the first choice
+    # Verification policy (trtopt.verify.build_verified): whether a plan whose kernels miss the tolerance is
+    # refused (True) or written with the record and a warning (an instance attribute, so a test can flip it),
+    # and how to start the fix when no variant passes.
+    strict_verification: bool = True
+    mismatch_fix: ClassVar[str] = "Try "
+
+    @abstractmethod
+    def status(self) -> BackendStatus:
+        """Whether this backend can build and run here; `reason` says what was found or what is missing."""
+
+    def quant_config(self, quant: QuantConfig) -> QuantConfig:
+        """The user's quantisation config with what this backend's INT8 kernels need filled in."""
+        return quant
+
+    @abstractmethod
+    def options(self, config: BuildConfig, graph: gs.Graph) -> BuildSettings:
+        """The settings `build` takes, from the build config (this backend's `options_type` entry in
+        `config.backend_options`, or its defaults) and the optimised graph. Raises `TrtoptError` for a
+        setting this backend cannot honour, before any slow work."""
+
+    def variants(self, options: BuildSettings) -> list[tuple[str, BuildSettings]]:
+        """Ways to build this plan, to try in order until one verifies: (label, options) pairs."""
+        return [(self.name, options)]
+
+    @abstractmethod
+    def build(self, model: onnx.ModelProto, options: BuildSettings) -> tuple[Sections, Versions]:
+        """The plan sections for a quantised (Q/DQ) ONNX model, and the versions of the libraries used."""
+
+    def machine(self) -> str:
+        """Where this backend's kernels ran, for messages ("this avx2 CPU")."""
+        return f"the {self.name} backend"
+
+    def profiles(self, options: BuildSettings) -> Mapping[str, Profile] | None:
+        """The input shapes the plan accepts at run time where the backend fixes them (None: those it was built for)."""
+        return None
+
+    def report(self, plan: Plan, options: BuildSettings) -> BackendReport | None:
+        """What this backend made of the plan, for the build summary (None: nothing to say)."""
+        return None
+
+    @abstractmethod
+    def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
+        """A runner for `plan`; called once per `Engine` (status already checked)."""
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:  # noqa: B027 (optional, empty by default)
+        """This backend's `trtopt build` flags (none by default)."""
+
+    def options_from_args(self, args: argparse.Namespace) -> BackendOptions:
+        """This backend's options from its `trtopt build` flags."""
+        return self.options_type()

@@ -1,0 +1,119 @@
+"""The TensorRT backend object: every decision that depends on TensorRT (registered as "tensorrt").
+
+`detect.py` says whether TensorRT is usable here, `builder.py` builds an engine, `runner.py` runs one; this
+module decides. Nothing here imports `tensorrt` or CUDA: the object is constructed, asked for its status
+and listed in `--help` on machines without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from trtopt.backend import BACKENDS
+from trtopt.backend.base import Backend, BackendStatus, Profile, RunOptions
+from trtopt.backend.tensorrt.options import TensorRTOptions
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    from trtopt.backend.base import Runner, Sections, Versions
+    from trtopt.backend.tensorrt.builder import EngineOptions
+    from trtopt.build import BuildConfig
+    from trtopt.plan import Plan
+    from trtopt.quant import QuantConfig
+
+
+@dataclass(frozen=True)
+class ProfilesReport:
+    """The optimisation profiles a plan was built with (this backend's part of the build summary)."""
+
+    key: ClassVar[str] = "tensorrt_profiles"
+    profiles: Mapping[str, Profile]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)} for name, p in self.profiles.items()}
+
+    def rows(self) -> list[tuple[str, str]]:
+        shapes = "; ".join(f"{name} {list(p.min)} .. {list(p.max)} (tuned for {list(p.opt)})"
+                           for name, p in self.profiles.items())  # fmt: skip
+        return [("TensorRT profiles", shapes)]
+
+
+class TensorRTBackend(Backend["EngineOptions"]):
+    name = "tensorrt"
+    title = "TensorRT"
+    options_type = TensorRTOptions
+    runner_section = "engine"
+    install_hint = "Install TensorRT 11 and CUDA bindings on a machine with an NVIDIA GPU: pip install 'trtopt[gpu]'."
+    auto_rank = 0
+    auto_reason = "GPU and TensorRT found"
+    # TensorRT's tactics accumulate in TF32 or FP16 where the ONNX reference (run by ONNX Runtime on the CPU)
+    # computes in FP32, and no TensorRT build has run through trtopt.verify yet: until its tolerance is
+    # measured on a GPU, a mismatch is recorded in the plan and logged, not refused (validity errors still are).
+    strict_verification = False
+
+    def status(self) -> BackendStatus:
+        from trtopt.backend.tensorrt import detect
+
+        return detect.status()
+
+    def quant_config(self, quant: QuantConfig) -> QuantConfig:
+        """The TensorRT form: inputs of layers quantised, outputs left to TensorRT's own fusions."""
+        leading = False if quant.float_leading_depthwise is None else quant.float_leading_depthwise
+        return replace(quant, quantize_outputs=False, float_leading_depthwise=leading)
+
+    def options(self, config: BuildConfig, graph: gs.Graph) -> EngineOptions:
+        """The user's TensorRT options, FP16 from the build config, and one optimisation profile per dynamic
+        input from the graph, --shapes and --batch (checked here, before calibration)."""
+        from trtopt.backend.tensorrt.builder import EngineOptions, profiles_for
+
+        options = config.options_for(TensorRTOptions)
+        return EngineOptions(
+            profiles=profiles_for(graph.inputs, config.graph.shapes, options.batch) or None,
+            workspace_mib=options.workspace_mib,
+            timing_cache=options.timing_cache,
+            optimization_level=options.optimization_level,
+            sparsity=options.sparsity or config.sparsity,  # --sparsity: SPARSE_WEIGHTS
+            fp16=config.fp16,  # written into the graph by the builder (trtopt.precision.convert_to_fp16)
+            threads=options.threads,
+        )
+
+    def build(self, model: onnx.ModelProto, options: EngineOptions) -> tuple[Sections, Versions]:
+        from trtopt.backend.tensorrt import builder
+
+        return builder.build(model, options)
+
+    def profiles(self, options: EngineOptions) -> Mapping[str, Profile] | None:
+        return options.profiles
+
+    def report(self, plan: Plan, options: EngineOptions) -> ProfilesReport | None:
+        return ProfilesReport(dict(options.profiles)) if options.profiles else None
+
+    def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
+        from trtopt.backend.tensorrt import runner
+
+        return runner.create_runner(plan, options)
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--batch", type=int, help="largest batch for dynamic-batch plans (TensorRT profile; default 1)"
+        )
+        group.add_argument("--workspace", type=int, default=None, help="TensorRT workspace limit in MiB")
+        group.add_argument("--timing-cache", type=Path, help="TensorRT timing cache file to reuse and update")
+        group.add_argument("--opt-level", type=int, default=None, help="TensorRT builder optimisation level 0-5")
+
+    def options_from_args(self, args: argparse.Namespace) -> TensorRTOptions:
+        return TensorRTOptions(
+            batch=args.batch,
+            workspace_mib=args.workspace,
+            timing_cache=args.timing_cache,
+            optimization_level=args.opt_level,
+        )
+
+
+BACKENDS.add(TensorRTBackend.name, TensorRTBackend())

@@ -1,0 +1,71 @@
+"""The calibration stage of `trtopt build` and `trtopt calibrate`: thresholds for a graph's tensors, from a
+cache or measured on data, with the stage's own rules (bounded activations, saving the cache).
+
+    calibration = calibrate_graph(graph, model, tensors, CalibConfig(), dataset=data, data=DataConfig(...))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from trtopt.calib.cache import channel_counts, check_cache_matches, load_cache, save_cache
+from trtopt.calib.calibration import Calibration
+from trtopt.calib.collect import CalibProgress, calibrate
+from trtopt.calib.config import CalibConfig
+from trtopt.calib.fingerprint import model_fingerprint
+from trtopt.errors import TrtoptError
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    from trtopt.data import Dataset
+    from trtopt.data.config import DataConfig
+
+ProgressHook = Callable[[CalibProgress], None]  # calibration progress, with the total filled in
+
+
+def calibrate_graph(
+    graph: gs.Graph,
+    model: onnx.ModelProto,
+    tensors: Sequence[str],
+    config: CalibConfig,
+    *,
+    dataset: Dataset | None,
+    data: DataConfig,
+    progress: ProgressHook | None = None,
+) -> Calibration:
+    """Thresholds for `tensors` of `graph` (`model` is the same graph as ONNX): read from `config.cache` and
+    checked against the graph, or measured on `dataset` in batches of `data.batch`; then bounded tensors
+    keep their maximum (`config.bounded_max`) and the result is saved (`config.save_cache`)."""
+    if config.cache is not None:
+        calibration = load_cache(config.cache)
+        check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model), channels=channel_counts(graph))
+        return calibration
+    if dataset is None:
+        raise TrtoptError("Calibration needs data or a cache.", fix="Pass --calib DIR or --calib-cache FILE.")
+    calibration = calibrate(
+        model,
+        lambda: (b.feeds for b in dataset.batches(data.batch, workers=data.workers)),
+        tensors,
+        config,
+        progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
+        data_description=f"{len(dataset)} samples from {' '.join(data.sources)}",
+    )
+    calibration = bounded_at_max(graph, calibration) if config.bounded_max else calibration
+    if config.save_cache is not None:
+        save_cache(config.save_cache, calibration)
+    return calibration
+
+
+def bounded_at_max(graph: gs.Graph, calibration: Calibration) -> Calibration:
+    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges)."""
+    from trtopt.quant.ranges import bounded_tensors
+
+    histograms = calibration.histograms or {}
+    amax = dict(calibration.amax)
+    for name in bounded_tensors(graph) & set(histograms):
+        amax[name] = max(amax[name], float(histograms[name].amax))
+    return replace(calibration, amax=amax)

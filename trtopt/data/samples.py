@@ -1,0 +1,80 @@
+"""The data stage of a build: the preprocessing a model's images get, its calibration samples, and the
+samples the build verifies its plan on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtopt.data.config import DataConfig, PreprocessConfig
+from trtopt.data.dataset import Dataset, load_dataset
+from trtopt.data.input_spec import spec_for_input
+from trtopt.data.inputs import input_infos_from_graph
+from trtopt.data.preprocess import PreprocessSpec
+from trtopt.errors import ShapeError
+
+if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
+
+    from trtopt.verify import Checks
+
+
+def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: PreprocessConfig) -> PreprocessSpec | None:
+    """Preprocessing for image data: `config.preset`, else the model's sidecar `<model>.json`, else
+    ImageNet's; then the fields given one by one (`config.overrides`: --mean, --std, ...) over it. None for
+    a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none)."""
+    image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
+    if len(graph.inputs) != 1 and (config.overrides or config.preset is not None):
+        from trtopt.data.overrides import refuse_for_multi_input
+
+        refuse_for_multi_input([t.name for t in graph.inputs])
+    if len(graph.inputs) != 1 or not image_inputs:
+        return None
+    tensor = image_inputs[0]
+    overrides = config.overrides
+    sidecar = model_path.with_suffix(".json")
+    if config.preset is None and sidecar.is_file():
+        described = json.loads(sidecar.read_text()).get("preprocess")
+        if described:
+            spec = PreprocessSpec.from_dict(described, where=str(sidecar))
+            return overrides.apply(spec, name=tensor.name, input_shape=tuple(tensor.shape))
+    try:
+        return spec_for_input(tuple(tensor.shape), tensor.dtype, config.preset, name=tensor.name, overrides=overrides)
+    except ShapeError:
+        if config.preset is not None or overrides:
+            raise
+        return None
+
+
+def load_samples(graph: gs.Graph, spec: PreprocessSpec | None, data: DataConfig, count: int | None = None) -> Dataset:
+    """The first `count` (None: `data.count`, None: all) samples of `data.sources`, shaped for `graph`'s inputs."""
+    return load_dataset(data.source, input_infos_from_graph(graph), spec, count=count or data.count)
+
+
+def calibration_and_checks(
+    graph: gs.Graph,
+    spec: PreprocessSpec | None,
+    data: DataConfig,
+    checks: int,
+    *,
+    calibrating: bool,
+    from_cache: bool,
+) -> tuple[Dataset | None, Checks]:
+    """(calibration data or None, the `checks` verification samples). When the build calibrates on a large
+    enough set (8 x `checks` or more), its last `checks` samples are held back for verification; a smaller
+    set shares them; a build without data verifies on random inputs."""
+    from trtopt.verify import Checks, random_checks
+
+    if not data.sources:
+        return None, random_checks(graph, spec, checks, data.batch)
+    dataset = load_samples(graph, spec, data)
+    if calibrating and len(dataset) >= 8 * checks:
+        dataset, held = dataset.split_tail(checks)
+        source = f"the last {checks} calibration samples, held back from calibration"
+    else:
+        held = load_dataset(data.source, dataset.inputs, dataset.spec, count=checks)
+        shared = "thresholds from the cache" if from_cache else "too few to hold any back"
+        source = f"{min(checks, len(dataset))} of the {len(dataset)} calibration samples ({shared})"
+    batches = [(b.feeds, b.rows) for b in held.batches(data.batch)]
+    return dataset, Checks(batches, source, len(held))

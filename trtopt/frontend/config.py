@@ -1,0 +1,59 @@
+"""The graph stage's config (shared by `build`, `calibrate` and `optimize`), and loading a model for a build."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_graphsurgeon as gs
+
+from trtopt.errors import TrtoptError
+from trtopt.frontend.loader import graph_from_onnx, load_model
+from trtopt.frontend.opset import MIN_OPSET, MIN_QDQ_OPSET
+from trtopt.frontend.shapes import Shape, require_static_shapes
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """How the model is read and optimised: `shapes` (--shapes) fixes the sizes of dynamic input
+    dimensions; `passes` (--passes) the graph passes to run, in order (None: all, in the default order;
+    empty: none). Unknown pass names fail here, before any work, listing the valid ones."""
+
+    shapes: Mapping[str, Shape] | None = None
+    passes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.passes is None:
+            return
+        if isinstance(self.passes, str) or not isinstance(self.passes, Sequence):
+            raise TrtoptError(
+                f"--passes (GraphConfig.passes) is {self.passes!r}; expected a sequence of pass names.",
+                fix="Pass e.g. GraphConfig(passes=('fold_batchnorm', 'fuse_cbr')), or () for no passes.",
+            )
+        from trtopt.passes import PASSES
+
+        for name in self.passes:
+            PASSES.get(name)  # raises UnknownNameError listing the valid names
+        object.__setattr__(self, "passes", tuple(self.passes))
+
+    @classmethod
+    def from_text(cls, shapes: Sequence[str] | None, passes: str | None) -> GraphConfig:
+        """From the CLI's spellings: `--shapes NAME:DxDxD ...` and `--passes a,b` ('' for none)."""
+        from trtopt.frontend.shapes import parse_shapes
+
+        names = None if passes is None else tuple(p.strip() for p in passes.split(",") if p.strip())
+        return cls(shapes=parse_shapes(list(shapes) if shapes else None) or None, passes=names)
+
+
+def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int) -> gs.Graph:
+    """The model at `path` as a graph with static shapes, ready for the passes. INT8 needs per-axis Q/DQ
+    (opset 13): the front end converts older models (trtopt.frontend.opset). The memory check runs before
+    anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit."""
+    from trtopt.memory import check_graph_memory
+
+    model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
+    graph = graph_from_onnx(model, shapes=dict(config.shapes) if config.shapes else None)
+    require_static_shapes(graph)
+    check_graph_memory(graph, batch)
+    return graph
