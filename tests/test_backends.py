@@ -130,8 +130,11 @@ def test_tensorrt_options_resolve_profiles_and_fp16_from_the_config_and_graph(tm
     graph.inputs[0].shape = ["N", 3, 32, 32]
     config = BuildConfig(int8=False, fp16=True, backend_options=(TensorRTOptions(batch=16, workspace_mib=512),))
     options = get_backend("tensorrt").options(config, graph)
-    assert options.fp16 and options.workspace_mib == 512
+    assert options.fp16 and options.workspace_mib == 512 and not options.sparsity
     assert options.profiles is not None and options.profiles["input"].max == (16, 3, 32, 32)
+    assert get_backend("tensorrt").profiles(options) == options.profiles  # recorded in the plan for Triton
+    assert get_backend("cpu").profiles(get_backend("cpu").options(BuildConfig(int8=False), graph)) is None
+    assert get_backend("tensorrt").options(BuildConfig(int8=False, sparsity=True), graph).sparsity  # SPARSE_WEIGHTS
     report = get_backend("tensorrt").report(_any_plan(), options)
     assert report is not None and report.to_dict()["input"]["max"] == [16, 3, 32, 32]
     assert "TensorRT profiles" in report.rows()[0][0]

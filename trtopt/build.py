@@ -64,7 +64,7 @@ class BuildConfig:
     backend: str = "auto"
     int8: bool = True
     fp16: bool = False
-    sparsity: bool = False  # record which layers' weights are 2:4; TensorRT also sets SPARSE_WEIGHTS
+    sparsity: bool = False  # record which layers' weights are 2:4, and let a backend with sparse kernels use them
     graph: GraphConfig = field(default_factory=GraphConfig)
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     data: DataConfig = field(default_factory=DataConfig)
