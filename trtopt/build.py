@@ -59,7 +59,7 @@ class BuildConfig:
     save_cache: Path | None = None
     calib_count: int | None = None
     calib_batch: int = 8
-    calib_method: str = "entropy"
+    calib_method: str = "auto"
     workers: int | None = None  # threads decoding calibration images ahead (None: up to 4, at most the CPUs)
     bounded_max: bool = True
     bias_correction: bool = True
@@ -212,6 +212,7 @@ def calibrate_graph(
         model_fingerprint,
         save_cache,
     )
+    from trtopt.calib.auto import scoring_split
     from trtopt.calib.cache import channel_counts
     from trtopt.data import input_infos_from_graph, load_dataset
 
@@ -228,6 +229,7 @@ def calibrate_graph(
     source = sources if len(sources) > 1 else sources[0]
     if dataset is None:
         dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=config.calib_count)
+    dataset, scoring = scoring_split(dataset, config.calib_batch) if config.calib_method == "auto" else (dataset, None)
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(config.calib_batch, workers=config.workers)),
@@ -235,6 +237,7 @@ def calibrate_graph(
         CalibConfig(method=config.calib_method, keep_histograms=keep_histograms, threads=config.threads),
         progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
         data_description=f"{len(dataset)} samples from {' '.join(sources)}",
+        score_batches=scoring,
     )
     calibration = _bounded_at_max(graph, calibration) if config.bounded_max else calibration
     if config.save_cache:
@@ -270,9 +273,12 @@ def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
 
     histograms = calibration.histograms or {}
     amax = dict(calibration.amax)
+    choices = dict(calibration.choices) if calibration.choices else None
     for name in bounded_tensors(graph) & set(histograms):
         amax[name] = max(amax[name], float(histograms[name].amax))
-    return replace(calibration, amax=amax)
+        if choices is not None:
+            choices[name] = "max"  # bounded: the observed maximum, whatever auto scored
+    return replace(calibration, amax=amax, choices=choices)
 
 
 def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: BuildConfig) -> Any:
@@ -358,7 +364,10 @@ def _metadata(
         "optimizer": _optimizer_report(optimized),
     }
     if calibration is not None and qdq is not None:
-        meta["calibration"] = {"method": calibration.method, "samples": calibration.num_samples}
+        meta["calibration"] = {"method": calibration.method, "samples": calibration.num_samples,
+                               "methods": calibration.method_counts()}  # fmt: skip
+        if calibration.choices:
+            meta["threshold_methods"] = {t: calibration.choices.get(t, "") for t in qdq.thresholds}
         meta["thresholds"] = qdq.thresholds
         meta["int8_layers"] = list(qdq.quantized_layers)
         meta["float_layers"] = qdq.float_layers

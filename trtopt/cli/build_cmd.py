@@ -35,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workers_argument(g)
     g.add_argument(
         "--method",
-        default="entropy",
-        help="activation threshold method: entropy (default; TensorRT's KL search), max, percentile "
-        "(99.99%%), mse. Worth a try when `trtopt compare` shows top-1 flips: on the demo model "
-        "percentile flipped fewer held-out photos than entropy (BENCHMARKS.md, accuracy sections)",
+        default="auto",
+        help="activation threshold method: auto (default: per tensor, the candidate among entropy, mse, "
+        "percentile and max that least changes the layers reading it, scored on a few held-back calibration "
+        "samples), or one method for every tensor: entropy (TensorRT's KL search), max, percentile (99.99%%), mse",
     )
     q = parser.add_argument_group("quantisation")
     q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")

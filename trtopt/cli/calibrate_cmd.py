@@ -31,7 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="trtopt",
         help="trtopt (JSON, default), tensorrt, onnxruntime-json, onnxruntime-text",
     )
-    parser.add_argument("--method", default="entropy", help="entropy (default), max, percentile, mse")
+    parser.add_argument(
+        "--method",
+        default="auto",
+        help="auto (default: per tensor, the best of entropy, mse, percentile and max, scored on held-back "
+        "samples by the error it causes in the layers reading the tensor), entropy, max, percentile, mse",
+    )
     parser.add_argument("--calib-count", type=int, default=None, help="use the first N samples (default all)")
     parser.add_argument("--calib-batch", type=int, default=8, help="batch size (default 8)")
     add_workers_argument(parser)

@@ -47,7 +47,9 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
     table.add_row("plan size", f"{summary['file_bytes'] / 2**20:.2f} MiB")
     if summary.get("calibration"):
         cal = summary["calibration"]
-        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples")
+        methods = cal.get("methods") or {}
+        per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
+        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{per_method}")
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     floats = summary["float_layers"]
     if floats:
