@@ -39,6 +39,7 @@ from trtopt.memory import check_graph_memory
 from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
+from trtopt.quant.concat_ranges import float_unlike_concats
 from trtopt.verify import Checks, Verification, build_verified, random_checks
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         with _timed(times, "calibrate"):
             calibration = calibrate_graph(graph, config, spec, progress, dataset=calib_data)
         with _timed(times, "quantize"):
+            qplan = float_unlike_concats(graph, qplan, calibration.ranges)
             bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder

@@ -156,7 +156,8 @@ def _run(session: object, batches: Iterable[tuple[Feeds, int]], names: list[str]
     """Every tensor of `names` over all `batches`, the real rows of each batch joined along axis 0."""
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for feeds, rows in batches:
-        outputs = {**feeds, **session.run(feeds, outputs=[n for n in names if n not in feeds])}  # type: ignore[attr-defined]
+        wanted = [n for n in names if n not in feeds]
+        outputs = {**feeds, **(session.run(feeds, outputs=wanted) if wanted else {})}  # type: ignore[attr-defined]
         size = _batch_rows(feeds)
         for name in names:
             value = np.asarray(outputs[name])

@@ -71,6 +71,12 @@ class Calibration:
         return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
     @property
+    def ranges(self) -> dict[str, float]:
+        """max|x| per tensor where the histograms are kept, else the threshold T."""
+        histograms = self.histograms or {}
+        return {name: float(histograms[name].amax) if name in histograms else t for name, t in self.amax.items()}
+
+    @property
     def scales(self) -> dict[str, float]:
         """INT8 scale T / 127 per tensor (symmetric, zero point 0)."""
         return {name: t / QMAX for name, t in self.amax.items()}
