@@ -107,6 +107,15 @@ SECTIONS = (
          "--no-ort"),  # fmt: skip
         True,
     ),
+    # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
+    # light classifiers, with task metrics, and what auto's scoring costs.
+    Section(
+        "auto-calibration",
+        "tools/bench_autocalib.py",
+        (),
+        ("--models", "light:squeezenet", "--variants", "auto", "entropy", "--calib-count", "16", "--eval-count", "4"),
+        False,
+    ),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
 )
