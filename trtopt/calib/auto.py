@@ -119,15 +119,18 @@ def _choose(
     if len(distinct) == 1:
         method, amax = next(iter(distinct.items()))
         return TensorChoice(method, amax, {method: 0.0}, "tensor")
+    # The float values and each candidate's rounding of them, stacked along axis 0: made once, read by every node.
+    stacked = np.concatenate([values, *(fake_quantize(values, t) for t in distinct.values())])
     errors = np.zeros(len(distinct))
     scored = 0
     for node in nodes:
-        node_errors = runner.errors(node, name, values, list(distinct.values()), cached)
+        node_errors = runner.errors(node, name, stacked, len(distinct) + 1, cached)
         if node_errors is not None:
             errors += node_errors
             scored += 1
     if scored == 0:
-        errors = np.array([_relative_error(fake_quantize(values, t), values) for t in distinct.values()])
+        parts = np.split(stacked, len(distinct) + 1)
+        errors = np.array([_relative_error(part, parts[0]) for part in parts[1:]])
     best = int(np.argmin(errors))  # the first of equal scores: the candidates come in preference order
     method = list(distinct)[best]
     scores = dict(zip(distinct, (float(e) for e in errors), strict=True))
@@ -199,13 +202,13 @@ class _NodeRunner:
         self,
         node: onnx.NodeProto,
         name: str,
-        values: np.ndarray,
-        thresholds: list[float],
+        stacked: np.ndarray,
+        copies: int,
         cached: Mapping[str, np.ndarray],
     ) -> np.ndarray | None:
-        """Relative squared error of the node's float outputs per threshold, or None if it cannot run."""
-        copies = len(thresholds) + 1
-        stacked = np.concatenate([values, *(fake_quantize(values, t) for t in thresholds)])
+        """Relative squared error of the node's float outputs for each rounding of `name` in `stacked` (the
+        float values first, then one copy per candidate), or None if the node cannot run alone."""
+        rows = stacked.shape[0] // copies
         feeds = {}
         for i in dict.fromkeys(node.input):
             if not i or i in self.initializers:
@@ -215,7 +218,7 @@ class _NodeRunner:
             elif i in cached:
                 other = cached[i]
                 floating = np.issubdtype(other.dtype, np.floating)
-                grows = floating and other.ndim > 0 and other.shape[:1] == values.shape[:1]
+                grows = floating and other.ndim > 0 and other.shape[0] == rows
                 feeds[i] = np.concatenate([other] * copies) if grows else other
             else:
                 return None
@@ -225,7 +228,7 @@ class _NodeRunner:
         except failures as exc:
             log.debug("auto calibration: %s (%s) cannot run alone on stacked inputs: %s", node.name, node.op_type, exc)
             return None
-        errors = np.zeros(len(thresholds))
+        errors = np.zeros(copies - 1)
         for out in outputs:
             out = np.asarray(out)
             if not np.issubdtype(out.dtype, np.floating) or out.ndim == 0 or out.shape[0] % copies:
