@@ -40,6 +40,7 @@ from trtopt.plan import Plan, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
+from trtopt.quant.sensitivity import float_sensitive_layers
 from trtopt.verify import Checks, Verification, build_verified, random_checks
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class BuildConfig:
     cpu_gemm: str = "auto"
     cpu_encoding: str = "auto"
     verify_samples: int = 8
+    auto_exclude: bool = True  # keep the most sensitive layers float when an output's cosine < 0.99
 
     def __post_init__(self) -> None:
         from trtopt.config_checks import check_build_config
@@ -129,17 +131,20 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     spec = preprocess_spec_for(Path(model_path), graph, config)
     calib_data, checks = _data_for(graph, config, spec)
     fp32 = onnx_from_graph(graph)
-    calibration = qdq = bias = None
+    calibration = qdq = bias = sensitivity = None
     if config.int8:
-        qplan = plan_quantization(graph, _backend_quant_config(config.quant, backend))
+        qplan = plan_quantization(graph, quant := _backend_quant_config(config.quant, backend))
         with _timed(times, "calibrate"):
             calibration = calibrate_graph(graph, config, spec, progress, dataset=calib_data)
         with _timed(times, "quantize"):
+            if config.auto_exclude and calib_data is not None:  # trtopt.quant.sensitivity
+                qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, calib_data, config)
             qplan = float_unlike_concats(graph, qplan, calibration.ranges)
             bias = _correct_biases(graph, qplan, calibration) if config.bias_correction else None
             qdq = insert_qdq(graph, qplan, calibration.amax)
     model = onnx_from_graph(graph)  # FP16 (--fp16) is written into the graph by the TensorRT builder
     metadata = _metadata(Path(model_path), config, spec, optimized, calibration, qdq, bias, labels)
+    metadata |= {"sensitivity": sensitivity.to_dict()} if sensitivity is not None else {}
     with _timed(times, "build"):
         io = (_specs(graph.inputs), _specs(graph.outputs))
         plan, verification = build_verified(backend, model, io, _build_options(graph, config, backend), fp32, checks)
@@ -275,11 +280,10 @@ def _bounded_at_max(graph: gs.Graph, calibration: Any) -> Any:
 
     histograms = calibration.histograms or {}
     amax = dict(calibration.amax)
-    choices = dict(calibration.choices) if calibration.choices else None
-    for name in bounded_tensors(graph) & set(histograms):
+    bounded = bounded_tensors(graph) & set(histograms)
+    for name in bounded:
         amax[name] = max(amax[name], float(histograms[name].amax))
-        if choices is not None:
-            choices[name] = "max"  # bounded: the observed maximum, whatever auto scored
+    choices = {**calibration.choices, **dict.fromkeys(bounded, "max")} if calibration.choices else None
     return replace(calibration, amax=amax, choices=choices)
 
 

@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="layers with fewer input or output channels stay float (default 16)",
     )
     q.add_argument(
+        "--no-auto-exclude",
+        action="store_true",
+        help="keep every layer INT8 (default: when an output's cosine with FP32 stays below 0.99 on calibration "
+        "samples, keep the fewest most sensitive layers float, found by measuring each)",
+    )
+    q.add_argument(
         "--no-bias-correction",
         action="store_true",
         help="leave the biases as they are (default: subtract the mean output shift INT8 weights cause)",
@@ -124,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         calib_method=args.method,
         workers=args.workers,
         bias_correction=not args.no_bias_correction,
+        auto_exclude=not args.no_auto_exclude,
         preset=args.preset,
         preprocess=overrides_from_args(args),
         shapes=parse_shapes(args.shapes),

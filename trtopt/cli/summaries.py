@@ -24,6 +24,7 @@ def build_summary(result: Any, path: Path) -> dict[str, Any]:
         "bias_corrected_layers": len(meta.get("bias_corrected_layers") or []),
         "float_layers": floats,
         "calibration": meta.get("calibration"),
+        "sensitivity": meta.get("sensitivity"),
         "optimizer": meta.get("optimizer"),
     }
     if result.kernels is not None:
@@ -57,6 +58,13 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str) -> None:
         for why in floats.values():
             reasons[why] = reasons.get(why, 0) + 1
         table.add_row("float layers", ", ".join(f"{n} ({why})" for why, n in reasons.items()))
+    sensitivity = summary.get("sensitivity")
+    if sensitivity and sensitivity.get("layers"):
+        table.add_row(
+            "kept float by sensitivity",
+            f"{', '.join(sensitivity['layers'])}: worst output cosine on calibration samples "
+            f"{sensitivity['before']:.4f} -> {sensitivity['after']:.4f} ({sensitivity['trials']} trial builds)",
+        )
     kernels = summary.get("onnxruntime_kernels")
     if kernels:
         table.add_row(
