@@ -210,14 +210,17 @@ def task_metric(case: Case, ref: dict[str, np.ndarray], test: dict[str, np.ndarr
 # --- builds ---------------------------------------------------------------------------------------------
 
 
-def trtopt_runner(model: Path, calib: Path, method: str) -> tuple[Runner, float]:
-    """A CPU plan built with `method` (1 intra-op thread), and the seconds its calibration took."""
+def trtopt_runner(model: Path, calib: Path, variant: str) -> tuple[Runner, float]:
+    """A CPU plan (1 intra-op thread) and the seconds its calibration and quantisation took. `default` is
+    `trtopt build`'s default (auto thresholds, automatic exclusion); a method name forces that method for
+    every tensor with automatic exclusion off (what `--method entropy` was before both existed)."""
     from trtopt.build import BuildConfig, build_plan
     from trtopt.engine import Engine
 
-    result = build_plan(model, BuildConfig(backend="cpu", calib=str(calib), calib_method=method, threads=1))
+    options = {} if variant == "default" else {"calib_method": variant, "auto_exclude": False}
+    result = build_plan(model, BuildConfig(backend="cpu", calib=str(calib), threads=1, **options))  # type: ignore[arg-type]
     engine = Engine(result.plan, threads=1)
-    return engine.infer, result.stage_seconds["calibrate"]
+    return engine.infer, result.stage_seconds["calibrate"] + result.stage_seconds["quantize"]
 
 
 def ort_runner(model: Path, calib: Path, workdir: Path, batch: int) -> tuple[Runner, float]:
@@ -289,7 +292,10 @@ INTRO = (
     "photos for classifiers). trtopt plans run on ONNX Runtime's CPU INT8 kernels, ORT's quantize_static model "
     "(QDQ, per-channel QInt8 weights, QUInt8 activations, MinMax, after quant_pre_process) on ORT with its "
     "optimisations. Each cell: the task metric, the worst output's cosine with FP32, and the calibration's wall "
-    "seconds (trtopt: its calibrate stage, auto's scoring included; ORT: quant_pre_process + quantize_static), "
+    "seconds (trtopt: its calibrate and quantize stages, auto's scoring and the sensitivity analysis included; "
+    "ORT: quant_pre_process + quantize_static). *default* is `trtopt build`'s default: auto thresholds and "
+    "automatic exclusion (trtopt.quant.sensitivity); *auto alone* and *entropy* force one method, without "
+    "exclusion (*entropy* is the previous default). "
     "1 intra-op thread, on a machine shared with other jobs (1-minute load average {load} at the start)."
 )
 
@@ -299,13 +305,13 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[*DEFAULT_MODELS])
-    parser.add_argument("--variants", nargs="+", default=["auto", "entropy", "ort"])
+    parser.add_argument("--variants", nargs="+", default=["default", "auto", "entropy", "ort"])
     parser.add_argument("--calib-count", type=int, default=64)
     parser.add_argument("--eval-count", type=int, default=48)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     lines = [TITLE, "", *header_lines("tools/bench_autocalib.py", sys.argv[1:]), "", INTRO.format(load=load_average())]
-    names = {"ort": "ORT MinMax"}
+    names = {"ort": "ORT MinMax", "default": "default (auto + exclusion)", "auto": "auto alone"}
     lines += ["", "| model | task | " + " | ".join(names.get(v, v) for v in args.variants) + " |"]
     lines.append("|---|---|" + "---|" * len(args.variants))
     for name in args.models:

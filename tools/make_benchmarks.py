@@ -113,7 +113,8 @@ SECTIONS = (
         "auto-calibration",
         "tools/bench_autocalib.py",
         (),
-        ("--models", "light:squeezenet", "--variants", "auto", "entropy", "--calib-count", "16", "--eval-count", "4"),
+        ("--models", "light:squeezenet", "--variants", "default", "entropy", "--calib-count", "16",
+         "--eval-count", "4"),  # fmt: skip
         False,
     ),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
