@@ -66,7 +66,7 @@ def test_heavy_tail_plan_follows_fp32_with_auto_and_not_with_entropy(tmp_path: P
     expected = OrtSession(heavy_tail_conv()).run(held)["y"]
     cosines = {}
     for method in ("entropy", "auto"):
-        config = BuildConfig(backend="cpu", calib=str(tmp_path / "calib.npz"), calib_method=method)
+        config = BuildConfig(backend="cpu", calib=str(tmp_path / "calib.npz"), calib_method=method, auto_exclude=False)
         with Engine(build_plan(tmp_path / "m.onnx", config).plan) as engine:
             cosines[method] = _cosine(engine.infer(held)["y"], expected)
     assert cosines["auto"] > 0.999 and cosines["entropy"] < 0.95, cosines
@@ -167,3 +167,19 @@ def test_build_records_choices_in_the_plan(tmp_path: Path) -> None:
     assert sum(meta["calibration"]["methods"].values()) == len(result.calibration.amax)
     # 80 samples: 8 verify the plan, SCORE_SAMPLES score the candidates, the rest are histogrammed
     assert result.calibration.num_samples == 80 - 8 - SCORE_SAMPLES
+
+
+def test_cli_reports_the_methods_auto_chose(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtopt.cli.main import main
+
+    onnx.save_model(heavy_tail_conv(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=heavy_tail_data(40, 0))
+    assert main(["calibrate", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "calib.npz"),
+                 "-o", str(tmp_path / "c.json"), "--json"]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["method"] == "auto" and sum(summary["methods"].values()) == summary["tensors"] == 1
+    assert load_cache(tmp_path / "c.json").choices == {"x": next(iter(summary["methods"]))}
+    assert main(["build", str(tmp_path / "m.onnx"), "--int8", "--calib", str(tmp_path / "calib.npz"),
+                 "-o", str(tmp_path / "p.engine"), "--json"]) == 0  # fmt: skip
+    built = json.loads(capsys.readouterr().out)
+    assert built["calibration"]["method"] == "auto" and sum(built["calibration"]["methods"].values()) == 1

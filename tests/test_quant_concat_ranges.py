@@ -56,7 +56,9 @@ def _build(tmp_path: Path, model: onnx.ModelProto, shape: tuple[int, ...]) -> tu
     onnx.save_model(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "calib.npz", x=image_like(80, shape, 0))
     held = {"x": image_like(16, shape, 1)}
-    result = build_plan(tmp_path / "m.onnx", BuildConfig(backend="cpu", calib=str(tmp_path / "calib.npz")))
+    # automatic exclusion off: these tests isolate the Concat rule and the placement of graph outputs
+    config = BuildConfig(backend="cpu", calib=str(tmp_path / "calib.npz"), auto_exclude=False)
+    result = build_plan(tmp_path / "m.onnx", config)
     with Engine(result.plan) as engine:
         got = engine.infer(held)["out"]
     return got, OrtSession(model).run(held)["out"], result
