@@ -21,6 +21,13 @@ multiplies by 40 counts 40 times more. The cost is that of one forward pass of t
 samples per distinct candidate, plus one for the cache (measured in BENCHMARKS.md, section *auto
 calibration cost*); the histograms are not collected again.
 
+Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
+different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
+grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-negative tensors that the CPU
+lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
+choice there errs, if anything, towards clipping. Memory: the cache holds every calibrated tensor for
+SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), plus one tensor's candidates at a time.
+
 The scoring samples must not be the samples the build verifies its plan on (`trtopt.build._data_for` holds
 those back first); `trtopt.build.calibrate_graph` holds back `score_samples` more from the histograms.
 """
