@@ -75,6 +75,8 @@ def case_for(name: str, workdir: Path) -> Case | None:
         path = workdir / f"{name[6:]}.onnx"
         onnx.save_model(light_model(name[6:], dynamic_batch=True), path)
         return Case(name, path, "classify", "photos", None)
+    if name not in CASES:
+        raise SystemExit(f"--models {name!r}: not one of {', '.join(CASES)} or light:NAME")
     case = CASES[name]
     return case if case.path.is_file() else None
 
