@@ -2,9 +2,14 @@
 
 Placement gives a quantised Concat's inputs and output one threshold, the largest of the group
 (`trtopt.quant.placement`, `trtopt.quant.qdq.shared_thresholds`), so that TensorRT can write the producers
-straight into the output ("concatenation elimination"; TensorRT's developer guide, explicit quantization:
-a Concat's inputs should share the output's scale or TensorRT has to requantise). That costs nothing when
-the inputs have like ranges. When they do not, the smaller input is quantised on the larger one's grid:
+straight into the output ("concatenation elimination", GTC 2017; TensorRT's explicit-quantization guide,
+docs.nvidia.com/deeplearning/tensorrt/latest/inference-library/quantized-types-explicit-quantization.html,
+on where Q/DQ go). That costs nothing when the inputs have like ranges. Giving each input its own scale
+does not help by itself: the output of a quantised Concat still has one scale. ONNX Runtime's integer
+Concat (com.microsoft QLinearConcat, onnxruntime docs/ContribOperators.md) takes a scale per input and one
+for the output, i.e. it dequantises, joins and requantises onto the output's grid.
+
+When the ranges are unlike, the smaller input is quantised on the larger one's grid:
 with a range ratio k it keeps 127 / k of the 127 positive levels. A YOLO head that joins box coordinates
 (0..640) and class scores (0..1) is the extreme case, k = 640: every score rounds to 0.
 
