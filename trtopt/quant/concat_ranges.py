@@ -13,10 +13,11 @@ When the ranges are unlike, the smaller input is quantised on the larger one's g
 with a range ratio k it keeps 127 / k of the 127 positive levels. A YOLO head that joins box coordinates
 (0..640) and class scores (0..1) is the extreme case, k = 640: every score rounds to 0.
 
-`UNLIKE_RATIO` = 16 is where that starts to cost more than INT8 itself. At k = 16 the smaller input keeps 8
-levels (3 bits), a rounding step of 1/8 of its range: an RMS error of 1 / (8 sqrt 12) = 3.6 % of its range,
-16 times the 0.23 % (1 / (127 sqrt 12)) that its own scale would give. Beyond it, sharing is a loss of
-information, not of precision.
+`UNLIKE_RATIO` = 16 is a judgement, not a cliff. Up to 16 the smaller input keeps at least 8 levels (3 bits):
+a rounding step of at most 1/8 of its range, an RMS error of at most 1 / (8 sqrt 12) = 3.6 % of it (its
+own scale would give 1 / (127 sqrt 12) = 0.23 %), and the Concat stays copy-free in TensorRT. Each doubling
+beyond costs one more bit. The Concats that break models are far past it: pixel boxes next to
+probabilities differ by 640x.
 
 Such a Concat stays float, and so does its output: its inputs keep the thresholds of their own Q/DQ pairs
 (the INT8 outputs of the layers that produce them, on the CPU backend), the Concat runs on dequantised
