@@ -22,8 +22,8 @@ def _one_hot(ids: list[list[int]], classes: int = 5) -> np.ndarray:
 def test_ctc_collapses_repeats_and_drops_blanks_in_both_layouts() -> None:
     batch_major = _one_hot([[0, 1, 1, 0, 1, 2, 2], [3, 3, 0, 0, 4, 0, 4]])  # [N, T, C]
     assert bench.ctc_strings(batch_major) == [(1, 1, 2), (3, 4, 4)]
-    time_major = batch_major[:1].transpose(1, 0, 2)  # [T, 1, C], as ddddocr writes it
-    assert bench.ctc_strings(time_major) == [(1, 1, 2)]
+    time_major = batch_major.transpose(1, 0, 2)  # [T, N, C], as ddddocr writes it
+    assert bench.ctc_strings(time_major, time_major=True) == [(1, 1, 2), (3, 4, 4)]
 
 
 def test_box_f1_matches_at_iou_one_half() -> None:
