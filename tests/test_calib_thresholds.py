@@ -189,7 +189,7 @@ def test_max_is_amax() -> None:
 def test_unknown_method_lists_the_valid_ones() -> None:
     with pytest.raises(UnknownNameError) as info:
         CalibConfig(method="kl")
-    assert set(info.value.valid) == {"entropy", "max", "percentile", "mse"}
+    assert set(info.value.valid) == {"entropy", "max", "percentile", "mse", "auto"}
 
 
 def test_config_none_means_default_and_bad_values_say_how_to_fix() -> None:

@@ -109,6 +109,16 @@ SECTIONS = (
     ),
     # Issue #16: every zoo model (tools/zoo.py; fetch the cache first), trtopt default / best method vs ORT.
     Section("zoo", "tools/bench_zoo.py", (), ("--quick",), False),
+    # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
+    # light classifiers, with task metrics, and what auto's scoring costs.
+    Section(
+        "auto-calibration",
+        "tools/bench_autocalib.py",
+        (),
+        ("--models", "light:squeezenet", "--variants", "default", "entropy", "--calib-count", "16",
+         "--eval-count", "4"),  # fmt: skip
+        False,
+    ),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.

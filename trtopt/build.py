@@ -42,6 +42,8 @@ from trtopt.frontend.config import GraphConfig, load_graph
 from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, TensorSpec
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
+from trtopt.quant.concat_ranges import float_unlike_concats
+from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
@@ -134,7 +136,9 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         plan, verification = build_verified(backend, model, _io(graph), options, fp32, checks)
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
-    return BuildResult(plan, reason, times.seconds, optimized, *quantized, verification, backend.report(plan, options))
+    calibration, bias, qdq, _ = quantized
+    return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
+                       backend.report(plan, options))  # fmt: skip
 
 
 class Quantized(NamedTuple):
@@ -143,6 +147,7 @@ class Quantized(NamedTuple):
     calibration: Calibration | None = None
     bias: BiasReport | None = None
     qdq: QdqReport | None = None
+    sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
 
 
 class StageTimes:
@@ -190,9 +195,13 @@ def _quantize(
         calibration = calibrate_graph(graph, fp32, tensors, config.calib, dataset=data, data=config.data,
                                       progress=progress)  # fmt: skip
     with times("quantize"):
+        sensitivity = None
+        if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
+            qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch)
+        qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, calibration.amax)
-    return Quantized(calibration, bias, qdq)
+    return Quantized(calibration, bias, qdq, sensitivity)
 
 
 def _require_thresholds(config: BuildConfig) -> None:
@@ -263,12 +272,15 @@ def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
 
 
 def _quant_record(quantized: Quantized) -> QuantRecord | None:
-    calibration, bias, qdq = quantized
+    calibration, bias, qdq, sensitivity = quantized
     if calibration is None or qdq is None:
         return None
     return QuantRecord(
         method=calibration.method,
         samples=calibration.num_samples,
+        method_counts=calibration.method_counts(),
+        threshold_methods={t: calibration.choices.get(t, "") for t in qdq.thresholds} if calibration.choices else {},
+        sensitivity=sensitivity.to_dict() if sensitivity is not None else None,
         thresholds=qdq.thresholds,
         int8_layers=tuple(qdq.quantized_layers),
         float_layers=qdq.float_layers,

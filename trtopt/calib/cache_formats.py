@@ -3,9 +3,10 @@
 The formats (see `trtopt.calib.cache` for the public functions):
 
 - "trtopt": JSON ``{"format": "trtopt-calibration", "version": 1, "model_fingerprint", "method",
-  "data": {"description", "count"}, "thresholds": {tensor: T}, "channel_means": {tensor: [mean, ...]}}``;
-  floats round-trip exactly. "channel_means" (for bias correction) is optional: readers that predate it
-  ignore it, and a cache without it builds without bias correction.
+  "data": {"description", "count"}, "thresholds": {tensor: T}, "channel_means": {tensor: [mean, ...]},
+  "methods": {tensor: method}}``; floats round-trip exactly. "channel_means" (for bias correction) is
+  optional: readers that predate it ignore it, and a cache without it builds without bias correction.
+  "methods" (which method `--method auto` kept per tensor) is optional too, and only informative.
 - "tensorrt": first line ``TRT-<version>-<algorithm>`` (EntropyCalibration2, EntropyCalibration,
   MinMaxCalibration or LegacyCalibration), then ``tensor: xxxxxxxx`` lines where the hex is the
   big-endian IEEE-754 float32 *scale* T/127 (DESIGN.md; TensorRT ≤ 10 writeCalibrationCache).
@@ -93,6 +94,7 @@ def _read_trtopt(text: str, where: str) -> Calibration:
         fingerprint=doc.get("model_fingerprint"),
         data_description=data.get("description"),
         source=f"{where} (trtopt)",
+        choices=_read_choices(doc.get("methods"), where),
     )
 
 
@@ -106,9 +108,23 @@ def _write_trtopt(calibration: Calibration, options: Mapping[str, Any]) -> str:
         "data": {"description": calibration.data_description, "count": calibration.num_samples},
         "thresholds": dict(calibration.amax),
     }
+    if calibration.choices:
+        doc["methods"] = dict(calibration.choices)
     if calibration.channel_means:
         doc["channel_means"] = {name: [float(v) for v in m] for name, m in calibration.channel_means.items()}
     return json.dumps(doc, indent=1) + "\n"
+
+
+def _read_choices(raw: Any, where: str) -> dict[str, str] | None:
+    """The method behind each threshold (`--method auto`); caches written before it have none."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise CalibrationError(
+            f"{where!r}: \"methods\" must map tensor names to method names.",
+            fix="Recalibrate to rewrite the cache (or delete the \"methods\" key: the thresholds do not need it).",
+        )
+    return {str(k): v for k, v in raw.items()}
 
 
 def _read_channel_means(raw: Any, where: str) -> dict[str, np.ndarray] | None:

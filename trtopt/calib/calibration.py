@@ -36,7 +36,8 @@ class Calibration:
     Computed by `calibrate()` or read by `load_cache()`. Fields a source does not record are `None`:
     a TensorRT cache has no fingerprint, sample count, histograms or channel means.
     `channel_means` holds each tensor's FP32 mean per channel (axis 1), for bias correction
-    (`trtopt.quant.bias`).
+    (`trtopt.quant.bias`). `choices` says, per tensor, which method gave its threshold where that varies
+    (`method == "auto"`); caches written before `auto` existed have none.
     """
 
     amax: Mapping[str, float]
@@ -48,6 +49,7 @@ class Calibration:
     timings: CalibTimings | None = None
     data_description: str | None = None
     source: str | None = field(default=None, compare=False)
+    choices: Mapping[str, str] | None = None  # tensor -> the method whose threshold it has (`--method auto`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "amax", {str(k): float(v) for k, v in self.amax.items()})
@@ -56,6 +58,23 @@ class Calibration:
             for values in means.values():
                 values.flags.writeable = False
             object.__setattr__(self, "channel_means", means)
+        if self.choices is not None:
+            object.__setattr__(self, "choices", {str(k): str(v) for k, v in self.choices.items()})
+
+    def method_counts(self) -> dict[str, int]:
+        """How many tensors took their threshold from each method (all from `method` without `choices`)."""
+        if not self.choices:
+            return {self.method: len(self.amax)}
+        counts: dict[str, int] = {}
+        for method in self.choices.values():
+            counts[method] = counts.get(method, 0) + 1
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+    @property
+    def ranges(self) -> dict[str, float]:
+        """max|x| per tensor where the histograms are kept, else the threshold T."""
+        histograms = self.histograms or {}
+        return {name: float(histograms[name].amax) if name in histograms else t for name, t in self.amax.items()}
 
     @property
     def scales(self) -> dict[str, float]:

@@ -39,7 +39,7 @@ from trtopt.calib.calibration import Calibration, CalibTimings
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.fingerprint import ModelLike, model_fingerprint
 from trtopt.calib.histogram import HistogramCollector, RangeCollector, TensorHistogram, TensorRange
-from trtopt.calib.thresholds import ZERO_AMAX, compute_thresholds
+from trtopt.calib.thresholds import ZERO_AMAX, candidate_thresholds, compute_thresholds
 from trtopt.errors import CalibrationError
 from trtopt.frontend.loader import load_model
 
@@ -120,13 +120,17 @@ def calibrate(
     *,
     progress: ProgressFn | None = None,
     data_description: str | None = None,
+    score_batches: Iterable[tuple[Feeds, int]] | None = None,
 ) -> Calibration:
     """Thresholds T for `tensors` of `model` from the FP32 activations on `batches` (see module doc).
 
     The "max" method keeps max|x| alone (no histograms), unless `config.keep_histograms` asks for them.
+    The "auto" method scores its candidates on `score_batches` ((feeds, rows) pairs, samples that were not
+    histogrammed: see `trtopt.calib.auto`); without them it falls back to "mse" and says so.
     """
     config = config if config is not None else CalibConfig()
     model = _load(model)
+    choices: dict[str, str] | None = None
     if _max_only(config):
         ranges = collect_ranges(model, batches, tensors, config, progress=progress)
         amax = {name: r.amax if r.amax > 0 else ZERO_AMAX for name, r in ranges.items()}
@@ -137,7 +141,10 @@ def calibrate(
         histograms = collect_histograms(model, batches, tensors, config, progress=progress)
         start = time.perf_counter()
         with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:
-            amax = compute_thresholds(histograms, config, map_fn=pool.map)
+            if config.method == "auto":
+                amax, choices = _auto_thresholds(model, histograms, config, score_batches, pool.map)
+            else:
+                amax = compute_thresholds(histograms, config, map_fn=pool.map)
         threshold_s = time.perf_counter() - start
         collected = histograms
     timings = CalibTimings(collect_s=collected.seconds, threshold_s=threshold_s, num_samples=collected.num_samples)
@@ -154,7 +161,30 @@ def calibrate(
         fingerprint=model_fingerprint(model),
         timings=timings,
         data_description=data_description,
+        choices=choices,
     )
+
+
+def _auto_thresholds(
+    model: onnx.ModelProto | gs.Graph,
+    histograms: Mapping[str, TensorHistogram],
+    config: CalibConfig,
+    score_batches: Iterable[tuple[Feeds, int]] | None,
+    map_fn: Callable[..., Iterable[dict[str, float]]],
+) -> tuple[dict[str, float], dict[str, str]]:
+    """`auto`: every candidate threshold of every tensor, then the one `choose_thresholds` scores best."""
+    from trtopt.calib.auto import choose_thresholds
+    from trtopt.frontend.loader import onnx_from_graph
+
+    names = list(histograms)
+    found = map_fn(candidate_thresholds, [histograms[n] for n in names], [config] * len(names))
+    options = dict(zip(names, found, strict=True))
+    if score_batches is None:
+        log.warning("auto calibration has no samples to score its candidates on; it keeps the mse thresholds")
+        return {n: options[n]["mse"] for n in names}, dict.fromkeys(names, "mse")
+    proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else model
+    chosen = choose_thresholds(proto, options, score_batches, threads=config.threads)
+    return {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}
 
 
 def collect_ranges(

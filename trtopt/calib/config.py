@@ -9,7 +9,7 @@ from pathlib import Path
 from trtopt.errors import CalibrationError
 
 # TensorRT's entropy calibrator: 2048 histogram bins of |x|, 128 quantised levels (DESIGN.md).
-DEFAULT_METHOD = "entropy"
+DEFAULT_METHOD = "auto"  # per tensor, the candidate that least disturbs its readers (trtopt.calib.auto)
 DEFAULT_NUM_BINS = 2048
 DEFAULT_NUM_LEVELS = 128
 DEFAULT_PERCENTILE = 99.99

@@ -46,6 +46,9 @@ def calibrate_graph(
         return calibration
     if dataset is None:
         raise TrtoptError("Calibration needs data or a cache.", fix="Pass --calib DIR or --calib-cache FILE.")
+    from trtopt.calib.auto import scoring_split
+
+    dataset, scoring = scoring_split(dataset, data.batch) if config.method == "auto" else (dataset, None)
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(data.batch, workers=data.workers)),
@@ -53,6 +56,7 @@ def calibrate_graph(
         config,
         progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
         data_description=f"{len(dataset)} samples from {' '.join(data.sources)}",
+        score_batches=scoring,
     )
     calibration = bounded_at_max(graph, calibration) if config.bounded_max else calibration
     if config.save_cache is not None:
@@ -66,6 +70,8 @@ def bounded_at_max(graph: gs.Graph, calibration: Calibration) -> Calibration:
 
     histograms = calibration.histograms or {}
     amax = dict(calibration.amax)
-    for name in bounded_tensors(graph) & set(histograms):
+    bounded = bounded_tensors(graph) & set(histograms)
+    for name in bounded:
         amax[name] = max(amax[name], float(histograms[name].amax))
-    return replace(calibration, amax=amax)
+    choices = {**calibration.choices, **dict.fromkeys(bounded, "max")} if calibration.choices else None
+    return replace(calibration, amax=amax, choices=choices)

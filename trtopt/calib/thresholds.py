@@ -28,6 +28,7 @@ be clipped into it - T then stops at an outlier (tests/test_calib_thresholds.py 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -183,6 +184,28 @@ def mse_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
         squared = (centres[None, :] - levels * (t / QMAX)) ** 2
         errors[start : start + _MSE_CHUNK] = (squared * weights).sum(axis=1)
     return float(candidates[int(np.argmin(errors))])
+
+
+# --- auto ----------------------------------------------------------------------------------------
+
+# The methods `auto` chooses between, in the order that wins a tie (equal scores: the first one).
+AUTO_CANDIDATES = ("entropy", "mse", "percentile", "max")
+
+
+def candidate_thresholds(hist: TensorHistogram, config: CalibConfig) -> dict[str, float]:
+    """The threshold of every `AUTO_CANDIDATES` method on `hist` (what `--method auto` scores)."""
+    return {method: threshold(hist, replace(config, method=method)) for method in AUTO_CANDIDATES}
+
+
+@METHODS.register("auto")
+def auto_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
+    """`auto` seen from a histogram alone: the MSE threshold.
+
+    `--method auto` proper scores every candidate by the error it causes in the layers that read the tensor,
+    on held-back samples (`trtopt.calib.auto`); that needs the model and data. Without them (a histogram
+    re-thresholded by itself) the tensor's own squared error is all there is to go by, which is `mse`.
+    """
+    return mse_threshold(hist, config)
 
 
 # --- weights ----------------------------------------------------------------------------------------

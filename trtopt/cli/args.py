@@ -63,9 +63,10 @@ def add_calibration_arguments(parser: argparse.ArgumentParser, *, build: bool) -
     g.add_argument(
         "--method",  # checked by CalibConfig against the same registry: an unknown name lists the valid ones
         metavar="METHOD",
-        help=f"activation threshold method: {methods} (default {DEFAULT_METHOD}: TensorRT's KL search; "
-        f"percentile keeps {DEFAULT_PERCENTILE:g}%% of |x|). Worth a try when `trtopt compare` shows top-1 flips: on "
-        "the demo model percentile flipped fewer held-out photos than entropy (BENCHMARKS.md, accuracy sections)",
+        help=f"activation threshold method: {methods} (default {DEFAULT_METHOD}: per tensor, the candidate among "
+        "entropy, mse, percentile and max that least changes the layers reading it, scored on a few held-back "
+        "calibration samples). One method for every tensor: entropy (TensorRT's KL search), max, percentile "
+        f"(keeps {DEFAULT_PERCENTILE:g}%% of |x|), mse",
     )
     g.add_argument("--no-bounded-max", action="store_true",
                    help="saturate ReLU6/Sigmoid outputs too (default: they keep their observed maximum)")  # fmt: skip
@@ -99,6 +100,12 @@ def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--min-channels", type=int, help="layers with fewer input or output channels stay float "
                    f"(default {QuantConfig.min_channels})")  # fmt: skip
     q.add_argument(
+        "--no-auto-exclude",
+        action="store_true",
+        help="keep every layer INT8 (default: when an output's cosine with FP32 stays below 0.99 on calibration "
+        "samples, keep the fewest most sensitive layers float, found by measuring each)",
+    )
+    q.add_argument(
         "--no-bias-correction",
         action="store_true",
         help="leave the biases as they are (default: subtract the mean output shift INT8 weights cause)",
@@ -110,7 +117,8 @@ def quant_config(args: argparse.Namespace) -> QuantConfig:
 
     given = _given(min_channels=args.min_channels)
     return QuantConfig(exclude=tuple(args.exclude), keep_first_last=args.keep_first_last,
-                       bias_correction=not args.no_bias_correction, **given)  # fmt: skip
+                       bias_correction=not args.no_bias_correction, auto_exclude=not args.no_auto_exclude,
+                       **given)  # fmt: skip
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         out.print(
-            f"wrote {len(calibration.amax)} thresholds ({calibration.method}, {calibration.num_samples} samples, "
+            f"wrote {len(calibration.amax)} thresholds ({_methods(calibration)}, {calibration.num_samples} samples, "
             f"{summary['seconds']:.1f} s, {summary['samples_per_second']:.1f} samples/s) to {args.output}"
         )
         for path in plots:
@@ -111,6 +111,14 @@ def _plots(args: argparse.Namespace, calibration: Calibration) -> list[str]:
     return paths
 
 
+def _methods(calibration: Calibration) -> str:
+    """"auto: mse 48, entropy 20, ..." where the method varies per tensor, else the method."""
+    counts = calibration.method_counts()
+    if calibration.method != "auto" or not calibration.choices:
+        return str(calibration.method)
+    return "auto: " + ", ".join(f"{m} {n}" for m, n in counts.items())
+
+
 def _most_clipped(calibration: Calibration, n: int) -> list[str]:
     histograms = calibration.histograms or {}
     ratio = {t: calibration.amax[t] / h.amax for t, h in histograms.items() if h.amax > 0}
@@ -123,6 +131,7 @@ def _summary(args: argparse.Namespace, calibration: Calibration, plots: list[str
         "cache": str(args.output),
         "format": args.format,
         "method": calibration.method,
+        "methods": calibration.method_counts(),
         "samples": calibration.num_samples,
         "tensors": len(calibration.amax),
         "seconds": timings.total_s if timings else 0.0,

@@ -26,7 +26,8 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "int8_layers": len(quant.int8_layers) if quant else 0,
         "bias_corrected_layers": len(quant.bias_corrected_layers) if quant else 0,
         "float_layers": quant.float_layers if quant else {},
-        "calibration": {"method": quant.method, "samples": quant.samples} if quant else None,
+        "calibration": quant.to_dict()["calibration"] if quant else None,
+        "sensitivity": quant.sensitivity if quant else None,
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
     }
     if result.report is not None:
@@ -48,7 +49,9 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
     table.add_row("plan size", f"{summary['file_bytes'] / 2**20:.2f} MiB")
     if summary.get("calibration"):
         cal = summary["calibration"]
-        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples")
+        methods = cal.get("methods") or {}
+        per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
+        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{per_method}")
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     floats = summary["float_layers"]
     if floats:
@@ -56,6 +59,13 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
         for why in floats.values():
             reasons[why] = reasons.get(why, 0) + 1
         table.add_row("float layers", ", ".join(f"{n} ({why})" for why, n in reasons.items()))
+    sensitivity = summary.get("sensitivity")
+    if sensitivity and sensitivity.get("layers"):
+        table.add_row(
+            "kept float by sensitivity",
+            f"{', '.join(sensitivity['layers'])}: worst output cosine on calibration samples "
+            f"{sensitivity['before']:.4f} -> {sensitivity['after']:.4f} ({sensitivity['trials']} trial builds)",
+        )
     for label, text in report.rows() if report is not None else []:
         table.add_row(label, text)
     verification = summary.get("verification")

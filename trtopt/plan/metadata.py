@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from trtopt.verify import Verification
 
 METADATA_VERSION = 2
-_QUANT_KEYS = ("calibration", "thresholds", "int8_layers", "float_layers", "bias_corrected_layers")
+_QUANT_KEYS = ("calibration", "thresholds", "int8_layers", "float_layers", "bias_corrected_layers", "threshold_methods",
+               "sensitivity")
 _KEYS = ("metadata_version", "source_model", "preprocess", "labels", "precision", "optimizer", "verification",
          "profiles", "sparsity")
 
@@ -73,11 +74,22 @@ class QuantRecord:
     int8_layers: tuple[str, ...]
     float_layers: dict[str, str] = field(default_factory=dict)
     bias_corrected_layers: tuple[str, ...] = ()
+    method_counts: dict[str, int] = field(default_factory=dict)  # tensors per method (`auto` chooses per tensor)
+    threshold_methods: dict[str, str] = field(default_factory=dict)  # tensor -> method, where `auto` chose
+    sensitivity: dict[str, Any] | None = None  # layers kept float by measured sensitivity (trtopt.quant.sensitivity)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"calibration": {"method": self.method, "samples": self.samples}, "thresholds": self.thresholds,
-                "int8_layers": list(self.int8_layers), "float_layers": self.float_layers,
+        calibration: dict[str, Any] = {"method": self.method, "samples": self.samples}
+        if self.method_counts:
+            calibration["methods"] = self.method_counts
+        data = {"calibration": calibration, "thresholds": self.thresholds, "int8_layers": list(self.int8_layers),
+                "float_layers": self.float_layers,
                 "bias_corrected_layers": list(self.bias_corrected_layers)}  # fmt: skip
+        if self.threshold_methods:
+            data["threshold_methods"] = self.threshold_methods
+        if self.sensitivity is not None:
+            data["sensitivity"] = self.sensitivity
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QuantRecord:
@@ -90,6 +102,9 @@ class QuantRecord:
             int8_layers=tuple(str(n) for n in data.get("int8_layers", [])),
             float_layers={str(k): str(v) for k, v in data.get("float_layers", {}).items()},
             bias_corrected_layers=tuple(str(n) for n in data.get("bias_corrected_layers", [])),
+            method_counts={str(k): int(v) for k, v in calibration.get("methods", {}).items()},
+            threshold_methods={str(k): str(v) for k, v in data.get("threshold_methods", {}).items()},
+            sensitivity=dict(data["sensitivity"]) if data.get("sensitivity") is not None else None,
         )
 
 

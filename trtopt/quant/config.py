@@ -30,6 +30,8 @@ class QuantConfig:
 
     `bias_correction` subtracts the mean output shift that rounding a layer's weights to INT8 causes from
     its bias (`trtopt.quant.bias`); placement ignores it, the quantisation stage of a build reads it.
+    `auto_exclude` keeps the fewest most sensitive layers float when an output's cosine with FP32 stays below
+    0.99 on calibration samples (`trtopt.quant.sensitivity`; also read by the build's quantisation stage).
     """
 
     exclude: tuple[str, ...] = ()
@@ -40,6 +42,7 @@ class QuantConfig:
     output_folds: frozenset[str] = frozenset()
     float_leading_depthwise: bool | None = None
     bias_correction: bool = True
+    auto_exclude: bool = True
 
     def __post_init__(self) -> None:
         channels = self.min_channels

@@ -1,0 +1,72 @@
+"""Automatic exclusion by measured sensitivity (trtopt.quant.sensitivity; issue #16 part 3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from auto_models import heavy_tail_conv, heavy_tail_data
+
+from trtopt.build import BuildConfig, build_plan
+from trtopt.calib.config import CalibConfig as StageCalibConfig
+from trtopt.data.config import DataConfig
+from trtopt.engine import Engine
+from trtopt.execution import OrtSession
+from trtopt.quant import QuantConfig as StageQuantConfig
+from trtopt.quant.sensitivity import MIN_COSINE, find_sensitive_layers
+
+
+def _measure(costs: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
+    """A plan whose cosine is 1 minus the summed cost of its INT8 layers."""
+
+    def measure(exclude: Sequence[str]) -> float:
+        calls.append(tuple(exclude))
+        return 1.0 - sum(cost for layer, cost in costs.items() if layer not in exclude)
+
+    return measure
+
+
+def test_a_plan_that_is_close_enough_is_left_alone() -> None:
+    calls: list[tuple[str, ...]] = []
+    found = find_sensitive_layers(_measure({"a": 0.001, "b": 0.002}, calls), ["a", "b"])
+    assert found.layers == {} and found.before == found.after == 0.997 and calls == [()]
+
+
+def test_greedy_keeps_the_fewest_most_sensitive_layers_float() -> None:
+    costs = {f"l{i}": 0.0005 for i in range(10)} | {"big": 0.02, "mid": 0.012}
+    found = find_sensitive_layers(_measure(costs, []), list(costs))
+    assert list(found.layers) == ["big", "mid"]  # 0.963 -> 0.983 after one, 0.995 after two
+    assert found.before < MIN_COSINE <= found.after
+    assert "sensitivity" in found.layers["big"]
+
+
+def test_layers_that_do_not_help_are_not_kept_float_and_the_share_is_capped() -> None:
+    costs = {f"l{i}": 0.004 for i in range(8)}  # eight equal culprits: the cap (a quarter) stops at two
+    found = find_sensitive_layers(_measure(costs, []), list(costs))
+    assert len(found.layers) == 2 and found.after < MIN_COSINE
+    useless = find_sensitive_layers(lambda exclude: 0.5, ["a", "b"])
+    assert useless.layers == {} and useless.after == 0.5
+
+
+def test_build_keeps_the_heavy_tail_conv_float_when_entropy_ruins_it(tmp_path: Path) -> None:
+    """Forced entropy on the PP-OCR miniature: cosine 0.85; the analysis keeps its one conv float."""
+    onnx.save_model(heavy_tail_conv(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=heavy_tail_data(96, 0))
+    held = {"x": heavy_tail_data(16, 2)}
+    expected = OrtSession(heavy_tail_conv()).run(held)["y"].ravel()
+    results = {}
+    for auto_exclude in (True, False):
+        config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npz"),)),
+                             calib=StageCalibConfig(method="entropy"),
+                             quant=StageQuantConfig(auto_exclude=auto_exclude))  # fmt: skip
+        result = build_plan(tmp_path / "m.onnx", config)
+        with Engine(result.plan) as engine:
+            got = engine.infer(held)["y"].ravel()
+        results[auto_exclude] = (float(got @ expected / np.linalg.norm(got) / np.linalg.norm(expected)), result)
+    kept, plain = results[True], results[False]
+    assert kept[0] > 0.999 and plain[0] < 0.95
+    sensitivity = kept[1].plan.metadata["sensitivity"]
+    assert list(sensitivity["layers"]) == list(kept[1].qdq.float_layers) and sensitivity["after"] > MIN_COSINE
+    assert "sensitivity" not in plain[1].plan.metadata

@@ -1,0 +1,274 @@
+"""`--method auto`: per tensor, keep the candidate threshold that moves the consuming layers' outputs least.
+
+No single threshold method suits every tensor. Entropy (TensorRT's KL search) is right for the bell-shaped
+activations of classifiers, and wrong where a few large values carry the signal: on PP-OCRv4's recogniser
+it clips a tensor whose few large channels feed large weights, and one 1x1 conv's output falls to cosine
+0.54 with FP32 (issue #21); max is right there and wastes resolution elsewhere. So for every calibrated
+tensor the candidates of `AUTO_CANDIDATES` (entropy, mse, percentile, max: already computed from the one
+histogram) are scored by what they do downstream:
+
+1. run the FP32 model once on a few held-back samples with every calibrated tensor, and every other input
+   of the nodes that read one, exposed (the activations are cached for step 2);
+2. for each tensor and each node that reads it, run that node alone (a one-node ONNX model in ONNX Runtime,
+   the node's own weights) on the float input and on the input rounded and clipped to each candidate's INT8
+   grid, all candidates stacked along the batch axis in one call;
+3. the score of a candidate is the sum over those nodes of ||y_q - y||^2 / ||y||^2; the lowest wins, ties
+   go to the earlier candidate. A node that cannot run alone on stacked samples (a Reshape to a fixed
+   batch, a shape computation) is replaced by the tensor's own relative squared error.
+
+Weighting the rounding error by the consumer's weights is the point: an error on a channel that a conv
+multiplies by 40 counts 40 times more. The cost is that of one forward pass of the model over the scoring
+samples per distinct candidate, plus one for the cache (measured in BENCHMARKS.md, section *auto
+calibration cost*); the histograms are not collected again.
+
+Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
+different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
+grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-negative tensors that the CPU
+lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
+choice there errs, if anything, towards clipping. Memory: the cache holds every calibrated tensor for
+SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), plus one tensor's candidates at a time.
+
+The scoring samples must not be the samples the build verifies its plan on (`trtopt.build._data_for` holds
+those back first); `trtopt.build.calibrate_graph` holds back `score_samples` more from the histograms.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+from trtopt.calib.thresholds import QMAX
+
+log = logging.getLogger(__name__)
+
+Feeds = Mapping[str, np.ndarray]
+# Samples the candidates are scored on: a few suffice, each holds thousands of values per tensor.
+SCORE_SAMPLES = 8
+# Candidate thresholds closer than this (relative) are one candidate, scored once.
+SAME_THRESHOLD = 1e-6
+
+
+@dataclass(frozen=True)
+class TensorChoice:
+    """The threshold `auto` kept for one tensor, the method that gave it, and every candidate's score."""
+
+    method: str
+    amax: float
+    scores: Mapping[str, float]  # method -> relative squared error downstream
+    scored_by: str  # "consumers" (node outputs) or "tensor" (its own error)
+
+
+def scoring_split(dataset: Any, batch: int) -> tuple[Any, list[tuple[Feeds, int]]]:
+    """(samples to histogram, (feeds, rows) batches to score candidates on) from a `trtopt.data.Dataset`.
+
+    A calibration set of at least 4 x SCORE_SAMPLES gives its last SCORE_SAMPLES to scoring alone; a smaller
+    one scores on its first samples, which it also histograms (a choice between four candidates per tensor
+    has little room to overfit them). `trtopt.build` holds the verification samples back before this, so a
+    plan is never judged on the samples that chose its thresholds.
+    """
+    count = min(SCORE_SAMPLES, len(dataset))
+    if len(dataset) >= 4 * count:
+        dataset, scored = dataset.split_tail(count)
+    else:
+        scored = dataset.split_tail(len(dataset) - count)[0] if len(dataset) > count else dataset
+        log.info("auto calibration scores on %d of its %d calibration samples (too few to hold any back)",
+                 count, len(dataset))  # fmt: skip
+    return dataset, [(b.feeds, len(b)) for b in scored.batches(batch)]
+
+
+def fake_quantize(values: np.ndarray, amax: float) -> np.ndarray:
+    """Round to the symmetric INT8 grid of threshold `amax` and back (TensorRT's Q/DQ, zero point 0)."""
+    scale = np.float32(amax / QMAX)
+    return np.clip(np.rint(values / scale), -QMAX, QMAX).astype(np.float32) * scale
+
+
+def choose_thresholds(
+    model: onnx.ModelProto,
+    candidates: Mapping[str, Mapping[str, float]],
+    batches: Iterable[tuple[Feeds, int]],
+    *,
+    threads: int | None = None,
+) -> dict[str, TensorChoice]:
+    """For each tensor of `candidates` (tensor -> method -> T), the best candidate on `batches` ((feeds,
+    rows) pairs: the rows of each batch that are real samples, as verification uses them)."""
+    from trtopt.execution import OrtSession
+
+    consumers = _consumers(model, set(candidates))
+    needed = set(candidates) | {i for nodes in consumers.values() for n in nodes for i in n.input if i}
+    needed -= {t.name for t in model.graph.initializer}
+    graph_inputs = {i.name for i in model.graph.input}
+    session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False)
+    cached = _run(session, batches, sorted(needed))
+    runner = _NodeRunner(model, threads)
+    choices = {}
+    for name, options in candidates.items():
+        choices[name] = _choose(name, options, cached, consumers.get(name, []), runner)
+    return choices
+
+
+def _choose(
+    name: str,
+    options: Mapping[str, float],
+    cached: Mapping[str, np.ndarray],
+    nodes: Sequence[onnx.NodeProto],
+    runner: _NodeRunner,
+) -> TensorChoice:
+    distinct: dict[str, float] = {}
+    for method, amax in options.items():
+        if not any(abs(amax - kept) <= SAME_THRESHOLD * max(amax, kept) for kept in distinct.values()):
+            distinct[method] = amax
+    values = cached[name]
+    if len(distinct) == 1:
+        method, amax = next(iter(distinct.items()))
+        return TensorChoice(method, amax, {method: 0.0}, "tensor")
+    # The float values and each candidate's rounding of them, stacked along axis 0: made once, read by every node.
+    stacked = np.concatenate([values, *(fake_quantize(values, t) for t in distinct.values())])
+    errors = np.zeros(len(distinct))
+    scored = 0
+    for node in nodes:
+        node_errors = runner.errors(node, name, stacked, len(distinct) + 1, cached)
+        if node_errors is not None:
+            errors += node_errors
+            scored += 1
+    if scored == 0:
+        parts = np.split(stacked, len(distinct) + 1)
+        errors = np.array([_relative_error(part, parts[0]) for part in parts[1:]])
+    best = int(np.argmin(errors))  # the first of equal scores: the candidates come in preference order
+    method = list(distinct)[best]
+    scores = dict(zip(distinct, (float(e) for e in errors), strict=True))
+    return TensorChoice(method, distinct[method], scores, "consumers" if scored else "tensor")
+
+
+def _relative_error(test: np.ndarray, reference: np.ndarray) -> float:
+    """||test - reference||^2 / ||reference||^2, with BLAS dot products (float32 in, float64 out)."""
+    ref = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
+    diff = np.ascontiguousarray(test, dtype=np.float32).reshape(-1) - ref
+    energy = float(np.dot(ref, ref))
+    error = float(np.dot(diff, diff))
+    return error / energy if energy > 0 else error
+
+
+def _consumers(model: onnx.ModelProto, names: set[str]) -> dict[str, list[onnx.NodeProto]]:
+    found: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in dict.fromkeys(node.input):
+            if name in names:
+                found.setdefault(name, []).append(node)
+    return found
+
+
+def _run(session: object, batches: Iterable[tuple[Feeds, int]], names: list[str]) -> dict[str, np.ndarray]:
+    """Every tensor of `names` over all `batches`, the real rows of each batch joined along axis 0."""
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for feeds, rows in batches:
+        wanted = [n for n in names if n not in feeds]
+        outputs = {**feeds, **(session.run(feeds, outputs=wanted) if wanted else {})}  # type: ignore[attr-defined]
+        size = _batch_rows(feeds)
+        for name in names:
+            value = np.asarray(outputs[name])
+            keep = value.ndim > 0 and value.shape[0] == size and rows < size
+            parts[name].append(value[:rows] if keep else value)
+    return {name: _join(values) for name, values in parts.items()}
+
+
+def _join(values: list[np.ndarray]) -> np.ndarray:
+    """Batches joined along axis 0; a value that does not grow with the batch (a shape) is kept once."""
+    if len(values) == 1 or values[0].ndim == 0 or any(v.shape[1:] != values[0].shape[1:] for v in values):
+        return values[0]
+    if not np.issubdtype(values[0].dtype, np.floating):
+        return values[0]
+    return np.concatenate(values)
+
+
+def _batch_rows(feeds: Feeds) -> int:
+    first = next(iter(feeds.values()))
+    return int(first.shape[0]) if np.ndim(first) > 0 else 1
+
+
+def _ort_errors() -> tuple[type[BaseException], ...]:
+    from trtopt.verify import plan_errors
+
+    return plan_errors()
+
+
+class _NodeRunner:
+    """Runs single nodes of `model` in ONNX Runtime on stacked inputs; one session per node, built lazily."""
+
+    def __init__(self, model: onnx.ModelProto, threads: int | None) -> None:
+        self.model = model
+        self.threads = threads
+        self.initializers = {t.name: t for t in model.graph.initializer}
+        self.sessions: dict[int, object] = {}
+
+    def errors(
+        self,
+        node: onnx.NodeProto,
+        name: str,
+        stacked: np.ndarray,
+        copies: int,
+        cached: Mapping[str, np.ndarray],
+    ) -> np.ndarray | None:
+        """Relative squared error of the node's float outputs for each rounding of `name` in `stacked` (the
+        float values first, then one copy per candidate), or None if the node cannot run alone."""
+        rows = stacked.shape[0] // copies
+        feeds = {}
+        for i in dict.fromkeys(node.input):
+            if not i or i in self.initializers:
+                continue
+            if i == name:
+                feeds[i] = stacked
+            elif i in cached:
+                other = cached[i]
+                floating = np.issubdtype(other.dtype, np.floating)
+                grows = floating and other.ndim > 0 and other.shape[0] == rows
+                feeds[i] = np.concatenate([other] * copies) if grows else other
+            else:
+                return None
+        failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
+        try:
+            outputs = self._session(node, feeds).run(None, feeds)  # type: ignore[attr-defined]
+        except failures as exc:
+            log.debug("auto calibration: %s (%s) cannot run alone on stacked inputs: %s", node.name, node.op_type, exc)
+            return None
+        errors = np.zeros(copies - 1)
+        for out in outputs:
+            out = np.asarray(out)
+            if not np.issubdtype(out.dtype, np.floating) or out.ndim == 0 or out.shape[0] % copies:
+                return None
+            parts = np.split(out, copies)
+            errors += [_relative_error(part, parts[0]) for part in parts[1:]]
+        return errors
+
+    def _session(self, node: onnx.NodeProto, feeds: Feeds) -> object:
+        key = id(node)
+        if key not in self.sessions:
+            self.sessions[key] = self._build(node, feeds)
+        return self.sessions[key]
+
+    def _build(self, node: onnx.NodeProto, feeds: Feeds) -> object:
+        """A session over `node` alone: its variable inputs typed from `feeds`, its constants as initializers.
+        Alone, the node has nothing to fuse with; its float kernel is the one the FP32 model runs."""
+        import onnxruntime as ort
+
+        from trtopt.execution.ort_session import session_options
+
+        def typed(name: str) -> onnx.ValueInfoProto:
+            dtype = onnx.helper.np_dtype_to_tensor_dtype(feeds[name].dtype)
+            return onnx.helper.make_tensor_value_info(name, dtype, None)
+
+        graph = onnx.helper.make_graph(
+            [node],
+            f"auto-{node.name or node.op_type}",
+            [typed(i) for i in feeds],
+            [onnx.ValueInfoProto(name=o) for o in node.output if o],
+            [self.initializers[i] for i in dict.fromkeys(node.input) if i in self.initializers],
+        )
+        single = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import))
+        single.ir_version = self.model.ir_version
+        options = session_options(threads=self.threads, opt_level="all", spin=False)
+        return ort.InferenceSession(single.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,157 @@
+"""Automatic exclusion (issue #16, part 3): when INT8 moves an output too far, keep the fewest layers in float.
+
+TensorRT and Model Optimizer users find those layers by hand (Polygraphy's debug tools, `--exclude`); the
+build does it for them, on calibration samples alone:
+
+1. quantise as usual and run the Q/DQ graph (ONNX Runtime, optimisations off: the INT8 arithmetic exactly)
+   against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
+2. sensitivity: for each INT8 layer, the worst output cosine with that layer alone kept float;
+3. greedy: keep float the most sensitive layer, then the next, re-measuring each time and keeping a layer
+   only if it helps, until the cosine reaches `MIN_COSINE` or `MAX_SHARE` of the layers are float.
+
+Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
+the measured cosine is that of the plan that would be built. The cost is one Q/DQ build and one run over
+the samples per INT8 layer, paid only when the plan falls short. `trtopt build --no-auto-exclude` skips it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt.quant.config import QuantConfig
+
+log = logging.getLogger(__name__)
+
+MIN_COSINE = 0.99
+MAX_SHARE = 0.25  # never more than this share of the INT8 layers kept float
+SAMPLES = 8
+
+Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """What the analysis found: the worst output cosine before and after, and the layers kept float (why)."""
+
+    before: float
+    after: float
+    layers: dict[str, str] = field(default_factory=dict)
+    trials: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"before": self.before, "after": self.after, "layers": dict(self.layers), "trials": self.trials}
+
+
+def quantized_model(
+    graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, exclude: Sequence[str] = ()
+) -> onnx.ModelProto:
+    """The Q/DQ model `trtopt.build` would make of `graph` with `exclude` kept float (the graph is untouched)."""
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.quant.bias import correct_biases
+    from trtopt.quant.concat_ranges import float_unlike_concats
+    from trtopt.quant.placement import plan_quantization
+    from trtopt.quant.qdq import insert_qdq
+
+    copy = graph.copy()
+    plan = plan_quantization(copy, replace(quant, exclude=(*quant.exclude, *exclude)))
+    plan = float_unlike_concats(copy, plan, calibration.ranges)
+    if bias_correction and calibration.channel_means:
+        correct_biases(copy, plan, calibration.channel_means)
+    insert_qdq(copy, plan, calibration.amax)
+    return onnx_from_graph(copy)
+
+
+def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str, np.ndarray]) -> float:
+    """The lowest per-output mean cosine of `model`'s Q/DQ reference against `expected` on `batches`."""
+    from trtopt.execution import OrtSession
+    from trtopt.verify import agreement, collect
+
+    reference = OrtSession(model, opt_level="disable", spin=False)  # Q/DQ computed as float math
+    return agreement(collect(reference.run, batches), dict(expected)).cosine
+
+
+def find_sensitive_layers(
+    measure: Callable[[Sequence[str]], float], layers: Sequence[str], *, min_cosine: float = MIN_COSINE
+) -> Sensitivity:
+    """The greedy search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of
+    the plan with `exclude` kept float."""
+    before = measure(())
+    if before >= min_cosine or not layers:
+        return Sensitivity(before, before)
+    alone = {layer: measure((layer,)) for layer in layers}
+    order = sorted((layer for layer in layers if alone[layer] > before), key=lambda layer: -alone[layer])
+    chosen: list[str] = []
+    current, trials = before, 1 + len(layers)
+    for layer in order[: max(1, int(MAX_SHARE * len(layers)))]:
+        trial = alone[layer] if not chosen else measure((*chosen, layer))
+        trials += 1 if chosen else 0
+        if trial > current:
+            chosen.append(layer)
+            current = trial
+        if current >= min_cosine:
+            break
+    why = {
+        layer: f"kept float by sensitivity analysis (alone it lifts the worst output cosine {before:.4f} -> "
+        f"{alone[layer]:.4f})"
+        for layer in chosen
+    }
+    return Sensitivity(before, current, why, trials)
+
+
+def exclude_sensitive(
+    graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, batches: Batches,
+    layers: Sequence[str],
+) -> Sensitivity:  # fmt: skip
+    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` calibration samples."""
+    from trtopt.execution import OrtSession
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.verify import collect
+
+    expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
+
+    def measure(exclude: Sequence[str]) -> float:
+        return worst_cosine(quantized_model(graph, quant, calibration, bias_correction, exclude), batches, expected)
+
+    found = find_sensitive_layers(measure, layers)
+    if found.layers:
+        log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
+                 len(found.layers), found.before, found.after, ", ".join(found.layers))  # fmt: skip
+    return found
+
+
+def float_sensitive_layers(
+    graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int
+) -> tuple[Any, Sensitivity | None]:
+    """For `trtopt.build`: `plan` with the sensitive layers kept float, measured on the first calibration
+    samples of `data` (a `trtopt.data.Dataset`; the build's verification samples are not in it)."""
+    from trtopt.quant.placement import plan_quantization
+
+    if not plan.quantized_layers:
+        return plan, None
+    from trtopt.errors import TrtoptError
+    from trtopt.verify import plan_errors
+
+    batches = sample_batches(data, batch)
+    failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
+    try:
+        found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers)
+    except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
+        log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
+        return plan, None
+    if not found.layers:
+        return plan, found
+    plan = plan_quantization(graph, replace(quant, exclude=(*quant.exclude, *found.layers)))
+    return replace(plan, float_layers={**plan.float_layers, **found.layers}), found
+
+
+def sample_batches(dataset: Any, batch: int, count: int = SAMPLES) -> list[tuple[Mapping[str, np.ndarray], int]]:
+    """The first `count` samples of a `trtopt.data.Dataset` as (feeds, rows) batches."""
+    head = dataset.split_tail(len(dataset) - count)[0] if len(dataset) > count else dataset
+    return [(b.feeds, len(b)) for b in head.batches(batch)]
