@@ -193,8 +193,8 @@ def _outputs(v: Variant) -> str:
         f" (+{len(stats) - 4} more)" if len(stats) > 4 else "")
 
 
-def report(results: list[dict[str, Any]], missing: list[Subject], args: argparse.Namespace, argv: list[str],
-           minutes: float, load_before: str) -> str:  # fmt: skip
+def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject, str]], args: argparse.Namespace,
+           argv: list[str], minutes: float, load_before: str) -> str:  # fmt: skip
     lines = [
         "## Real-model zoo: task fidelity of trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
         "",
@@ -210,8 +210,7 @@ def report(results: list[dict[str, Any]], missing: list[Subject], args: argparse
         "reference | ORT kernels / reference | FP32 ms |",
         "|---|---|---|---:|---:|---:|---|---:|---:|---:|",
         *[summary_row(r) for r in results],
-        *[f"| {s.name} | {s.task} | not cached (`python tools/zoo.py fetch {s.name}`) | – | – | – | – | – | – | – |"
-          for s in missing],
+        *[_missing_row(s) for s in missing],
         "",
         "Metric: box F1 (FP32's boxes matched at IoU ≥ 0.5 within a class, after YOLO decoding, score ≥ 0.25, "
         "NMS 0.45), map IoU (score maps binarised at 0.3, DB's threshold), exact match (greedy CTC decoding, "
@@ -231,6 +230,11 @@ def report(results: list[dict[str, Any]], missing: list[Subject], args: argparse
         "Data per model: " + "; ".join(f"{r['subject'].name}: {r['data'].description}" for r in results) + ".",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _missing_row(entry: Subject | tuple[Subject, str]) -> str:
+    s, why = entry if isinstance(entry, tuple) else (entry, f"not cached (`python tools/zoo.py fetch {entry.name}`)")
+    return f"| {s.name} | {s.task} | {why} | – | – | – | – | – | – | – |"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -270,14 +274,19 @@ def main(argv: list[str] | None = None) -> int:
     missing = [s for s in everything if s.path is None]
     argv_used = sys.argv[1:] if argv is None else argv
     results: list[dict[str, Any]] = []
+    failed: list[tuple[Subject, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-zoo-") as tmp:
         for done, subject in enumerate(cached):
             print(f"== {subject.name} ({done + 1} of {len(cached)})", file=sys.stderr, flush=True)
-            results.append(run_subject(subject, args, Path(tmp)))
+            try:
+                results.append(run_subject(subject, args, Path(tmp)))
+            except TrtoptError as exc:  # its data or model cannot be used: a row saying why, then the next model
+                failed.append((subject, str(exc).splitlines()[0][:200]))
             if args.out and done + 1 < len(cached):  # a long run leaves what it has measured so far
-                partial = report(results, missing, args, argv_used, (time.perf_counter() - start) / 60, load_before)
+                minutes = (time.perf_counter() - start) / 60
+                partial = report(results, [*missing, *failed], args, argv_used, minutes, load_before)
                 args.out.write_text(partial + f"\n(partial: {done + 1} of {len(cached)} models so far)\n")
-    text = report(results, missing, args, argv_used, (time.perf_counter() - start) / 60, load_before)
+    text = report(results, [*missing, *failed], args, argv_used, (time.perf_counter() - start) / 60, load_before)
     emit(text, args.out)
     return 0
 
