@@ -102,7 +102,9 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
         if not v.error:
             timed[f"{key} kernels"] = session(v.kernels, threads=1)
             timed[f"{key} reference"] = session(v.reference, threads=1, reference=True)
-    feeds = {k: a[:1] for k, a in batches[0][0].items()}
+    first = batches[0][0]
+    rows = len(next(iter(first.values())))  # trim the batch axis only (a model's state input has none)
+    feeds = {k: a[:1] if len(a) == rows else a for k, a in first.items()}
     ms = latencies(timed, feeds, args.iterations, args.warmup)
     return {"subject": subject, "data": data, "trtopt": trtopt, "ort": ort, "ms": ms,
             "samples": sum(rows for _, rows in batches)}  # fmt: skip
