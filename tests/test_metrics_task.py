@@ -103,6 +103,13 @@ def test_auto_reads_real_models_output_shapes() -> None:
     assert choose({"o": rng.random((2, 40, 6625))}, (48, 320)) == ("ctc", "o", "ntc")
     # ddddocr's recognizer writes [T, N, C] with N = 1
     assert choose({"o": rng.random((20, 1, 50))}, (64, 160), 1) == ("ctc", "o", "tnc")
+    # PP-PicoDet (a layout detector, 800x608): 9,500 anchor points x 10 classes, off the YOLO grids. Not a
+    # text line (more "time steps" than input columns): per-output numbers only, unless asked for CTC
+    picodet = {"scores": rng.random((1, 9500, 10)), "boxes": rng.normal(size=(1, 9500, 32)),
+               "scores_s32": rng.random((1, 475, 10))}  # stride 32: fewer anchors than input columns
+    assert choose({"o": rng.random((2, 40, 97))}, (320, 320))[0] == "raw"  # a square input is not a text line
+    assert choose(picodet, (800, 608), 1)[0] == "raw"
+    assert choose(picodet, (800, 608), 1, task="ctc")[0] == "ctc"
     assert choose({"map": rng.random((2, 1, 64, 96))}, HW) == ("text-detect", "map", "")
     assert choose({"logits": rng.normal(size=(2, 10))}, HW) == ("classify", "logits", "")
     assert choose({"feat": rng.normal(size=(2, 1, 64, 96))}, HW)[0] == "raw"  # not a probability map

@@ -12,7 +12,8 @@ outputs). Per task (--task, chosen from the outputs by default and named in the 
   raw          the per-output numbers only
 auto picks the first that fits: a rank-3 output over the input's YOLO grid (strides 8/16/32[/64]) is a
 detector; a rank-4 map of at most 4 channels in [0, 1], at >= 1/4 of the input's size, a text detector;
-another rank-3 output a CTC recognizer; [N, classes] a classifier. With --per-layer, the same
+another rank-3 output, on an input at least twice as wide as high and with no more time steps than it has
+columns, a CTC recognizer; [N, classes] a classifier. With --per-layer, the same
 intermediate tensors are read from both (the plan's graph keeps the FP32 tensor names) and listed in
 graph order with the error each layer adds, so you can see where quantisation error grows and which
 layers to keep in float with `trtopt build --exclude NAME`.

@@ -10,8 +10,11 @@ declare wrong or symbolic ones) and the image input's height and width. The rule
    raw (`yolo.is_raw_yolox`), else YOLOv5;
 3. a rank-4 output [N, C, H, W] with at most 4 channels, at least a quarter of the input's height and width,
    and every value in [0, 1] (a probability map) -> **text-detect**;
-4. any other rank-3 output with at least 2 classes on its last axis -> **ctc**: [N, T, C] when its first
-   axis is the batch size and its second is not, [T, N, C] in the opposite case (ambiguous: [N, T, C]);
+4. any other rank-3 output with at least 2 classes on its last axis, on an input at least twice as wide as
+   high, with no more time steps than the input has columns (a recognizer reads a text line left to right,
+   downsampling its width) -> **ctc**:
+   [N, T, C] when its first axis is the batch size and its second is not, [T, N, C] in the opposite case
+   (ambiguous: [N, T, C]);
 5. a rank-2 output [N, C] with C >= 2 -> **classify**;
 6. otherwise **raw** (per-output cosine and relative error only, which every task reports anyway).
 """
@@ -133,6 +136,10 @@ def _ctc(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, 
                               fix=f"Use auto or one of: {', '.join(CTC_LAYOUTS)}.")  # fmt: skip
         return config.ctc_layout, f"{list(out.shape)}: --ctc-layout {config.ctc_layout}"
     time_major = out.shape[1] == batch and out.shape[0] != batch
+    steps = out.shape[0] if time_major else out.shape[1]
+    text_line = input_hw is None or (input_hw[1] >= 2 * input_hw[0] and steps <= input_hw[1])
+    if config.task != "ctc" and not text_line:
+        return None  # not a wide input read column by column: a dense head (anchors), not a text line
     layout = "tnc" if time_major else "ntc"
     return layout, f"{list(out.shape)}: {'[T, N, C]' if time_major else '[N, T, C]'} class scores per time step"
 
