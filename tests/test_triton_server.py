@@ -29,6 +29,7 @@ import pytest
 import trtopt
 from trtopt.build import BuildConfig, build_plan
 from trtopt.classify import top_k
+from trtopt.data.config import DataConfig
 from trtopt.plan import write_plan
 from trtopt.serving.triton import TritonOptions, export_triton
 
@@ -134,7 +135,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
         _unavailable(f"the server venv's {', '.join(stale)}: run `python tools/triton_env.py` to align them")
     work = tmp_path_factory.mktemp("triton")
     plan = work / "demo.engine"
-    config = BuildConfig(backend="cpu", calib=str(ROOT / "calib_data"), calib_count=16)
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(ROOT / "calib_data"),), count=16))
     write_plan(build_plan(ROOT / "models" / "efficientnet_lite0.onnx", config).plan, plan)
     env = triton_env.stub_env(work / "stub-env", dist)
     options = TritonOptions(name="demo", instances=2, threads=1, queue_delay_us=2000, python_env=str(env))
