@@ -4,7 +4,7 @@ quantize_static, each against the FP32 model run by ONNX Runtime.
 
     python tools/bench_accuracy.py [--model models/efficientnet_lite0.onnx | --model tiny_cnn]
         [--calib calib_data] [--heldout tests/data/heldout tests/data/heldout_more] [--count N] [--eval-count N]
-        [--methods entropy max percentile mse] [--ort entropy minmax] [--out FILE.md] [--plot FILE.png]
+        [--methods auto entropy max percentile mse] [--ort entropy minmax] [--out FILE.md] [--plot FILE.png]
 
 Every variant calibrates on the same images (--calib, the first --count), preprocessed as `trtopt build`
 does for the model (its sidecar JSON for the demo model). Held-out photos (--heldout) are never used for
@@ -56,6 +56,7 @@ from bench_setup import (  # noqa: E402
 )
 
 from trtopt.calib import METHODS  # noqa: E402
+from trtopt.calib.config import DEFAULT_METHOD  # noqa: E402
 from trtopt.execution.ort_session import OrtSession  # noqa: E402
 
 IMAGENET_CLASSES = 1000
@@ -94,7 +95,8 @@ def build_variant(model: ModelUnderTest, kind: str, method: str, args: argparse.
     if kind.startswith("trtopt"):
         forced = kind == "trtopt-u8s8"
         (seconds, model_bytes), peak_gib = run_isolated(trtopt_build, *data, "u8s8" if forced else "auto")
-        name = f"trtopt {method}" + (", u8s8 forced, run as stored" if forced else "")
+        name = f"trtopt {method}" + (" (default)" if method == DEFAULT_METHOD else "")
+        name += ", u8s8 forced, run as stored" if forced else ""
         executed = model_bytes if forced else model_for_this_cpu(Plan("cpu", (), (), {"onnx": model_bytes}))
     else:
         name = f"ORT QDQ {method}" + {"ort": "", "ort-rr": ", reduce_range", "ort-raw": ", no pre-process"}[kind]
@@ -254,7 +256,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="held-out image folders (each may have a labels.json); default: both shipped sets")
     parser.add_argument("--count", type=int, help="calibration images to use (default: all)")
     parser.add_argument("--eval-count", type=int, help="held-out images to use (default: all)")
-    parser.add_argument("--methods", nargs="*", default=["entropy", "max", "percentile", "mse"],
+    parser.add_argument("--methods", nargs="*", default=[DEFAULT_METHOD, "entropy", "max", "percentile", "mse"],
                         choices=list(METHODS.names()), help="trtopt calibration methods")
     parser.add_argument("--ort", nargs="*", default=["entropy", "minmax"], choices=list(ORT_METHODS),
                         help="ONNX Runtime quantize_static calibration methods (after quant_pre_process)")
