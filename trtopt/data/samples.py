@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.data.dataset import Dataset, load_dataset
@@ -64,7 +66,7 @@ def calibration_and_checks(
     """(calibration data or None, the `checks` verification samples). When the build calibrates on a large
     enough set (8 x `checks` or more), its last `checks` samples are held back for verification; a smaller
     set shares them; a build without data verifies on random inputs."""
-    from trtopt.verify import Checks, random_checks
+    from trtopt.verify import Checks
 
     if not data.sources:
         return None, random_checks(graph, spec, checks, data.batch)
@@ -78,3 +80,33 @@ def calibration_and_checks(
         source = f"{min(checks, len(dataset))} of the {len(dataset)} calibration samples ({shared})"
     batches = [(b.feeds, b.rows) for b in held.batches(data.batch)]
     return dataset, Checks(batches, source, len(held))
+
+
+def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batch: int) -> Checks:
+    """Random inputs where no data was given: noise images through the model's preprocessing, else
+    standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
+    from trtopt.data.arrays import has_batch_axis
+    from trtopt.data.preprocess import preprocess_images
+    from trtopt.verify import Checks
+
+    rng = np.random.default_rng(0)
+    infos = input_infos_from_graph(graph)
+    if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
+        whole = {info.name: _random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
+        return Checks([(whole, None)], "1 random feed (no data given: checks the kernels, not accuracy)", 1)
+    fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
+    rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
+    feeds: dict[str, Any] = {}
+    for info in infos:
+        if spec is not None and len(infos) == 1:
+            images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(rows)]
+            feeds[info.name] = preprocess_images(images, spec)
+            continue
+        shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
+        feeds[info.name] = _random_array(rng, shape, info.dtype)
+    return Checks([(feeds, None)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)", rows)
+
+
+def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:
+    value = rng.standard_normal(shape) if np.issubdtype(dtype, np.floating) else np.zeros(shape)
+    return value.astype(dtype)
