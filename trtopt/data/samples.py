@@ -4,28 +4,37 @@ samples the build verifies its plan on."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trtopt.data.config import DataConfig, PreprocessConfig
-from trtopt.data.dataset import Dataset, load_dataset
+from trtopt.data.dataset import Dataset, holds_only_arrays, load_dataset
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import input_infos_from_graph
 from trtopt.data.preprocess import PreprocessSpec
-from trtopt.errors import ShapeError
+from trtopt.errors import DataError, ShapeError
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
     from trtopt.verify import Checks
 
+log = logging.getLogger(__name__)
 
-def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: PreprocessConfig) -> PreprocessSpec | None:
+
+def preprocess_spec_for(
+    model_path: Path, graph: gs.Graph, config: PreprocessConfig, data: DataConfig | None = None
+) -> PreprocessSpec | None:
     """Preprocessing for image data: `config.preset`, else the model's sidecar `<model>.json`, else
     ImageNet's; then the fields given one by one (`config.overrides`: --mean, --std, ...) over it. None for
-    a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none)."""
+    a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none), and
+    when `data` is arrays only and the default recipe does not fit the input (a grey input against
+    ImageNet's per-channel mean): arrays are fed as they are, and the default was only a guess for images,
+    so it is neither applied nor checked. Without data, or with images, that misfit is an error that says
+    what to pass."""
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
     if len(graph.inputs) != 1 and (config.overrides or config.preset is not None):
         from trtopt.data.overrides import refuse_for_multi_input
@@ -46,6 +55,11 @@ def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: PreprocessCon
     except ShapeError:
         if config.preset is not None or overrides:
             raise
+        return None
+    except DataError as exc:
+        if config.preset is not None or overrides or not (data and data.sources and holds_only_arrays(data.source)):
+            raise
+        log.info("input %r: the default preprocessing does not fit (%s); the plan stores none", tensor.name, exc.what)
         return None
 
 
