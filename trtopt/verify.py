@@ -338,6 +338,13 @@ def build_verified(
                 raise
             log.warning("the %s plan is valid but not compared with a reference: %s", backend.name, exc.what)
             return plan, None
+        except TrtoptError as exc:  # not valid: for a model another tool quantised, that is the likely reason
+            from trtopt.quant.prequantized import prequantized_build_error
+
+            instead = prequantized_build_error((n.op_type for n in fp32.graph.node), backend.name, exc)
+            if instead is None:
+                raise
+            raise instead from None
         if not strict and not result.ok:
             log.warning("the %s kernels differ from the plan's Q/DQ reference beyond the CPU tolerance (%s; "
                         "tolerance %.3g); the plan is written with that record", backend.name,
