@@ -3,9 +3,11 @@
 trtopt quantises float models: it places its own Q/DQ pairs, measures their thresholds and lowers that form
 for a backend. A graph whose activations are quantised already (ONNX Runtime's `quantize_static`, in either
 of its formats: QuantizeLinear/DequantizeLinear pairs or QLinearConv-style operators; a TensorRT
-explicit-quantisation export) has no float activation left to measure (`--int8` would stop at "No tensors to
-calibrate", issue #13), and the CPU backend's lowering assumes trtopt's own symmetric form. Such a model is
-refused up front with what was found and what to do.
+explicit-quantisation export) has no float activation left to measure: `--int8` used to stop at "No tensors
+to calibrate" (issue #13), and now says what it found and what to do before any work. Without --int8 the
+graph is built as it is and verified like any plan; where the backend cannot build it (the CPU backend's
+lowering reads int8 activations as trtopt's symmetric form), the error says the model was quantised already
+instead of blaming trtopt's passes.
 
 Weight-only dequantisation (a DequantizeLinear on a constant weight, no QuantizeLinear) is not refused:
 constant folding turns it into a float weight, and the model is a float model from there on.
