@@ -19,8 +19,10 @@ from trtopt.build import BuildConfig, build_plan
 from trtopt.cli.main import main
 from trtopt.data import DataConfig
 from trtopt.engine import Engine
+from trtopt.errors import TrtoptError
 from trtopt.execution import OrtSession
 from trtopt.plan import write_plan
+from trtopt.quant import QuantConfig
 from trtopt.quant.prequantized import refuse_prequantized
 from trtopt.zoo.builder import GraphBuilder
 
@@ -98,7 +100,28 @@ def test_a_build_without_int8_that_cannot_keep_it_says_why(work: Path, fmt: str,
     assert "bug in trtopt" not in err and not out.exists()
 
 
-def test_weight_only_dequantisation_is_a_float_model() -> None:
-    refuse_prequantized(["DequantizeLinear", "Conv", "Relu"])  # constant folding makes it float: not refused
-    with pytest.raises(Exception, match="2 QLinearConv, 1 QuantizeLinear nodes"):
+def test_weight_only_dequantisation_is_a_float_model(tmp_path: Path) -> None:
+    """input ─ Conv (weight: DequantizeLinear(int8 constant)) ─ Relu ─ Conv: folding makes the weight float,
+    so --int8 calibrates and builds it like any float model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    refuse_prequantized(["DequantizeLinear", "Conv", "Relu"])
+    with pytest.raises(TrtoptError, match="2 QLinearConv, 1 QuantizeLinear nodes"):
         refuse_prequantized(["QuantizeLinear", "QLinearConv", "QLinearConv", "Relu"])
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.integers(-127, 128, (16, 3, 3, 3)).astype(np.int8), "wq"),
+               numpy_helper.from_array(np.full(16, 0.01, np.float32), "ws"),
+               numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) * 0.1).astype(np.float32), "w2")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], axis=0),
+             helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "weight_only", [helper.make_tensor_value_info("input", TensorProto.FLOAT, SHAPE)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "w.onnx")
+    np.save(tmp_path / "x.npy", rng.random((8, *SHAPE[1:])).astype(np.float32))
+    config = BuildConfig(backend="cpu", data=DataConfig((str(tmp_path / "x.npy"),)), quant=QuantConfig(min_channels=1))
+    result = build_plan(tmp_path / "w.onnx", config)
+    quant = result.plan.metadata.quant
+    assert quant is not None and len(quant.int8_layers) == 2  # both convs, the dequantised weight included
+    assert result.verification is not None and result.verification.ok
+    assert result.verification.reference_vs_fp32.cosine > 0.99
