@@ -50,14 +50,15 @@ KERNEL_FLOOR = 1e-4
 # (cosine 0.17), so kernels at relative error 0.39 from the reference (cosine 0.79) passed a tolerance of
 # 1.88 (issue #13). Where the reference is that far from FP32, rounding differences no longer stay rounding
 # (a value near a step boundary lands on the other side, and the layers after amplify it), so the kernels no
-# longer run the plan's math in any useful sense. Exact kernels on plans that are fine stay far below 0.2:
-# 0.03-0.05 on the demo model with all four threshold methods, and 0.046 for ONNX Runtime's own reduce_range
-# model, whose reference is 0.22 from FP32 (AVX2, BENCHMARKS.md, "What each plan means and what this CPU
-# computes"). A VNNI CPU's u8s8 kernels compute the same exact integer sums as AVX2's u8u8 ones, so the same
-# figures hold there (reasoned, not measured on VNNI for this bound). 0.2, one part in five (cosine about
-# 0.98), is four times the largest exact-kernel error measured and below the 0.23-0.41 of saturating u8s8
-# kernels, which the 2x rule catches first on plans that are fine.
-KERNEL_CAP = 0.2
+# longer run the plan's math in any useful sense. Exact kernels on plans that are fine stay well below the
+# cap. Measured on AVX2 (u8u8): 0.03-0.05 on the demo model with all four threshold methods, 0.046 for ONNX
+# Runtime's own reduce_range model whose reference is 0.22 from FP32 (BENCHMARKS.md, "What each plan means
+# and what this CPU computes"); on the zoo's models built as tests/test_zoo_models.py builds them (4
+# calibration samples, no sensitivity search) 0.00-0.07, and 0.12-0.13 on table-cls (reference 0.13 and
+# 0.41 from FP32), the largest seen. A VNNI CPU's u8s8 kernels compute the same exact integer sums as AVX2's
+# u8u8 ones, so the same figures are expected there (reasoned, not measured on VNNI for this bound). 0.25
+# (cosine about 0.97) keeps about twice that largest figure as margin and still refuses the 0.39 above.
+KERNEL_CAP = 0.25
 # A reference whose worst output's mean cosine with FP32 is below this is flagged loudly (it is not refused:
 # the plan computes what was asked; the thresholds or the layers chosen are what is wrong). On the demo
 # classifier, INT8 logits at mean cosine 0.92 with FP32 agreed on 74% of top-1 classes and at 0.978 on 89%
