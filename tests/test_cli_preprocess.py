@@ -122,6 +122,34 @@ def test_calibrate_takes_the_flags(work: Path) -> None:
     assert json.loads(cache.read_text())["thresholds"]["input"] == pytest.approx(120 / 255, rel=1e-6)
 
 
+def test_arrays_feed_a_grey_model_as_they_are(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """input [1, 1, 28, 28] ─ Conv 3x3 (16) ─ Relu ─ Conv 3x3 (16): ready-made .npy / .npz inputs need no
+    preprocessing, so ImageNet's RGB mean (the default) is neither applied nor refused; images still are."""
+    b = GraphBuilder("grey_convs", seed=0)
+    y = b.conv(b.relu(b.conv(b.input("input", [1, 1, 28, 28]), 1, 16, 3)), 16, 16, 3)
+    onnx.save(b.build([y]), work / "convs.onnx")
+    arrays = np.random.default_rng(0).random((12, 1, 28, 28)).astype(np.float32)
+    np.save(work / "x.npy", arrays)
+    np.savez(work / "x.npz", input=arrays)
+    for data in ("x.npy", "x.npz"):
+        plan = work / f"{data}.engine"
+        argv = ["build", str(work / "convs.onnx"), "--int8", "--calib", str(work / data), "-o", str(plan)]
+        assert main([*argv, "--backend", "cpu", "--json"]) == 0, capsys.readouterr().err
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["int8_layers"] >= 1 and summary["verification"]["reference_vs_fp32"]["cosine"] > 0.99
+        assert read_plan(plan).preprocess is None  # nothing stored that images would need
+    assert main(["run", str(plan), str(work / "x.npy"), "--json"]) == 0
+    assert main(["compare", str(work / "convs.onnx"), str(plan), "--data", str(work / "x.npz"), "--json"]) == 0
+    capsys.readouterr()
+    cache = work / "cache.json"
+    assert main(["calibrate", str(work / "convs.onnx"), "--calib", str(work / "x.npy"), "-o", str(cache)]) == 0
+    assert json.loads(cache.read_text())["thresholds"]["input"] == pytest.approx(float(arrays.max()), rel=0.05)
+    capsys.readouterr()
+    assert main(["build", str(work / "convs.onnx"), "--int8", "--calib", str(work / "wide.png"), "-o",
+                 str(work / "img.engine")]) == 2  # fmt: skip
+    assert "1 (grey) channel" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

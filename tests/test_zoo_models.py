@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from zoo_fixtures import ZooCase, zoo_model  # noqa: F401  (the fixture)
+from zoo_fixtures import ZooCase, zoo_case, zoo_model  # noqa: F401  (the fixture)
 
 from trtopt.cli.main import main
 from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
@@ -78,3 +78,22 @@ def test_builds_int8_on_cpu_with_verification(zoo_model: ZooCase, tmp_path: Path
     assert verification["samples"] == 4
     assert verification["kernels_vs_reference"]["rel_error"] <= verification["tolerance"]
     assert summary["int8_layers"] > 0
+
+
+@pytest.mark.slow
+def test_a_plan_calibrated_on_the_wrong_data_is_called_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #13: PP-OCRv4-det calibrated on photos (not pages) with entropy and no sensitivity search has an
+    INT8 reference far from FP32. Whether its kernels then stay under the tolerance cap (plan written, flagged)
+    or not (refused), the build says the plan's own math is far from FP32 and what to change."""
+    case = zoo_case("ppocr-v4-det")
+    plan = tmp_path / "det.engine"
+    argv = ["build", str(case.path), "--int8", "--calib", "calib_data", "--calib-count", "16", "--verify-samples", "4",
+            "--calib-batch", "4", "--method", "entropy", "--no-auto-exclude", "--backend", "cpu", "-o", str(plan),
+            "--json", *case.model.preprocess, *shapes_flag(case)]  # fmt: skip
+    code = main(argv)
+    captured = capsys.readouterr()
+    if code == 0:
+        summary = json.loads(captured.out)
+        assert summary["verification"]["far_from_fp32"] and "far from FP32" in summary["warnings"][0]
+    else:
+        assert code == 2 and "far from FP32 too" in captured.err and "--calib" in captured.err and not plan.exists()

@@ -126,7 +126,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     labels = _labels(graph, config.labels)  # everything up to `fp32` is checked before the slow work
     backend, reason = select_backend(config.backend)
     options = backend.options(config, graph)
-    spec = preprocess_spec_for(path, graph, config.preprocess)
+    spec = preprocess_spec_for(path, graph, config.preprocess, config.data)
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
     quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement

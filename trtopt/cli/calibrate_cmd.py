@@ -82,7 +82,7 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
     preprocess = preprocess_config(args)
     model = Path(args.model)
     graph = optimize(load_graph(model, graph_config, int8=True, batch=data.batch), graph_config.passes).graph
-    spec = preprocess_spec_for(model, graph, preprocess)
+    spec = preprocess_spec_for(model, graph, preprocess, data)
     with phase_progress("calibration", disable=args.json) as on_progress:
         dataset = load_samples(graph, spec, data)
         return calibrate_graph(graph, onnx_from_graph(graph), quantizable_tensors(graph), calib, dataset=dataset,

@@ -109,12 +109,12 @@ def _sidecar(model: Path, output: Path) -> bytes | None:
 def _batches(args: argparse.Namespace, model: Any, shapes: Any) -> list[tuple[dict, int]]:
     """The --calib samples, preprocessed as `trtopt build` would for this model, held in memory."""
     from trtopt.cli.preprocess_args import preprocess_config
-    from trtopt.data import input_infos_from_graph, load_dataset
+    from trtopt.data import DataConfig, input_infos_from_graph, load_dataset
     from trtopt.data.samples import preprocess_spec_for
     from trtopt.frontend import graph_from_onnx
 
     graph = graph_from_onnx(model, shapes=shapes, fold_constants=False)
-    spec = preprocess_spec_for(Path(args.model), graph, preprocess_config(args))
+    spec = preprocess_spec_for(Path(args.model), graph, preprocess_config(args), DataConfig(tuple(args.calib)))
     source = args.calib if len(args.calib) > 1 else args.calib[0]
     dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=args.calib_count)
     return [(b.feeds, len(b)) for b in dataset.batches(args.batch)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from trtopt.cli.console import out
@@ -34,6 +35,8 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         summary[result.report.key] = result.report.to_dict()
     if result.verification is not None:
         summary["verification"] = result.verification.to_dict()
+        if result.verification.warning:
+            summary["warnings"] = [result.verification.warning]
     if meta.get("sparsity"):
         summary["sparsity"] = meta["sparsity"]
     return summary
@@ -73,6 +76,8 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
         table.add_row("verified", verification_text(verification))
     if summary.get("sparsity"):
         table.add_row("2:4 sparsity", sparsity_text(summary["sparsity"]))
+    for warning in summary.get("warnings", []):
+        table.add_row("[bold red]WARNING[/]", f"[bold red]{escape(warning)}[/]")
     times = summary["stage_seconds"]
     table.add_row(
         "time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)"

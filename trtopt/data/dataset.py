@@ -279,6 +279,13 @@ def load_dataset(
     return Dataset(items, inputs, spec, count, skipped)
 
 
+def holds_only_arrays(source: Source) -> bool:
+    """Whether `source` has data files and every one is an array (.npy/.npz), fed as it is: no image
+    preprocessing applies to it. Raises `DataError` for missing paths, like `load_dataset`."""
+    files, _ = _collect_files(source)
+    return bool(files) and all(f.suffix.lower() in ARRAY_EXTENSIONS for f in files)
+
+
 def _collect_files(source: Source) -> tuple[list[Path], list[Path]]:
     """(files with a known extension, in order; files ignored for their extension)."""
     entries = [source] if isinstance(source, (str, os.PathLike)) else list(source)

@@ -4,26 +4,37 @@ samples the build verifies its plan on."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from trtopt.data.config import DataConfig, PreprocessConfig
-from trtopt.data.dataset import Dataset, load_dataset
+from trtopt.data.dataset import Dataset, holds_only_arrays, load_dataset
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import input_infos_from_graph
 from trtopt.data.preprocess import PreprocessSpec
-from trtopt.errors import ShapeError
+from trtopt.errors import DataError, ShapeError
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
     from trtopt.verify import Checks
 
+log = logging.getLogger(__name__)
 
-def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: PreprocessConfig) -> PreprocessSpec | None:
+
+def preprocess_spec_for(
+    model_path: Path, graph: gs.Graph, config: PreprocessConfig, data: DataConfig | None = None
+) -> PreprocessSpec | None:
     """Preprocessing for image data: `config.preset`, else the model's sidecar `<model>.json`, else
     ImageNet's; then the fields given one by one (`config.overrides`: --mean, --std, ...) over it. None for
-    a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none)."""
+    a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none), and
+    when `data` is arrays only and the default recipe does not fit the input (a grey input against
+    ImageNet's per-channel mean): arrays are fed as they are, and the default was only a guess for images,
+    so it is neither applied nor checked. Without data, or with images, that misfit is an error that says
+    what to pass."""
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
     if len(graph.inputs) != 1 and (config.overrides or config.preset is not None):
         from trtopt.data.overrides import refuse_for_multi_input
@@ -45,6 +56,11 @@ def preprocess_spec_for(model_path: Path, graph: gs.Graph, config: PreprocessCon
         if config.preset is not None or overrides:
             raise
         return None
+    except DataError as exc:
+        if config.preset is not None or overrides or not (data and data.sources and holds_only_arrays(data.source)):
+            raise
+        log.info("input %r: the default preprocessing does not fit (%s); the plan stores none", tensor.name, exc.what)
+        return None
 
 
 def load_samples(graph: gs.Graph, spec: PreprocessSpec | None, data: DataConfig, count: int | None = None) -> Dataset:
@@ -64,7 +80,7 @@ def calibration_and_checks(
     """(calibration data or None, the `checks` verification samples). When the build calibrates on a large
     enough set (8 x `checks` or more), its last `checks` samples are held back for verification; a smaller
     set shares them; a build without data verifies on random inputs."""
-    from trtopt.verify import Checks, random_checks
+    from trtopt.verify import Checks
 
     if not data.sources:
         return None, random_checks(graph, spec, checks, data.batch)
@@ -78,3 +94,33 @@ def calibration_and_checks(
         source = f"{min(checks, len(dataset))} of the {len(dataset)} calibration samples ({shared})"
     batches = [(b.feeds, b.rows) for b in held.batches(data.batch)]
     return dataset, Checks(batches, source, len(held))
+
+
+def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batch: int) -> Checks:
+    """Random inputs where no data was given: noise images through the model's preprocessing, else
+    standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
+    from trtopt.data.arrays import has_batch_axis
+    from trtopt.data.preprocess import preprocess_images
+    from trtopt.verify import Checks
+
+    rng = np.random.default_rng(0)
+    infos = input_infos_from_graph(graph)
+    if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
+        whole = {info.name: _random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
+        return Checks([(whole, None)], "1 random feed (no data given: checks the kernels, not accuracy)", 1)
+    fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
+    rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
+    feeds: dict[str, Any] = {}
+    for info in infos:
+        if spec is not None and len(infos) == 1:
+            images = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8) for _ in range(rows)]
+            feeds[info.name] = preprocess_images(images, spec)
+            continue
+        shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
+        feeds[info.name] = _random_array(rng, shape, info.dtype)
+    return Checks([(feeds, None)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)", rows)
+
+
+def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:
+    value = rng.standard_normal(shape) if np.issubdtype(dtype, np.floating) else np.zeros(shape)
+    return value.astype(dtype)

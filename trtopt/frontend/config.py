@@ -49,10 +49,15 @@ class GraphConfig:
 def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int) -> gs.Graph:
     """The model at `path` as a graph with static shapes, ready for the passes. INT8 needs per-axis Q/DQ
     (opset 13): the front end converts older models (trtopt.frontend.opset). The memory check runs before
-    anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit."""
+    anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit. An INT8
+    build of a model quantised already is refused here (trtopt.quant.prequantized)."""
     from trtopt.memory import check_graph_memory
 
     model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
+    if int8:  # a graph quantised already has nothing to calibrate: say so before any work
+        from trtopt.quant.prequantized import refuse_prequantized
+
+        refuse_prequantized(node.op_type for node in model.graph.node)
     graph = graph_from_onnx(model, shapes=dict(config.shapes) if config.shapes else None)
     require_static_shapes(graph)
     check_graph_memory(graph, batch)
