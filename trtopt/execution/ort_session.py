@@ -110,16 +110,18 @@ class ReusedOutputs:
     """Runs of one `OrtSession` whose outputs land in preallocated arrays, reused every `depth` runs.
 
     `session.run` hands back fresh arrays each time; ONNX Runtime's arena reuses its memory, but with
-    hundreds of MB of exposed tensors a batch it still maps and faults fresh pages (about 500 faults an
-    image on EfficientNet-Lite0 at batch 8: 1.3-2.4 CPU ms of kernel time per image, a tenth of the
-    inference; `tools/bench_calibration_profile.py`). Here each run writes through ONNX Runtime's IO
-    binding into one of `depth` sets of arrays, allocated once per input shape, so after the first runs no
-    page is faulted. The arrays returned by a run are overwritten `depth` runs later: a caller that
-    keeps a batch's outputs while the next batch runs (calibration counts them) needs depth 2.
+    hundreds of MB of exposed tensors a batch it still maps and faults fresh pages (measured on
+    EfficientNet-Lite0 at batch 8 with 60 exposed tensors: 450-950 page faults and 1.3-2.4 ms of system
+    time an image, about a tenth of the inference; `tools/bench_calibration_profile.py`). Here each run
+    writes through ONNX Runtime's IO binding into one of `depth` sets of arrays, allocated once per input
+    shape, so after the first runs no page is faulted. The arrays returned by a run are overwritten
+    `depth` runs later: a caller that keeps a batch's outputs while the next batch runs (calibration
+    counts them) needs depth 2.
 
-    A requested name that is a model input comes back as the fed array. The first run of each input shape
-    is a plain run (it learns the output shapes); a shape ONNX Runtime refuses to write into (outputs whose
-    shape depends on the values) falls back to plain runs for that input shape.
+    A requested name that is a model input comes back as the fed array. The first run of each new input
+    shape is a plain run (it learns the output shapes, and its arrays become the first set); a shape ONNX
+    Runtime refuses to write into (outputs whose shape depends on the values) falls back to plain runs for
+    that input shape.
     """
 
     def __init__(self, session: OrtSession, outputs: Sequence[str], depth: int = 2) -> None:
@@ -137,7 +139,9 @@ class ReusedOutputs:
         key = tuple((n, a.shape, a.dtype.str) for n, a in inputs.items())
         if key not in self._sets:
             values = self.session.run(feeds, outputs=self._bound)  # these arrays become the first set
-            self._sets[key] = [self._binding(values, reuse=k == 0) for k in range(self.depth)]
+            # Sets for the latest input shape only: memory stays at `depth` batches (a caller still holding
+            # arrays of the previous shape keeps them alive until it lets go).
+            self._sets = {key: [self._binding(values, reuse=k == 0) for k in range(self.depth)]}
             self._runs = 1
             return self._result(values, inputs)
         sets = self._sets[key]
