@@ -229,7 +229,7 @@ def test_bench_calibration_profile_times_every_stage_at_one_and_two_threads() ->
     for row in rows:
         values = numbers([row[1], row[2], row[3], row[4]])
         assert all(math.isfinite(v) and v >= 0 for v in values), row
-    layout = re.search(r"has (\d+) layout conversions .* and (\d+) unfused Adds .*, (\d+) and (\d+) with them", stdout)
+    layout = re.search(r"has (\d+) `ReorderOutput` .* and (\d+) unfused `Add` .*, (\d+) and (\d+) with them", stdout)
     assert layout is not None, stdout[-2000:]
     bare_reorders, _, exposed_reorders, _ = (int(v) for v in layout.groups())
     assert exposed_reorders > bare_reorders  # the exposed tensors leave ONNX Runtime's blocked layout
