@@ -2,7 +2,7 @@
 """Where calibration's CPU time goes, stage by stage, against bare FP32 inference (issue #18).
 
     python tools/bench_calibration_profile.py [--model models/efficientnet_lite0.onnx | light:resnet50]
-        [--size 2880x1920] [--count 32] [--batch 8] [--repeat 3] [--out docs/benchmarks/calibration-profile.md]
+        [--size 2880x1920] [--count 32] [--batch 8] [--repeat 5] [--out docs/benchmarks/calibration-profile.md]
 
 Each stage of `trtopt calibrate` runs alone, one after the other, on --count camera-sized photos made
 from calib_data/ (tools/realistic_photos.py), and its CPU seconds (user + system, all threads of this
@@ -11,8 +11,9 @@ process) are measured: decoding and preprocessing (draft and full), FP32 inferen
 the calibrated tensors exposed (as calibration runs it: outputs written into reused arrays, and, for
 comparison, into fresh arrays from `session.run`), and counting them into histograms. Inference runs at
 1 and 2 intra-op threads (ONNX Runtime's threads do not spin, as in calibration), in the steady state a
-long calibration reaches (every stage once over all the batches before it is timed), and each time is the
-median of --repeat passes. Overlapping the stages can hide idle time, never CPU time: on C cores
+long calibration reaches (every stage once over all the batches before it is timed); each time is the
+median of --repeat passes, taken round-robin over the inference rows of one thread count so that other
+jobs' load falls on them alike. Overlapping the stages can hide idle time, never CPU time: on C cores
 calibration cannot take less wall time than its CPU seconds / C, which this script sets against FP32
 inference's. The section also counts the layout conversions ONNX Runtime adds for the exposed tensors.
 """
@@ -111,13 +112,18 @@ def inference_rows(
         (f"inference, optimised model, {len(tensors)} tensors exposed, reused arrays (calibration)", reused.run),
         (f"inference, optimised model, {len(tensors)} tensors exposed, fresh arrays (`session.run`)", run_fresh),
     ]
-    rows = []
-    for label, run in runs:
+    for _, run in runs:
         for _ in range(-(-3 // len(batches))):  # warm-up, 3 runs at least: ONNX Runtime's arena and both
             [run(b) for b in batches]  # sets of reused arrays are allocated and touched before the timing
-        _, wall, cpu = measured(lambda run=run: [run(b) for b in batches], repeat)
-        rows.append((f"{label}, {threads} thread{'s' if threads > 1 else ''}", wall, cpu))
-    return rows
+    times: list[list[tuple[float, float]]] = [[] for _ in runs]
+    for _ in range(repeat):  # round-robin, so that other jobs' load falls on every row alike
+        for timed, (_, run) in zip(times, runs, strict=True):
+            timed.append(measured(lambda run=run: [run(b) for b in batches])[1:])
+    suffix = f", {threads} thread{'s' if threads > 1 else ''}"
+    return [
+        (label + suffix, statistics.median(w for w, _ in timed), statistics.median(c for _, c in timed))
+        for (label, _), timed in zip(runs, times, strict=True)
+    ]
 
 
 def counting_row(tensors: list[str], batches: list, optimised: onnx.ModelProto, repeat: int) -> Row:
@@ -162,7 +168,7 @@ def main() -> None:
     parser.add_argument("--size", default="2880x1920")
     parser.add_argument("--count", type=int, default=32)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeat", type=int, default=3, help="timed passes per inference/counting row (median)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed passes per inference/counting row (median)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
