@@ -121,7 +121,7 @@ class ReusedOutputs:
     A requested name that is a model input comes back as the fed array. The first run of each new input
     shape is a plain run (it learns the output shapes, and its arrays become the first set); a shape ONNX
     Runtime refuses to write into (outputs whose shape depends on the values) falls back to plain runs for
-    that input shape.
+    that input shape. One caller at a time: unlike `OrtSession.run`, this is not thread-safe.
     """
 
     def __init__(self, session: OrtSession, outputs: Sequence[str], depth: int = 2) -> None:
