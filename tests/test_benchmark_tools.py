@@ -215,6 +215,26 @@ def test_bench_calibration_on_photos_compares_with_fp32_inference(tmp_path: Path
     assert len(draft) == 1 and int(draft[0][0]) > 10
 
 
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_bench_calibration_profile_times_every_stage_at_one_and_two_threads() -> None:
+    stdout = run_tool(
+        "tools/bench_calibration_profile.py", "--count", "4", "--batch", "4", "--size", "320x240", "--repeat", "1"
+    )
+    assert "CPU class" in stdout and "photos of 320x240" in stdout
+    rows = table_rows(stdout, "| stage | wall time |")
+    names = [r[0] for r in rows]
+    assert len(rows) == 11 and names[0].startswith("decode") and names[-1].startswith("counting")
+    assert sum("1 thread" in n and "inference" in n for n in names) == 4
+    assert sum("2 threads" in n for n in names) == 4
+    for row in rows:
+        values = numbers([row[1], row[2], row[3], row[4]])
+        assert all(math.isfinite(v) and v >= 0 for v in values), row
+    layout = re.search(r"has (\d+) `ReorderOutput` .* and (\d+) unfused `Add` .*, (\d+) and (\d+) with them", stdout)
+    assert layout is not None, stdout[-2000:]
+    bare_reorders, _, exposed_reorders, _ = (int(v) for v in layout.groups())
+    assert exposed_reorders > bare_reorders  # the exposed tensors leave ONNX Runtime's blocked layout
+
+
 def test_realistic_photos_are_camera_sized_jpegs_that_differ(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     from PIL import Image

@@ -18,6 +18,15 @@ makes single-pass calibration several times faster than ONNX Runtime's.
 
 The same read also adds up each channel (axis 1) in float64, for bias correction's channel means.
 
+Where the loop's time goes (issue #18; EfficientNet-Lite0's 60 calibrated tensors, 7.1 M values an
+image, AVX2 EPYC, 1 thread): about 2.1 ns a value, of which the read and range check take 0.8, the
+increment of the bin 0.7, the zero count 0.3, max|x| 0.1 and the channel sums 0.2. Tried and not kept,
+as none saved more than 8%: raising E for the whole batch first (numpy max/min) and a branch-free loop;
+zeros sent to spare bins, branch-free or not; two or four interleaved copies of the grid (ReLU outputs
+put 20-90% of their values in bin 0, but the chain of increments there is not what bounds the loop);
+a blocked loop whose bins, zero count and sums vectorise, with the increments in a second pass; zeros
+left out of that pass by compaction. The increments alone cost 0.65 ns a value even without repeats.
+
 State of a grid, kept by the caller in a float64 array of `STATE_SIZE`: [E, max|x|, exact zeros,
 non-finite values]. A new grid starts at `EMPTY_EXPONENT`, below every non-zero float32 and float64
 normal number, so the first non-zero value sets E.
