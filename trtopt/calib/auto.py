@@ -98,34 +98,46 @@ def choose_thresholds(
     rows) pairs: the rows of each batch that are real samples, as verification uses them)."""
     from trtopt.execution import OrtSession
 
-    consumers = _consumers(model, set(candidates))
-    needed = set(candidates) | {i for nodes in consumers.values() for n in nodes for i in n.input if i}
+    distinct = {name: distinct_candidates(options) for name, options in candidates.items()}
+    choices = {name: _only(found) for name, found in distinct.items() if len(found) == 1}
+    scored = [name for name in candidates if name not in choices]
+    if not scored:
+        return choices
+    consumers = _consumers(model, set(scored))
+    needed = set(scored) | {i for nodes in consumers.values() for n in nodes for i in n.input if i}
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
     session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False)
     cached = _run(session, batches, sorted(needed))
     runner = _NodeRunner(model, threads)
-    choices = {}
-    for name, options in candidates.items():
-        choices[name] = _choose(name, options, cached, consumers.get(name, []), runner)
-    return choices
+    for name in scored:
+        choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
+    return {name: choices[name] for name in candidates}
 
 
-def _choose(
-    name: str,
-    options: Mapping[str, float],
-    cached: Mapping[str, np.ndarray],
-    nodes: Sequence[onnx.NodeProto],
-    runner: _NodeRunner,
-) -> TensorChoice:
+def distinct_candidates(options: Mapping[str, float]) -> dict[str, float]:
+    """`options` (method -> T, in preference order) without the thresholds equal to an earlier one (within
+    SAME_THRESHOLD, relative): the same grid scores the same, so it is scored once, under the first name."""
     distinct: dict[str, float] = {}
     for method, amax in options.items():
         if not any(abs(amax - kept) <= SAME_THRESHOLD * max(amax, kept) for kept in distinct.values()):
             distinct[method] = amax
+    return distinct
+
+
+def _only(distinct: Mapping[str, float]) -> TensorChoice:
+    method, amax = next(iter(distinct.items()))
+    return TensorChoice(method, amax, {method: 0.0}, "tensor")
+
+
+def _choose(
+    name: str,
+    distinct: Mapping[str, float],
+    cached: Mapping[str, np.ndarray],
+    nodes: Sequence[onnx.NodeProto],
+    runner: _NodeRunner,
+) -> TensorChoice:
     values = cached[name]
-    if len(distinct) == 1:
-        method, amax = next(iter(distinct.items()))
-        return TensorChoice(method, amax, {method: 0.0}, "tensor")
     # The float values and each candidate's rounding of them, stacked along axis 0: made once, read by every node.
     stacked = np.concatenate([values, *(fake_quantize(values, t) for t in distinct.values())])
     errors = np.zeros(len(distinct))
