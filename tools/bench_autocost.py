@@ -120,7 +120,7 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "| model | tensors | entropy wall s | auto wall s | auto / entropy (wall) | "
         "entropy CPU s | auto CPU s | auto / entropy (CPU) | budget | auto: histograms s + thresholds & scoring s | auto's choices |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, r in results.items():
         if r is None:

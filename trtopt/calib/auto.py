@@ -81,10 +81,15 @@ def scoring_split(dataset: Any, batch: int) -> tuple[Any, list[tuple[Feeds, int]
     return dataset, [(b.feeds, len(b)) for b in scored.batches(batch)]
 
 
-def fake_quantize(values: np.ndarray, amax: float) -> np.ndarray:
-    """Round to the symmetric INT8 grid of threshold `amax` and back (TensorRT's Q/DQ, zero point 0)."""
+def fake_quantize(values: np.ndarray, amax: float, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Round to the symmetric INT8 grid of threshold `amax` and back (TensorRT's Q/DQ, zero point 0), as
+    float32; into `out` (the shape of `values`) if given."""
     scale = np.float32(amax / QMAX)
-    return np.clip(np.rint(values / scale), -QMAX, QMAX).astype(np.float32) * scale
+    out = np.empty(np.shape(values), np.float32) if out is None else out
+    np.divide(values, scale, out=out, dtype=np.float32)
+    np.rint(out, out=out)
+    np.clip(out, -QMAX, QMAX, out=out)
+    return np.multiply(out, scale, out=out)
 
 
 def choose_thresholds(
@@ -104,7 +109,9 @@ def choose_thresholds(
     if not scored:
         return choices
     consumers = _consumers(model, set(scored))
-    needed = set(scored) | {i for nodes in consumers.values() for n in nodes for i in n.input if i}
+    nodes = [n for found in consumers.values() for n in found]
+    # what the consumers read, and their float outputs: the reference each candidate is measured against
+    needed = set(scored) | {t for n in nodes for t in (*n.input, *n.output) if t}
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
     session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False)
@@ -138,31 +145,35 @@ def _choose(
     runner: _NodeRunner,
 ) -> TensorChoice:
     values = cached[name]
-    # The float values and each candidate's rounding of them, stacked along axis 0: made once, read by every node.
-    stacked = np.concatenate([values, *(fake_quantize(values, t) for t in distinct.values())])
+    # Each candidate's rounding of the values, stacked along axis 0: made once, read by every node.
+    stacked = np.empty((len(distinct) * values.shape[0], *values.shape[1:]), np.float32)
+    for part, amax in zip(np.split(stacked, len(distinct)), distinct.values(), strict=True):
+        fake_quantize(values, amax, out=part)
     errors = np.zeros(len(distinct))
     scored = 0
     for node in nodes:
-        node_errors = runner.errors(node, name, stacked, len(distinct) + 1, cached)
+        node_errors = runner.errors(node, name, stacked, len(distinct), cached)
         if node_errors is not None:
             errors += node_errors
             scored += 1
     if scored == 0:
-        parts = np.split(stacked, len(distinct) + 1)
-        errors = np.array([_relative_error(part, parts[0]) for part in parts[1:]])
+        errors = _relative_errors(stacked, values)
     best = int(np.argmin(errors))  # the first of equal scores: the candidates come in preference order
     method = list(distinct)[best]
     scores = dict(zip(distinct, (float(e) for e in errors), strict=True))
     return TensorChoice(method, distinct[method], scores, "consumers" if scored else "tensor")
 
 
-def _relative_error(test: np.ndarray, reference: np.ndarray) -> float:
-    """||test - reference||^2 / ||reference||^2, with BLAS dot products (float32 in, float64 out)."""
+def _relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """||part - reference||^2 / ||reference||^2 for each of the equal parts of `stacked` along axis 0 (its
+    copies of `reference`'s shape), with BLAS dot products; `stacked` is overwritten with the differences."""
     ref = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
-    diff = np.ascontiguousarray(test, dtype=np.float32).reshape(-1) - ref
     energy = float(np.dot(ref, ref))
-    error = float(np.dot(diff, diff))
-    return error / energy if energy > 0 else error
+    parts = np.ascontiguousarray(stacked, dtype=np.float32).reshape(-1, ref.size)
+    parts = parts if parts.flags.writeable else parts.copy()
+    np.subtract(parts, ref, out=parts)
+    errors = np.array([float(np.dot(diff, diff)) for diff in parts])
+    return errors / energy if energy > 0 else errors
 
 
 def _consumers(model: onnx.ModelProto, names: set[str]) -> dict[str, list[onnx.NodeProto]]:
@@ -225,8 +236,8 @@ class _NodeRunner:
         copies: int,
         cached: Mapping[str, np.ndarray],
     ) -> np.ndarray | None:
-        """Relative squared error of the node's float outputs for each rounding of `name` in `stacked` (the
-        float values first, then one copy per candidate), or None if the node cannot run alone."""
+        """Relative squared error of the node's float outputs (`cached`, from the FP32 model) for each rounding
+        of `name` in `stacked` (one copy per candidate), or None if the node cannot run alone."""
         rows = stacked.shape[0] // copies
         feeds = {}
         for i in dict.fromkeys(node.input):
@@ -241,19 +252,21 @@ class _NodeRunner:
                 feeds[i] = np.concatenate([other] * copies) if grows else other
             else:
                 return None
+        references = [cached.get(o) for o in node.output if o]
+        if any(r is None or not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
+            return None
         failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
         try:
             outputs = self._session(node, feeds).run(None, feeds)  # type: ignore[attr-defined]
         except failures as exc:
             log.debug("auto calibration: %s (%s) cannot run alone on stacked inputs: %s", node.name, node.op_type, exc)
             return None
-        errors = np.zeros(copies - 1)
-        for out in outputs:
+        errors = np.zeros(copies)
+        for out, reference in zip(outputs, references, strict=True):
             out = np.asarray(out)
-            if not np.issubdtype(out.dtype, np.floating) or out.ndim == 0 or out.shape[0] % copies:
+            if out.dtype != reference.dtype or out.shape != (copies * reference.shape[0], *reference.shape[1:]):
                 return None
-            parts = np.split(out, copies)
-            errors += [_relative_error(part, parts[0]) for part in parts[1:]]
+            errors += _relative_errors(out, reference)
         return errors
 
     def _session(self, node: onnx.NodeProto, feeds: Feeds) -> object:
