@@ -75,7 +75,7 @@ def test_bounded_tensors_are_not_scored_and_end_as_before(monkeypatch: pytest.Mo
     assert counting.built[_consumer_of(model, "six")] == 0 and counting.built[_consumer_of(model, "x")] == 1
     scored = calibrate(model, calib, tensors, CalibConfig(method="auto"), score_batches=scoring)
     assert counting.built[_consumer_of(model, "six")] == 1  # without at_max it is scored
-    assert bounded_at_max(graph, skipped) .amax == bounded_at_max(graph, scored).amax
+    assert bounded_at_max(graph, skipped).amax == bounded_at_max(graph, scored).amax
     assert bounded_at_max(graph, skipped).choices == bounded_at_max(graph, scored).choices
 
 
@@ -87,8 +87,8 @@ def test_the_stage_passes_its_bounded_tensors(monkeypatch: pytest.MonkeyPatch, t
 
     data = DataConfig(sources=(str(tmp_path / "calib.npz"),))
     counting = _Counting(monkeypatch)
-    found = calibrate_graph(graph, model, ["x", "six", "hidden"], CalibConfig(), dataset=load_samples(graph, None, data),
-                            data=data)  # fmt: skip
+    found = calibrate_graph(graph, model, ["x", "six", "hidden"], CalibConfig(),
+                            dataset=load_samples(graph, None, data), data=data)  # fmt: skip
     assert found.choices is not None and found.choices["six"] == "max"
     assert counting.built[_consumer_of(model, "six")] == 0
     unbounded = calibrate_graph(graph, model, ["x", "six", "hidden"], CalibConfig(bounded_max=False),

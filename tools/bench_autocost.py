@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections import Counter
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,8 @@ INTRO = (
 
 def table(results: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
-        "| model | tensors | entropy wall s | auto wall s | auto / entropy (wall) | "
-        "entropy CPU s | auto CPU s | auto / entropy (CPU) | budget | auto: histograms s + thresholds & scoring s | auto's choices |",
+        "| model | tensors | entropy wall s | auto wall s | auto / entropy (wall) | entropy CPU s | auto CPU s | "
+        "auto / entropy (CPU) | budget | auto: histograms s + thresholds & scoring s | auto's choices |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for name, r in results.items():

@@ -7,26 +7,34 @@ it clips a tensor whose few large channels feed large weights, and one 1x1 conv'
 tensor the candidates of `AUTO_CANDIDATES` (entropy, mse, percentile, max: already computed from the one
 histogram) are scored by what they do downstream:
 
-1. run the FP32 model once on a few held-back samples with every calibrated tensor, and every other input
-   of the nodes that read one, exposed (the activations are cached for step 2);
+1. run the FP32 model once on a few held-back samples with every scored tensor, every other input of the
+   nodes that read one, and those nodes' outputs exposed (cached for step 2: the outputs are the reference);
 2. for each tensor and each node that reads it, run that node alone (a one-node ONNX model in ONNX Runtime,
-   the node's own weights) on the float input and on the input rounded and clipped to each candidate's INT8
-   grid, all candidates stacked along the batch axis in one call;
+   the node's own weights) on the input rounded and clipped to each candidate's INT8 grid, all candidates
+   stacked along the batch axis in one call;
 3. the score of a candidate is the sum over those nodes of ||y_q - y||^2 / ||y||^2; the lowest wins, ties
    go to the earlier candidate. A node that cannot run alone on stacked samples (a Reshape to a fixed
    batch, a shape computation) is replaced by the tensor's own relative squared error.
 
 Weighting the rounding error by the consumer's weights is the point: an error on a channel that a conv
-multiplies by 40 counts 40 times more. The cost is that of one forward pass of the model over the scoring
-samples per distinct candidate, plus one for the cache (measured in BENCHMARKS.md, section *auto
-calibration cost*); the histograms are not collected again.
+multiplies by 40 counts 40 times more.
+
+Cost (measured in BENCHMARKS.md, section *auto calibration cost*): one forward pass of the model over the
+scoring samples for the cache, and about one more per distinct candidate (each consumer runs once per
+candidate); the histograms are not collected again. Work that cannot change the result is skipped: equal
+candidates are scored once (`distinct_candidates`), a tensor with one distinct candidate is not run at
+all, and the calibration stage passes its bounded activations (ReLU6, Sigmoid outputs), whose threshold it
+sets to their maximum anyway, with the max candidate alone (`trtopt.calib.collect.calibrate`'s `at_max`).
+On top of the forward passes come the MSE search of every scored tensor's histogram and numpy's rounding
+and error sums, about one pass over each candidate's copy of the tensor each.
 
 Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
 grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-negative tensors that the CPU
 lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
-choice there errs, if anything, towards clipping. Memory: the cache holds every calibrated tensor for
-SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), plus one tensor's candidates at a time.
+choice there errs, if anything, towards clipping. Memory: the cache holds every scored tensor for
+SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
+where those are not scored tensors themselves, plus one tensor's candidates at a time.
 
 The scoring samples must not be the samples the build verifies its plan on (`trtopt.build._data_for` holds
 those back first); `trtopt.build.calibrate_graph` holds back `score_samples` more from the histograms.
@@ -252,8 +260,10 @@ class _NodeRunner:
                 feeds[i] = np.concatenate([other] * copies) if grows else other
             else:
                 return None
-        references = [cached.get(o) for o in node.output if o]
-        if any(r is None or not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
+        if any(o not in cached for o in node.output if o):
+            return None
+        references = [cached[o] for o in node.output if o]
+        if any(not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
             return None
         failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
         try:
