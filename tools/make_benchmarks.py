@@ -123,7 +123,7 @@ SECTIONS = (
     Section(
         "auto-calibration-cost",
         "tools/bench_autocost.py",
-        (),
+        ("--choices", "docs/benchmarks/auto-calibration-cost-choices.json"),
         ("--models", "demo", "--repeats", "1", "--calib-count", "16"),
         False,
     ),
