@@ -124,7 +124,7 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
     ]
     for name, r in results.items():
         if r is None:
-            lines.append(f"| {name} | not cached |" + " – |" * 10)
+            lines.append(f"| {name} | not cached |" + " – |" * 9)
             continue
         e, a = r["entropy"], r["auto"]
         counts = Counter(method for method, _ in r["choices"].values())
