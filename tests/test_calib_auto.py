@@ -77,12 +77,12 @@ def test_heavy_tail_plan_follows_fp32_with_auto_and_not_with_entropy(tmp_path: P
 
 
 def _reshape_model() -> onnx.ModelProto:
-    """x -> Reshape to a fixed [2, 32] -> y: cannot run on candidates stacked along the batch."""
-    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [2, 32])
+    """x -> Reshape to a fixed [2, 64] -> y: runs in FP32, cannot run on candidates stacked along the batch."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [2, 64])
     node = helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], [shape],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], [shape],
     )  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 

@@ -3,7 +3,7 @@
 quantize_static (QDQ, per-channel, after quant_pre_process, MinMax), all calibrated on the same arrays.
 
     python tools/bench_autocalib.py [--models ppocr-rec dddd-det demo light:resnet50 ...]
-        [--variants auto entropy max ort] [--calib-count 64] [--eval-count 48] [--out FILE.md] [--cost]
+        [--variants auto entropy max ort] [--calib-count 64] [--eval-count 48] [--out FILE.md]
 
 Models: the OCR models from the rapidocr-onnxruntime (Apache-2.0) and ddddocr (MIT) wheels, looked up in
 $TRTOPT_AUTOCALIB_DIR (default /work/cache-autocalib: `pip download --no-deps rapidocr-onnxruntime
@@ -13,7 +13,7 @@ tools/text_lines.py (seed 0) and are measured on others (seed 1); classifiers on
 held-out photos. Task metrics, each against FP32 on the evaluation samples: top-1 agreement
 (classifiers), whole-sequence agreement after greedy CTC decoding (recognisers), box F1 at IoU 0.5 after
 YOLOX decoding and NMS (character detector), binarised score-map IoU at 0.3 (text detector), and the
-worst output's cosine for every model. `--cost` also times calibration per method (auto's scoring).
+worst output's cosine for every model. tools/bench_autocost.py times auto's calibration against entropy's.
 """
 
 from __future__ import annotations

@@ -119,6 +119,14 @@ SECTIONS = (
          "--eval-count", "4"),  # fmt: skip
         False,
     ),
+    # Issue #21: what --method auto's scoring costs over entropy, both timed side by side in one run.
+    Section(
+        "auto-calibration-cost",
+        "tools/bench_autocost.py",
+        ("--choices", "docs/benchmarks/auto-calibration-cost-choices.json"),
+        ("--models", "demo", "--repeats", "1", "--calib-count", "16"),
+        False,
+    ),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.

@@ -7,26 +7,34 @@ it clips a tensor whose few large channels feed large weights, and one 1x1 conv'
 tensor the candidates of `AUTO_CANDIDATES` (entropy, mse, percentile, max: already computed from the one
 histogram) are scored by what they do downstream:
 
-1. run the FP32 model once on a few held-back samples with every calibrated tensor, and every other input
-   of the nodes that read one, exposed (the activations are cached for step 2);
+1. run the FP32 model once on a few held-back samples with every scored tensor, every other input of the
+   nodes that read one, and those nodes' outputs exposed (cached for step 2: the outputs are the reference);
 2. for each tensor and each node that reads it, run that node alone (a one-node ONNX model in ONNX Runtime,
-   the node's own weights) on the float input and on the input rounded and clipped to each candidate's INT8
-   grid, all candidates stacked along the batch axis in one call;
+   the node's own weights) on the input rounded and clipped to each candidate's INT8 grid, all candidates
+   stacked along the batch axis in one call;
 3. the score of a candidate is the sum over those nodes of ||y_q - y||^2 / ||y||^2; the lowest wins, ties
    go to the earlier candidate. A node that cannot run alone on stacked samples (a Reshape to a fixed
    batch, a shape computation) is replaced by the tensor's own relative squared error.
 
 Weighting the rounding error by the consumer's weights is the point: an error on a channel that a conv
-multiplies by 40 counts 40 times more. The cost is that of one forward pass of the model over the scoring
-samples per distinct candidate, plus one for the cache (measured in BENCHMARKS.md, section *auto
-calibration cost*); the histograms are not collected again.
+multiplies by 40 counts 40 times more.
+
+Cost (measured in BENCHMARKS.md, section *auto calibration cost*): one forward pass of the model over the
+scoring samples for the cache, and about one more per distinct candidate (each consumer runs once per
+candidate); the histograms are not collected again. Work that cannot change the result is skipped: equal
+candidates are scored once (`distinct_candidates`), a tensor with one distinct candidate is not run at
+all, and the calibration stage passes its bounded activations (ReLU6, Sigmoid outputs), whose threshold it
+sets to their maximum anyway, with the max candidate alone (`trtopt.calib.collect.calibrate`'s `at_max`).
+On top of the forward passes come the MSE search of every scored tensor's histogram and numpy's rounding
+and error sums, about one pass over each candidate's copy of the tensor each.
 
 Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
 grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-negative tensors that the CPU
 lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
-choice there errs, if anything, towards clipping. Memory: the cache holds every calibrated tensor for
-SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), plus one tensor's candidates at a time.
+choice there errs, if anything, towards clipping. Memory: the cache holds every scored tensor for
+SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
+where those are not scored tensors themselves, plus one tensor's candidates at a time.
 
 The scoring samples must not be the samples the build verifies its plan on (`trtopt.build._data_for` holds
 those back first); `trtopt.build.calibrate_graph` holds back `score_samples` more from the histograms.
@@ -81,10 +89,15 @@ def scoring_split(dataset: Any, batch: int) -> tuple[Any, list[tuple[Feeds, int]
     return dataset, [(b.feeds, len(b)) for b in scored.batches(batch)]
 
 
-def fake_quantize(values: np.ndarray, amax: float) -> np.ndarray:
-    """Round to the symmetric INT8 grid of threshold `amax` and back (TensorRT's Q/DQ, zero point 0)."""
+def fake_quantize(values: np.ndarray, amax: float, *, out: np.ndarray | None = None) -> np.ndarray:
+    """Round to the symmetric INT8 grid of threshold `amax` and back (TensorRT's Q/DQ, zero point 0), as
+    float32; into `out` (the shape of `values`) if given."""
     scale = np.float32(amax / QMAX)
-    return np.clip(np.rint(values / scale), -QMAX, QMAX).astype(np.float32) * scale
+    out = np.empty(np.shape(values), np.float32) if out is None else out
+    np.divide(values, scale, out=out, dtype=np.float32)
+    np.rint(out, out=out)
+    np.clip(out, -QMAX, QMAX, out=out)
+    return np.multiply(out, scale, out=out)
 
 
 def choose_thresholds(
@@ -98,59 +111,77 @@ def choose_thresholds(
     rows) pairs: the rows of each batch that are real samples, as verification uses them)."""
     from trtopt.execution import OrtSession
 
-    consumers = _consumers(model, set(candidates))
-    needed = set(candidates) | {i for nodes in consumers.values() for n in nodes for i in n.input if i}
+    distinct = {name: distinct_candidates(options) for name, options in candidates.items()}
+    choices = {name: _only(found) for name, found in distinct.items() if len(found) == 1}
+    scored = [name for name in candidates if name not in choices]
+    if not scored:
+        return choices
+    consumers = _consumers(model, set(scored))
+    nodes = [n for found in consumers.values() for n in found]
+    # what the consumers read, and their float outputs: the reference each candidate is measured against
+    needed = set(scored) | {t for n in nodes for t in (*n.input, *n.output) if t}
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
     session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False)
     cached = _run(session, batches, sorted(needed))
     runner = _NodeRunner(model, threads)
-    choices = {}
-    for name, options in candidates.items():
-        choices[name] = _choose(name, options, cached, consumers.get(name, []), runner)
-    return choices
+    for name in scored:
+        choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
+    return {name: choices[name] for name in candidates}
 
 
-def _choose(
-    name: str,
-    options: Mapping[str, float],
-    cached: Mapping[str, np.ndarray],
-    nodes: Sequence[onnx.NodeProto],
-    runner: _NodeRunner,
-) -> TensorChoice:
+def distinct_candidates(options: Mapping[str, float]) -> dict[str, float]:
+    """`options` (method -> T, in preference order) without the thresholds equal to an earlier one (within
+    SAME_THRESHOLD, relative): the same grid scores the same, so it is scored once, under the first name."""
     distinct: dict[str, float] = {}
     for method, amax in options.items():
         if not any(abs(amax - kept) <= SAME_THRESHOLD * max(amax, kept) for kept in distinct.values()):
             distinct[method] = amax
+    return distinct
+
+
+def _only(distinct: Mapping[str, float]) -> TensorChoice:
+    method, amax = next(iter(distinct.items()))
+    return TensorChoice(method, amax, {method: 0.0}, "tensor")
+
+
+def _choose(
+    name: str,
+    distinct: Mapping[str, float],
+    cached: Mapping[str, np.ndarray],
+    nodes: Sequence[onnx.NodeProto],
+    runner: _NodeRunner,
+) -> TensorChoice:
     values = cached[name]
-    if len(distinct) == 1:
-        method, amax = next(iter(distinct.items()))
-        return TensorChoice(method, amax, {method: 0.0}, "tensor")
-    # The float values and each candidate's rounding of them, stacked along axis 0: made once, read by every node.
-    stacked = np.concatenate([values, *(fake_quantize(values, t) for t in distinct.values())])
+    # Each candidate's rounding of the values, stacked along axis 0: made once, read by every node.
+    stacked = np.empty((len(distinct) * values.shape[0], *values.shape[1:]), np.float32)
+    for part, amax in zip(np.split(stacked, len(distinct)), distinct.values(), strict=True):
+        fake_quantize(values, amax, out=part)
     errors = np.zeros(len(distinct))
     scored = 0
     for node in nodes:
-        node_errors = runner.errors(node, name, stacked, len(distinct) + 1, cached)
+        node_errors = runner.errors(node, name, stacked, len(distinct), cached)
         if node_errors is not None:
             errors += node_errors
             scored += 1
     if scored == 0:
-        parts = np.split(stacked, len(distinct) + 1)
-        errors = np.array([_relative_error(part, parts[0]) for part in parts[1:]])
+        errors = _relative_errors(stacked, values)
     best = int(np.argmin(errors))  # the first of equal scores: the candidates come in preference order
     method = list(distinct)[best]
     scores = dict(zip(distinct, (float(e) for e in errors), strict=True))
     return TensorChoice(method, distinct[method], scores, "consumers" if scored else "tensor")
 
 
-def _relative_error(test: np.ndarray, reference: np.ndarray) -> float:
-    """||test - reference||^2 / ||reference||^2, with BLAS dot products (float32 in, float64 out)."""
+def _relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """||part - reference||^2 / ||reference||^2 for each of the equal parts of `stacked` along axis 0 (its
+    copies of `reference`'s shape), with BLAS dot products; `stacked` is overwritten with the differences."""
     ref = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
-    diff = np.ascontiguousarray(test, dtype=np.float32).reshape(-1) - ref
     energy = float(np.dot(ref, ref))
-    error = float(np.dot(diff, diff))
-    return error / energy if energy > 0 else error
+    parts = np.ascontiguousarray(stacked, dtype=np.float32).reshape(-1, ref.size)
+    parts = parts if parts.flags.writeable else parts.copy()
+    np.subtract(parts, ref, out=parts)
+    errors = np.array([float(np.dot(diff, diff)) for diff in parts])
+    return errors / energy if energy > 0 else errors
 
 
 def _consumers(model: onnx.ModelProto, names: set[str]) -> dict[str, list[onnx.NodeProto]]:
@@ -213,8 +244,8 @@ class _NodeRunner:
         copies: int,
         cached: Mapping[str, np.ndarray],
     ) -> np.ndarray | None:
-        """Relative squared error of the node's float outputs for each rounding of `name` in `stacked` (the
-        float values first, then one copy per candidate), or None if the node cannot run alone."""
+        """Relative squared error of the node's float outputs (`cached`, from the FP32 model) for each rounding
+        of `name` in `stacked` (one copy per candidate), or None if the node cannot run alone."""
         rows = stacked.shape[0] // copies
         feeds = {}
         for i in dict.fromkeys(node.input):
@@ -229,19 +260,23 @@ class _NodeRunner:
                 feeds[i] = np.concatenate([other] * copies) if grows else other
             else:
                 return None
+        if any(o not in cached for o in node.output if o):
+            return None
+        references = [cached[o] for o in node.output if o]
+        if any(not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
+            return None
         failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
         try:
             outputs = self._session(node, feeds).run(None, feeds)  # type: ignore[attr-defined]
         except failures as exc:
             log.debug("auto calibration: %s (%s) cannot run alone on stacked inputs: %s", node.name, node.op_type, exc)
             return None
-        errors = np.zeros(copies - 1)
-        for out in outputs:
+        errors = np.zeros(copies)
+        for out, reference in zip(outputs, references, strict=True):
             out = np.asarray(out)
-            if not np.issubdtype(out.dtype, np.floating) or out.ndim == 0 or out.shape[0] % copies:
+            if out.dtype != reference.dtype or out.shape != (copies * reference.shape[0], *reference.shape[1:]):
                 return None
-            parts = np.split(out, copies)
-            errors += [_relative_error(part, parts[0]) for part in parts[1:]]
+            errors += _relative_errors(out, reference)
         return errors
 
     def _session(self, node: onnx.NodeProto, feeds: Feeds) -> object:
@@ -252,7 +287,10 @@ class _NodeRunner:
 
     def _build(self, node: onnx.NodeProto, feeds: Feeds) -> object:
         """A session over `node` alone: its variable inputs typed from `feeds`, its constants as initializers.
-        Alone, the node has nothing to fuse with; its float kernel is the one the FP32 model runs."""
+        Alone, the node has nothing to fuse with, so it is optimised to "extended", not "all": "all" adds the
+        NCHWc layout, whose reorders in and out of every run cost a quarter of the scoring time (demo and
+        ddddocr's detector). The FP32 reference may then come from another float kernel than the node's;
+        that moves the scores by about 1e-5 relative, far below the gaps between candidates."""
         import onnxruntime as ort
 
         from trtopt.execution.ort_session import session_options
@@ -270,5 +308,5 @@ class _NodeRunner:
         )
         single = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import))
         single.ir_version = self.model.ir_version
-        options = session_options(threads=self.threads, opt_level="all", spin=False)
+        options = session_options(threads=self.threads, opt_level="extended", spin=False)
         return ort.InferenceSession(single.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -27,10 +27,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, Protocol, TypeAlias, TypeVar
 
 import numpy as np
@@ -41,7 +41,7 @@ from trtopt.calib.calibration import Calibration, CalibTimings
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.fingerprint import ModelLike, model_fingerprint
 from trtopt.calib.histogram import HistogramCollector, RangeCollector, TensorHistogram, TensorRange
-from trtopt.calib.thresholds import ZERO_AMAX, candidate_thresholds, compute_thresholds
+from trtopt.calib.thresholds import ZERO_AMAX, candidate_thresholds, compute_thresholds, threshold
 from trtopt.errors import CalibrationError
 from trtopt.frontend.loader import load_model
 
@@ -123,12 +123,15 @@ def calibrate(
     progress: ProgressFn | None = None,
     data_description: str | None = None,
     score_batches: Iterable[tuple[Feeds, int]] | None = None,
+    at_max: Collection[str] = (),
 ) -> Calibration:
     """Thresholds T for `tensors` of `model` from the FP32 activations on `batches` (see module doc).
 
     The "max" method keeps max|x| alone (no histograms), unless `config.keep_histograms` asks for them.
     The "auto" method scores its candidates on `score_batches` ((feeds, rows) pairs, samples that were not
-    histogrammed: see `trtopt.calib.auto`); without them it falls back to "mse" and says so.
+    histogrammed: see `trtopt.calib.auto`); without them it falls back to "mse" and says so. Tensors of
+    `at_max` keep max|x| under "auto", unscored: the stage's bounded activations, whose threshold
+    `trtopt.calib.stage.bounded_at_max` sets to their maximum whatever auto would choose.
     """
     config = config if config is not None else CalibConfig()
     model = _load(model)
@@ -144,7 +147,7 @@ def calibrate(
         start = time.perf_counter()
         with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:
             if config.method == "auto":
-                amax, choices = _auto_thresholds(model, histograms, config, score_batches, pool.map)
+                amax, choices = _auto_thresholds(model, histograms, config, score_batches, pool.map, at_max)
             else:
                 amax = compute_thresholds(histograms, config, map_fn=pool.map)
         threshold_s = time.perf_counter() - start
@@ -173,17 +176,23 @@ def _auto_thresholds(
     config: CalibConfig,
     score_batches: Iterable[tuple[Feeds, int]] | None,
     map_fn: Callable[..., Iterable[dict[str, float]]],
+    at_max: Collection[str] = (),
 ) -> tuple[dict[str, float], dict[str, str]]:
-    """`auto`: every candidate threshold of every tensor, then the one `choose_thresholds` scores best."""
+    """`auto`: every candidate threshold of every tensor (max alone for `at_max`), then the one
+    `choose_thresholds` scores best."""
     from trtopt.calib.auto import choose_thresholds
     from trtopt.frontend.loader import onnx_from_graph
 
     names = list(histograms)
-    found = map_fn(candidate_thresholds, [histograms[n] for n in names], [config] * len(names))
-    options = dict(zip(names, found, strict=True))
+    searched = [n for n in names if n not in at_max]
+    found = dict(zip(searched, map_fn(candidate_thresholds, [histograms[n] for n in searched],
+                                      [config] * len(searched)), strict=True))  # fmt: skip
+    as_max = replace(config, method="max")
+    options = {n: found[n] if n in found else {"max": threshold(histograms[n], as_max)} for n in names}
     if score_batches is None:
         log.warning("auto calibration has no samples to score its candidates on; it keeps the mse thresholds")
-        return {n: options[n]["mse"] for n in names}, dict.fromkeys(names, "mse")
+        kept = {n: "mse" if "mse" in options[n] else "max" for n in names}
+        return {n: options[n][m] for n, m in kept.items()}, kept
     proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else model
     chosen = choose_thresholds(proto, options, score_batches, threads=config.threads)
     return {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}

@@ -49,6 +49,7 @@ def calibrate_graph(
     from trtopt.calib.auto import scoring_split
 
     dataset, scoring = scoring_split(dataset, data.batch) if config.method == "auto" else (dataset, None)
+    at_max = _bounded(graph) if config.bounded_max and config.method == "auto" else set()
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(data.batch, workers=data.workers)),
@@ -57,6 +58,7 @@ def calibrate_graph(
         progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
         data_description=f"{len(dataset)} samples from {' '.join(data.sources)}",
         score_batches=scoring,
+        at_max=at_max,  # bounded_at_max below gives them their maximum: auto need not score them
     )
     calibration = bounded_at_max(graph, calibration) if config.bounded_max else calibration
     if config.save_cache is not None:
@@ -64,13 +66,17 @@ def calibrate_graph(
     return calibration
 
 
-def bounded_at_max(graph: gs.Graph, calibration: Calibration) -> Calibration:
-    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges)."""
+def _bounded(graph: gs.Graph) -> set[str]:
     from trtopt.quant.ranges import bounded_tensors
 
+    return bounded_tensors(graph)
+
+
+def bounded_at_max(graph: gs.Graph, calibration: Calibration) -> Calibration:
+    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges)."""
     histograms = calibration.histograms or {}
     amax = dict(calibration.amax)
-    bounded = bounded_tensors(graph) & set(histograms)
+    bounded = _bounded(graph) & set(histograms)
     for name in bounded:
         amax[name] = max(amax[name], float(histograms[name].amax))
     choices = {**calibration.choices, **dict.fromkeys(bounded, "max")} if calibration.choices else None

@@ -178,11 +178,18 @@ def mse_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
     if candidates.size == 0:
         return hist.amax
     errors = np.empty(candidates.size)
+    work = np.empty((min(_MSE_CHUNK, candidates.size), centres.size))  # one buffer, every step in place
     for start in range(0, candidates.size, _MSE_CHUNK):
         t = candidates[start : start + _MSE_CHUNK, None]
-        levels = np.clip(np.rint(centres[None, :] * (QMAX / t)), -QMAX, QMAX)
-        squared = (centres[None, :] - levels * (t / QMAX)) ** 2
-        errors[start : start + _MSE_CHUNK] = (squared * weights).sum(axis=1)
+        levels = work[: t.shape[0]]
+        np.multiply(centres[None, :], QMAX / t, out=levels)
+        np.rint(levels, out=levels)
+        np.minimum(levels, QMAX, out=levels)  # the centres are >= 0: only the upper clip can bind
+        np.multiply(levels, t / QMAX, out=levels)
+        np.subtract(centres[None, :], levels, out=levels)  # the error of each centre, squared and weighted next
+        np.square(levels, out=levels)
+        np.multiply(levels, weights, out=levels)
+        errors[start : start + _MSE_CHUNK] = levels.sum(axis=1)
     return float(candidates[int(np.argmin(errors))])
 
 
