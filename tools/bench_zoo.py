@@ -157,8 +157,9 @@ def summary_row(result: dict[str, Any]) -> str:
     if not default.error and not ort.error:
         goal = f"{_goal(default, ort, 'kernels')} (ref: {_goal(default, ort, 'reference')})"
     best_name = best.note.removeprefix("method ") if not best.error else "–"
-    return (f"| {s.name} | {s.task}: {metric_name(result)} | {build} | {cell(default)} | {best_name}: {cell(best)} "
-            f"| {cell(ort)} (ref {cell(ort, 'reference')}) | {goal} "
+    kept = str(len(default.excluded.get("layers", {}))) if default.excluded else "–"
+    return (f"| {s.name} | {s.task}: {metric_name(result)} | {build} | {cell(default)} | {kept} "
+            f"| {best_name}: {cell(best)} | {cell(ort)} (ref {cell(ort, 'reference')}) | {goal} "
             f"| {ratio['trtopt kernels']} / {ratio['trtopt reference']} "
             f"| {ratio['ort kernels']} / {ratio['ort reference']} | {ms['fp32']:.1f} |")  # fmt: skip
 
@@ -175,13 +176,26 @@ def detail_rows(result: dict[str, Any]) -> list[str]:
     for v in [*result["trtopt"], result["ort"]]:
         label = f"trtopt {v.name}" if v.name != "ORT QDQ MinMax" else v.name
         if v.error:
-            rows.append(f"| {result['subject'].name} | {label} | – | failed: {v.error[:160]} | – | – |")
+            rows.append(f"| {result['subject'].name} | {label} | – | failed: {v.error[:160]} | – | – | – |")
             continue
         task = v.scores["kernels"].task
         counts = _counts(task.to_dict()) if task is not None else ""
         rows.append(f"| {result['subject'].name} | {label} ({v.note}) | {v.build_s:.1f} s | {cell(v)} {counts} "
-                    f"| {cell(v, 'reference')} | {_outputs(v)} |")  # fmt: skip
+                    f"| {cell(v, 'reference')} | {_outputs(v)} | {excluded(v)} |")  # fmt: skip
     return rows
+
+
+def excluded(v: Variant) -> str:
+    """The layers trtopt's sensitivity analysis kept float, with the calibration-sample cosine before/after."""
+    record = v.excluded
+    if not record:
+        return "–"
+    layers = list(record.get("layers", {}))
+    cosines = f"cos {record['before']:.4f} → {record['after']:.4f} on calibration samples"
+    if not layers:
+        return "none" if record["before"] >= GOAL_COSINE else f"none helped ({cosines})"
+    shown = ", ".join(layers[:6]) + (f" (+{len(layers) - 6} more)" if len(layers) > 6 else "")
+    return f"{len(layers)}: {shown} ({cosines})"
 
 
 def _counts(task: dict[str, Any]) -> str:
@@ -213,10 +227,11 @@ def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject,
         f"files), trtopt default + methods {', '.join(args.methods) or 'none'}, ORT QDQ MinMax; latency: batch 1, "
         f"1 thread, median of {args.iterations} interleaved rounds",
         "",
-        "| model | task: metric | trtopt builds | trtopt default: metric / worst cos | best method: metric / worst "
+        "| model | task: metric | trtopt builds | trtopt default: metric / worst cos | default: layers kept float "
+        "by sensitivity | best method: metric / worst "
         "cos | ORT QDQ: metric / worst cos (its Q/DQ reference) | goal: default ≥ ORT, cos ≥ 0.99 (vs ORT's "
         "reference) | latency / FP32: trtopt kernels / reference | ORT kernels / reference | FP32 ms |",
-        "|---|---|---|---:|---:|---:|---|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
         *[summary_row(r) for r in results],
         *[_missing_row(s) for s in missing],
         "",
@@ -233,8 +248,8 @@ def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject,
         "### Every variant: kernels and Q/DQ reference",
         "",
         "| model | variant | build | kernels: metric / worst cos (counts) | reference: metric / worst cos "
-        "| per output: cosine / rel. error (kernels) |",
-        "|---|---|---:|---|---:|---|",
+        "| per output: cosine / rel. error (kernels) | kept float by sensitivity analysis |",
+        "|---|---|---:|---|---:|---|---|",
         *[row for r in results for row in detail_rows(r)],
         "",
         "Data per model: " + "; ".join(f"{r['subject'].name}: {r['data'].description}" for r in results) + ".",
@@ -244,7 +259,7 @@ def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject,
 
 def _missing_row(entry: Subject | tuple[Subject, str]) -> str:
     s, why = entry if isinstance(entry, tuple) else (entry, f"not cached (`python tools/zoo.py fetch {entry.name}`)")
-    return f"| {s.name} | {s.task} | {why} | – | – | – | – | – | – | – |"
+    return f"| {s.name} | {s.task} | {why} | – | – | – | – | – | – | – | – |"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -60,6 +60,7 @@ class Variant:
     reference: bytes = b""  # the same Q/DQ model; run with graph optimisations off it is float math
     note: str = ""
     scores: dict[str, Any] = field(default_factory=dict)  # "kernels" / "reference" -> OutputComparison
+    excluded: dict[str, Any] = field(default_factory=dict)  # trtopt: its plan's sensitivity record (auto-exclude)
 
 
 def build_config(subject: Subject, data: Data | None, method: str | None, *, int8: bool = True) -> Any:
@@ -165,8 +166,10 @@ def trtopt_build(subject: Subject, data: Data, method: str | None) -> dict[str, 
     plan = result.plan
     calibration = result.calibration
     used = getattr(calibration, "method", None) or method or "default"
+    quant = plan.metadata.quant
     return {"seconds": time.perf_counter() - start, "kernels": model_for_this_cpu(plan),
-            "reference": plan.sections["onnx"], "note": f"method {used}"}  # fmt: skip
+            "reference": plan.sections["onnx"], "note": f"method {used}",
+            "excluded": (quant.sensitivity or {}) if quant is not None else {}}  # fmt: skip
 
 
 def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
@@ -232,7 +235,7 @@ def built(name: str, result: dict[str, Any]) -> Variant:
     if "error" in result:
         return Variant(name, error=result["error"])
     return Variant(name, build_s=result["seconds"], kernels=result["kernels"], reference=result["reference"],
-                   note=result.get("note", ""))  # fmt: skip
+                   note=result.get("note", ""), excluded=result.get("excluded", {}))  # fmt: skip
 
 
 # --- fidelity and latency -------------------------------------------------------------------------------
