@@ -36,6 +36,7 @@ import shlex
 import sys
 import tempfile
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,14 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
 
 
 def _run(args: argparse.Namespace, fn: Any, *fn_args: Any) -> Any:
-    """A build in a fresh process (its memory returns after it), or in this one for --quick runs."""
-    return fn(*fn_args) if args.quick else run_isolated(fn, *fn_args)[0]
+    """A build in a fresh process (its memory returns after it), or in this one for --quick runs. A build
+    process that dies (killed for memory on a shared machine) is a row saying so, not the end of the run."""
+    if args.quick:
+        return fn(*fn_args)
+    try:
+        return run_isolated(fn, *fn_args)[0]
+    except BrokenProcessPool:
+        return {"error": "the build process died (killed: out of memory?)"}
 
 
 # --- report ------------------------------------------------------------------------------------------

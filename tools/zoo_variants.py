@@ -241,8 +241,15 @@ def built(name: str, result: dict[str, Any]) -> Variant:
 # --- fidelity and latency -------------------------------------------------------------------------------
 
 
-def task_config(task: str) -> Any:
+def task_config(task: str, input_hw: tuple[int, int] | None = None) -> Any:
+    """The metric of a zoo task; "layout" (PicoDet heads) decodes its boxes with tools/zoo_decoders.py, since
+    its sparse sigmoid score maps make a poor cosine (background values of ~0.002 outweigh the few boxes)."""
     from trtopt.metrics import TaskConfig
+
+    if task == "layout" and input_hw is not None:
+        from zoo_decoders import picodet_decoder
+
+        return TaskConfig(task="detect", decoder=picodet_decoder(input_hw), decoder_name="PicoDet GFL decoding")
 
     configs = {
         "classify": TaskConfig(task="classify"),
@@ -273,7 +280,9 @@ def score(fp32: Any, test: Any, batches: list[tuple[dict[str, np.ndarray], int]]
     for feeds, rows in batches:
         ref, out = fp32.run(feeds), test.run(feeds)
         triples.append(({k: v[:rows] for k, v in feeds.items()}, _rows(ref, rows, feeds), _rows(out, rows, feeds)))
-    return compare_outputs(triples, names, task_config(task))
+    image = next((a for a in batches[0][0].values() if np.ndim(a) == 4), None) if batches else None
+    hw = (int(image.shape[2]), int(image.shape[3])) if image is not None else None  # NCHW: the zoo's layouts
+    return compare_outputs(triples, names, task_config(task, hw))
 
 
 def _rows(outputs: dict[str, np.ndarray], rows: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
