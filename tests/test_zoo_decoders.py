@@ -43,7 +43,8 @@ def test_decodes_known_boxes_per_stride_with_their_class_and_score() -> None:
 
 
 def test_drops_low_scores_and_overlapping_boxes_of_a_class() -> None:
-    outputs = _outputs([(0, 2, 3, 1, (2, 2, 2, 2), 0.9), (0, 2, 4, 1, (2, 2, 2, 2), 0.8), (0, 8, 1, 0, (1, 1, 1, 1), 0.1)])
+    near, low = (0, 2, 4, 1, (2, 2, 2, 2), 0.8), (0, 8, 1, 0, (1, 1, 1, 1), 0.1)
+    outputs = _outputs([(0, 2, 3, 1, (2, 2, 2, 2), 0.9), near, low])
     ((boxes, scores, classes),) = picodet_decoder(HW)(outputs)
     assert len(boxes) == 1 and scores[0] == pytest.approx(0.9)  # the 0.8 box overlaps (IoU 0.6); 0.1 is below 0.25
 
