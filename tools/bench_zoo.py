@@ -231,7 +231,8 @@ def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject,
         f"- took {minutes:.1f} min; 1-minute load average {load_before} before, {load_average()} after (more than "
         "~2 on 2 cores means other jobs ran and the latencies are noisy)",
         f"- per model: up to {args.count} calibration samples, {args.eval_count} held-out samples (never calibration "
-        f"files), trtopt default + methods {', '.join(args.methods) or 'none'}, ORT QDQ MinMax; latency: batch 1, "
+        f"files), trtopt default (`--method auto` and the sensitivity search) + methods "
+        f"{', '.join(args.methods) or 'none'} (each alone: `--no-auto-exclude`), ORT QDQ MinMax; latency: batch 1, "
         f"1 thread, median of {args.iterations} interleaved rounds",
         "",
         "| model | task: metric | trtopt builds | trtopt default: metric / worst cos | default: layers kept float "

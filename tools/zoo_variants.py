@@ -64,21 +64,25 @@ class Variant:
 
 
 def build_config(subject: Subject, data: Data | None, method: str | None, *, int8: bool = True) -> Any:
-    """The BuildConfig `trtopt build` gets from the subject's flags (`method` None: trtopt's default)."""
+    """The BuildConfig `trtopt build` gets from the subject's flags (`method` None: trtopt's default). A
+    forced --method builds with `--no-auto-exclude`: that row shows what the calibration method alone gives
+    (the sensitivity search costs minutes per model; the default row pays it)."""
     from trtopt.build import BuildConfig
     from trtopt.calib.config import CalibConfig
     from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
     from trtopt.data.config import DataConfig
     from trtopt.frontend.config import GraphConfig
+    from trtopt.quant.config import QuantConfig
 
     parser = argparse.ArgumentParser(add_help=False)
     add_preprocess_arguments(parser, base="preset")
     flags = parser.parse_args(list(subject.preprocess))
     shapes = {subject.input_name: tuple(subject.input_shape)} if subject.input_shape else None
     calib = CalibConfig(method=method) if method else CalibConfig()
+    quant = QuantConfig(auto_exclude=method is None)
     data_config = DataConfig(sources=tuple(data.calib_sources), count=data.calib_count) if data else DataConfig()
     return BuildConfig(backend="cpu", int8=int8, graph=GraphConfig(shapes=shapes), preprocess=preprocess_config(flags),
-                       data=data_config, calib=calib)  # fmt: skip
+                       data=data_config, calib=calib, quant=quant)  # fmt: skip
 
 
 def load(subject: Subject, sources: tuple[str, ...], count: int | None) -> Any:
