@@ -15,7 +15,7 @@ from trtopt.data.config import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import OrtSession
 from trtopt.quant import QuantConfig as StageQuantConfig
-from trtopt.quant.sensitivity import MIN_COSINE, find_sensitive_layers
+from trtopt.quant.sensitivity import CANDIDATES, MIN_COSINE, find_sensitive_layers, rank_by_added_error
 
 
 def _measure(costs: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
@@ -70,3 +70,43 @@ def test_build_keeps_the_heavy_tail_conv_float_when_entropy_ruins_it(tmp_path: P
     sensitivity = kept[1].plan.metadata["sensitivity"]
     assert list(sensitivity["layers"]) == list(kept[1].qdq.float_layers) and sensitivity["after"] > MIN_COSINE
     assert "sensitivity" not in plain[1].plan.metadata
+
+
+def test_only_the_ranked_candidates_are_tried_alone_and_the_cap_counts_every_layer() -> None:
+    costs = {f"l{i:02d}": 0.0001 for i in range(40)} | {"big": 0.02, "mid": 0.012}
+    calls: list[tuple[str, ...]] = []
+    ranked = ["big", "mid", *(f"l{i:02d}" for i in range(40))]
+    found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
+    assert list(found.layers) == ["big", "mid"]
+    alone = {c[0] for c in calls if len(c) == 1}
+    assert alone == set(ranked[:CANDIDATES]) and found.trials == 1 + CANDIDATES + 1
+
+
+def _chain(weights: list[np.ndarray]) -> onnx.ModelProto:
+    """x -> conv0 -> Relu -> conv1 -> Relu -> conv2 -> y, 8 channels, 3x3 same padding."""
+    nodes, inits, prev = [], [], "x"
+    for i, w in enumerate(weights):
+        inits.append(onnx.numpy_helper.from_array(w, f"w{i}"))
+        out = "y" if i == len(weights) - 1 else f"c{i}"
+        nodes.append(onnx.helper.make_node("Conv", [prev, f"w{i}"], [out], name=f"conv{i}", pads=[1, 1, 1, 1]))
+        if out != "y":
+            nodes.append(onnx.helper.make_node("Relu", [out], [f"r{i}"], name=f"relu{i}"))
+            prev = f"r{i}"
+    graph = onnx.helper.make_graph(
+        nodes, "chain", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8, 12, 12])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+
+
+def test_ranking_puts_the_layer_that_adds_the_error_first_not_the_ones_after_it() -> None:
+    import onnx_graphsurgeon as gs
+
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(0, 0.3, (8, 8, 3, 3)).astype(np.float32) for _ in range(3)]
+    noisy = [w.copy() for w in weights]
+    noisy[1] += rng.normal(0, 0.1, noisy[1].shape).astype(np.float32)  # conv1 "quantised" badly
+    noisy[2] += rng.normal(0, 0.003, noisy[2].shape).astype(np.float32)  # conv2 only a little
+    batches = [({"x": rng.normal(0, 1, (1, 8, 12, 12)).astype(np.float32)}, 1) for _ in range(3)]
+    order = rank_by_added_error(gs.import_onnx(_chain(weights)), _chain(noisy), batches, ["conv0", "conv1", "conv2"])
+    assert order[0] == "conv1" and order[-1] == "conv0"  # conv2 receives conv1's error but adds little

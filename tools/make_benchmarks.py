@@ -108,7 +108,14 @@ SECTIONS = (
         True,
     ),
     # Issue #16: every zoo model (tools/zoo.py; fetch the cache first), trtopt default / best method vs ORT.
-    Section("zoo", "tools/bench_zoo.py", (), ("--quick",), False),
+    # 32 + 16 samples (the page and text sets hold 16 pages) and two forced methods keep it under an hour.
+    Section(
+        "zoo",
+        "tools/bench_zoo.py",
+        ("--count", "32", "--eval-count", "16", "--methods", "entropy", "max", "--iterations", "10"),
+        ("--quick",),
+        False,
+    ),
     # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
     # light classifiers, with task metrics, and what auto's scoring costs.
     Section(

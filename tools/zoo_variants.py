@@ -60,24 +60,29 @@ class Variant:
     reference: bytes = b""  # the same Q/DQ model; run with graph optimisations off it is float math
     note: str = ""
     scores: dict[str, Any] = field(default_factory=dict)  # "kernels" / "reference" -> OutputComparison
+    excluded: dict[str, Any] = field(default_factory=dict)  # trtopt: its plan's sensitivity record (auto-exclude)
 
 
 def build_config(subject: Subject, data: Data | None, method: str | None, *, int8: bool = True) -> Any:
-    """The BuildConfig `trtopt build` gets from the subject's flags (`method` None: trtopt's default)."""
+    """The BuildConfig `trtopt build` gets from the subject's flags (`method` None: trtopt's default). A
+    forced --method builds with `--no-auto-exclude`: that row shows what the calibration method alone gives
+    (the sensitivity search costs minutes per model; the default row pays it)."""
     from trtopt.build import BuildConfig
     from trtopt.calib.config import CalibConfig
     from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
     from trtopt.data.config import DataConfig
     from trtopt.frontend.config import GraphConfig
+    from trtopt.quant.config import QuantConfig
 
     parser = argparse.ArgumentParser(add_help=False)
     add_preprocess_arguments(parser, base="preset")
     flags = parser.parse_args(list(subject.preprocess))
     shapes = {subject.input_name: tuple(subject.input_shape)} if subject.input_shape else None
     calib = CalibConfig(method=method) if method else CalibConfig()
+    quant = QuantConfig(auto_exclude=method is None)
     data_config = DataConfig(sources=tuple(data.calib_sources), count=data.calib_count) if data else DataConfig()
     return BuildConfig(backend="cpu", int8=int8, graph=GraphConfig(shapes=shapes), preprocess=preprocess_config(flags),
-                       data=data_config, calib=calib)  # fmt: skip
+                       data=data_config, calib=calib, quant=quant)  # fmt: skip
 
 
 def load(subject: Subject, sources: tuple[str, ...], count: int | None) -> Any:
@@ -165,8 +170,10 @@ def trtopt_build(subject: Subject, data: Data, method: str | None) -> dict[str, 
     plan = result.plan
     calibration = result.calibration
     used = getattr(calibration, "method", None) or method or "default"
+    quant = plan.metadata.quant
     return {"seconds": time.perf_counter() - start, "kernels": model_for_this_cpu(plan),
-            "reference": plan.sections["onnx"], "note": f"method {used}"}  # fmt: skip
+            "reference": plan.sections["onnx"], "note": f"method {used}",
+            "excluded": (quant.sensitivity or {}) if quant is not None else {}}  # fmt: skip
 
 
 def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
@@ -232,14 +239,21 @@ def built(name: str, result: dict[str, Any]) -> Variant:
     if "error" in result:
         return Variant(name, error=result["error"])
     return Variant(name, build_s=result["seconds"], kernels=result["kernels"], reference=result["reference"],
-                   note=result.get("note", ""))  # fmt: skip
+                   note=result.get("note", ""), excluded=result.get("excluded", {}))  # fmt: skip
 
 
 # --- fidelity and latency -------------------------------------------------------------------------------
 
 
-def task_config(task: str) -> Any:
+def task_config(task: str, input_hw: tuple[int, int] | None = None) -> Any:
+    """The metric of a zoo task; "layout" (PicoDet heads) decodes its boxes with tools/zoo_decoders.py, since
+    its sparse sigmoid score maps make a poor cosine (background values of ~0.002 outweigh the few boxes)."""
     from trtopt.metrics import TaskConfig
+
+    if task == "layout" and input_hw is not None:
+        from zoo_decoders import picodet_decoder
+
+        return TaskConfig(task="detect", decoder=picodet_decoder(input_hw), decoder_name="PicoDet GFL decoding")
 
     configs = {
         "classify": TaskConfig(task="classify"),
@@ -270,7 +284,9 @@ def score(fp32: Any, test: Any, batches: list[tuple[dict[str, np.ndarray], int]]
     for feeds, rows in batches:
         ref, out = fp32.run(feeds), test.run(feeds)
         triples.append(({k: v[:rows] for k, v in feeds.items()}, _rows(ref, rows, feeds), _rows(out, rows, feeds)))
-    return compare_outputs(triples, names, task_config(task))
+    image = next((a for a in batches[0][0].values() if np.ndim(a) == 4), None) if batches else None
+    hw = (int(image.shape[2]), int(image.shape[3])) if image is not None else None  # NCHW: the zoo's layouts
+    return compare_outputs(triples, names, task_config(task, hw))
 
 
 def _rows(outputs: dict[str, np.ndarray], rows: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
