@@ -82,6 +82,36 @@ def test_only_the_ranked_candidates_are_tried_alone_and_the_cap_counts_every_lay
     assert alone == set(ranked[:CANDIDATES]) and found.trials == 1 + CANDIDATES + 1
 
 
+def test_each_trial_is_reported_and_the_report_ends_full() -> None:
+    costs = {f"l{i:02d}": 0.0001 for i in range(40)} | {"big": 0.02, "mid": 0.012}
+    calls: list[tuple[str, ...]] = []
+    reports: list[tuple[int, int]] = []
+    ranked = ["big", "mid", *(f"l{i:02d}" for i in range(40))]
+    found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked,
+                                  on_trial=lambda done, most: reports.append((done, most)))  # fmt: skip
+    most = reports[0][1]
+    assert all(m == most for _, m in reports) and most >= found.trials
+    counts = [done for done, _ in reports]
+    assert counts[:-1] == list(range(1, len(calls) + 1)) and counts[-1] == most  # one per measurement, then full
+    quiet: list[tuple[int, int]] = []
+    find_sensitive_layers(_measure({"a": 0.001}, []), ["a"], on_trial=lambda d, m: quiet.append((d, m)))
+    assert quiet == []  # close enough at once: no search, no bar
+
+
+def test_the_build_reports_its_sensitivity_trials_to_the_progress_callback(tmp_path: Path) -> None:
+    from trtopt.calib.collect import CalibProgress
+    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+
+    onnx.save_model(heavy_tail_conv(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=heavy_tail_data(64, 0))
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npz"),)),
+                         calib=StageCalibConfig(method="entropy"))  # fmt: skip
+    reports: list[CalibProgress] = []
+    build_plan(tmp_path / "m.onnx", config, progress=reports.append)
+    trials = [r for r in reports if r.phase == SENSITIVITY_PHASE]
+    assert trials and trials[-1].samples == trials[-1].total_samples and trials[-1].seconds == 0
+
+
 def _chain(weights: list[np.ndarray]) -> onnx.ModelProto:
     """x -> conv0 -> Relu -> conv1 -> Relu -> conv2 -> y, 8 channels, 3x3 same padding."""
     nodes, inits, prev = [], [], "x"

@@ -197,7 +197,8 @@ def _quantize(
     with times("quantize"):
         sensitivity = None
         if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
-            qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch)
+            qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch,
+                                                        progress)  # fmt: skip
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, calibration.amax)

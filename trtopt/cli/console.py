@@ -60,8 +60,11 @@ def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[C
 
         def update(report: CalibProgress) -> None:
             if report.phase not in tasks:
+                from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+
                 total = report.total_samples
-                tasks[report.phase] = bar.add_task(f"{label}: {report.phase} pass", total=total, rate="")
+                what = "sensitivity analysis, trials" if report.phase == SENSITIVITY_PHASE else f"{report.phase} pass"
+                tasks[report.phase] = bar.add_task(f"{label}: {what}", total=total, rate="")
             bound = f", bound by {report.bound}" if report.bound else ""
             rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 else ""
             bar.update(tasks[report.phase], completed=report.samples, rate=rate)

@@ -37,6 +37,7 @@ MIN_COSINE = 0.99
 MAX_SHARE = 0.25  # never more than this share of the INT8 layers kept float
 SAMPLES = 8
 CANDIDATES = 16  # layers tried alone: those adding the most error to their own output
+SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
 
@@ -88,19 +89,25 @@ def find_sensitive_layers(
     *,
     min_cosine: float = MIN_COSINE,
     rank: Callable[[], Sequence[str]] | None = None,
+    on_trial: Callable[[int, int], None] | None = None,
 ) -> Sensitivity:
     """The greedy search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of
     the plan with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers`
-    most error first; the first `CANDIDATES` of that order are tried (all of `layers` without it)."""
+    most error first; the first `CANDIDATES` of that order are tried (all of `layers` without it).
+    `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     if before >= min_cosine or not layers:
         return Sensitivity(before, before)
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
+    steps = max(1, int(MAX_SHARE * len(layers)))
+    most = len(tried) + steps  # the first trial of the greedy steps is reused from `alone`
+    if on_trial is not None:
+        measure = _counted(measure, on_trial, 1, most)
     alone = {layer: measure((layer,)) for layer in tried}
     order = sorted((layer for layer in tried if alone[layer] > before), key=lambda layer: -alone[layer])
     chosen: list[str] = []
     current, trials = before, 1 + len(tried)
-    for layer in order[: max(1, int(MAX_SHARE * len(layers)))]:
+    for layer in order[:steps]:
         trial = alone[layer] if not chosen else measure((*chosen, layer))
         trials += 1 if chosen else 0
         if trial > current:
@@ -108,6 +115,8 @@ def find_sensitive_layers(
             current = trial
         if current >= min_cosine:
             break
+    if on_trial is not None:
+        on_trial(most, most)  # stopped early: the bar ends full
     why = {
         layer: f"kept float by sensitivity analysis (alone it lifts the worst output cosine {before:.4f} -> "
         f"{alone[layer]:.4f})"
@@ -116,11 +125,28 @@ def find_sensitive_layers(
     return Sensitivity(before, current, why, trials)
 
 
+def _counted(
+    measure: Callable[[Sequence[str]], float], on_trial: Callable[[int, int], None], done: int, most: int
+) -> Callable[[Sequence[str]], float]:
+    """`measure` that reports each trial to `on_trial(done, most)`, counting from `done` trials already run."""
+    count = [done]
+    on_trial(done, most)
+
+    def counted(exclude: Sequence[str]) -> float:
+        result = measure(exclude)
+        count[0] += 1
+        on_trial(count[0], most)
+        return result
+
+    return counted
+
+
 def exclude_sensitive(
     graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, batches: Batches,
-    layers: Sequence[str],
+    layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None,
 ) -> Sensitivity:  # fmt: skip
-    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` calibration samples."""
+    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` calibration samples;
+    `on_trial` as for `find_sensitive_layers`."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
     from trtopt.verify import collect
@@ -133,7 +159,7 @@ def exclude_sensitive(
     def rank() -> list[str]:
         return rank_by_added_error(graph, quantized_model(graph, quant, calibration, bias_correction), batches, layers)
 
-    found = find_sensitive_layers(measure, layers, rank=rank)
+    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial)
     if found.layers:
         log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
                  len(found.layers), found.before, found.after, ", ".join(found.layers))  # fmt: skip
@@ -167,10 +193,12 @@ def rank_by_added_error(
 
 
 def float_sensitive_layers(
-    graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int
-) -> tuple[Any, Sensitivity | None]:
+    graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int,
+    progress: Callable[[Any], None] | None = None,
+) -> tuple[Any, Sensitivity | None]:  # fmt: skip
     """For `trtopt.build`: `plan` with the sensitive layers kept float, measured on the first calibration
-    samples of `data` (a `trtopt.data.Dataset`; the build's verification samples are not in it)."""
+    samples of `data` (a `trtopt.data.Dataset`; the build's verification samples are not in it). `progress`
+    (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
     from trtopt.quant.placement import plan_quantization
 
     if not plan.quantized_layers:
@@ -181,7 +209,8 @@ def float_sensitive_layers(
     batches = sample_batches(data, batch)
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
-        found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers)
+        found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
+                                  _trial_reporter(progress))  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None
@@ -189,6 +218,15 @@ def float_sensitive_layers(
         return plan, found
     plan = plan_quantization(graph, replace(quant, exclude=(*quant.exclude, *found.layers)))
     return replace(plan, float_layers={**plan.float_layers, **found.layers}), found
+
+
+def _trial_reporter(progress: Callable[[Any], None] | None) -> Callable[[int, int], None] | None:
+    """Trials as calibration progress reports (no rate: `seconds` stays 0), for the build's progress bar."""
+    if progress is None:
+        return None
+    from trtopt.calib.collect import CalibProgress
+
+    return lambda done, most: progress(CalibProgress(SENSITIVITY_PHASE, done, done, most))
 
 
 def sample_batches(dataset: Any, batch: int, count: int = SAMPLES) -> list[tuple[Mapping[str, np.ndarray], int]]:
