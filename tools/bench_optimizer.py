@@ -30,6 +30,8 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_setup import cpu_class  # noqa: E402
+
 from trtopt.execution.ort_session import OrtSession  # noqa: E402
 from trtopt.frontend import graph_from_onnx, onnx_from_graph  # noqa: E402
 from trtopt.passes import optimize  # noqa: E402
@@ -115,7 +117,7 @@ def machine_lines(argv: list[str]) -> list[str]:
 
     return [
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-        f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}",
+        f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}; {cpu_class()}",
         f"- versions: Python {platform.python_version()}, onnx {onnx.__version__}, "
         f"onnxruntime {ort.__version__}, onnx-graphsurgeon {gs.__version__}, numpy {np.__version__}",
         f"- command: `python {' '.join(argv)}`",
