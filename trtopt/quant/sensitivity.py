@@ -37,6 +37,7 @@ MIN_COSINE = 0.99
 MAX_SHARE = 0.25  # never more than this share of the INT8 layers kept float
 SAMPLES = 8
 CANDIDATES = 16  # layers tried alone: those adding the most error to their own output
+MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
@@ -103,14 +104,18 @@ def find_sensitive_layers(
     most = len(tried) + steps  # the first trial of the greedy steps is reused from `alone`
     if on_trial is not None:
         measure = _counted(measure, on_trial, 1, most)
-    alone = {layer: measure((layer,)) for layer in tried}
-    order = sorted((layer for layer in tried if alone[layer] > before), key=lambda layer: -alone[layer])
+    alone: dict[str, float] = {}
+    for layer in tried:
+        alone[layer] = measure((layer,))
+        if alone[layer] >= min_cosine:  # one layer reaches the aim: no plan keeps fewer float
+            break
+    order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
     chosen: list[str] = []
-    current, trials = before, 1 + len(tried)
+    current, trials = before, 1 + len(alone)
     for layer in order[:steps]:
         trial = alone[layer] if not chosen else measure((*chosen, layer))
         trials += 1 if chosen else 0
-        if trial > current:
+        if trial - current >= MIN_GAIN:
             chosen.append(layer)
             current = trial
         if current >= min_cosine:
