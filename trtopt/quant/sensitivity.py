@@ -21,9 +21,9 @@ calibration samples; tools/bench_zoo.py's data): ddddocr-det kept 6 layers float
 with the rule ddddocr-det keeps none (17 trials instead of 25) and PP-OCRv4-det 2 (0.9090; 18 instead of
 26), while layout-cdla keeps its 5 (0.719 -> 0.795: each gained 0.004 to 0.03) and PP-OCRv4-rec its one
 (0.977 -> 0.994, found at the 7th alone trial: 8 trials instead of 17). A trial is one Q/DQ rebuild and
-one ONNX Runtime run of the samples with optimisations off; the run is about 80% of its time (turning
-optimisations on does not make it faster: the work is the convolutions), so the trials are counted, not
-made cheaper.
+one ONNX Runtime run of the samples with optimisations off; the run is 70-90% of its time, and in it the
+convolutions are over half, the Q/DQ nodes a fifth (PP-OCRv4-det, ONNX Runtime's profiler); turning
+optimisations on does not make it faster, so the trials are counted, not made cheaper.
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built. The cost is one Q/DQ build and one run over
