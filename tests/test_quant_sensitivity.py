@@ -15,7 +15,13 @@ from trtopt.data.config import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import OrtSession
 from trtopt.quant import QuantConfig as StageQuantConfig
-from trtopt.quant.sensitivity import CANDIDATES, MIN_COSINE, find_sensitive_layers, rank_by_added_error
+from trtopt.quant.sensitivity import (
+    CANDIDATES,
+    MIN_COSINE,
+    MIN_GAIN,
+    find_sensitive_layers,
+    rank_by_added_error,
+)
 
 
 def _measure(costs: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
@@ -48,6 +54,50 @@ def test_layers_that_do_not_help_are_not_kept_float_and_the_share_is_capped() ->
     assert len(found.layers) == 2 and found.after < MIN_COSINE
     useless = find_sensitive_layers(lambda exclude: 0.5, ["a", "b"])
     assert useless.layers == {} and useless.after == 0.5
+
+
+def test_layers_that_gain_less_than_the_minimum_are_neither_kept_nor_tried_together() -> None:
+    """Forty layers each costing a little under MIN_GAIN (a detector far from the aim, as ddddocr-det): each
+    alone helps, none enough to pay for a float layer; no greedy trial is run after the alone ones."""
+    costs = {f"l{i:02d}": MIN_GAIN * 0.9 for i in range(40)}
+    calls: list[tuple[str, ...]] = []
+    found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: sorted(costs))
+    assert found.layers == {} and found.after == found.before < MIN_COSINE
+    assert found.trials == len(calls) == 1 + CANDIDATES and all(len(c) <= 1 for c in calls)
+
+
+def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() -> None:
+    """One layer that matters, the rest costing half MIN_GAIN: it alone is kept, in one greedy trial
+    (its own alone trial), and the small ones are not tried on top of it."""
+    costs = {f"l{i:02d}": MIN_GAIN / 2 for i in range(40)} | {"big": 0.05}
+    calls: list[tuple[str, ...]] = []
+    ranked = [f"l{i:02d}" for i in range(40)]
+    ranked.insert(3, "big")
+    found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
+    assert list(found.layers) == ["big"] and found.after < MIN_COSINE
+    assert found.trials == len(calls) == 1 + CANDIDATES and not any(len(c) > 1 for c in calls)
+
+
+def test_a_layer_joined_to_the_chosen_ones_must_still_gain_the_minimum() -> None:
+    """Two layers whose errors overlap (keeping either float removes most of the shared error): the second
+    gains too little beside the first, so only one is kept."""
+
+    def measure(exclude: Sequence[str]) -> float:
+        shared = 0.0 if {"a", "b"} & set(exclude) else 0.03  # beside 0.05 no layer removes
+        return 0.95 - shared - (0.0 if "a" in exclude else MIN_GAIN / 2) - (0.0 if "b" in exclude else MIN_GAIN / 3)
+
+    found = find_sensitive_layers(measure, list("abcdefgh"))  # the cap: two greedy steps
+    assert list(found.layers) == ["a"] and found.trials == 1 + 8 + 1
+
+
+def test_a_layer_that_reaches_the_aim_alone_ends_the_search() -> None:
+    costs = {f"l{i:02d}": 0.0001 for i in range(40)} | {"big": 0.02}
+    calls: list[tuple[str, ...]] = []
+    ranked = [f"l{i:02d}" for i in range(40)]
+    ranked.insert(2, "big")  # the third candidate alone lifts the plan past MIN_COSINE
+    found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
+    assert list(found.layers) == ["big"] and found.after >= MIN_COSINE
+    assert calls == [(), ("l00",), ("l01",), ("big",)] and found.trials == 4
 
 
 def test_build_keeps_the_heavy_tail_conv_float_when_entropy_ruins_it(tmp_path: Path) -> None:

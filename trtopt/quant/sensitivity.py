@@ -7,15 +7,30 @@ build does it for them, on calibration samples alone:
    against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
-   cosine with that layer alone kept float;
-3. greedy: keep float the most sensitive layer, then the next, re-measuring each time and keeping a layer
-   only if it helps, until the cosine reaches `MIN_COSINE` or `MAX_SHARE` of the layers are float.
+   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` ends this stage (one
+   layer is the fewest there can be);
+3. greedy: keep float the most sensitive layer, then the next, re-measuring each time, until the cosine
+   reaches `MIN_COSINE` or `MAX_SHARE` of the layers are float. A layer is kept only if it lifts the worst
+   cosine by at least `MIN_GAIN`, and only layers that alone gained that much are tried: the stage ends
+   where the sorted alone-gains fall below it, and never starts when none reaches it.
+
+`MIN_GAIN` (0.001, a tenth of the error `MIN_COSINE` allows) is what a float layer must buy: it costs
+latency on every inference, and the searches it cuts bought nothing. Measured on the zoo (avx2, 8
+calibration samples; tools/bench_zoo.py's data): ddddocr-det kept 6 layers float for 0.9823 -> 0.9834
+(the best alone 0.0009) and PP-OCRv4-det 6 for 0.9001 -> 0.9102, 4 of them gaining under 0.001 each;
+with the rule ddddocr-det keeps none (17 trials instead of 25) and PP-OCRv4-det 2 (0.9090; 18 instead of
+26), while layout-cdla keeps its 5 (0.719 -> 0.795: each gained 0.004 to 0.03) and PP-OCRv4-rec its one
+(0.977 -> 0.994, found at the 7th alone trial: 8 trials instead of 17). A trial is one Q/DQ rebuild and
+one ONNX Runtime run of the samples with optimisations off; the run is 70-90% of its time, and in it the
+convolutions are over half, the Q/DQ nodes a fifth (PP-OCRv4-det, ONNX Runtime's profiler); turning
+optimisations on does not make it faster, so the trials are counted, not made cheaper.
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built. The cost is one Q/DQ build and one run over
 the samples per candidate and per greedy step, paid only when the plan falls short: at most `CANDIDATES`
-trials however deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet at
-800 x 608 on 2 cores). `trtopt build --no-auto-exclude` skips it.
+alone trials however deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet
+at 800 x 608 on 2 cores). The rule depends on measured cosines only (no time budget), so a build is the
+same on any machine. `trtopt build --no-auto-exclude` skips it.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ MIN_COSINE = 0.99
 MAX_SHARE = 0.25  # never more than this share of the INT8 layers kept float
 SAMPLES = 8
 CANDIDATES = 16  # layers tried alone: those adding the most error to their own output
+MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
@@ -103,14 +119,18 @@ def find_sensitive_layers(
     most = len(tried) + steps  # the first trial of the greedy steps is reused from `alone`
     if on_trial is not None:
         measure = _counted(measure, on_trial, 1, most)
-    alone = {layer: measure((layer,)) for layer in tried}
-    order = sorted((layer for layer in tried if alone[layer] > before), key=lambda layer: -alone[layer])
+    alone: dict[str, float] = {}
+    for layer in tried:
+        alone[layer] = measure((layer,))
+        if alone[layer] >= min_cosine:  # one layer reaches the aim: no plan keeps fewer float
+            break
+    order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
     chosen: list[str] = []
-    current, trials = before, 1 + len(tried)
+    current, trials = before, 1 + len(alone)
     for layer in order[:steps]:
         trial = alone[layer] if not chosen else measure((*chosen, layer))
         trials += 1 if chosen else 0
-        if trial > current:
+        if trial - current >= MIN_GAIN:
             chosen.append(layer)
             current = trial
         if current >= min_cosine:
