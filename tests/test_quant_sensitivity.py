@@ -23,6 +23,7 @@ from trtopt.quant.sensitivity import (
     rank_by_added_error,
 )
 
+MANY = CANDIDATES + 24  # more layers than the search tries alone
 
 def _measure(costs: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
     """A plan whose cosine is 1 minus the summed cost of its INT8 layers."""
@@ -57,9 +58,10 @@ def test_layers_that_do_not_help_are_not_kept_float_and_the_share_is_capped() ->
 
 
 def test_layers_that_gain_less_than_the_minimum_are_neither_kept_nor_tried_together() -> None:
-    """Forty layers each costing a little under MIN_GAIN (a detector far from the aim, as ddddocr-det): each
-    alone helps, none enough to pay for a float layer; no greedy trial is run after the alone ones."""
-    costs = {f"l{i:02d}": MIN_GAIN * 0.9 for i in range(40)}
+    """More layers than CANDIDATES, each costing a little under MIN_GAIN (a detector far from the aim, as
+    ddddocr-det): each alone helps, none enough to pay for a float layer; no greedy trial is run after the
+    alone ones."""
+    costs = {f"l{i:02d}": MIN_GAIN * 0.9 for i in range(MANY)}
     calls: list[tuple[str, ...]] = []
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: sorted(costs))
     assert found.layers == {} and found.after == found.before < MIN_COSINE
@@ -69,9 +71,9 @@ def test_layers_that_gain_less_than_the_minimum_are_neither_kept_nor_tried_toget
 def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() -> None:
     """One layer that matters, the rest costing half MIN_GAIN: it alone is kept, in one greedy trial
     (its own alone trial), and the small ones are not tried on top of it."""
-    costs = {f"l{i:02d}": MIN_GAIN / 2 for i in range(40)} | {"big": 0.05}
+    costs = {f"l{i:02d}": MIN_GAIN / 2 for i in range(MANY)} | {"big": 0.05}
     calls: list[tuple[str, ...]] = []
-    ranked = [f"l{i:02d}" for i in range(40)]
+    ranked = [f"l{i:02d}" for i in range(MANY)]
     ranked.insert(3, "big")
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
     assert list(found.layers) == ["big"] and found.after < MIN_COSINE
@@ -91,9 +93,9 @@ def test_a_layer_joined_to_the_chosen_ones_must_still_gain_the_minimum() -> None
 
 
 def test_a_layer_that_reaches_the_aim_alone_ends_the_search() -> None:
-    costs = {f"l{i:02d}": 0.0001 for i in range(40)} | {"big": 0.02}
+    costs = {f"l{i:02d}": 0.0001 for i in range(MANY)} | {"big": 0.02}
     calls: list[tuple[str, ...]] = []
-    ranked = [f"l{i:02d}" for i in range(40)]
+    ranked = [f"l{i:02d}" for i in range(MANY)]
     ranked.insert(2, "big")  # the third candidate alone lifts the plan past MIN_COSINE
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
     assert list(found.layers) == ["big"] and found.after >= MIN_COSINE
@@ -123,9 +125,9 @@ def test_build_keeps_the_heavy_tail_conv_float_when_entropy_ruins_it(tmp_path: P
 
 
 def test_only_the_ranked_candidates_are_tried_alone_and_the_cap_counts_every_layer() -> None:
-    costs = {f"l{i:02d}": 0.0001 for i in range(40)} | {"big": 0.02, "mid": 0.012}
+    costs = {f"l{i:02d}": 0.0001 for i in range(MANY)} | {"big": 0.02, "mid": 0.012}
     calls: list[tuple[str, ...]] = []
-    ranked = ["big", "mid", *(f"l{i:02d}" for i in range(40))]
+    ranked = ["big", "mid", *(f"l{i:02d}" for i in range(MANY))]
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
     assert list(found.layers) == ["big", "mid"]
     alone = {c[0] for c in calls if len(c) == 1}
@@ -133,10 +135,10 @@ def test_only_the_ranked_candidates_are_tried_alone_and_the_cap_counts_every_lay
 
 
 def test_each_trial_is_reported_and_the_report_ends_full() -> None:
-    costs = {f"l{i:02d}": 0.0001 for i in range(40)} | {"big": 0.02, "mid": 0.012}
+    costs = {f"l{i:02d}": 0.0001 for i in range(MANY)} | {"big": 0.02, "mid": 0.012}
     calls: list[tuple[str, ...]] = []
     reports: list[tuple[int, int]] = []
-    ranked = ["big", "mid", *(f"l{i:02d}" for i in range(40))]
+    ranked = ["big", "mid", *(f"l{i:02d}" for i in range(MANY))]
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked,
                                   on_trial=lambda done, most: reports.append((done, most)))  # fmt: skip
     most = reports[0][1]
