@@ -31,8 +31,8 @@ the samples per candidate and per greedy step, paid only when the plan falls sho
 alone trials however deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet
 at 800 x 608 on 2 cores). The ranking is only a guide: on PP-OCRv4-det the layer that matters ranked
 beyond the first 16 (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all 64 0.970, against
-0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends on measured cosines only (no time budget), so a build is the
-same on any machine. `trtopt build --no-auto-exclude` skips it.
+0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends on measured
+cosines only (no time budget), so a build is the same on any machine. `trtopt build --no-auto-exclude` skips it.
 """
 
 from __future__ import annotations
