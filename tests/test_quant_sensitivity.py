@@ -25,6 +25,7 @@ from trtopt.quant.sensitivity import (
 
 MANY = CANDIDATES + 24  # more layers than the search tries alone
 
+
 def _measure(costs: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
     """A plan whose cosine is 1 minus the summed cost of its INT8 layers."""
 
