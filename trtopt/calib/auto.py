@@ -36,8 +36,9 @@ choice there errs, if anything, towards clipping. Memory: the cache holds every 
 SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
 where those are not scored tensors themselves, plus one tensor's candidates at a time.
 
-The scoring samples must not be the samples the build verifies its plan on (`trtopt.build._data_for` holds
-those back first); `trtopt.build.calibrate_graph` holds back `score_samples` more from the histograms.
+The scoring samples must not be the samples the build verifies its plan on
+(`trtopt.data.samples.calibration_and_checks` holds those back first); `trtopt.calib.stage.calibrate_graph`
+then holds back `SCORE_SAMPLES` more from the histograms (`scoring_split`).
 """
 
 from __future__ import annotations

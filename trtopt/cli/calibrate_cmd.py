@@ -113,10 +113,9 @@ def _plots(args: argparse.Namespace, calibration: Calibration) -> list[str]:
 
 def _methods(calibration: Calibration) -> str:
     """"auto: mse 48, entropy 20, ..." where the method varies per tensor, else the method."""
-    counts = calibration.method_counts()
     if calibration.method != "auto" or not calibration.choices:
         return str(calibration.method)
-    return "auto: " + ", ".join(f"{m} {n}" for m, n in counts.items())
+    return "auto: " + ", ".join(f"{m} {n}" for m, n in calibration.method_counts().items())
 
 
 def _most_clipped(calibration: Calibration, n: int) -> list[str]:

@@ -16,14 +16,14 @@ build does it for them, on calibration samples alone:
 
 `MIN_GAIN` (0.001, a tenth of the error `MIN_COSINE` allows) is what a float layer must buy: it costs
 latency on every inference, and the searches it cuts bought nothing. Measured on the zoo (avx2, 8
-calibration samples; tools/bench_zoo.py's data): ddddocr-det kept 6 layers float for 0.9823 -> 0.9834
-(the best alone 0.0009) and PP-OCRv4-det 6 for 0.9001 -> 0.9102, 4 of them gaining under 0.001 each;
-with the rule ddddocr-det keeps none (17 trials instead of 25) and PP-OCRv4-det 2 (0.9090; 18 instead of
-26), while layout-cdla keeps its 5 (0.719 -> 0.795: each gained 0.004 to 0.03) and PP-OCRv4-rec its one
-(0.977 -> 0.994, found at the 7th alone trial: 8 trials instead of 17). A trial is one Q/DQ rebuild and
-one ONNX Runtime run of the samples with optimisations off; the run is 70-90% of its time, and in it the
-convolutions are over half, the Q/DQ nodes a fifth (PP-OCRv4-det, ONNX Runtime's profiler); turning
-optimisations on does not make it faster, so the trials are counted, not made cheaper.
+calibration samples; tools/bench_zoo.py's data; 16 candidates then, 48 now): ddddocr-det kept 6 layers
+float for 0.9823 -> 0.9834 (the best alone 0.0009) and PP-OCRv4-det 6 for 0.9001 -> 0.9102, 4 of them
+gaining under 0.001 each; with the rule ddddocr-det keeps none (17 trials instead of 25) and PP-OCRv4-det
+2 (0.9090; 18 instead of 26), while layout-cdla keeps its 5 (0.719 -> 0.795: each gained 0.004 to 0.03)
+and PP-OCRv4-rec its one (0.977 -> 0.994, found at the 7th alone trial: 8 trials instead of 17). A trial
+is one Q/DQ rebuild and one ONNX Runtime run of the samples with optimisations off; the run is 70-90% of
+its time, and in it the convolutions are over half, the Q/DQ nodes a fifth (PP-OCRv4-det, ONNX Runtime's
+profiler); turning optimisations on does not make it faster, so the trials are counted, not made cheaper.
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built. The cost is one Q/DQ build and one run over
