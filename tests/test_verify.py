@@ -166,6 +166,30 @@ def test_a_plan_far_from_fp32_is_flagged_loudly(workdir: Path, monkeypatch, caps
     assert "WARNING" in capsys.readouterr().out
 
 
+def test_loading_a_plan_far_from_fp32_repeats_the_warning_once(workdir: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """The flag the build stored comes back as one warning line, with what to do, each time the plan is loaded;
+    a plan without the flag loads silently."""
+    from dataclasses import replace
+
+    plan = build_plan(workdir / "tiny.onnx", _config(workdir)).plan
+    v = plan.metadata.verification
+    assert v is not None and not v.far_from_fp32
+    write_plan(plan, workdir / "near.engine")
+    far = replace(plan, metadata=replace(plan.metadata, verification=replace(v, far_from_fp32=True)))
+    write_plan(far, workdir / "far_flagged.engine")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        trtopt.Engine.load(workdir / "near.engine").close()
+        assert not caplog.records
+        trtopt.Engine.load(workdir / "far_flagged.engine").close()
+    (record,) = caplog.records
+    assert record.name == "trtopt.engine"
+    text = record.getMessage()
+    assert record.levelno == logging.WARNING and "\n" not in text
+    assert str(workdir / "far_flagged.engine") in text and "far from FP32" in text and f"{v.reference_vs_fp32.cosine:.3f}" in text
+    assert "--method" in text and "rebuild" in text  # what to do
+
+
 def test_kernels_off_a_far_reference_fail_with_what_to_do(workdir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import trtopt.verify as verify
 

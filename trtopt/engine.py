@@ -57,8 +57,16 @@ class Engine:
         cuda_graph: bool = False,
         device: int = 0,
     ) -> Engine:
-        """Read, verify and deserialise a plan file (see `trtopt.plan.format` for what is checked)."""
-        return cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device)
+        """Read, verify and deserialise a plan file (see `trtopt.plan.format` for what is checked).
+
+        A plan whose build found its INT8 math far from FP32 (`Verification.far_from_fp32`) says so again here,
+        in one warning line with what to do: the build's own warning is long gone when a service loads it."""
+        engine = cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device)
+        verification = engine.verification
+        if verification is not None and verification.warning is not None:
+            log.warning("%s: %s (recorded when it was built; rebuild the plan to fix it)", os.fspath(path),
+                        verification.warning)  # fmt: skip
+        return engine
 
     @property
     def backend(self) -> str:
