@@ -91,6 +91,27 @@ def test_a_build_without_int8_keeps_uint8_quantisation(work: Path, fmt: str) -> 
     assert cosine > 0.999 and np.abs(got - want).max() <= 0.05 * np.abs(want).max()
 
 
+def test_the_summary_of_a_build_without_int8_does_not_compare_the_model_with_itself(work: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Without --int8 the verification's reference is the model as given, which is also what ran as "FP32": the
+    summary says so instead of an "INT8 reference vs FP32" of 1.0. An --int8 build of the float model keeps it."""
+    import json
+
+    from trtopt.cli.summaries import AS_GIVEN, verification_text
+
+    base = ["--backend", "cpu"]  # verified on random inputs: --calib goes with --int8 only
+    assert main(["build", str(work / "QDQ_QUInt8.onnx"), *base, "-o", str(work / "kept.engine"), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)["verification"]
+    assert record["reference"] == AS_GIVEN and record["reference_vs_fp32"]["cosine"] == pytest.approx(1.0)
+    assert main(["build", str(work / "QDQ_QUInt8.onnx"), *base, "-o", str(work / "kept.engine")]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "the model as given (built without --int8)" in text and "INT8 reference vs FP32" not in text
+    assert "no INT8-vs-FP32 figure" in verification_text(record)
+    int8 = [*base, "--int8", "--calib", str(work / "x.npy"), "-o", str(work / "int8.engine"), "--json"]
+    assert main(["build", str(work / "float.onnx"), *int8]) == 0
+    record = json.loads(capsys.readouterr().out)["verification"]
+    assert "reference" not in record and "INT8 reference vs FP32: cosine" in verification_text(record)
+
+
 @pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
 def test_a_build_without_int8_that_cannot_keep_it_says_why(work: Path, fmt: str, capsys) -> None:  # type: ignore[no-untyped-def]
     """int8 activations: the CPU lowering reads them as trtopt's symmetric form, and ONNX Runtime refuses the
