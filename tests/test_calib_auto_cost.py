@@ -97,6 +97,25 @@ def test_the_stage_passes_its_bounded_tensors(monkeypatch: pytest.MonkeyPatch, t
     assert unbounded.amax["six"] <= found.amax["six"]
 
 
+@pytest.mark.parametrize("method", ["auto", "entropy"])
+def test_the_stage_finds_the_bounded_tensors_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, method: str) -> None:
+    """One graph walk for the bounded set, shared by auto (which skips them) and the max rule (which sets them)."""
+    from trtopt.data.samples import load_samples
+    from trtopt.quant import ranges
+
+    model = _relu6_net()
+    graph = graph_from_onnx(model)
+    np.savez(tmp_path / "calib.npz", x=np.concatenate([b["x"] for b in _batches(48, 4)]))
+    data = DataConfig(sources=(str(tmp_path / "calib.npz"),))
+    walks: list[set[str]] = []
+    find = ranges.bounded_tensors
+    monkeypatch.setattr(ranges, "bounded_tensors", lambda g: walks.append(find(g)) or walks[-1])
+    found = calibrate_graph(graph, model, ["x", "six", "hidden"], CalibConfig(method=method),
+                            dataset=load_samples(graph, None, data), data=data)  # fmt: skip
+    assert walks == [{"six"}]
+    assert found.amax["six"] == found.histograms["six"].amax  # type: ignore[index]
+
+
 def test_each_consumer_runs_once_on_at_most_one_copy_per_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cost model of issue #21: per scored tensor, each node reading it is built once and run on the
     scoring rows once per distinct candidate, never more (its float output comes from the FP32 run)."""

@@ -49,7 +49,7 @@ def calibrate_graph(
     from trtopt.calib.auto import scoring_split
 
     dataset, scoring = scoring_split(dataset, data.batch) if config.method == "auto" else (dataset, None)
-    at_max = _bounded(graph) if config.bounded_max and config.method == "auto" else set()
+    bounded = _bounded(graph) if config.bounded_max else set()  # found once: auto skips them, the rule below sets them
     calibration = calibrate(
         model,
         lambda: (b.feeds for b in dataset.batches(data.batch, workers=data.workers)),
@@ -58,9 +58,9 @@ def calibrate_graph(
         progress=(lambda p: progress(replace(p, total_samples=len(dataset)))) if progress else None,
         data_description=f"{len(dataset)} samples from {' '.join(data.sources)}",
         score_batches=scoring,
-        at_max=at_max,  # bounded_at_max below gives them their maximum: auto need not score them
+        at_max=bounded if config.method == "auto" else set(),  # bounded_at_max gives them their maximum anyway
     )
-    calibration = bounded_at_max(graph, calibration) if config.bounded_max else calibration
+    calibration = bounded_at_max(graph, calibration, bounded=bounded) if config.bounded_max else calibration
     if config.save_cache is not None:
         save_cache(config.save_cache, calibration)
     return calibration
@@ -72,11 +72,12 @@ def _bounded(graph: gs.Graph) -> set[str]:
     return bounded_tensors(graph)
 
 
-def bounded_at_max(graph: gs.Graph, calibration: Calibration) -> Calibration:
-    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges)."""
+def bounded_at_max(graph: gs.Graph, calibration: Calibration, *, bounded: set[str] | None = None) -> Calibration:
+    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges). `bounded`:
+    those tensors of `graph` where the caller has them already (None: found here)."""
     histograms = calibration.histograms or {}
     amax = dict(calibration.amax)
-    bounded = _bounded(graph) & set(histograms)
+    bounded = (_bounded(graph) if bounded is None else bounded) & set(histograms)
     for name in bounded:
         amax[name] = max(amax[name], float(histograms[name].amax))
     choices = {**calibration.choices, **dict.fromkeys(bounded, "max")} if calibration.choices else None
