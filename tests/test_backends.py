@@ -73,6 +73,33 @@ def test_build_py_names_no_backend() -> None:
     assert not [n for n in names if n in lowered]
 
 
+# Where a backend name may still decide: the Triton exporter, which picks the Triton backend and the instance kind
+# per plan backend (and whose own Triton backend names include "tensorrt"); moving that into the backends is open.
+DECIDES_BY_NAME = ("trtopt/backend/", "trtopt/serving/triton/")
+
+
+def test_no_module_outside_the_backends_decides_by_a_backend_name() -> None:
+    """No `x == "cpu"` / `x != "tensorrt"` / `x in ("cpu", ...)` outside trtopt/backend: such a decision is the
+    backend object's (a class attribute or method of `Backend`)."""
+    names = set(BACKENDS)
+    found = []
+    for path in sorted((ROOT / "trtopt").rglob("*.py")):
+        shown = path.relative_to(ROOT).as_posix()
+        if shown.startswith(DECIDES_BY_NAME):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                literals = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+                found += [f"{shown}:{node.lineno} {n!r}" for n in sorted(literals & names)]
+    assert not found, found
+
+
+def test_backends_own_their_notes_on_other_tools_quantisation_and_on_sparsity() -> None:
+    cpu, trt = get_backend("cpu"), get_backend("tensorrt")
+    assert "uint8 activations" in cpu.prequantized_keeps and not trt.prequantized_keeps
+    assert "no 2:4 sparse path" in cpu.sparsity_note and "cannot see that choice" in trt.sparsity_note
+
+
 # --- quantisation defaults ---------------------------------------------------------------------------
 
 

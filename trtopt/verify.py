@@ -347,7 +347,7 @@ def build_verified(
         except TrtoptError as exc:  # not valid: for a model another tool quantised, that is the likely reason
             from trtopt.quant.prequantized import prequantized_build_error
 
-            instead = prequantized_build_error((n.op_type for n in fp32.graph.node), backend.name, exc)
+            instead = prequantized_build_error((n.op_type for n in fp32.graph.node), backend, exc)
             if instead is None:
                 raise
             raise instead from None

@@ -257,20 +257,13 @@ def _known_shape(tensor: gs.Tensor) -> bool:
 
 # --- what a build records ------------------------------------------------------------------------------
 
-KERNELS_UNSEEN = (
-    "TensorRT decides per layer, on the GPU at build time, whether a sparse kernel is faster (Ampere or newer; "
-    "its log says which in the line '(Sparsity) TRT inference plan picked sparse implementation for layers', "
-    "shown with -v). trtopt cannot see that choice, and no trtopt build has yet run on a GPU: this lists only "
-    "the layers whose weights qualify."
-)
-NO_CPU_KERNELS = "ONNX Runtime's CPU kernels have no 2:4 sparse path: on this backend --sparsity only lists the layers."
-
-
 def sparsity_record(graph: gs.Graph, int8_layers: Sequence[str], fp16: bool, backend: str) -> dict[str, Any]:
     """What `trtopt build --sparsity` stores in the plan: the layers whose weights (as built, Q/DQ included)
     are 2:4 and run in INT8 or FP16, the precisions the developer guide names for sparse tactics; 2:4 layers
-    left in FP32; eligible layers that are not 2:4; and their shares of the MACs."""
+    left in FP32; eligible layers that are not 2:4; and their shares of the MACs. The note on what the kernels do
+    is the backend's (`Backend.sparsity_note`)."""
     from trtopt.analysis.summary import summarize
+    from trtopt.backend import get_backend
 
     summary = summarize(graph)
     macs = {n.name: cost.macs for n, cost in zip(graph.nodes, summary.layers, strict=True)}
@@ -285,5 +278,5 @@ def sparsity_record(graph: gs.Graph, int8_layers: Sequence[str], fp16: bool, bac
         "fp32_layers_with_2_4_weights": float32,
         "eligible_not_2_4": [x.name for x in report.layers if x.eligible and not x.is_24],
         "eligible_mac_share": report.share(report.eligible_macs),
-        "note": KERNELS_UNSEEN if backend == "tensorrt" else NO_CPU_KERNELS,
+        "note": get_backend(backend).sparsity_note,
     }

@@ -9,6 +9,8 @@ A backend is a `Backend` registered by name in `trtopt.backend.BACKENDS`, where 
   resolved from the build config and the graph (`options`);
 - **build**: the plan sections, and the variants to try until one verifies (`build`, `variants`);
 - **verification policy**: whether a plan whose kernels miss the tolerance is refused (`strict_verification`);
+- **what it says about its kernels**: which quantisation of other tools it keeps (`prequantized_keeps`), and
+  what 2:4 sparsity does on it (`sparsity_note`);
 - **report**: what it made of the plan, for the build summary (`report`: kernels on the CPU, profiles on
   TensorRT);
 - **runner**: executing a plan (`create_runner`).
@@ -119,6 +121,11 @@ class Backend(ABC, Generic[BuildSettings]):
     # and how to start the fix when no variant passes.
     strict_verification: bool = True
     mismatch_fix: ClassVar[str] = "Try "
+    # What a build without --int8 keeps of a model another tool quantised, as "quantise with ..." advice
+    # (trtopt.quant.prequantized; "": nothing known), and what `build --sparsity` can say about this backend's
+    # kernels (trtopt.analysis.sparsity; recorded in the plan beside the qualifying layers).
+    prequantized_keeps: ClassVar[str] = ""
+    sparsity_note: ClassVar[str] = ""
 
     @abstractmethod
     def status(self) -> BackendStatus:

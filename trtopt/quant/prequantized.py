@@ -17,8 +17,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from trtopt.errors import TrtoptError
+
+if TYPE_CHECKING:
+    from trtopt.backend import Backend
 
 # Nodes that quantise an activation at run time: QuantizeLinear, and the operators of ONNX's QOperator
 # format and ONNX Runtime's contrib ops (com.microsoft) that consume or produce quantised activations.
@@ -44,29 +48,34 @@ def refuse_prequantized(op_types: Iterable[str]) -> None:
     raise TrtoptError(
         f"{what} trtopt calibrates and quantises float models, and this graph has no float activations left to "
         "calibrate.",
-        fix="Build it without --int8 to keep its own quantisation (trtopt builds and verifies it as it is; the CPU "
-        f"backend takes {CPU_KEEPS}), or pass the float model this one was quantised from, with --int8 and --calib.",
+        fix=f"Build it without --int8 to keep its own quantisation (trtopt builds and verifies it as it is{_kept()}), "
+        "or pass the float model this one was quantised from, with --int8 and --calib.",
     )
 
 
-def prequantized_build_error(op_types: Iterable[str], backend: str, cause: TrtoptError) -> TrtoptError | None:
+def prequantized_build_error(op_types: Iterable[str], backend: Backend[Any], cause: TrtoptError) -> TrtoptError | None:
     """For a build without --int8 whose plan is not valid (`cause`): the error to raise instead when the model
-    was quantised by another tool, which is then the likely reason (None: it was not)."""
+    was quantised by another tool, which is then the likely reason (None: it was not). What `backend` can keep
+    is its own fact (`Backend.prequantized_keeps`)."""
     what = _found(op_types)
     if what is None:
         return None
-    keep = f" To keep this quantisation, quantise with {CPU_KEEPS}." if backend == "cpu" else ""
+    keeps = backend.prequantized_keeps
+    keep = f" To keep this quantisation, quantise with {keeps}." if keeps else ""
     return TrtoptError(
-        f"{what} The {backend} backend could not build it as it is: {cause.what}",
+        f"{what} The {backend.name} backend could not build it as it is: {cause.what}",
         fix="Pass the float model this one was quantised from, with --int8 and --calib (trtopt quantises, calibrates "
         f"and verifies it), or run this model with ONNX Runtime directly.{keep}",
     )
 
 
-# What the CPU backend builds as it is (measured on ONNX Runtime's quantize_static output, QDQ and QOperator
-# formats alike): uint8 activations build and verify; int8 activations do not (the lowering reads int8
-# activations as trtopt's symmetric form, trtopt.backend.cpu.lowering).
-CPU_KEEPS = "uint8 activations (ONNX Runtime's quantize_static(..., activation_type=QuantType.QUInt8))"
+def _kept() -> str:
+    """What each backend is known to keep of another tool's quantisation, for the advice ("" where none is)."""
+    from trtopt.backend import BACKENDS
+
+    keeps = [f"the {b.title} backend takes {b.prequantized_keeps}" for b in map(BACKENDS.get, BACKENDS)
+             if b.prequantized_keeps]  # fmt: skip
+    return "; " + "; ".join(keeps) if keeps else ""
 
 
 def _found(op_types: Iterable[str]) -> str | None:

@@ -56,6 +56,12 @@ class TensorRTBackend(Backend["EngineOptions"]):
     # computes in FP32, and no TensorRT build has run through trtopt.verify yet: until its tolerance is
     # measured on a GPU, a mismatch is recorded in the plan and logged, not refused (validity errors still are).
     strict_verification = False
+    sparsity_note = (
+        "TensorRT decides per layer, on the GPU at build time, whether a sparse kernel is faster (Ampere or newer; "
+        "its log says which in the line '(Sparsity) TRT inference plan picked sparse implementation for layers', "
+        "shown with -v). trtopt cannot see that choice, and no trtopt build has yet run on a GPU: this lists only "
+        "the layers whose weights qualify."
+    )
 
     def status(self) -> BackendStatus:
         from trtopt.backend.tensorrt import detect
