@@ -1,5 +1,6 @@
 """The checks .ci/run adds around the tests: the size budget (tools/check_size.py) and the switch that turns
-skips for a missing optional dependency into failures (TRTOPT_REQUIRE_OPTIONAL=1, tests/require_optional.py)."""
+skips for a missing optional dependency into failures (TRTOPT_REQUIRE_OPTIONAL=1, tests/require_optional.py);
+and README's layout table against the package (issue #17: the layout table matches the house)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,13 @@ def test_require_optional_fails_only_missing_dependency_skips(tmp_path: Path, sw
     assert expected in done.stdout, done.stdout
     if switch == "1":
         assert "TRTOPT_REQUIRE_OPTIONAL=1 but an optional dependency is missing" in done.stdout
+
+
+def test_readme_layout_names_every_part_of_the_package() -> None:
+    """README's "Repository layout" table lists every package under trtopt/ and every top-level module."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme.split("## Repository layout", 1)[1].split("\n## ", 1)[0]
+    packages = [f"trtopt/{p.name}" for p in (ROOT / "trtopt").iterdir() if (p / "__init__.py").is_file()]
+    modules = [f"{p.name}" for p in (ROOT / "trtopt").glob("*.py") if p.name != "__init__.py"]
+    missing = [name for name in [*packages, *modules] if f"`{name}`" not in layout and f"/{name}`" not in layout]
+    assert not missing, f"README's layout table does not mention {missing}"
