@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 import pytest
 from onnx import helper, numpy_helper
 
-from trtopt.errors import format_shape
+from trtopt.errors import format_dims, format_shape
 from trtopt.passes.edit import stable_topological_order
 from trtopt.passes.query import clip_bounds, input_channels, output_channels, read_clip_bounds
 
@@ -106,6 +106,21 @@ def test_clip_bounds_on_node_protos_as_the_cpu_lowering_reads_them() -> None:
 )
 def test_format_shape(dims: object, text: str) -> None:
     assert format_shape(dims) == text  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("dims", "unknown", "text"),
+    [
+        ((1, 3, 224, 224), None, "1x3x224x224"),
+        (("batch", 3, None, -1), None, "batchx3x?x?"),
+        (("batch", 3, None, np.int64(7)), "N", "Nx3xNx7"),
+        ((), None, "scalar"),
+        (None, None, "?"),
+    ],
+)
+def test_format_dims(dims: object, unknown: str | None, text: str) -> None:
+    """The table form of the same dimensions (inspect, sparsity tables, TensorRT's --shapes example)."""
+    assert format_dims(dims, unknown=unknown) == text  # type: ignore[arg-type]
 
 
 def test_stable_topological_order() -> None:

@@ -38,6 +38,15 @@ def format_shape(dims: Iterable[object] | None) -> str:
     return "[" + ", ".join(_dim_text(d) for d in dims) + "]"
 
 
+def format_dims(dims: Iterable[object] | None, *, unknown: str | None = None) -> str:
+    """A shape as tables and `--shapes` examples show it, e.g. `1x3xHxW`: the dimensions of `format_shape`
+    joined by x; `unknown`, when given, replaces every dimension that is not a size (a name, None, -1)."""
+    if dims is None:
+        return "?"
+    texts = [_dim_text(d) if unknown is None or _dim_text(d).isdigit() else unknown for d in dims]
+    return "x".join(texts) or "scalar"
+
+
 def _dim_text(dim: object) -> str:
     if isinstance(dim, int) or type(dim).__name__.startswith(("int", "uint")):  # numpy integers too
         return str(int(dim)) if int(dim) >= 0 else "?"  # type: ignore[call-overload]

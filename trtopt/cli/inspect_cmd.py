@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from trtopt.errors import format_dims
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -75,7 +77,7 @@ def print_summary(summary: ModelSummary, *, all_layers: bool = False, every_matc
         io.add_column(column)
     for kind, tensors in (("input", summary.inputs), ("output", summary.outputs)):
         for t in tensors:
-            io.add_row(kind, t.name, _fmt_shape(t.shape), t.dtype)
+            io.add_row(kind, t.name, format_dims(t.shape), t.dtype)
     out.print(io)
 
     ops = Table(title="Ops", title_justify="left")
@@ -121,7 +123,7 @@ def _print_layers(summary: ModelSummary, all_layers: bool) -> None:
     for layer in layers:
         share = f"{100 * layer.macs / summary.macs:.1f}" if summary.macs and layer.macs else ""
         macs = "?" if layer.macs is None else _human(layer.macs)
-        table.add_row(layer.name, layer.op, _fmt_shape(layer.output_shape), macs, share)
+        table.add_row(layer.name, layer.op, format_dims(layer.output_shape), macs, share)
     out.print(table)
 
 
@@ -166,14 +168,6 @@ def _print_matches(reports: Sequence[PassReport]) -> None:
         for record in (*report.rewrites, *report.recorded):
             table.add_row(report.name, record.kind, record.detail)
     out.print(table)
-
-
-def _fmt_shape(shape: tuple[int | str | None, ...] | None, *, unknown: str | None = None) -> str:
-    """1x3xHxW; `unknown` replaces every non-integer dimension when given."""
-    if shape is None:
-        return "?"
-    dims = [str(d) if isinstance(d, int) else unknown or (d or "?") for d in shape]
-    return "x".join(dims) or "scalar"
 
 
 def _human(n: int) -> str:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from trtopt.cli.console import out
+from trtopt.errors import format_dims
 
 if TYPE_CHECKING:
     from trtopt.analysis.sparsity import SparsityReport
@@ -28,7 +29,7 @@ def print_sparsity_report(report: SparsityReport, *, all_layers: bool = False) -
     for column in ("op", "weight", "eligible (2:4 axis)", "2:4 now", "MACs %"):
         table.add_column(column, justify="right" if column == "MACs %" else "left")
     for layer in shown:
-        shape = "x".join(str(d) for d in layer.shape) if layer.shape else "?"
+        shape = format_dims(layer.shape or None)
         now = "-" if layer.zero_groups is None else ("yes" if layer.is_24 else f"no ({layer.zero_groups:.0%})")
         share = f"{100 * report.share(layer.macs):.1f}" if layer.macs else ""
         verdict = f"yes (axis {layer.axis})" if layer.eligible else f"no: {layer.reason}"
@@ -53,7 +54,7 @@ def print_sparsify_result(result: SparsifyResult, output: str, *, samples: int) 
     for layer in result.report.pruned:
         alone = f"{single[layer.name].loss:.2e}" if layer.name in single else ""
         share = f"{100 * layer.macs / result.total_macs:.1f}" if layer.macs and result.total_macs else ""
-        table.add_row(layer.name, layer.op, "x".join(map(str, layer.shape)), f"{layer.l1_removed:.1%}",
+        table.add_row(layer.name, layer.op, format_dims(layer.shape), f"{layer.l1_removed:.1%}",
                       f"{layer.l2_removed:.1%}", alone, share)  # fmt: skip
     out.print(table)
     if result.choice is not None:

@@ -46,7 +46,7 @@ import onnx
 
 from trtopt.backend.base import Profile, Shape
 from trtopt.config_checks import check_int, check_threads
-from trtopt.errors import ModelError, ShapeError, TrtoptError
+from trtopt.errors import ModelError, ShapeError, TrtoptError, format_dims
 from trtopt.errors import format_shape as _fmt
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 
@@ -103,7 +103,7 @@ def profiles_for(
             continue
         missing = [i for i in dynamic if i > 0 and given is None]
         if missing:
-            example = "x".join(str(d) if _is_static(d) else "N" for d in dims)
+            example = format_dims(dims, unknown="N")
             raise ShapeError(
                 f"Input {tensor.name!r} has dynamic dimension(s) {missing} besides the batch "
                 f"(shape {_fmt(dims)}); "
