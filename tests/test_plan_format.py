@@ -139,3 +139,22 @@ def test_malformed_metadata_is_a_plan_error() -> None:
     with pytest.raises(PlanError, match="malformed metadata"):
         PlanMetadata.from_dict({"verification": {"isa": "avx2"}})  # an incomplete verification record
 
+
+
+SPARSITY = {"backend": "cpu", "qualifying_layers": ["conv_1"], "qualifying_mac_share": 0.25,
+            "fp32_layers_with_2_4_weights": [], "eligible_not_2_4": ["conv_2", "gemm"], "eligible_mac_share": 0.75,
+            "note": "what the backend can say"}  # fmt: skip
+
+
+def test_the_sparsity_record_is_typed_and_checked() -> None:
+    """`build --sparsity`'s record reads into a `SparsityRecord` and writes back the same JSON; a malformed
+    one (a share outside [0, 1], a name list that is a string, a missing key) is refused like any metadata."""
+    from trtopt.plan import SparsityRecord
+
+    meta = PlanMetadata.from_dict({"sparsity": SPARSITY})
+    assert isinstance(meta.sparsity, SparsityRecord) and meta.sparsity.eligible_not_2_4 == ("conv_2", "gemm")
+    assert meta.to_dict()["sparsity"] == SPARSITY and meta["sparsity"]["qualifying_layers"] == ["conv_1"]
+    no_backend = {k: v for k, v in SPARSITY.items() if k != "backend"}
+    for record in ({**SPARSITY, "qualifying_mac_share": 1.5}, {**SPARSITY, "eligible_not_2_4": "conv_2"}, no_backend):
+        with pytest.raises(PlanError, match="malformed metadata"):
+            PlanMetadata.from_dict({"sparsity": record})

@@ -36,10 +36,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
+
+if TYPE_CHECKING:
+    from trtopt.plan import SparsityRecord
 
 GROUP = 4  # values per group along the reduction axis
 KEEP = 2  # at most this many non-zeros per group
@@ -257,13 +260,15 @@ def _known_shape(tensor: gs.Tensor) -> bool:
 
 # --- what a build records ------------------------------------------------------------------------------
 
-def sparsity_record(graph: gs.Graph, int8_layers: Sequence[str], fp16: bool, backend: str) -> dict[str, Any]:
+
+def sparsity_record(graph: gs.Graph, int8_layers: Sequence[str], fp16: bool, backend: str) -> SparsityRecord:
     """What `trtopt build --sparsity` stores in the plan: the layers whose weights (as built, Q/DQ included)
     are 2:4 and run in INT8 or FP16, the precisions the developer guide names for sparse tactics; 2:4 layers
     left in FP32; eligible layers that are not 2:4; and their shares of the MACs. The note on what the kernels do
     is the backend's (`Backend.sparsity_note`)."""
     from trtopt.analysis.summary import summarize
     from trtopt.backend import get_backend
+    from trtopt.plan import SparsityRecord
 
     summary = summarize(graph)
     macs = {n.name: cost.macs for n, cost in zip(graph.nodes, summary.layers, strict=True)}
@@ -271,12 +276,12 @@ def sparsity_record(graph: gs.Graph, int8_layers: Sequence[str], fp16: bool, bac
     reduced = set(int8_layers)
     qualifying = [x for x in report.layers if x.is_24 and (fp16 or x.name in reduced)]
     float32 = [x.name for x in report.layers if x.is_24 and x not in qualifying]
-    return {
-        "backend": backend,
-        "qualifying_layers": [x.name for x in qualifying],
-        "qualifying_mac_share": report.share(sum(x.macs or 0 for x in qualifying)),
-        "fp32_layers_with_2_4_weights": float32,
-        "eligible_not_2_4": [x.name for x in report.layers if x.eligible and not x.is_24],
-        "eligible_mac_share": report.share(report.eligible_macs),
-        "note": get_backend(backend).sparsity_note,
-    }
+    return SparsityRecord(
+        backend=backend,
+        qualifying_layers=tuple(x.name for x in qualifying),
+        qualifying_mac_share=report.share(sum(x.macs or 0 for x in qualifying)),
+        fp32_layers_with_2_4_weights=tuple(float32),
+        eligible_not_2_4=tuple(x.name for x in report.layers if x.eligible and not x.is_24),
+        eligible_mac_share=report.share(report.eligible_macs),
+        note=get_backend(backend).sparsity_note,
+    )

@@ -109,6 +109,44 @@ class QuantRecord:
 
 
 @dataclass(frozen=True)
+class SparsityRecord:
+    """What `build --sparsity` found (`trtopt.analysis.sparsity.sparsity_record`): the layers whose weights are 2:4
+    and run INT8 or FP16, 2:4 layers left in FP32, eligible layers that are not 2:4, their MAC shares, and what
+    the backend can say about its kernels (`Backend.sparsity_note`)."""
+
+    backend: str
+    qualifying_layers: tuple[str, ...]
+    qualifying_mac_share: float
+    fp32_layers_with_2_4_weights: tuple[str, ...]
+    eligible_not_2_4: tuple[str, ...]
+    eligible_mac_share: float
+    note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "qualifying_layers": list(self.qualifying_layers),
+            "qualifying_mac_share": self.qualifying_mac_share,
+            "fp32_layers_with_2_4_weights": list(self.fp32_layers_with_2_4_weights),
+            "eligible_not_2_4": list(self.eligible_not_2_4),
+            "eligible_mac_share": self.eligible_mac_share,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SparsityRecord:
+        return cls(
+            backend=str(data["backend"]),
+            qualifying_layers=_names(data["qualifying_layers"]),
+            qualifying_mac_share=_share(data["qualifying_mac_share"]),
+            fp32_layers_with_2_4_weights=_names(data["fp32_layers_with_2_4_weights"]),
+            eligible_not_2_4=_names(data["eligible_not_2_4"]),
+            eligible_mac_share=_share(data["eligible_mac_share"]),
+            note=str(data.get("note", "")),
+        )
+
+
+@dataclass(frozen=True)
 class PlanMetadata:
     """Everything a plan says about itself besides its I/O and sections. None: not recorded.
 
@@ -124,7 +162,7 @@ class PlanMetadata:
     verification: Verification | None = None
     # TensorRT plans: {input: {"min"|"opt"|"max": dims}}, the batch limit `trtopt export --triton` reads.
     profiles: dict[str, dict[str, list[int]]] | None = None
-    sparsity: dict[str, Any] | None = None  # `build --sparsity`: which layers' weights are 2:4 (analysis.sparsity)
+    sparsity: SparsityRecord | None = None  # `build --sparsity`: which layers' weights are 2:4 (analysis.sparsity)
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as read
 
     # A read-only view of the header's JSON keys, for code written against the untyped metadata of 0.1.
@@ -155,9 +193,10 @@ class PlanMetadata:
             data.update(self.quant.to_dict())
         if self.verification is not None:
             data["verification"] = self.verification.to_dict()
-        for key in ("profiles", "sparsity"):
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
+        if self.profiles is not None:
+            data["profiles"] = self.profiles
+        if self.sparsity is not None:
+            data["sparsity"] = self.sparsity.to_dict()
         return data
 
     @classmethod
@@ -179,7 +218,7 @@ class PlanMetadata:
                 quant=QuantRecord.from_dict(data) if quant else None,
                 verification=Verification.from_dict(data["verification"]) if data.get("verification") else None,
                 profiles=_profiles(data.get("profiles")),
-                sparsity=dict(data["sparsity"]) if data.get("sparsity") is not None else None,
+                sparsity=SparsityRecord.from_dict(data["sparsity"]) if data.get("sparsity") is not None else None,
                 extra={k: v for k, v in data.items() if k not in known},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -210,6 +249,19 @@ def _profiles(value: Any) -> dict[str, dict[str, list[int]]] | None:
     if value is None:
         return None
     return {str(name): {str(k): [int(d) for d in dims] for k, dims in p.items()} for name, p in value.items()}
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"not a list of names: {value!r}")
+    return tuple(value)
+
+
+def _share(value: Any) -> float:
+    share = _number(value)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"not a share between 0 and 1: {value!r}")
+    return share
 
 
 def _optional_str(value: Any) -> str | None:
