@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.passes.edit import stable_topological_order
 from trtopt.passes.query import read_clip_bounds
@@ -166,7 +167,7 @@ def route_to_gemm(
             continue
         if weight.input[0] not in shifted:
             q, zp = numpy_helper.to_array(q_init), numpy_helper.to_array(zp_init)
-            if zp.any() or q.min() < -127:
+            if zp.any() or q.min() < -QMAX:
                 continue  # not the symmetric encoding trtopt writes
             q_init.CopyFrom(numpy_helper.from_array((q.astype(np.int16) - 1).astype(np.int8), weight.input[0]))
             zp_init.CopyFrom(numpy_helper.from_array(np.full_like(zp, -1), weight.input[2]))
@@ -248,7 +249,7 @@ def _to_uint8(inits: dict[str, onnx.TensorProto], q: onnx.NodeProto, *, nonneg: 
     """Rewrite the pair's shared scale and zero point (the DQ of the pair reads the same constants)."""
     scale = float(numpy_helper.to_array(inits[q.input[1]]))
     if nonneg:
-        scale *= 127.0 / 255.0
+        scale *= QMAX / 255.0  # T / QMAX over the int8 range becomes T / 255 over uint8's
     inits[q.input[1]].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), q.input[1]))
     zero = np.array(0 if nonneg else 128, np.uint8)
     inits[q.input[2]].CopyFrom(numpy_helper.from_array(zero, q.input[2]))
