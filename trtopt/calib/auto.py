@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from trtopt.calib.auto_kernels import ELEMENTWISE, elementwise_errors, quantize_stack, squared_errors
 from trtopt.calib.thresholds import QMAX
 
 log = logging.getLogger(__name__)
@@ -155,9 +156,7 @@ def _choose(
 ) -> TensorChoice:
     values = cached[name]
     # Each candidate's rounding of the values, stacked along axis 0: made once, read by every node.
-    stacked = np.empty((len(distinct) * values.shape[0], *values.shape[1:]), np.float32)
-    for part, amax in zip(np.split(stacked, len(distinct)), distinct.values(), strict=True):
-        fake_quantize(values, amax, out=part)
+    stacked = quantize_stack(values, np.array(list(distinct.values()))).reshape(-1, *values.shape[1:])
     errors = np.zeros(len(distinct))
     scored = 0
     for node in nodes:
@@ -175,13 +174,8 @@ def _choose(
 
 def _relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """||part - reference||^2 / ||reference||^2 for each of the equal parts of `stacked` along axis 0 (its
-    copies of `reference`'s shape), with BLAS dot products; `stacked` is overwritten with the differences."""
-    ref = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
-    energy = float(np.dot(ref, ref))
-    parts = np.ascontiguousarray(stacked, dtype=np.float32).reshape(-1, ref.size)
-    parts = parts if parts.flags.writeable else parts.copy()
-    np.subtract(parts, ref, out=parts)
-    errors = np.array([float(np.dot(diff, diff)) for diff in parts])
+    copies of `reference`'s shape)."""
+    errors, energy = squared_errors(stacked, reference)
     return errors / energy if energy > 0 else errors
 
 
@@ -236,6 +230,7 @@ class _NodeRunner:
         self.threads = threads
         self.initializers = {t.name: t for t in model.graph.initializer}
         self.sessions: dict[int, object] = {}
+        self.constants: dict[str, np.ndarray] = {}
 
     def errors(
         self,
@@ -248,24 +243,24 @@ class _NodeRunner:
         """Relative squared error of the node's float outputs (`cached`, from the FP32 model) for each rounding
         of `name` in `stacked` (one copy per candidate), or None if the node cannot run alone."""
         rows = stacked.shape[0] // copies
-        feeds = {}
-        for i in dict.fromkeys(node.input):
-            if not i or i in self.initializers:
-                continue
-            if i == name:
-                feeds[i] = stacked
-            elif i in cached:
-                other = cached[i]
-                floating = np.issubdtype(other.dtype, np.floating)
-                grows = floating and other.ndim > 0 and other.shape[0] == rows
-                feeds[i] = np.concatenate([other] * copies) if grows else other
-            else:
-                return None
-        if any(o not in cached for o in node.output if o):
+        variable = [i for i in dict.fromkeys(node.input) if i and i not in self.initializers]
+        if any(i != name and i not in cached for i in variable) or any(o not in cached for o in node.output if o):
             return None
         references = [cached[o] for o in node.output if o]
         if any(not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
             return None
+        computed = self._elementwise(node, name, stacked, copies, cached)
+        if computed is not None:
+            return computed
+        feeds = {}
+        for i in variable:
+            if i == name:
+                feeds[i] = stacked
+            else:
+                other = cached[i]
+                floating = np.issubdtype(other.dtype, np.floating)
+                grows = floating and other.ndim > 0 and other.shape[0] == rows
+                feeds[i] = np.concatenate([other] * copies) if grows else other
         failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
         try:
             outputs = self._session(node, feeds).run(None, feeds)  # type: ignore[attr-defined]
@@ -279,6 +274,35 @@ class _NodeRunner:
                 return None
             errors += _relative_errors(out, reference)
         return errors
+
+    def _elementwise(
+        self, node: onnx.NodeProto, name: str, stacked: np.ndarray, copies: int, cached: Mapping[str, np.ndarray]
+    ) -> np.ndarray | None:
+        """`errors` of an Add, Sub or Mul that reads `name` once and whose result has its shape, computed in
+        one compiled pass (`trtopt.calib.auto_kernels.elementwise_errors`: the same float32 results as ONNX
+        Runtime's kernel, never written out); None for any other node."""
+        if node.op_type not in ELEMENTWISE or len(node.input) != 2 or list(node.input).count(name) != 1:
+            return None
+        reference = cached[node.output[0]]
+        other_name = node.input[1] if node.input[0] == name else node.input[0]
+        other = cached[other_name] if other_name in cached else self._constant(other_name)
+        shape = (stacked.shape[0] // copies, *stacked.shape[1:])
+        if other is None or reference.shape != shape or reference.dtype != np.float32 or other.dtype != np.float32:
+            return None
+        try:
+            if np.broadcast_shapes(other.shape, shape) != shape:
+                return None
+        except ValueError:
+            return None
+        errors, energy = elementwise_errors(node.op_type, stacked, other, reference, scored_first=node.input[0] == name)
+        return errors / energy if energy > 0 else errors
+
+    def _constant(self, name: str) -> np.ndarray | None:
+        if name not in self.initializers:
+            return None
+        if name not in self.constants:
+            self.constants[name] = onnx.numpy_helper.to_array(self.initializers[name])
+        return self.constants[name]
 
     def _session(self, node: onnx.NodeProto, feeds: Feeds) -> object:
         key = id(node)
