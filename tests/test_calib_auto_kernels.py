@@ -1,0 +1,136 @@
+"""`--method auto`'s compiled scoring loops (trtopt/calib/auto_kernels.py) against numpy and ONNX Runtime, and
+the scores of a small model with them against the scores of running every consumer in ONNX Runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from auto_models import image_like
+
+from trtopt.calib import CalibConfig, histogram_from_values
+from trtopt.calib import auto as auto_module
+from trtopt.calib import auto_kernels as kernels
+from trtopt.calib.auto import choose_thresholds, fake_quantize
+from trtopt.calib.thresholds import candidate_thresholds
+from trtopt.execution import OrtSession
+from trtopt.zoo.builder import GraphBuilder
+
+AMAXES = np.array([0.7, 1.9, 3.3, 7.5])
+
+
+def _values(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape) * 2.5).astype(np.float32)
+
+
+def test_quantize_stack_is_fake_quantize_bit_for_bit() -> None:
+    values = _values((3, 5, 7, 9), 0)  # 945 values: not a multiple of any vector width
+    stacked = kernels.quantize_stack(values, AMAXES)
+    assert stacked.shape == (len(AMAXES), *values.shape) and stacked.dtype == np.float32
+    for part, amax in zip(stacked, AMAXES, strict=True):
+        assert np.array_equal(part, fake_quantize(values, float(amax)))
+    assert np.abs(stacked[0]).max() == pytest.approx(0.7, rel=1e-6)  # the smallest threshold clips
+
+
+def test_squared_errors_match_float64_sums() -> None:
+    reference = _values((2, 3, 11, 13), 1)
+    parts = kernels.quantize_stack(reference, AMAXES)
+    errors, energy = kernels.squared_errors(parts, reference)
+    diffs = (parts - reference).astype(np.float64).reshape(len(AMAXES), -1)
+    np.testing.assert_allclose(errors, (diffs**2).sum(axis=1), rtol=1e-12)
+    assert energy == pytest.approx(float((reference.astype(np.float64) ** 2).sum()), rel=1e-12)
+    assert errors[0] > errors[-1] > 0  # clipping at 0.7 costs more than rounding at 7.5
+
+
+def _node_outputs(op: str, stacked: np.ndarray, other: np.ndarray, scored_first: bool) -> np.ndarray:
+    """`op` run by ONNX Runtime on every part of `stacked` with `other`."""
+    g = GraphBuilder("elementwise", seed=0, opset=13)
+    a = g.input("a", [-1, *stacked.shape[2:]])
+    b = g.input("b", list(other.shape))
+    out = g.node(op, [a, b] if scored_first else [b, a], out="y")
+    session = OrtSession(g.build([out]))
+    return np.stack([session.run({"a": part, "b": other})["y"] for part in stacked])
+
+
+@pytest.mark.parametrize("op", sorted(kernels.ELEMENTWISE))
+@pytest.mark.parametrize("scored_first", [True, False])
+@pytest.mark.parametrize("other_shape", [(4, 6, 5, 5), (1, 6, 1, 1)])
+def test_elementwise_errors_match_onnx_runtime(op: str, scored_first: bool, other_shape: tuple[int, ...]) -> None:
+    values = _values((4, 6, 5, 5), 2)
+    other = _values(other_shape, 3)
+    stacked = kernels.quantize_stack(values, AMAXES)
+    reference = _node_outputs(op, values[None], other, scored_first)[0]
+    errors, energy = kernels.elementwise_errors(op, stacked, other, reference, scored_first=scored_first)
+    outputs = _node_outputs(op, stacked, other, scored_first)
+    expected = ((outputs - reference).astype(np.float64) ** 2).reshape(len(AMAXES), -1).sum(axis=1)
+    np.testing.assert_allclose(errors, expected, rtol=1e-12)
+    assert energy == pytest.approx(float((reference.astype(np.float64) ** 2).sum()), rel=1e-12)
+
+
+def test_numpy_fallback_loops_agree_with_the_compiled_ones() -> None:
+    values, other = _values((2, 3, 7, 7), 4), _values((2, 3, 7, 7), 5)
+    flat = values.reshape(-1)
+    scales = (AMAXES / 127).astype(np.float32)
+    compiled, fallback = np.empty((4, flat.size), np.float32), np.empty((4, flat.size), np.float32)
+    kernels._kernels()["quantize"](flat, scales, compiled)
+    kernels._quantize_numpy(flat, scales, fallback)
+    assert np.array_equal(compiled, fallback)
+    for op, code in kernels.ELEMENTWISE.items():
+        found = [np.zeros(4), np.zeros(1)], [np.zeros(4), np.zeros(1)]
+        kernels._kernels()["elementwise"](compiled, other.reshape(-1), flat, code, True, *found[0])
+        kernels._elementwise_numpy(compiled, other.reshape(-1), flat, code, True, *found[1])
+        np.testing.assert_allclose(found[0][0], found[1][0], rtol=1e-12, err_msg=op)
+        np.testing.assert_allclose(found[0][1], found[1][1], rtol=1e-12, err_msg=op)
+
+
+def _residual_net() -> onnx.ModelProto:
+    """x -> Conv -> Relu (r) -> Conv (c) -> Add(c, r) (s) -> Mul(s, per-channel const) (m) -> Sub(x2, m) -> y,
+    where x2 = Conv(x): Add, Mul and Sub each read scored tensors, with an input and a constant."""
+    g = GraphBuilder("residual_net", seed=13, opset=13)
+    x = g.input("x", [-1, 3, 12, 12])
+    r = g.relu(g.conv(x, 3, 8, 3), out="r")
+    c = g.conv(r, 8, 8, 3, out="c")
+    s = g.node("Add", [c, r], out="s")
+    scale = g.const("scale", np.linspace(0.2, 3.0, 8, dtype=np.float32).reshape(1, 8, 1, 1))
+    m = g.node("Mul", [s, scale], out="m")
+    x2 = g.conv(x, 3, 8, 3, out="x2")
+    y = g.node("Sub", [x2, m], out="y")
+    return g.build([y])
+
+
+def _scores(model: onnx.ModelProto, monkeypatch: pytest.MonkeyPatch, *, through_ort: bool) -> dict[str, Any]:
+    names = ["x", "r", "c", "s", "m", "x2"]
+    data = image_like(40, (3, 12, 12), 6) * 3.0
+    session = OrtSession(model, expose=names[1:])
+    values = {"x": data[:32], **session.run({"x": data[:32]}, outputs=names[1:])}
+    options = {n: candidate_thresholds(histogram_from_values(values[n], name=n), CalibConfig()) for n in names}
+    built: list[str] = []
+    build = auto_module._NodeRunner._build
+
+    def counted(runner: Any, node: onnx.NodeProto, feeds: Any) -> object:
+        built.append(node.op_type)
+        return build(runner, node, feeds)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(auto_module._NodeRunner, "_build", counted)
+        if through_ort:
+            patch.setattr(auto_module._NodeRunner, "_elementwise", lambda *args: None)
+        choices = choose_thresholds(model, options, [({"x": data[32:]}, 8)])
+    return {"choices": choices, "built": built}
+
+
+def test_scores_equal_those_of_running_every_consumer_in_onnx_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _residual_net()
+    fast = _scores(model, monkeypatch, through_ort=False)
+    slow = _scores(model, monkeypatch, through_ort=True)
+    assert not {"Add", "Mul", "Sub"} & set(fast["built"])  # computed in the loop, no session
+    assert {"Add", "Mul", "Sub"} <= set(slow["built"])
+    for name, choice in slow["choices"].items():
+        found = fast["choices"][name]
+        assert (found.method, found.amax, found.scored_by) == (choice.method, choice.amax, choice.scored_by)
+        assert found.scores.keys() == choice.scores.keys()
+        for method, score in choice.scores.items():
+            assert found.scores[method] == pytest.approx(score, rel=1e-9, abs=1e-15), (name, method)
+    assert len({round(s, 12) for s in fast["choices"]["s"].scores.values()}) > 1  # the candidates differ
