@@ -53,6 +53,11 @@ def squared_errors(out: np.ndarray, reference: np.ndarray) -> tuple[np.ndarray, 
     return errors, float(energy[0])
 
 
+def sum_of_squares(values: np.ndarray) -> float:
+    """sum values^2, accumulated in float64."""
+    return float(_kernels()["energy"](np.ascontiguousarray(values, dtype=np.float32).reshape(-1)))
+
+
 def elementwise_errors(
     op: str, stacked: np.ndarray, other: np.ndarray, reference: np.ndarray, *, scored_first: bool
 ) -> tuple[np.ndarray, float]:
@@ -68,16 +73,21 @@ def elementwise_errors(
 
 
 @lru_cache(maxsize=1)
-def _kernels() -> dict[str, Callable[..., None]]:
+def _kernels() -> dict[str, Callable[..., Any]]:
     try:
         import numba  # heavy (LLVM): imported on the first auto calibration, not with trtopt
     except ImportError:  # pragma: no cover - numba is a dependency; this keeps odd platforms working
         log.warning("numba is not installed: auto calibration scores with numpy, slower (pip install numba)")
-        return {"quantize": _quantize_numpy, "squared": _squared_numpy, "elementwise": _elementwise_numpy}
+        return {
+            "quantize": _quantize_numpy,
+            "squared": _squared_numpy,
+            "elementwise": _elementwise_numpy,
+            "energy": _energy_numpy,
+        }
     jit = numba.njit(nogil=True, cache=True, error_model="numpy")
     energy, apply = jit(_energy), jit(_apply)  # closed over by the loops below, compiled into them
     loops = {"quantize": _quantize, "squared": _make_squared(energy), "elementwise": _make_elementwise(energy, apply)}
-    return {name: jit(loop) for name, loop in loops.items()}
+    return {"energy": energy, **{name: jit(loop) for name, loop in loops.items()}}
 
 
 def _quantize(flat: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
@@ -162,8 +172,12 @@ def _quantize_numpy(flat: np.ndarray, scales: np.ndarray, out: np.ndarray) -> No
         np.multiply(out[c], scales[c], out=out[c])
 
 
+def _energy_numpy(ref: np.ndarray) -> float:
+    return float(np.dot(ref.astype(np.float64), ref.astype(np.float64)))
+
+
 def _squared_numpy(parts: np.ndarray, ref: np.ndarray, errors: np.ndarray, energy: np.ndarray) -> None:
-    energy[0] = float(np.dot(ref.astype(np.float64), ref.astype(np.float64)))
+    energy[0] = _energy_numpy(ref)
     for c in range(parts.shape[0]):
         diff = (parts[c] - ref).astype(np.float64)
         errors[c] = float(np.dot(diff, diff))
