@@ -137,3 +137,42 @@ def test_scores_equal_those_of_running_every_consumer_in_onnx_runtime(monkeypatc
         for method, score in choice.scores.items():
             assert found.scores[method] == pytest.approx(score, rel=1e-9, abs=1e-15), (name, method)
     assert len({round(s, 12) for s in fast["choices"]["s"].scores.values()}) > 1  # the candidates differ
+
+
+def _cache_names(model: onnx.ModelProto) -> list[str]:
+    return sorted(
+        {t for n in model.graph.node for t in (*n.input, *n.output)} - {i.name for i in model.graph.initializer}
+    )
+
+
+@pytest.mark.parametrize("sizes", [[1] * 5, [2, 2, 2], [1, 1, (2, 1)]])  # (size, rows): a padded last batch
+def test_the_cache_written_in_place_equals_the_joined_batches(sizes: list[Any]) -> None:
+    model = _residual_net()
+    names = _cache_names(model)
+    session = OrtSession(model, expose=[n for n in names if n != "x"], spin=False)
+    data = image_like(8, (3, 12, 12), 7)
+    batches, start = [], 0
+    for item in sizes:
+        size, rows = item if isinstance(item, tuple) else (item, item)
+        batches.append(({"x": data[start : start + size]}, rows))
+        start += rows
+    fast, plain = auto_module._run(session, batches, names), auto_module._run_plain(session, batches, names)
+    assert fast.keys() == plain.keys()
+    for name in names:
+        assert fast[name].shape[0] == start and np.array_equal(fast[name], plain[name]), name
+
+
+def test_the_cache_falls_back_to_joining_when_a_batch_changes_shape() -> None:
+    g = GraphBuilder("any_size", seed=2, opset=13)
+    x = g.input("x", [-1, 3, -1, -1])
+    y = g.conv(g.relu(g.conv(x, 3, 4, 3), out="r"), 4, 4, 1, out="y")
+    model = g.build([y])
+    session = OrtSession(model, expose=["r"], spin=False)
+    batches = [({"x": image_like(1, (3, 8, 8), 8)}, 1), ({"x": image_like(1, (3, 12, 12), 9)}, 1)]
+    fast, plain = (
+        auto_module._run(session, batches, ["r", "x", "y"]),
+        auto_module._run_plain(session, batches, ["r", "x", "y"]),
+    )
+    for name in ("r", "x", "y"):
+        assert np.array_equal(fast[name], plain[name])
+    assert fast["r"].shape[0] == 1  # unlike shapes: the first batch's, as joining always kept them
