@@ -176,3 +176,18 @@ def test_the_cache_falls_back_to_joining_when_a_batch_changes_shape() -> None:
     for name in ("r", "x", "y"):
         assert np.array_equal(fast[name], plain[name])
     assert fast["r"].shape[0] == 1  # unlike shapes: the first batch's, as joining always kept them
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_compiled_mse_search_agrees_with_numpy(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values = [rng.standard_normal(30_000), rng.laplace(size=30_000), rng.exponential(size=30_000) ** 3][seed % 3]
+    hist = histogram_from_values(np.abs(values) if seed == 3 else values, name="t")
+    centres = (np.arange(hist.num_bins) + 0.5) * hist.bin_width
+    weights = hist.counts.astype(np.float64)
+    candidates = (np.arange(128, hist.used_bins) + 0.5) * hist.bin_width
+    compiled, fallback = kernels.mse_errors(centres, weights, candidates), np.empty(candidates.size)
+    kernels._mse_numpy(centres, weights, candidates, fallback)
+    np.testing.assert_allclose(compiled, fallback, rtol=1e-12)
+    assert int(np.argmin(compiled)) == int(np.argmin(fallback))
+    assert 0 < np.argmin(compiled) < candidates.size - 1  # an interior minimum: clipping and rounding both count

@@ -58,6 +58,16 @@ def sum_of_squares(values: np.ndarray) -> float:
     return float(_kernels()["energy"](np.ascontiguousarray(values, dtype=np.float32).reshape(-1)))
 
 
+def mse_errors(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """For each threshold t of `candidates`: sum weights * (c - q(c))^2 over the bin `centres` c, with
+    q(c) = min(rint(c * 127 / t), 127) * t / 127 (`trtopt.calib.thresholds.mse_threshold`; centres >= 0), all
+    float64, each term as numpy computes it."""
+    errors = np.empty(candidates.size)
+    as64 = [np.ascontiguousarray(a, dtype=np.float64) for a in (centres, weights, candidates)]
+    _kernels()["mse"](*as64, errors)
+    return errors
+
+
 def elementwise_errors(
     op: str, stacked: np.ndarray, other: np.ndarray, reference: np.ndarray, *, scored_first: bool
 ) -> tuple[np.ndarray, float]:
@@ -83,11 +93,12 @@ def _kernels() -> dict[str, Callable[..., Any]]:
             "squared": _squared_numpy,
             "elementwise": _elementwise_numpy,
             "energy": _energy_numpy,
+            "mse": _mse_numpy,
         }
     jit = numba.njit(nogil=True, cache=True, error_model="numpy")
     energy, apply = jit(_energy), jit(_apply)  # closed over by the loops below, compiled into them
     loops = {"quantize": _quantize, "squared": _make_squared(energy), "elementwise": _make_elementwise(energy, apply)}
-    return {"energy": energy, **{name: jit(loop) for name, loop in loops.items()}}
+    return {"energy": energy, "mse": jit(_mse), **{name: jit(loop) for name, loop in loops.items()}}
 
 
 def _quantize(flat: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
@@ -162,6 +173,45 @@ def _make_elementwise(
             errors[c] = total
 
     return elementwise
+
+
+def _mse(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray, errors: np.ndarray) -> None:
+    size = centres.size
+    whole = size - size % LANES
+    for j in range(candidates.size):
+        t = candidates[j]
+        up, down = QMAX / t, t / QMAX
+        acc = np.zeros(LANES)
+        for i in range(0, whole, LANES):
+            for lane in range(LANES):
+                c = centres[i + lane]
+                d = c - min(np.rint(c * up), 127.0) * down
+                acc[lane] += d * d * weights[i + lane]
+        total = acc.sum()
+        for i in range(whole, size):
+            c = centres[i]
+            d = c - min(np.rint(c * up), 127.0) * down
+            total += d * d * weights[i]
+        errors[j] = total
+
+
+# Candidates per step of the numpy MSE search: 256 x 2048 float64 = 4 MiB of temporaries.
+_MSE_CHUNK = 256
+
+
+def _mse_numpy(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray, errors: np.ndarray) -> None:
+    work = np.empty((min(_MSE_CHUNK, candidates.size), centres.size))  # one buffer, every step in place
+    for start in range(0, candidates.size, _MSE_CHUNK):
+        t = candidates[start : start + _MSE_CHUNK, None]
+        levels = work[: t.shape[0]]
+        np.multiply(centres[None, :], QMAX / t, out=levels)
+        np.rint(levels, out=levels)
+        np.minimum(levels, QMAX, out=levels)  # the centres are >= 0: only the upper clip can bind
+        np.multiply(levels, t / QMAX, out=levels)
+        np.subtract(centres[None, :], levels, out=levels)
+        np.square(levels, out=levels)
+        np.multiply(levels, weights, out=levels)
+        errors[start : start + _MSE_CHUNK] = levels.sum(axis=1)
 
 
 def _quantize_numpy(flat: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
