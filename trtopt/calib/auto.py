@@ -53,6 +53,7 @@ import onnx
 
 from trtopt.calib.auto_kernels import quantize_stack
 from trtopt.calib.auto_nodes import NodeRunner as _NodeRunner
+from trtopt.calib.auto_nodes import quiet_run
 from trtopt.calib.auto_nodes import relative_errors as _relative_errors
 from trtopt.calib.thresholds import QMAX
 
@@ -237,7 +238,7 @@ def _outputs(session: Any, feeds: Feeds, wanted: list[str], into: Mapping[str, n
         else:
             binding.bind_output(name, "cpu")
     try:
-        session.session.run_with_iobinding(binding, _quiet())
+        session.session.run_with_iobinding(binding, quiet_run())
     except _ort_failures():
         return None  # an output of another shape than its array's
     values = dict(zip(wanted, binding.get_outputs(), strict=True))
@@ -256,15 +257,6 @@ def _run_plain(session: Any, batches: Iterable[tuple[Feeds, int]], names: list[s
             keep = value.ndim > 0 and value.shape[0] == size and rows < size
             parts[name].append(value[:rows] if keep else value)
     return {name: _join(values) for name, values in parts.items()}
-
-
-def _quiet() -> Any:
-    """Run options without ONNX Runtime's error log: an output that does not fit its array is expected."""
-    import onnxruntime as ort
-
-    options = ort.RunOptions()
-    options.log_severity_level = 4
-    return options
 
 
 def _ort_failures() -> tuple[type[BaseException], ...]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,6 +30,18 @@ from trtopt.calib.auto_kernels import ELEMENTWISE, elementwise_errors, squared_e
 log = logging.getLogger("trtopt.calib.auto")
 
 Feeds = Mapping[str, np.ndarray]
+
+
+@lru_cache(maxsize=1)
+def quiet_run() -> Any:
+    """Run options without ONNX Runtime's error log, for runs whose failure is expected and handled (a node
+    that cannot run on stacked inputs, an output that does not fit its array)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.log_severity_level = 4
+    return options
+
 
 
 def relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -52,6 +66,7 @@ class NodeRunner:
         self.initializers = {t.name: t for t in model.graph.initializer}
         self.sessions: dict[int, object] = {}
         self.constants: dict[str, np.ndarray] = {}
+        self.scratch: dict[int, np.ndarray] = {}  # output index -> bytes, the largest output so far
 
     def errors(
         self,
@@ -83,19 +98,39 @@ class NodeRunner:
                 floating = np.issubdtype(other.dtype, np.floating)
                 grows = floating and other.ndim > 0 and other.shape[0] == rows
                 feeds[i] = np.concatenate([other] * copies) if grows else other
-        failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
+        failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError, RuntimeError)
         try:
-            outputs = self._session(node, feeds).run(None, feeds)  # type: ignore[attr-defined]
+            outputs = self._run(node, feeds, references, copies)
         except failures as exc:
             log.debug("auto calibration: %s (%s) cannot run alone on stacked inputs: %s", node.name, node.op_type, exc)
             return None
         errors = np.zeros(copies)
         for out, reference in zip(outputs, references, strict=True):
-            out = np.asarray(out)
-            if out.dtype != reference.dtype or out.shape != (copies * reference.shape[0], *reference.shape[1:]):
-                return None
             errors += relative_errors(out, reference)
         return errors
+
+    def _run(
+        self, node: onnx.NodeProto, feeds: Feeds, references: list[np.ndarray], copies: int
+    ) -> list[np.ndarray]:
+        """The node's outputs on `feeds`, of the FP32 outputs' dtypes and `copies` times their rows, written
+        by ONNX Runtime into scratch arrays reused from node to node (IO binding): fresh output arrays of
+        candidates x samples cost page faults on every run. Raises if an output has another shape or dtype.
+        The arrays are overwritten by the next run."""
+        session: Any = self._session(node, feeds)
+        binding = session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        outputs = []
+        for index, (name, reference) in enumerate(zip([o for o in node.output if o], references, strict=True)):
+            shape = (copies * reference.shape[0], *reference.shape[1:])
+            size = int(np.prod(shape)) * reference.dtype.itemsize
+            if index not in self.scratch or self.scratch[index].size < size:
+                self.scratch[index] = np.empty(size, np.uint8)
+            array = self.scratch[index][:size].view(reference.dtype).reshape(shape)
+            binding.bind_output(name, "cpu", 0, array.dtype, list(shape), array.ctypes.data)
+            outputs.append(array)
+        session.run_with_iobinding(binding, quiet_run())
+        return outputs
 
     def _elementwise(
         self, node: onnx.NodeProto, name: str, stacked: np.ndarray, copies: int, cached: Mapping[str, np.ndarray]
