@@ -11,7 +11,8 @@ histogram) are scored by what they do downstream:
    nodes that read one, and those nodes' outputs exposed (cached for step 2: the outputs are the reference);
 2. for each tensor and each node that reads it, run that node alone (a one-node ONNX model in ONNX Runtime,
    the node's own weights) on the input rounded and clipped to each candidate's INT8 grid, all candidates
-   stacked along the batch axis in one call;
+   stacked along the batch axis in one call (Add, Sub, Mul and Concat are computed without running them,
+   with the same numbers: `trtopt.calib.auto_nodes`);
 3. the score of a candidate is the sum over those nodes of ||y_q - y||^2 / ||y||^2; the lowest wins, ties
    go to the earlier candidate. A node that cannot run alone on stacked samples (a Reshape to a fixed
    batch, a shape computation) is replaced by the tensor's own relative squared error.
@@ -25,8 +26,14 @@ candidate); the histograms are not collected again. Work that cannot change the 
 candidates are scored once (`distinct_candidates`), a tensor with one distinct candidate is not run at
 all, and the calibration stage passes its bounded activations (ReLU6, Sigmoid outputs), whose threshold it
 sets to their maximum anyway, with the max candidate alone (`trtopt.calib.collect.calibrate`'s `at_max`).
-On top of the forward passes come the MSE search of every scored tensor's histogram and numpy's rounding
-and error sums, about one pass over each candidate's copy of the tensor each.
+On top of the forward passes come the MSE search of every scored tensor's histogram, the rounding to each
+candidate's grid and the error sums: compiled loops that read each value once (`trtopt.calib.auto_kernels`).
+Profiled on the models of that section (1 intra-op thread, issue #21), the scoring spent half its time
+outside the consumers' convolutions: numpy's four passes of fake quantisation and float32 error sums,
+ONNX Runtime runs of elementwise consumers and Concats (with a copy of their other inputs per candidate),
+joining the cache from per-batch arrays, fresh output arrays per consumer run (page faults), and the MSE
+search (numpy over 1920 candidates x 2048 bins per tensor); each is now a single pass or gone, and the
+choices are the same (docs/benchmarks/auto-calibration-cost-choices.json).
 
 Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
@@ -34,7 +41,8 @@ grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-n
 lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
 choice there errs, if anything, towards clipping. Memory: the cache holds every scored tensor for
 SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
-where those are not scored tensors themselves, plus one tensor's candidates at a time.
+where those are not scored tensors themselves, written in place (`_run`); then one tensor's candidates at a
+time, and one scratch array per consumer output, as large as the largest stacked output so far.
 
 The scoring samples must not be the samples the build verifies its plan on
 (`trtopt.data.samples.calibration_and_checks` holds those back first); `trtopt.calib.stage.calibrate_graph`
