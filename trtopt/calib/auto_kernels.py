@@ -11,11 +11,15 @@ that `elementwise_errors` replaces, were a third of auto's scoring time.
 - `quantize_stack`: every candidate's fake quantisation of a tensor, stacked, in float32 as
   `trtopt.calib.auto.fake_quantize` computes it (the same float32 operations in the same order: equal bits).
 - `squared_errors`: sum (out_c - ref)^2 per candidate c, and sum ref^2, the float32 differences accumulated
-  in float64 (numpy's float32 dot products accumulate in float32; the scores differ from theirs by about
-  1e-6 relative, far below the gaps between candidates).
+  in float64 (`sum_of_squares`: sum ref^2 alone). The float32 dot products used before accumulated in
+  float32, off by up to about 1e-4 relative over millions of values; no choice of the three benchmark
+  models moved (docs/benchmarks/auto-calibration-cost-choices.json, compared before and after).
 - `elementwise_errors`: the same sums for an Add, Sub or Mul consumer, the node's float32 result computed in
   the loop instead of by ONNX Runtime (one IEEE operation per value: the same bits as its kernels), so the
   node's output, and the other input's copy per candidate, are never written out.
+- `mse_errors`: the squared error of every candidate threshold over a histogram, for
+  `trtopt.calib.thresholds.mse_threshold` (auto searches it for every tensor): each term computed as numpy
+  computed it, summed in another order (the thresholds of the three benchmark models are unchanged).
 """
 
 from __future__ import annotations
