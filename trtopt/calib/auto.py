@@ -11,7 +11,8 @@ histogram) are scored by what they do downstream:
    nodes that read one, and those nodes' outputs exposed (cached for step 2: the outputs are the reference);
 2. for each tensor and each node that reads it, run that node alone (a one-node ONNX model in ONNX Runtime,
    the node's own weights) on the input rounded and clipped to each candidate's INT8 grid, all candidates
-   stacked along the batch axis in one call;
+   stacked along the batch axis in one call (Add, Sub, Mul and Concat are computed without running them,
+   with the same numbers: `trtopt.calib.auto_nodes`);
 3. the score of a candidate is the sum over those nodes of ||y_q - y||^2 / ||y||^2; the lowest wins, ties
    go to the earlier candidate. A node that cannot run alone on stacked samples (a Reshape to a fixed
    batch, a shape computation) is replaced by the tensor's own relative squared error.
@@ -25,8 +26,14 @@ candidate); the histograms are not collected again. Work that cannot change the 
 candidates are scored once (`distinct_candidates`), a tensor with one distinct candidate is not run at
 all, and the calibration stage passes its bounded activations (ReLU6, Sigmoid outputs), whose threshold it
 sets to their maximum anyway, with the max candidate alone (`trtopt.calib.collect.calibrate`'s `at_max`).
-On top of the forward passes come the MSE search of every scored tensor's histogram and numpy's rounding
-and error sums, about one pass over each candidate's copy of the tensor each.
+On top of the forward passes come the MSE search of every scored tensor's histogram, the rounding to each
+candidate's grid and the error sums: compiled loops that read each value once (`trtopt.calib.auto_kernels`).
+Profiled on the models of that section (1 intra-op thread, issue #21), the scoring spent half its time
+outside the consumers' convolutions: numpy's four passes of fake quantisation and float32 error sums,
+ONNX Runtime runs of elementwise consumers and Concats (with a copy of their other inputs per candidate),
+joining the cache from per-batch arrays, fresh output arrays per consumer run (page faults), and the MSE
+search (numpy over 1920 candidates x 2048 bins per tensor); each is now a single pass or gone, and the
+choices are the same (docs/benchmarks/auto-calibration-cost-choices.json).
 
 Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
@@ -34,7 +41,8 @@ grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-n
 lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
 choice there errs, if anything, towards clipping. Memory: the cache holds every scored tensor for
 SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
-where those are not scored tensors themselves, plus one tensor's candidates at a time.
+where those are not scored tensors themselves, written in place (`_run`); then one tensor's candidates at a
+time, and one scratch array per consumer output, as large as the largest stacked output so far.
 
 The scoring samples must not be the samples the build verifies its plan on
 (`trtopt.data.samples.calibration_and_checks` holds those back first); `trtopt.calib.stage.calibrate_graph`
@@ -51,6 +59,10 @@ from typing import Any
 import numpy as np
 import onnx
 
+from trtopt.calib.auto_kernels import quantize_stack
+from trtopt.calib.auto_nodes import NodeRunner as _NodeRunner
+from trtopt.calib.auto_nodes import quiet_run
+from trtopt.calib.auto_nodes import relative_errors as _relative_errors
 from trtopt.calib.thresholds import QMAX
 
 log = logging.getLogger(__name__)
@@ -155,9 +167,7 @@ def _choose(
 ) -> TensorChoice:
     values = cached[name]
     # Each candidate's rounding of the values, stacked along axis 0: made once, read by every node.
-    stacked = np.empty((len(distinct) * values.shape[0], *values.shape[1:]), np.float32)
-    for part, amax in zip(np.split(stacked, len(distinct)), distinct.values(), strict=True):
-        fake_quantize(values, amax, out=part)
+    stacked = quantize_stack(values, np.array(list(distinct.values()))).reshape(-1, *values.shape[1:])
     errors = np.zeros(len(distinct))
     scored = 0
     for node in nodes:
@@ -173,18 +183,6 @@ def _choose(
     return TensorChoice(method, distinct[method], scores, "consumers" if scored else "tensor")
 
 
-def _relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """||part - reference||^2 / ||reference||^2 for each of the equal parts of `stacked` along axis 0 (its
-    copies of `reference`'s shape), with BLAS dot products; `stacked` is overwritten with the differences."""
-    ref = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
-    energy = float(np.dot(ref, ref))
-    parts = np.ascontiguousarray(stacked, dtype=np.float32).reshape(-1, ref.size)
-    parts = parts if parts.flags.writeable else parts.copy()
-    np.subtract(parts, ref, out=parts)
-    errors = np.array([float(np.dot(diff, diff)) for diff in parts])
-    return errors / energy if energy > 0 else errors
-
-
 def _consumers(model: onnx.ModelProto, names: set[str]) -> dict[str, list[onnx.NodeProto]]:
     found: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -194,18 +192,85 @@ def _consumers(model: onnx.ModelProto, names: set[str]) -> dict[str, list[onnx.N
     return found
 
 
-def _run(session: object, batches: Iterable[tuple[Feeds, int]], names: list[str]) -> dict[str, np.ndarray]:
-    """Every tensor of `names` over all `batches`, the real rows of each batch joined along axis 0."""
+def _run(session: Any, batches: Iterable[tuple[Feeds, int]], names: list[str]) -> dict[str, np.ndarray]:
+    """Every tensor of `names` over all `batches`, the real rows of each batch joined along axis 0.
+
+    The float tensors that grow with the batch get their joined array after the first batch, and ONNX
+    Runtime writes the later full batches straight into their rows (IO binding): no array per batch to
+    join (that copy was a tenth of auto's scoring time on ddddocr's detector, at batch 1). A batch that
+    does not fit (other shapes than the first batch's) falls back to `_run_plain` for the whole cache.
+    """
+    batches = list(batches)
+    total = sum(rows for _, rows in batches)
+    parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    joined: dict[str, np.ndarray] = {}
+    offset = 0
+    for feeds, rows in batches:
+        size = _batch_rows(feeds)
+        wanted = [n for n in names if n not in feeds]
+        into = {n: joined[n][offset : offset + size] for n in wanted if n in joined} if rows == size else {}
+        outputs = _outputs(session, feeds, wanted, into)
+        if outputs is None:
+            return _run_plain(session, batches, names)
+        for name in names:
+            if name in into:
+                continue
+            value = np.asarray(feeds[name] if name in feeds else outputs[name])
+            part = value[:rows] if value.ndim > 0 and value.shape[0] == size and rows < size else value
+            grows = name not in feeds and np.issubdtype(part.dtype, np.floating) and part.ndim > 0
+            if offset == 0 and len(batches) > 1 and grows and part.shape[0] == rows == size:
+                joined[name] = np.empty((total, *part.shape[1:]), part.dtype)
+                joined[name][:rows] = part
+            elif name in joined:
+                if part.shape != (rows, *joined[name].shape[1:]) or part.dtype != joined[name].dtype:
+                    return _run_plain(session, batches, names)
+                joined[name][offset : offset + rows] = part
+            else:
+                parts[name].append(part)
+        offset += rows
+    return {**{name: _join(values) for name, values in parts.items() if values}, **joined}
+
+
+def _outputs(session: Any, feeds: Feeds, wanted: list[str], into: Mapping[str, np.ndarray]) -> Feeds | None:
+    """`session`'s `wanted` outputs on `feeds`, those of `into` written into its arrays (None: they do not
+    fit); the others as ONNX Runtime returns them."""
+    if not into:
+        return session.run(feeds, outputs=wanted) if wanted else {}
+    binding = session.session.io_binding()
+    for name in session.input_names:
+        binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+    for name in wanted:
+        if name in into:
+            array = into[name]
+            binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        else:
+            binding.bind_output(name, "cpu")
+    try:
+        session.session.run_with_iobinding(binding, quiet_run())
+    except _ort_failures():
+        return None  # an output of another shape than its array's
+    values = dict(zip(wanted, binding.get_outputs(), strict=True))
+    return {name: value.numpy() for name, value in values.items() if name not in into}
+
+
+def _run_plain(session: Any, batches: Iterable[tuple[Feeds, int]], names: list[str]) -> dict[str, np.ndarray]:
+    """`_run` with one array per batch, joined at the end."""
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for feeds, rows in batches:
         wanted = [n for n in names if n not in feeds]
-        outputs = {**feeds, **(session.run(feeds, outputs=wanted) if wanted else {})}  # type: ignore[attr-defined]
+        outputs = {**feeds, **(session.run(feeds, outputs=wanted) if wanted else {})}
         size = _batch_rows(feeds)
         for name in names:
             value = np.asarray(outputs[name])
             keep = value.ndim > 0 and value.shape[0] == size and rows < size
             parts[name].append(value[:rows] if keep else value)
     return {name: _join(values) for name, values in parts.items()}
+
+
+def _ort_failures() -> tuple[type[BaseException], ...]:
+    import onnxruntime as ort
+
+    return (ort.capi.onnxruntime_pybind11_state.Fail, RuntimeError)
 
 
 def _join(values: list[np.ndarray]) -> np.ndarray:
@@ -220,97 +285,3 @@ def _join(values: list[np.ndarray]) -> np.ndarray:
 def _batch_rows(feeds: Feeds) -> int:
     first = next(iter(feeds.values()))
     return int(first.shape[0]) if np.ndim(first) > 0 else 1
-
-
-def _ort_errors() -> tuple[type[BaseException], ...]:
-    from trtopt.verify import plan_errors
-
-    return plan_errors()
-
-
-class _NodeRunner:
-    """Runs single nodes of `model` in ONNX Runtime on stacked inputs; one session per node, built lazily."""
-
-    def __init__(self, model: onnx.ModelProto, threads: int | None) -> None:
-        self.model = model
-        self.threads = threads
-        self.initializers = {t.name: t for t in model.graph.initializer}
-        self.sessions: dict[int, object] = {}
-
-    def errors(
-        self,
-        node: onnx.NodeProto,
-        name: str,
-        stacked: np.ndarray,
-        copies: int,
-        cached: Mapping[str, np.ndarray],
-    ) -> np.ndarray | None:
-        """Relative squared error of the node's float outputs (`cached`, from the FP32 model) for each rounding
-        of `name` in `stacked` (one copy per candidate), or None if the node cannot run alone."""
-        rows = stacked.shape[0] // copies
-        feeds = {}
-        for i in dict.fromkeys(node.input):
-            if not i or i in self.initializers:
-                continue
-            if i == name:
-                feeds[i] = stacked
-            elif i in cached:
-                other = cached[i]
-                floating = np.issubdtype(other.dtype, np.floating)
-                grows = floating and other.ndim > 0 and other.shape[0] == rows
-                feeds[i] = np.concatenate([other] * copies) if grows else other
-            else:
-                return None
-        if any(o not in cached for o in node.output if o):
-            return None
-        references = [cached[o] for o in node.output if o]
-        if any(not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
-            return None
-        failures: tuple[type[BaseException], ...] = (*_ort_errors(), ValueError)
-        try:
-            outputs = self._session(node, feeds).run(None, feeds)  # type: ignore[attr-defined]
-        except failures as exc:
-            log.debug("auto calibration: %s (%s) cannot run alone on stacked inputs: %s", node.name, node.op_type, exc)
-            return None
-        errors = np.zeros(copies)
-        for out, reference in zip(outputs, references, strict=True):
-            out = np.asarray(out)
-            if out.dtype != reference.dtype or out.shape != (copies * reference.shape[0], *reference.shape[1:]):
-                return None
-            errors += _relative_errors(out, reference)
-        return errors
-
-    def _session(self, node: onnx.NodeProto, feeds: Feeds) -> object:
-        key = id(node)
-        if key not in self.sessions:
-            self.sessions[key] = self._build(node, feeds)
-        return self.sessions[key]
-
-    def _build(self, node: onnx.NodeProto, feeds: Feeds) -> object:
-        """A session over `node` alone: its variable inputs typed from `feeds`, its constants as initializers.
-        Alone, the node has nothing to fuse with, so it is optimised to "extended", not "all": "all" adds the
-        NCHWc layout, whose reorders in and out of every run cost a quarter of the scoring time (demo and
-        ddddocr's detector). The FP32 reference may then come from another float kernel than the node's;
-        that moves the scores by about 1e-5 relative, far below the gaps between candidates."""
-        import onnxruntime as ort
-
-        from trtopt.execution.ort_session import session_options
-
-        def typed(name: str) -> onnx.ValueInfoProto:
-            dtype = onnx.helper.np_dtype_to_tensor_dtype(feeds[name].dtype)
-            return onnx.helper.make_tensor_value_info(name, dtype, None)
-
-        graph = onnx.helper.make_graph(
-            [node],
-            f"auto-{node.name or node.op_type}",
-            [typed(i) for i in feeds],
-            [onnx.ValueInfoProto(name=o) for o in node.output if o],
-            [self.initializers[i] for i in dict.fromkeys(node.input) if i in self.initializers],
-        )
-        single = onnx.helper.make_model(graph, opset_imports=list(self.model.opset_import))
-        single.ir_version = self.model.ir_version
-        options = session_options(threads=self.threads, opt_level="extended", spin=False)
-        # No memory arena: these sessions are kept for the whole scoring, and each arena would keep the peak
-        # of its stacked run (candidates x samples of one tensor); one per node reached 20 GB on a PicoDet.
-        options.enable_cpu_mem_arena = False
-        return ort.InferenceSession(single.SerializeToString(), options, providers=["CPUExecutionProvider"])

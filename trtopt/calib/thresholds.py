@@ -1,4 +1,4 @@
-"""Saturation thresholds T from histograms of |x|: pure numpy, vectorised over every candidate.
+"""Saturation thresholds T from histograms of |x|: vectorised over every candidate (numpy; MSE, a compiled loop).
 
 Each method in `METHODS` maps a `TensorHistogram` and the `CalibConfig` to T; the INT8 scale is T / 127.
 `threshold()` is the one entry point: it handles the cases every method shares (no data, all zeros).
@@ -45,8 +45,6 @@ ZERO_AMAX = QMAX * 2.0**-14
 # KL values closer than this (in nats) count as equal: the vectorised search's rounding error is about
 # 1e-12 (float64 prefix sums over 2048 bins), far below any difference that matters.
 KL_TIE = 1e-9
-# Candidates per step of the MSE search: 256 x 2048 float64 = 4 MiB of temporaries.
-_MSE_CHUNK = 256
 
 ThresholdFn = Callable[[TensorHistogram, CalibConfig], float]
 METHODS: Registry[ThresholdFn] = Registry("calibration method")
@@ -168,28 +166,18 @@ def mse_threshold(hist: TensorHistogram, config: CalibConfig) -> float:
     As pytorch-quantization's `_compute_amax_mse`: every bin stands at its centre c; candidate T = the
     centre of bin i for i = num_levels .. B-1; error = sum counts * (c - q(c))^2 with the fake-quantised
     q(c) = clip(rint(c * 127 / T), -127, 127) * T / 127.
-    Vectorised over candidates in chunks of 256 (4 MiB of temporaries).
+    The errors of every candidate come from one compiled loop (`trtopt.calib.auto_kernels.mse_errors`: `auto`
+    runs this search for every tensor, and numpy's passes over candidates x bins were a tenth of its cost).
     """
+    from trtopt.calib.auto_kernels import mse_errors
+
     centres = (np.arange(hist.num_bins) + 0.5) * hist.bin_width
     weights = hist.counts.astype(np.float64)
     used = weights > 0
-    centres, weights = centres[used], weights[used]
     candidates = (np.arange(config.num_levels, hist.used_bins) + 0.5) * hist.bin_width
     if candidates.size == 0:
         return hist.amax
-    errors = np.empty(candidates.size)
-    work = np.empty((min(_MSE_CHUNK, candidates.size), centres.size))  # one buffer, every step in place
-    for start in range(0, candidates.size, _MSE_CHUNK):
-        t = candidates[start : start + _MSE_CHUNK, None]
-        levels = work[: t.shape[0]]
-        np.multiply(centres[None, :], QMAX / t, out=levels)
-        np.rint(levels, out=levels)
-        np.minimum(levels, QMAX, out=levels)  # the centres are >= 0: only the upper clip can bind
-        np.multiply(levels, t / QMAX, out=levels)
-        np.subtract(centres[None, :], levels, out=levels)  # the error of each centre, squared and weighted next
-        np.square(levels, out=levels)
-        np.multiply(levels, weights, out=levels)
-        errors[start : start + _MSE_CHUNK] = levels.sum(axis=1)
+    errors = mse_errors(centres[used], weights[used], candidates)
     return float(candidates[int(np.argmin(errors))])
 
 
