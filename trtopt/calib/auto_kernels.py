@@ -3,7 +3,7 @@
 Scoring a tensor rounds it to every candidate's INT8 grid, runs the nodes that read it on those roundings,
 and sums each candidate's squared error against the FP32 outputs. With numpy each of those is several
 passes over arrays of candidates x samples x the tensor (fake quantisation alone is four: divide, round,
-clip, multiply); here each is one compiled loop (numba, as `trtopt.calib.kernels`), with a numpy fallback
+clip, multiply); here each is one compiled loop (numba, `trtopt.calib.auto_kernels_numba`), with a numpy fallback
 where numba is missing. Measured on PP-OCRv4's recogniser and ddddocr's detector (issue #21,
 docs/benchmarks/auto-calibration-cost.md) these passes, and the ONNX Runtime runs of elementwise consumers
 that `elementwise_errors` replaces, were a third of auto's scoring time.
@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from trtopt.calib.thresholds import QMAX
+
 log = logging.getLogger(__name__)
 
-QMAX = 127
 # The elementwise ops `elementwise_errors` computes itself, by code of the compiled loop.
 ELEMENTWISE = {"Add": 0, "Sub": 1, "Mul": 2}
 
@@ -89,7 +90,7 @@ def elementwise_errors(
 @lru_cache(maxsize=1)
 def _kernels() -> dict[str, Callable[..., Any]]:
     try:
-        import numba  # heavy (LLVM): imported on the first auto calibration, not with trtopt
+        import numba  # noqa: F401 - heavy (LLVM): imported on the first auto calibration, not with trtopt
     except ImportError:  # pragma: no cover - numba is a dependency; this keeps odd platforms working
         log.warning("numba is not installed: auto calibration scores with numpy, slower (pip install numba)")
         return {
@@ -99,104 +100,10 @@ def _kernels() -> dict[str, Callable[..., Any]]:
             "energy": _energy_numpy,
             "mse": _mse_numpy,
         }
-    jit = numba.njit(nogil=True, cache=True, error_model="numpy")
-    energy, apply = jit(_energy), jit(_apply)  # closed over by the loops below, compiled into them
-    loops = {"quantize": _quantize, "squared": _make_squared(energy), "elementwise": _make_elementwise(energy, apply)}
-    return {"energy": energy, "mse": jit(_mse), **{name: jit(loop) for name, loop in loops.items()}}
+    from trtopt.calib import auto_kernels_numba as compiled
 
-
-def _quantize(flat: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
-    top = np.float32(QMAX)
-    for c in range(scales.size):
-        scale = scales[c]
-        for i in range(flat.size):
-            q = np.rint(flat[i] / scale)  # float32 / float32: float32, as np.divide(..., dtype=float32)
-            q = q if q < top else top
-            out[c, i] = (q if q > -top else -top) * scale
-
-
-def _energy(ref: np.ndarray) -> float:
-    total = 0.0
-    for i in range(ref.size):
-        r = np.float64(ref[i])
-        total += r * r
-    return total
-
-
-# The sums run in LANES independent float64 accumulators, added at the end: a single one chains every add
-# to the previous one and runs at half the speed.
-LANES = 8
-
-
-def _make_squared(energy_of: Callable[[np.ndarray], float]) -> Callable[..., None]:
-    def squared(parts: np.ndarray, ref: np.ndarray, errors: np.ndarray, energy: np.ndarray) -> None:
-        energy[0] = energy_of(ref)
-        size = ref.size
-        whole = size - size % LANES
-        for c in range(parts.shape[0]):
-            acc = np.zeros(LANES)
-            for i in range(0, whole, LANES):
-                for j in range(LANES):
-                    d = np.float64(parts[c, i + j] - ref[i + j])  # the float32 difference, as numpy's subtract
-                    acc[j] += d * d
-            total = acc.sum()
-            for i in range(whole, size):
-                d = np.float64(parts[c, i] - ref[i])
-                total += d * d
-            errors[c] = total
-
-    return squared
-
-
-def _apply(op: int, a: np.float32, b: np.float32) -> np.float32:
-    return a + b if op == 0 else (a - b if op == 1 else a * b)  # float32, as ONNX Runtime's kernels
-
-
-def _make_elementwise(
-    energy_of: Callable[[np.ndarray], float], apply: Callable[[int, Any, Any], Any]
-) -> Callable[..., None]:
-    def elementwise(
-        parts: np.ndarray, other: np.ndarray, ref: np.ndarray, op: int, first: bool, errors: np.ndarray, energy: Any
-    ) -> None:
-        energy[0] = energy_of(ref)
-        size = ref.size
-        whole = size - size % LANES
-        for c in range(parts.shape[0]):
-            acc = np.zeros(LANES)
-            for i in range(0, whole, LANES):
-                for j in range(LANES):
-                    k = i + j
-                    y = apply(op, parts[c, k], other[k]) if first else apply(op, other[k], parts[c, k])
-                    d = np.float64(y - ref[k])
-                    acc[j] += d * d
-            total = acc.sum()
-            for k in range(whole, size):
-                y = apply(op, parts[c, k], other[k]) if first else apply(op, other[k], parts[c, k])
-                d = np.float64(y - ref[k])
-                total += d * d
-            errors[c] = total
-
-    return elementwise
-
-
-def _mse(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray, errors: np.ndarray) -> None:
-    size = centres.size
-    whole = size - size % LANES
-    for j in range(candidates.size):
-        t = candidates[j]
-        up, down = QMAX / t, t / QMAX
-        acc = np.zeros(LANES)
-        for i in range(0, whole, LANES):
-            for lane in range(LANES):
-                c = centres[i + lane]
-                d = c - min(np.rint(c * up), 127.0) * down
-                acc[lane] += d * d * weights[i + lane]
-        total = acc.sum()
-        for i in range(whole, size):
-            c = centres[i]
-            d = c - min(np.rint(c * up), 127.0) * down
-            total += d * d * weights[i]
-        errors[j] = total
+    names = ("quantize", "squared", "elementwise", "energy", "mse")
+    return {name: getattr(compiled, name) for name in names}
 
 
 # Candidates per step of the numpy MSE search: 256 x 2048 float64 = 4 MiB of temporaries.

@@ -10,8 +10,9 @@ batches, in any order and of any size, is bit-identical to the grid of all value
 the final E. That is the "re-binning that is exact when the range grows" of DESIGN.md, and it lets
 calibration read the data once instead of twice (a first pass for max|x|, then a histogram).
 
-Two implementations with identical results: a compiled loop (numba, one read of each value, the GIL
-released so tensors are counted in parallel threads) and a numpy fallback for where numba is missing.
+Two implementations with identical results: a compiled loop (numba, `trtopt.calib.kernels_numba`: one read
+of each value, the GIL released so tensors are counted in parallel threads, the machine code cached on disk
+for later processes) and a numpy fallback for where numba is missing.
 Measured on EfficientNet-Lite0 activations (tools/bench_calibration.py): numpy's vectorised form needs
 about seven passes over the data and `np.add.at` holds the GIL, so the compiled loop is the one that
 makes single-pass calibration several times faster than ONNX Runtime's.
@@ -87,67 +88,14 @@ def as_rows(values: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=1)
 def _count_fn() -> CountFn:
     try:
-        import numba  # heavy (LLVM): imported on the first calibration, not with trtopt
+        import numba  # noqa: F401 - heavy (LLVM): imported on the first calibration, not with trtopt
     except ImportError:  # pragma: no cover - numba is a dependency; this keeps odd platforms working
         log.warning("numba is not installed: calibration counts with numpy, several times slower "
                     "(pip install numba)")
         return _count_abs_numpy
-    jit = numba.njit(nogil=True, cache=True, error_model="numpy")
-    merge = jit(_merge_bins)
-    return jit(_make_counting_loop(merge))
+    from trtopt.calib.kernels_numba import count_abs as compiled_count_abs
 
-
-def _merge_bins(counts: np.ndarray, shift: int) -> None:
-    """Coarsen the grid in place by 2**shift: bin j goes to bin j >> shift (exact; see module doc)."""
-    shift = min(shift, 62)
-    for j in range(1, counts.size):
-        c = counts[j]
-        if c:
-            counts[j] = 0
-            counts[j >> shift] += c
-
-
-def _make_counting_loop(merge: Callable[[np.ndarray, int], None]) -> CountFn:
-    def count(values: np.ndarray, counts: np.ndarray, state: np.ndarray, channel_sums: np.ndarray) -> None:
-        fine = counts.size
-        exponent = int(state[0])
-        top = math.ldexp(1.0, exponent)
-        scale = fine / top
-        amax = state[1]
-        zeros = 0
-        nonfinite = 0
-        rows, channels, length = values.shape
-        for n in range(rows):
-            for c in range(channels):
-                even = 0.0  # two accumulators: the float64 adds do not serialise the loop
-                odd = 0.0
-                for j in range(length):
-                    v = values[n, c, j]
-                    a = abs(v)
-                    if not a < top:  # a new range, or NaN / Inf: rare, so the branch predicts well
-                        if not math.isfinite(a):
-                            nonfinite += 1
-                            continue
-                        grown = math.frexp(a)[1]
-                        merge(counts, grown - exponent)
-                        exponent = grown
-                        top = math.ldexp(1.0, exponent)
-                        scale = fine / top
-                    # No data-dependent branch here: `if a == 0` mispredicts on ReLU outputs (1.4x slower).
-                    counts[int(a * scale)] += 1
-                    zeros += int(a == 0)
-                    amax = max(amax, a)
-                    if j & 1:
-                        odd += v
-                    else:
-                        even += v
-                channel_sums[c] += even + odd
-        state[0] = exponent
-        state[1] = amax
-        state[2] += zeros
-        state[3] += nonfinite
-
-    return count
+    return compiled_count_abs  # type: ignore[no-any-return]
 
 
 def _count_abs_numpy(values: np.ndarray, counts: np.ndarray, state: np.ndarray, channel_sums: np.ndarray) -> None:
@@ -175,7 +123,7 @@ def _count_abs_numpy(values: np.ndarray, counts: np.ndarray, state: np.ndarray, 
 
 
 def _merge_bins_numpy(counts: np.ndarray, shift: int) -> None:
-    """`_merge_bins` vectorised: bins j * 2**shift .. (j + 1) * 2**shift - 1 sum into bin j."""
+    """`kernels_numba.merge_bins` vectorised: bins j * 2**shift .. (j + 1) * 2**shift - 1 sum into bin j."""
     if shift <= 0:
         return
     if (1 << min(shift, 62)) >= counts.size:
