@@ -89,6 +89,7 @@ def elementwise(
 def mse(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray, errors: np.ndarray) -> None:
     size = centres.size
     whole = size - size % LANES
+    top = float(QMAX)
     for j in range(candidates.size):
         t = candidates[j]
         up, down = QMAX / t, t / QMAX
@@ -96,11 +97,11 @@ def mse(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray, errors
         for i in range(0, whole, LANES):
             for lane in range(LANES):
                 c = centres[i + lane]
-                d = c - min(np.rint(c * up), 127.0) * down
+                d = c - min(np.rint(c * up), top) * down
                 acc[lane] += d * d * weights[i + lane]
         total = acc.sum()
         for i in range(whole, size):
             c = centres[i]
-            d = c - min(np.rint(c * up), 127.0) * down
+            d = c - min(np.rint(c * up), top) * down
             total += d * d * weights[i]
         errors[j] = total
