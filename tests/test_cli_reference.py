@@ -38,3 +38,15 @@ def test_help_works_without_optional_dependencies() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_python_dash_m_runs_the_command_line():
+    """`python -m trtopt` is the `trtopt` command: its --help lists every command, and a bad command fails."""
+    proc = subprocess.run([sys.executable, "-m", "trtopt", "--help"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in COMMANDS:
+        assert name in proc.stdout
+    bad = subprocess.run([sys.executable, "-m", "trtopt", "no-such-command"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)  # fmt: skip
+    assert bad.returncode != 0
