@@ -2,7 +2,7 @@
 
     BACKENDS: cpu, tensorrt  (trtopt/backend/<name>/backend.py, registered where defined)
         status, quant_config, options (typed, from the build config), variants, build,
-        strict_verification, report, create_runner, CLI flags
+        strict_verification, report, create_runner, CLI flags, Triton serving (triton, profiled)
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def test_build_py_names_no_backend() -> None:
     assert not [n for n in names if n in lowered]
 
 
-# Where a backend name may still decide: the Triton exporter, which picks the Triton backend and the instance kind
-# per plan backend (and whose own Triton backend names include "tensorrt"); moving that into the backends is open.
-DECIDES_BY_NAME = ("trtopt/backend/", "trtopt/serving/triton/")
+# Where a backend name may decide: the backends themselves. (The Triton exporter asks the plan's backend which
+# Triton models serve it, its instance kind and whether it is profiled: `Backend.triton`, `Backend.profiled`.)
+DECIDES_BY_NAME = ("trtopt/backend/",)
 
 
 def test_no_module_outside_the_backends_decides_by_a_backend_name() -> None:
@@ -98,6 +98,30 @@ def test_backends_own_their_notes_on_other_tools_quantisation_and_on_sparsity() 
     cpu, trt = get_backend("cpu"), get_backend("tensorrt")
     assert "uint8 activations" in cpu.prequantized_keeps and not trt.prequantized_keeps
     assert "no 2:4 sparse path" in cpu.sparsity_note and "cannot see that choice" in trt.sparsity_note
+
+
+def test_backends_say_how_triton_serves_their_plans() -> None:
+    """Each backend's Triton models load its runner's own plan section; the default is one of them or the
+    Python model; the instance kind and profile policy follow the device it runs on."""
+    from types import SimpleNamespace
+
+    from trtopt.serving.triton.config import DTYPES
+
+    for name in BACKENDS:
+        backend = get_backend(name)
+        assert all(m.section == backend.runner_section and m.dtypes <= set(DTYPES) for m in backend.triton.models)
+        assert backend.triton.default in {m.name for m in backend.triton.models} | {"python"}
+    cpu, trt = get_backend("cpu"), get_backend("tensorrt")
+    assert (cpu.triton.default, cpu.triton.instance_kind, cpu.profiled) == ("python", "KIND_CPU", False)
+    assert (trt.triton.default, trt.triton.instance_kind, trt.profiled) == ("tensorrt", "KIND_GPU", True)
+    assert [m.file for m in (*cpu.triton.models, *trt.triton.models)] == ["model.onnx", "model.plan"]
+    u8s8 = SimpleNamespace(metadata={"verification": {"variant": "u8s8", "isa": "amx"}}, versions={})
+    (onnx_model,) = cpu.triton.models
+    assert "exact only on servers with AVX-512 VNNI" in " ".join(cpu.triton_notes(u8s8, onnx_model))  # type: ignore[arg-type]
+    u8u8 = SimpleNamespace(metadata={"verification": {"variant": "u8u8"}}, versions={})
+    assert cpu.triton_notes(u8u8, onnx_model) == []  # type: ignore[arg-type]
+    trt_plan = SimpleNamespace(versions={"tensorrt": "11.0"})
+    assert "TensorRT 11.0 engine" in trt.triton_notes(trt_plan, trt.triton.models[0])[0]  # type: ignore[arg-type]
 
 
 # --- quantisation defaults ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ No timing thresholds: the numbers of a tiny run on a shared machine mean nothing
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -279,3 +280,44 @@ def test_bench_serving_measures_closed_loop_clients_and_tabulates() -> None:
     system = System("stand-in", "on", lambda: seen.append)
     rows = table([point(system, 3, [(10.0, [0.010, 0.020], 2.0), (30.0, [0.030], 4.0)])], [3])
     assert rows[2] == "| stand-in | on | 20.0, 20 / 30, batch 3.0 |"  # median rate, pooled percentiles, mean batch
+
+
+def test_bench_sparsity_on_a_zoo_model_missing_from_the_cache_says_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "sparsity.md"
+    done = subprocess.run([sys.executable, "tools/bench_sparsity.py", "--model", "zoo:open-nsfw", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "empty")})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_header(done.stdout, "tools/bench_sparsity.py")
+    assert "**Skipped: `open-nsfw` is not in the zoo cache**" in done.stdout and out.read_text() == done.stdout
+    assert "| layer |" not in done.stdout
+
+
+def test_bench_sparsity_measures_a_classifier_on_its_logits() -> None:
+    """The model without its final Softmax computes the Softmax's input: softmax of it is the original output."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    w = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"], axis=1)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["n", 3])],
+        [onnx.numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from bench_sparsity import logits_model
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    (probs,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    cut = logits_model(onnx.ModelProto.FromString(model.SerializeToString()))
+    assert [o.name for o in cut.graph.output] == ["logits"] and "Softmax" not in {n.op_type for n in cut.graph.node}
+    (logits,) = ort.InferenceSession(cut.SerializeToString()).run(None, {"x": x})
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(e / e.sum(axis=1, keepdims=True), probs, rtol=1e-5, atol=1e-7)
+    assert logits_model(cut) is cut  # no final Softmax: unchanged

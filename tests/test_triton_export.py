@@ -114,9 +114,9 @@ def test_tensorrt_static_batch_is_served_with_max_batch_size_0(tmp_path) -> None
         ({}, TritonOptions(max_batch=32), "larger than the batch this TensorRT engine was built for \\(16\\)"),
         ({}, TritonOptions(preferred_batch=(4, 32)), "--preferred-batch 32 is outside 1..16"),
         ({"dtype": "float64"}, TritonOptions(), "float64, which Triton's tensorrt backend does not take"),
-        ({}, TritonOptions(backend="onnxruntime"), "serves CPU plans"),
+        ({}, TritonOptions(backend="onnxruntime"), "serves only cpu plans.*this is a tensorrt plan"),
         ({}, TritonOptions(backend="nope"), "Unknown Triton backend 'nope'"),
-        ({}, TritonOptions(threads=2), "a TensorRT model runs on the GPU"),
+        ({}, TritonOptions(threads=2), "tensorrt backend runs the model on the GPU"),
         ({}, TritonOptions(name="../escape"), "cannot be a model name"),
         ({}, TritonOptions(dynamic_batching=False, queue_delay_us=5), "switched off"),
         ({"labels": ["a\nb", *LABELS[1:]]}, TritonOptions(), "holds a line break"),
@@ -215,6 +215,13 @@ def test_cpu_plan_onnxruntime_model_computes_what_the_engine_does(cpu_plan, tmp_
     x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
     with trtopt.Engine.load(cpu_plan / "tiny.engine", threads=1) as engine:
         np.testing.assert_array_equal(session.run(None, {"input": x})[0], engine(x))
+
+
+def test_a_cpu_plan_has_no_engine_for_tritons_tensorrt_backend(cpu_plan, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TrtoptError, match="serves only tensorrt plans.*this is a cpu plan") as caught:
+        export_triton(cpu_plan / "tiny.engine", tmp_path / "repo", TritonOptions(backend="tensorrt"))
+    assert "--triton-backend onnxruntime or python" in str(caught.value)
+    assert not (tmp_path / "repo").exists() or list((tmp_path / "repo").iterdir()) == []
 
 
 def test_cli_export_triton(cpu_plan, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]

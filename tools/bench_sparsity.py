@@ -4,6 +4,11 @@ pruning costs in output fidelity, per layer and within a budget, in FP32 and thr
 
     python tools/bench_sparsity.py                                   # the demo model, ~2 minutes on one core
     python tools/bench_sparsity.py --model light:resnet50 --sens-count 8 --heldout tests/data/heldout
+    python tools/bench_sparsity.py --model zoo:open-nsfw --int8-layers-by-macs 4   # a trained ResNet-50 (zoo cache)
+
+`--model zoo:NAME` takes a model of the real-model zoo (tools/zoo.py) from its cache, with the catalog's
+preprocessing, converted to opset 13 as `trtopt build` converts it; where its output is a Softmax, the fidelity is
+measured on the logits (the Softmax's input). A model not in the cache gives a section that says so.
 
 Sensitivity and the greedy budget are measured on calibration photos (`--sens-count` of calib_data/), as
 `trtopt sparsify --calib --max-loss` does; every fidelity is then checked on held-out photos against the dense
@@ -19,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,8 @@ from bench_setup import (  # noqa: E402
 
 from trtopt.sparsify import Fidelity, FidelityProbe, choose_within_budget, prunable_layers, sensitivities  # noqa: E402
 from trtopt.sparsify.prune import prune_report, pruned_weights, with_weights  # noqa: E402
+
+ZOO_PREFIX = "zoo:"
 
 
 @dataclass
@@ -75,8 +82,46 @@ def analyse(model_proto: onnx.ModelProto) -> tuple[Any, dict[str, str], dict[str
     return sites, reasons, macs, summary.macs, {layer_label(n): n.op for n in graph.nodes}
 
 
-def build_int8(proto: onnx.ModelProto, args: argparse.Namespace, workdir: Path, name: str, spec_from: Path) -> Any:
-    """A CPU INT8 plan of `model_proto` (calibrated on --calib), as ONNX Runtime runs it on this CPU."""
+def zoo_model(name: str, workdir: Path) -> tuple[ModelUnderTest, Any] | None:
+    """A real-zoo model from its cache (None where it is not there), at opset 13 and cut to its logits, and
+    the catalog's preprocessing (a `PreprocessConfig`)."""
+    import zoo  # tools/zoo.py
+
+    from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
+    from trtopt.data.samples import preprocess_spec_for
+    from trtopt.frontend.config import GraphConfig, load_graph
+    from trtopt.frontend.loader import load_model
+
+    entry, cached = zoo.model_named(name), zoo.cached_path(name)
+    if cached is None:
+        return None
+    path = workdir / f"{name}.onnx"
+    onnx.save_model(logits_model(load_model(cached, min_opset=13).model), path)
+    parser = argparse.ArgumentParser(add_help=False)
+    add_preprocess_arguments(parser, base="preset")
+    preprocess = preprocess_config(parser.parse_args(list(entry.preprocess)))
+    model = resolve_model(str(path), workdir)
+    graph = load_graph(path, GraphConfig(), int8=False, batch=8)
+    return replace(model, name=name, spec=preprocess_spec_for(path, graph, preprocess)), preprocess
+
+
+def logits_model(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without a final Softmax: its one output becomes the Softmax's input (the logits)."""
+    (output,) = proto.graph.output
+    last = [n for n in proto.graph.node if output.name in n.output]
+    if len(last) != 1 or last[0].op_type != "Softmax":
+        return proto
+    proto.graph.node.remove(last[0])
+    proto.graph.output.remove(output)
+    proto.graph.output.append(onnx.helper.make_tensor_value_info(last[0].input[0], onnx.TensorProto.FLOAT, None))
+    return onnx.shape_inference.infer_shapes(proto)
+
+
+def build_int8(
+    proto: onnx.ModelProto, args: argparse.Namespace, workdir: Path, name: str, spec_from: Path, preprocess: Any
+) -> Any:
+    """A CPU INT8 plan of `model_proto` (calibrated on --calib, preprocessed by `preprocess` or else the model's
+    sidecar), as ONNX Runtime runs it on this CPU."""
     from trtopt.backend.cpu.runner import model_for_this_cpu
     from trtopt.build import BuildConfig, build_plan
 
@@ -90,6 +135,8 @@ def build_int8(proto: onnx.ModelProto, args: argparse.Namespace, workdir: Path, 
 
     config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(args.calib),), count=args.int8_count),
                          calib=CalibConfig(threads=args.threads))  # fmt: skip
+    if preprocess is not None:
+        config = replace(config, preprocess=preprocess)
     plan = build_plan(path, config).plan
     return onnx.load_from_string(model_for_this_cpu(plan))
 
@@ -150,6 +197,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 builds")
     parser.add_argument("--no-int8-layers", action="store_true", help="INT8 builds for the budget rows only")
+    parser.add_argument("--int8-layers-by-macs", type=int, default=0, metavar="N",
+                        help="also list the N eligible layers of largest MAC share, each pruned alone, FP32 and INT8 "
+                        "(an INT8 build each)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="also write the markdown section here")
     return parser.parse_args(argv)
 
@@ -158,7 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_before, start, cpu_start = load_average(), time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="bench-sparsity-") as tmp:
-        model = resolve_model(args.model, Path(tmp))
+        resolved = subject(args.model, Path(tmp))
+        if resolved is None:
+            emit(skipped(args, argv), args.out)
+            return 0
+        model, preprocess = resolved
         proto = onnx.load(model.path)
         sites, reasons, macs, macs_total, ops = analyse(proto)
         variable = [site.name for site in sites.values()]
@@ -176,18 +230,61 @@ def main(argv: list[str] | None = None) -> int:
         order = sorted(single, key=lambda layer: (single[layer].loss, layer))
         picks = [*order[: args.top], *order[-args.top :][::-1]] if len(order) > 2 * args.top else order
         layer_rows = [Row(x, (x,), single[x], heldout_probe.measure_weights(each[x])) for x in picks]
+        largest = sorted(single, key=lambda layer: (-(macs[layer] or 0), layer))[: args.int8_layers_by_macs]
+        mac_rows = [Row(x, (x,), single[x], heldout_probe.measure_weights(each[x])) for x in largest]
         budget_rows = variants(args, each, single, calib_probe, heldout_probe, order, sites)
-        int8_rows = [] if args.no_int8 else budget_rows + ([] if args.no_int8_layers else layer_rows)
+        int8_rows = [] if args.no_int8 else budget_rows + ([] if args.no_int8_layers else layer_rows) + mac_rows
+        t0 = time.perf_counter()
         for i, row in enumerate(int8_rows):
+            print(f"INT8 build {i + 1} of {len(int8_rows)}: {row.name}", file=sys.stderr, flush=True)
             int8_model = build_int8(with_weights(proto, pruned_weights(sites, row.layers)), args, Path(tmp),
-                                    f"v{i}", model.path)  # fmt: skip
+                                    f"v{i}", model.path, preprocess)  # fmt: skip
             row.int8 = heldout_probe.measure(int8_model)
+        build_seconds = (time.perf_counter() - t0) / max(len(int8_rows), 1)
     report = prune_report(sites, list(sites), reasons, ops, macs)
     text = section(args, argv, model, report, reasons, macs, macs_total, layer_rows, budget_rows, single, heldout)
+    text += mac_section(args, mac_rows, report, macs_total, build_seconds)
     seconds = (time.perf_counter() - start, time.process_time() - cpu_start)
     text += timing(load_before, seconds, sens_seconds, len(sites), len(sens_images))
     emit(text, args.out)
     return 0
+
+
+def subject(name: str, workdir: Path) -> tuple[ModelUnderTest, Any] | None:
+    """The model and the preprocessing its INT8 builds take (None: its sidecar's); None for a zoo model that
+    is not in the cache."""
+    if name.startswith(ZOO_PREFIX):
+        return zoo_model(name.removeprefix(ZOO_PREFIX), workdir)
+    return resolve_model(name, workdir), None
+
+
+def skipped(args: argparse.Namespace, argv: list[str] | None) -> str:
+    name = args.model.removeprefix(ZOO_PREFIX)
+    return "\n".join([
+        f"## 2:4 structured sparsity: `{name}`", "",
+        *header_lines("tools/bench_sparsity.py", sys.argv[1:] if argv is None else argv), "",
+        f"**Skipped: `{name}` is not in the zoo cache** (`python tools/zoo.py list` shows what is); nothing was "
+        f"measured. Fetch it with `python tools/zoo.py fetch {name}` and run the command again.",
+    ]) + "\n"  # fmt: skip
+
+
+def mac_section(args: argparse.Namespace, rows: list[Row], report: Any, macs_total: int, build_seconds: float) -> str:
+    """The layers of largest MAC share, each pruned alone (FP32 and INT8), where --int8-layers-by-macs asks."""
+    if not rows:
+        return ""
+    share = sum(s.macs or 0 for s in report.pruned if s.name in {r.layers[0] for r in rows}) / macs_total
+    lines = [
+        "",
+        f"### The {len(rows)} eligible layers of largest MAC share (ties by name), each pruned alone (FP32 and INT8)",
+        "",
+        *layer_table(rows, report, macs_total),
+        "",
+        f"Together they carry {pct(share)} of the MACs. An INT8 build calibrates and verifies a whole plan ("
+        f"{build_seconds:.0f} s wall each here, with its held-out run), so the INT8 columns of the per-layer tables "
+        "cover these layers" + ("" if args.no_int8_layers else " and the least and most sensitive ones")
+        + ", not every eligible layer.",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def variants(
@@ -220,8 +317,7 @@ def section(
         f"## 2:4 structured sparsity: `{model.name}`",
         "",
         *header_lines("tools/bench_sparsity.py", sys.argv[1:] if argv is None else argv),
-        f"- model: `{model.name}`" + (" (the onnx package's ResNet-50 topology with **random He-initialised "
-                                      "weights**: see below)" if random_weights else ""),  # fmt: skip
+        model_line(args.model, model.name, random_weights),
         f"- sensitivity and budget measured on the first {args.sens_count} photos of `{args.calib.name}/`; held-out: "
         + " + ".join(f"`{f.name}` ({len(h)})" for f, h in zip(args.heldout, heldout, strict=True))
         + f" photos; INT8: CPU plans calibrated on `{args.calib.name}/`"
@@ -259,6 +355,24 @@ def section(
                   "says little, and a trained ResNet-50's sensitivities differ; the cosine columns show how pruning "
                   "error propagates through this topology and INT8, not what a trained model would lose."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def model_line(name: str, shown: str, random_weights: bool) -> str:
+    if random_weights:
+        topology = "the onnx package's ResNet-50 topology with **random He-initialised weights**: see below"
+        return f"- model: `{shown}` ({topology})"
+    if not name.startswith(ZOO_PREFIX):
+        return f"- model: `{shown}`"
+    import zoo  # tools/zoo.py
+
+    entry = zoo.model_named(shown)
+    return (
+        f"- model: `{shown}` from the real-model zoo ({entry.package} {entry.version}, {entry.licence}; **trained**: "
+        f"{entry.notes.rstrip('.')}; {entry.exercises}), converted to opset 13 as `trtopt build` does; preprocessed "
+        f"with the catalog's `{' '.join(entry.preprocess)}`; fidelity measured on its logits (the final Softmax's "
+        f"input), so top-1 says whether a photo's verdict stays the dense model's (with two classes it seldom moves: "
+        f"the 1 - cos columns carry the cost)"
+    )
 
 
 def _reason_counts(reasons: Mapping[str, str]) -> str:

@@ -145,13 +145,15 @@ SECTIONS = (
          "--no-int8-layers"),  # fmt: skip
         False,
     ),
+    # The same on a trained ResNet-50 (open-nsfw from the zoo cache; a section saying "skipped" without it).
+    # INT8 builds for the budget rows, the least and most sensitive layers and the largest ones by MACs only.
     Section(
         "sparsity-resnet50",
         "tools/bench_sparsity.py",
-        ("--model", "light:resnet50", "--sens-count", "8", "--heldout", "tests/data/heldout", "--budgets", "0.01",
-         "--top", "2", "--int8-count", "32", "--no-int8-layers"),  # fmt: skip
-        ("--model", "light:resnet50", "--sens-count", "1", "--heldout", "tests/data/heldout", "--eval-count", "1",
-         "--budgets", "0.01", "--top", "1", "--no-int8"),  # fmt: skip
+        ("--model", "zoo:open-nsfw", "--sens-count", "16", "--int8-count", "64", "--budgets", "0.001", "0.01",
+         "--top", "3", "--int8-layers-by-macs", "6"),  # fmt: skip
+        ("--model", "zoo:open-nsfw", "--sens-count", "1", "--eval-count", "1", "--budgets", "0.01", "--top", "1",
+         "--no-int8"),  # fmt: skip
         False,
     ),
     # Issue #19: the plan served in-process, by the stdlib example and by Triton (needs tools/triton_env.py and

@@ -21,6 +21,8 @@ from trtopt.backend.base import (
     Runner,
     RunOptions,
     Shape,
+    TritonModel,
+    TritonServing,
 )
 from trtopt.errors import BackendUnavailableError, UnknownNameError
 from trtopt.registry import Registry
@@ -40,6 +42,8 @@ __all__ = [
     "RunOptions",
     "Runner",
     "Shape",
+    "TritonModel",
+    "TritonServing",
     "create_runner",
     "get_backend",
     "quantizable_tensors",

@@ -13,7 +13,10 @@ A backend is a `Backend` registered by name in `trtopt.backend.BACKENDS`, where 
   what 2:4 sparsity does on it (`sparsity_note`);
 - **report**: what it made of the plan, for the build summary (`report`: kernels on the CPU, profiles on
   TensorRT);
-- **runner**: executing a plan (`create_runner`).
+- **runner**: executing a plan (`create_runner`);
+- **serving**: how Triton Inference Server serves its plans (`triton`: the Triton models its plans export
+  to, the default one, the instance kind; `triton_notes`), and whether a plan takes only the shapes of the
+  optimisation profiles it records (`profiled`).
 
 `trtopt.build` calls only these; it names no backend. Heavy libraries (ONNX Runtime, TensorRT, CUDA) are
 imported inside the methods, so every backend object can be constructed, asked for its status and
@@ -65,6 +68,35 @@ class RunOptions:
     threads: int | None = None
     cuda_graph: bool = False
     device: int = 0
+
+
+@dataclass(frozen=True)
+class TritonModel:
+    """One kind of Triton model (`trtopt export --triton`): the Triton backend's name (`--triton-backend`),
+    the config key and value that name it (`platform: "tensorrt_plan"`, `backend: "python"`), the file its
+    backend loads from the version folder, the plan section written as that file (None: the Python model,
+    which serves the whole plan), the tensor types it takes, and the config parameter that sets its CPU
+    threads (None: it runs on the GPU, and --threads is refused). Sources: trtopt.serving.triton.config."""
+
+    name: str
+    key: str
+    value: str
+    file: str
+    section: str | None
+    dtypes: frozenset[str]
+    threads_parameter: str | None
+
+
+@dataclass(frozen=True)
+class TritonServing:
+    """How Triton serves one backend's plans: the Triton models that load its plan's own section
+    (`TritonModel.section`; every plan can also go through the Python model), the one `export` writes
+    unless told ("python" for the Python model), and the `instance_group` kind (KIND_GPU: instances on every
+    GPU; KIND_CPU)."""
+
+    models: tuple[TritonModel, ...] = ()
+    default: str = "python"
+    instance_kind: str = "KIND_CPU"
 
 
 @dataclass(frozen=True)
@@ -126,6 +158,10 @@ class Backend(ABC, Generic[BuildSettings]):
     # kernels (trtopt.analysis.sparsity; recorded in the plan beside the qualifying layers).
     prequantized_keeps: ClassVar[str] = ""
     sparsity_note: ClassVar[str] = ""
+    # Serving: the Triton models its plans export to, and whether a plan's inputs take only the shapes of the
+    # optimisation profiles it records (Plan.metadata.profiles: the batch limit and fixed sizes come from them).
+    triton: ClassVar[TritonServing] = TritonServing()
+    profiled: ClassVar[bool] = False
 
     @abstractmethod
     def status(self) -> BackendStatus:
@@ -160,6 +196,10 @@ class Backend(ABC, Generic[BuildSettings]):
     def report(self, plan: Plan, options: BuildSettings) -> BackendReport | None:
         """What this backend made of the plan, for the build summary (None: nothing to say)."""
         return None
+
+    def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
+        """What a user must know to serve `plan` as `model` in Triton (none by default)."""
+        return []
 
     @abstractmethod
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:

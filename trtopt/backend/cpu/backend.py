@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trtopt.backend import BACKENDS
-from trtopt.backend.base import Backend, BackendStatus, RunOptions
+from trtopt.backend.base import Backend, BackendStatus, RunOptions, TritonModel, TritonServing
 from trtopt.backend.cpu.options import ENCODING_CHOICES, GEMM_CHOICES, CpuOptions
 from trtopt.errors import TrtoptError
 
@@ -32,6 +32,20 @@ if TYPE_CHECKING:
 # float after the INT8 layer.
 ORT_OUTPUT_FOLDS = frozenset({"Relu", "Clip"})
 
+# Triton's ONNX Runtime backend loads model.onnx (platform onnxruntime_onnx; Triton's model configuration guide)
+# and takes its intra-op threads from the parameter intra_op_thread_count (onnxruntime_backend README, "Model
+# Config Options"); it takes every Triton tensor type but bfloat16.
+TRITON_ONNXRUNTIME = TritonModel(
+    name="onnxruntime",
+    key="platform",
+    value="onnxruntime_onnx",
+    file="model.onnx",
+    section="onnx",
+    dtypes=frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
+                      "float32", "float64"}),  # fmt: skip
+    threads_parameter="intra_op_thread_count",
+)
+
 
 class CpuBackend(Backend[CpuOptions]):
     name = "cpu"
@@ -47,6 +61,11 @@ class CpuBackend(Backend[CpuOptions]):
     sparsity_note = (
         "ONNX Runtime's CPU kernels have no 2:4 sparse path: on this backend --sparsity only lists the layers."
     )
+
+    # Served by default through Triton's Python backend (trtopt.serving.triton.python_model), which runs the plan
+    # as trtopt.Engine does (re-encoding INT8 weights for CPUs whose u8s8 kernels saturate) and reads images; or
+    # by Triton's ONNX Runtime backend from the plan's lowered model. Instances on the CPU.
+    triton = TritonServing(models=(TRITON_ONNXRUNTIME,), default="python", instance_kind="KIND_CPU")
 
     def status(self) -> BackendStatus:
         import onnxruntime as ort
@@ -109,6 +128,16 @@ class CpuBackend(Backend[CpuOptions]):
                 fix="This is a bug in trtopt's CPU lowering: please report it with the model; meanwhile try "
                 "--passes ''.",
             ) from None
+
+    def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
+        verification = plan.metadata.get("verification") or {}
+        if model.section != self.runner_section or verification.get("variant") != "u8s8":
+            return []
+        return [
+            f"{model.file} stores int8 weights (u8s8, verified on a {verification.get('isa', 'VNNI')} CPU): exact only "
+            "on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8u8, or "
+            "serve with --triton-backend python, which re-encodes where needed."
+        ]
 
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
         from trtopt.backend.cpu import runner

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from trtopt.backend import BACKENDS
-from trtopt.backend.base import Backend, BackendStatus, Profile, RunOptions
+from trtopt.backend.base import Backend, BackendStatus, Profile, RunOptions, TritonModel, TritonServing
 from trtopt.backend.tensorrt.options import TensorRTOptions
 
 if TYPE_CHECKING:
@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from trtopt.build import BuildConfig
     from trtopt.plan import Plan
     from trtopt.quant import QuantConfig
+
+
+# Triton's TensorRT backend loads the serialised engine as model.plan (platform tensorrt_plan; Triton's model
+# configuration and model repository guides, triton-inference-server/server docs/user_guide/); TensorRT has no
+# 64-bit floats nor unsigned types other than uint8 (the "Datatypes" table there).
+TRITON_TENSORRT = TritonModel(
+    name="tensorrt",
+    key="platform",
+    value="tensorrt_plan",
+    file="model.plan",
+    section="engine",
+    dtypes=frozenset({"bool", "uint8", "int8", "int32", "int64", "float16", "float32", "bfloat16"}),
+    threads_parameter=None,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,10 @@ class TensorRTBackend(Backend["EngineOptions"]):
         "the layers whose weights qualify."
     )
 
+    # Served by Triton's TensorRT backend, instances on every GPU; an engine takes only its profiles' shapes.
+    triton = TritonServing(models=(TRITON_TENSORRT,), default=TRITON_TENSORRT.name, instance_kind="KIND_GPU")
+    profiled = True
+
     def status(self) -> BackendStatus:
         from trtopt.backend.tensorrt import detect
 
@@ -99,6 +117,15 @@ class TensorRTBackend(Backend["EngineOptions"]):
 
     def report(self, plan: Plan, options: EngineOptions) -> ProfilesReport | None:
         return ProfilesReport(dict(options.profiles)) if options.profiles else None
+
+    def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
+        if model.section != self.runner_section:
+            return []
+        version = plan.versions.get("tensorrt", "unknown")
+        return [
+            f"{model.file} is a TensorRT {version} engine: serve it with a Triton release built on the same TensorRT "
+            "version, on the GPU model it was built for."
+        ]
 
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
         from trtopt.backend.tensorrt import runner

@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtopt.backend import get_backend
 from trtopt.errors import TrtoptError
 from trtopt.plan import Plan
-from trtopt.serving.triton.config import DTYPES, KINDS, LABELS_FILE, REPEATED
+from trtopt.serving.triton.config import DTYPES, LABELS_FILE, REPEATED, triton_model
 from trtopt.serving.triton.pbtxt import Enum, dict_from_pbtxt
 
 
@@ -53,10 +54,10 @@ def check_with_triton_schema(text: str) -> bool:
 
 
 def check_config(config: dict[str, Any], plan: Plan, backend: str) -> None:
-    """Triton's rules, and agreement with the plan's inputs and outputs."""
-    key, value, _ = KINDS[backend]
-    if config.get(key) != value:
-        raise ExportCheckError(f"{key} is {config.get(key)!r}, expected {value!r}")
+    """Triton's rules, and agreement with the plan's inputs and outputs (`backend`: the Triton backend)."""
+    model = triton_model(backend)
+    if config.get(model.key) != model.value:
+        raise ExportCheckError(f"{model.key} is {config.get(model.key)!r}, expected {model.value!r}")
     max_batch = config.get("max_batch_size")
     if not isinstance(max_batch, int) or max_batch < 0:
         raise ExportCheckError(f"max_batch_size {max_batch!r} is not a count")
@@ -69,7 +70,7 @@ def check_config(config: dict[str, Any], plan: Plan, backend: str) -> None:
             raise ExportCheckError("dynamic_batching on a model with max_batch_size 0")
         if any(not 1 <= s <= max_batch for s in batching.get("preferred_batch_size", [])):
             raise ExportCheckError("a preferred_batch_size beyond max_batch_size")
-    kind = Enum("KIND_GPU" if plan.backend == "tensorrt" else "KIND_CPU")
+    kind = Enum(get_backend(plan.backend).triton.instance_kind)
     groups = config.get("instance_group", [])
     bad = [g for g in groups if g.get("kind") != kind or not isinstance(g.get("count"), int) or g["count"] < 1]
     if not groups or bad:
@@ -102,12 +103,13 @@ def _check_files(folder: Path, plan: Plan, config: dict[str, Any], backend: str)
     from trtopt.serving.triton.python_model import PLAN_FILE
 
     version = folder / "1"
-    model_file = version / KINDS[backend][2]
-    if backend == "tensorrt" and model_file.read_bytes() != plan.sections["engine"]:
-        raise ExportCheckError("model.plan differs from the plan's engine")
-    if backend == "onnxruntime":
+    model = triton_model(backend)
+    model_file = version / model.file
+    if model.section is not None and model_file.read_bytes() != plan.sections[model.section]:
+        raise ExportCheckError(f"{model.file} differs from the plan's {model.section!r} section")
+    if model.file.endswith(".onnx"):
         _check_onnx(model_file, plan)
-    if backend == "python":
+    if model.section is None:
         compile(model_file.read_text(encoding="utf-8"), str(model_file), "exec")
         if read_plan(version / PLAN_FILE).header() != plan.header():
             raise ExportCheckError(f"{PLAN_FILE} is not the plan that was exported")

@@ -15,6 +15,10 @@ Facts from Triton's model configuration guide
   classification extension, docs/protocol/extension_classification.md);
 - data types map from numpy as TYPE_FP32 <- float32 and so on (its "Datatypes" table); TensorRT has no
   64-bit floats nor unsigned types other than uint8.
+
+Which Triton models a plan can become, the default one and the instance kind are its backend's
+(`Backend.triton`, a `TritonServing`); so are the file each of them loads, the types it takes and whether
+the plan takes only its recorded profiles' shapes (`Backend.profiled`). This module names no backend.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from trtopt.errors import TrtoptError
+from trtopt.backend import BACKENDS, Backend, TritonModel, get_backend
+from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.plan import Plan, TensorSpec
 from trtopt.serving.triton.pbtxt import Enum
 
@@ -32,14 +37,12 @@ DTYPES = {
     "uint64": "TYPE_UINT64", "int8": "TYPE_INT8", "int16": "TYPE_INT16", "int32": "TYPE_INT32", "int64": "TYPE_INT64",
     "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64", "bfloat16": "TYPE_BF16",
 }  # fmt: skip
-TENSORRT_DTYPES = frozenset({"bool", "uint8", "int8", "int32", "int64", "float16", "float32", "bfloat16"})
-ONNXRUNTIME_DTYPES = frozenset(DTYPES) - {"bfloat16"}
-# Triton backend -> (platform or backend key, its value, the model file in the version folder)
-KINDS = {
-    "tensorrt": ("platform", "tensorrt_plan", "model.plan"),
-    "onnxruntime": ("platform", "onnxruntime_onnx", "model.onnx"),
-    "python": ("backend", "python", "model.py"),
-}
+# Every plan can be served by Triton's Python backend through trtopt.serving.triton.python_model, which takes any
+# type and reads its intra-op threads from the parameter "threads".
+PYTHON_MODEL = TritonModel(
+    name="python", key="backend", value="python", file="model.py", section=None, dtypes=frozenset(DTYPES),
+    threads_parameter="threads",
+)  # fmt: skip
 REPEATED = frozenset({"input", "output", "dims", "instance_group", "preferred_batch_size", "parameters", "gpus"})
 DEFAULT_CPU_MAX_BATCH = 8  # CPU plans take any batch; per image, batch 8 costs what batch 1 does (BENCHMARKS latency)
 IMAGE_INPUT = "IMAGE"  # the Python model's input of encoded images (TYPE_STRING, one image per batch row)
@@ -52,7 +55,7 @@ class TritonOptions:
     """How to export. None means: decided from the plan (see `model_config`)."""
 
     name: str | None = None  # the model's name in the repository (default: the plan file's stem)
-    backend: str | None = None  # tensorrt | onnxruntime | python (default: tensorrt for TensorRT plans, else python)
+    backend: str | None = None  # the Triton backend: tensorrt | onnxruntime | python (default: the plan backend's)
     max_batch: int | None = None  # TensorRT: the engine's profile limit; CPU: DEFAULT_CPU_MAX_BATCH
     instances: int = 1  # per GPU (KIND_GPU) or on the CPU (KIND_CPU)
     dynamic_batching: bool | None = None  # None: on where the plan batches
@@ -66,34 +69,75 @@ def export_error(what: str, fix: str) -> TrtoptError:
     return TrtoptError(what, fix=fix)
 
 
-def model_config(plan: Plan, options: TritonOptions, name: str, backend: str) -> dict[str, Any]:
-    """The configuration (as dicts for `pbtxt_from_dict`) that serves `plan` with `backend`."""
-    max_batch = max_batch_size(plan, options, backend)
+def triton_models() -> dict[str, TritonModel]:
+    """Every Triton model a plan of some backend can become, by its Triton backend's name."""
+    models = {m.name: m for name in BACKENDS for m in BACKENDS.get(name).triton.models}
+    return {**models, PYTHON_MODEL.name: PYTHON_MODEL}
+
+
+def triton_model(name: str) -> TritonModel:
+    models = triton_models()
+    if name not in models:
+        raise UnknownNameError("Triton backend", name, list(models))
+    return models[name]
+
+
+def plan_models(plan: Plan) -> dict[str, TritonModel]:
+    """The Triton models this plan can become: its backend's, then the Python model."""
+    return {**{m.name: m for m in _backend(plan).triton.models}, PYTHON_MODEL.name: PYTHON_MODEL}
+
+
+def default_model(plan: Plan) -> str:
+    return _backend(plan).triton.default
+
+
+def check_plan_model(plan: Plan, name: str) -> TritonModel:
+    """The Triton model `name` (--triton-backend), if it can serve this plan."""
+    model = triton_model(name)
+    choices = plan_models(plan)
+    if name not in choices:
+        owners = [b for b in map(BACKENDS.get, BACKENDS) if model in b.triton.models]
+        title = _backend(plan).title
+        raise export_error(
+            f"Triton's {name} backend serves only {' and '.join(b.name for b in owners)} plans (it loads their "
+            f"{model.section!r} section); this is a {plan.backend} plan.",
+            f"Use --triton-backend {' or '.join(choices)} for {title} plans"
+            + "".join(f", or build with --backend {b.name}" for b in owners) + ".",
+        )
+    return model
+
+
+def _backend(plan: Plan) -> Backend[Any]:
+    return get_backend(plan.backend)
+
+
+def model_config(plan: Plan, options: TritonOptions, name: str, model: TritonModel) -> dict[str, Any]:
+    """The configuration (as dicts for `pbtxt_from_dict`) that serves `plan` as `model`."""
+    max_batch = max_batch_size(plan, options)
     batching = _dynamic_batching(options, max_batch)
-    key, value, _ = KINDS[backend]
-    config: dict[str, Any] = {"name": name, key: value, "max_batch_size": max_batch}
-    image = backend == "python" and _takes_images(plan)
-    inputs = [_tensor(t, plan, max_batch, backend, optional=image) for t in plan.inputs]
+    config: dict[str, Any] = {"name": name, model.key: model.value, "max_batch_size": max_batch}
+    image = model == PYTHON_MODEL and _takes_images(plan)
+    inputs = [_tensor(t, plan, max_batch, model, optional=image) for t in plan.inputs]
     if image:
         rows = 1 if max_batch else plan.inputs[0].shape[0]
         inputs.append({"name": image_input_name(plan), "data_type": Enum("TYPE_STRING"), "dims": [rows],
                        "optional": True})  # fmt: skip
     config["input"] = inputs
-    config["output"] = [_tensor(t, plan, max_batch, backend) for t in plan.outputs]
+    config["output"] = [_tensor(t, plan, max_batch, model) for t in plan.outputs]
     labelled = labelled_output(plan)
     if labelled is not None:
         config["output"][labelled]["label_filename"] = LABELS_FILE
     if batching is not None:
         config["dynamic_batching"] = batching
-    gpu = plan.backend == "tensorrt"
-    config["instance_group"] = [{"count": options.instances, "kind": Enum("KIND_GPU" if gpu else "KIND_CPU")}]
-    parameters = _parameters(options, backend)
+    kind = Enum(_backend(plan).triton.instance_kind)
+    config["instance_group"] = [{"count": options.instances, "kind": kind}]
+    parameters = _parameters(options, model)
     if parameters:
         config["parameters"] = parameters
     return config
 
 
-def max_batch_size(plan: Plan, options: TritonOptions, backend: str) -> int:
+def max_batch_size(plan: Plan, options: TritonOptions) -> int:
     """0 where the plan cannot batch along a leading dimension; else --max-batch within the plan's limit."""
     requested = options.max_batch
     if requested is not None and requested < 0:
@@ -109,15 +153,16 @@ def max_batch_size(plan: Plan, options: TritonOptions, backend: str) -> int:
             )
         return 0
     limit = profile_batch_limit(plan)
-    if plan.backend == "tensorrt" and limit is None and requested is None:
+    title = _backend(plan).title
+    if _backend(plan).profiled and limit is None and requested is None:
         raise export_error(
-            "This TensorRT plan does not record the largest batch its engine was built for (plans from before "
+            f"This {title} plan does not record the largest batch its engine was built for (plans from before "
             "trtopt recorded optimisation profiles).",
             "Pass --max-batch with the --batch the plan was built with (1 if none was given).",
         )
     if limit is not None and requested is not None and requested > limit:
         raise export_error(
-            f"--max-batch {requested} is larger than the batch this TensorRT engine was built for ({limit}).",
+            f"--max-batch {requested} is larger than the batch this {title} engine was built for ({limit}).",
             f"Pass --max-batch {limit} or less, or rebuild the plan with `trtopt build ... --batch {requested}`.",
         )
     if requested is not None:
@@ -131,10 +176,10 @@ def batches(plan: Plan) -> bool:
 
 
 def profile_batch_limit(plan: Plan) -> int | None:
-    """The largest batch every input's optimisation profile allows (TensorRT plans record their profiles
-    in metadata["profiles"]: {input: {min, opt, max}}); None where nothing is recorded."""
+    """The largest batch every input's optimisation profile allows (plans of a `profiled` backend record
+    their profiles in metadata["profiles"]: {input: {min, opt, max}}); None where nothing is recorded."""
     profiles = plan.metadata.get("profiles")
-    if plan.backend != "tensorrt" or not isinstance(profiles, dict) or not profiles:
+    if not _backend(plan).profiled or not isinstance(profiles, dict) or not profiles:
         return None
     limits = []
     for name, profile in profiles.items():
@@ -181,12 +226,11 @@ def _dynamic_batching(options: TritonOptions, max_batch: int) -> dict[str, Any] 
     return batching
 
 
-def _tensor(t: TensorSpec, plan: Plan, max_batch: int, backend: str, *, optional: bool = False) -> dict[str, Any]:
-    allowed = TENSORRT_DTYPES if backend == "tensorrt" else ONNXRUNTIME_DTYPES if backend == "onnxruntime" else DTYPES
-    if t.dtype not in allowed:
+def _tensor(t: TensorSpec, plan: Plan, max_batch: int, model: TritonModel, *, optional: bool = False) -> dict[str, Any]:
+    if t.dtype not in model.dtypes:
         raise export_error(
-            f"Tensor {t.name!r} is {t.dtype}, which Triton's {backend} backend does not take.",
-            f"Types it takes: {', '.join(sorted(allowed))}. Export with another --triton-backend, or change the "
+            f"Tensor {t.name!r} is {t.dtype}, which Triton's {model.name} backend does not take.",
+            f"Types it takes: {', '.join(sorted(model.dtypes))}. Export with another --triton-backend, or change the "
             "model's I/O type.",
         )
     dims = list(_fixed_dims(t, plan))[1 if max_batch else 0 :]
@@ -197,8 +241,8 @@ def _tensor(t: TensorSpec, plan: Plan, max_batch: int, backend: str, *, optional
 
 
 def _fixed_dims(t: TensorSpec, plan: Plan) -> tuple[int, ...]:
-    """A TensorRT input's non-batch dynamic dimensions are fixed by its profile (min = max): use them."""
-    profile = (plan.metadata.get("profiles") or {}).get(t.name) if plan.backend == "tensorrt" else None
+    """A profiled input's non-batch dynamic dimensions are fixed by its profile (min = max): use them."""
+    profile = (plan.metadata.get("profiles") or {}).get(t.name) if _backend(plan).profiled else None
     if not isinstance(profile, dict) or profile.get("min", [])[1:] != profile.get("max", [])[1:]:
         return t.shape
     top = profile["max"]
@@ -234,18 +278,19 @@ def labelled_output(plan: Plan) -> int | None:
     return None
 
 
-def _parameters(options: TritonOptions, backend: str) -> list[dict[str, Any]]:
+def _parameters(options: TritonOptions, model: TritonModel) -> list[dict[str, Any]]:
     params: dict[str, str] = {}
     if options.threads is not None:
         if options.threads < 1:
             raise export_error(f"--threads must be at least 1, got {options.threads}.", "Pass e.g. --threads 1.")
-        if backend == "tensorrt":
-            raise export_error("--threads sets CPU threads; a TensorRT model runs on the GPU.", "Drop --threads.")
-        # ONNX Runtime backend: intra_op_thread_count (onnxruntime_backend README, "Model Config Options");
-        # the Python model reads "threads" (trtopt.serving.triton.python_model).
-        params["intra_op_thread_count" if backend == "onnxruntime" else "threads"] = str(options.threads)
+        if model.threads_parameter is None:
+            raise export_error(
+                f"--threads sets CPU threads; Triton's {model.name} backend runs the model on the GPU.",
+                "Drop --threads.",
+            )
+        params[model.threads_parameter] = str(options.threads)
     if options.python_env is not None:
-        if backend != "python":
+        if model != PYTHON_MODEL:
             raise export_error("--python-env is for the Python backend.", "Add --triton-backend python, or drop it.")
         # The python backend's custom execution environment (python_backend README, "Creating Custom Execution
         # Environments"): a packed tarball or an unpacked folder with bin/activate, given as an absolute path on

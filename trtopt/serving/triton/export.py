@@ -25,10 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtopt.errors import TrtoptError, UnknownNameError
+from trtopt.backend import TritonModel, get_backend
+from trtopt.errors import TrtoptError
 from trtopt.plan import Plan, read_plan
 from trtopt.serving.triton.check import check_repository_model
-from trtopt.serving.triton.config import KINDS, LABELS_FILE, TritonOptions, check_model_name, model_config
+from trtopt.serving.triton.config import (
+    LABELS_FILE,
+    PYTHON_MODEL,
+    TritonOptions,
+    check_model_name,
+    check_plan_model,
+    default_model,
+    model_config,
+)
 from trtopt.serving.triton.pbtxt import pbtxt_from_dict
 from trtopt.serving.triton.python_model import PLAN_FILE
 
@@ -58,12 +67,6 @@ class ExportReport:
     notes: tuple[str, ...] = field(default=())
 
 
-def default_backend(plan: Plan) -> str:
-    """TensorRT plans serve as TensorRT models; CPU plans through the Python backend, which runs the plan as
-    `trtopt.Engine` does (re-encoding INT8 weights for CPUs whose u8s8 kernels saturate) and reads images."""
-    return "tensorrt" if plan.backend == "tensorrt" else "python"
-
-
 def export_triton(
     plan_path: str | os.PathLike[str], repo: str | os.PathLike[str], options: TritonOptions | None = None
 ) -> ExportReport:
@@ -71,11 +74,11 @@ def export_triton(
     options = options or TritonOptions()
     plan_path = Path(plan_path)
     plan = read_plan(plan_path)
-    backend = options.backend or default_backend(plan)
-    _check_backend(plan, backend)
+    model = check_plan_model(plan, options.backend or default_model(plan))
+    backend = model.name
     name = check_model_name(options.name or plan_path.stem)
-    config = model_config(plan, options, name, backend)
-    files = _files(plan, plan_path, config, backend)
+    config = model_config(plan, options, name, model)
+    files = _files(plan, plan_path, config, model)
     target = _target(Path(repo), name)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=target.parent))
     try:
@@ -97,37 +100,18 @@ def export_triton(
         dynamic_batching="dynamic_batching" in config,
         instances=options.instances,
         files=tuple(sorted(files)),
-        notes=_notes(plan, backend, options),
+        notes=_notes(plan, model, options),
     )
 
 
-def _check_backend(plan: Plan, backend: str) -> None:
-    if backend not in KINDS:
-        raise UnknownNameError("Triton backend", backend, list(KINDS))
-    if backend == "tensorrt" and plan.backend != "tensorrt":
-        raise TrtoptError(
-            f"This is a {plan.backend} plan; only a TensorRT plan carries an engine for Triton's TensorRT backend.",
-            fix="Use --triton-backend python or onnxruntime for CPU plans, or build with --backend tensorrt on a "
-            "GPU machine.",
-        )
-    if backend == "onnxruntime" and plan.backend != "cpu":
-        raise TrtoptError(
-            f"--triton-backend onnxruntime serves CPU plans; this is a {plan.backend} plan.",
-            fix="Use --triton-backend tensorrt (or python) for TensorRT plans.",
-        )
-
-
-def _files(plan: Plan, plan_path: Path, config: dict[str, Any], backend: str) -> dict[str, bytes]:
-    model_file = KINDS[backend][2]
+def _files(plan: Plan, plan_path: Path, config: dict[str, Any], model: TritonModel) -> dict[str, bytes]:
     files = {"config.pbtxt": _header(plan, plan_path).encode() + pbtxt_from_dict(config).encode()}
     if any(o.get("label_filename") for o in config["output"]):
         files[LABELS_FILE] = "".join(f"{label}\n" for label in plan.labels or []).encode()
-    if backend == "tensorrt":
-        files[f"{VERSION}/{model_file}"] = plan.sections["engine"]
-    elif backend == "onnxruntime":
-        files[f"{VERSION}/{model_file}"] = plan.sections["onnx"]
+    if model.section is not None:  # the file Triton's backend loads is the plan's own section
+        files[f"{VERSION}/{model.file}"] = plan.sections[model.section]
     else:
-        files[f"{VERSION}/{model_file}"] = MODEL_PY.encode()
+        files[f"{VERSION}/{model.file}"] = MODEL_PY.encode()
         files[f"{VERSION}/{PLAN_FILE}"] = plan_path.read_bytes()
     return files
 
@@ -171,22 +155,9 @@ def _exists(target: Path) -> TrtoptError:
     )
 
 
-def _notes(plan: Plan, backend: str, options: TritonOptions) -> tuple[str, ...]:
-    notes = []
-    verification = plan.metadata.get("verification") or {}
-    if backend == "onnxruntime" and verification.get("variant") == "u8s8":
-        notes.append(
-            f"model.onnx stores int8 weights (u8s8, verified on a {verification.get('isa', 'VNNI')} CPU): exact only "
-            "on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8u8, or "
-            "serve with --triton-backend python, which re-encodes where needed."
-        )
-    if backend == "tensorrt":
-        version = plan.versions.get("tensorrt", "unknown")
-        notes.append(
-            f"model.plan is a TensorRT {version} engine: serve it with a Triton release built on the same TensorRT "
-            "version, on the GPU model it was built for."
-        )
-    if backend == "python" and options.python_env is None:
+def _notes(plan: Plan, model: TritonModel, options: TritonOptions) -> tuple[str, ...]:
+    notes = get_backend(plan.backend).triton_notes(plan, model)
+    if model == PYTHON_MODEL and options.python_env is None:
         notes.append(
             "the Python backend's stub must import trtopt: pip install trtopt into the server's Python, or name an "
             "environment with trtopt in it with --python-env (EXECUTION_ENV_PATH)."
