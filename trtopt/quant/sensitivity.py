@@ -101,6 +101,16 @@ def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str
     return agreement(collect(reference.run, batches), dict(expected)).cosine
 
 
+def outputs_cosine(
+    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
+) -> float:
+    """`worst_cosine` of outputs already computed, one mapping per batch of `batches`."""
+    from trtopt.verify import agreement, collect
+
+    runs = iter(outputs)
+    return agreement(collect(lambda _feeds: next(runs), batches), dict(expected)).cosine
+
+
 def find_sensitive_layers(
     measure: Callable[[Sequence[str]], float],
     layers: Sequence[str],
@@ -171,15 +181,25 @@ def exclude_sensitive(
     `on_trial` as for `find_sensitive_layers`."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
+    from trtopt.quant.trials import DownstreamTrials
     from trtopt.verify import collect
 
     expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
+    base = quantized_model(graph, quant, calibration, bias_correction)
+    trials: list[DownstreamTrials] = []  # the plan's graph run once, keeping what the tried layers' trials read
 
     def measure(exclude: Sequence[str]) -> float:
-        return worst_cosine(quantized_model(graph, quant, calibration, bias_correction, exclude), batches, expected)
+        if not exclude:
+            return worst_cosine(base, batches, expected)
+        if not trials:  # no ranking: every layer is tried
+            trials.append(DownstreamTrials(base, batches, layers))
+        model = quantized_model(graph, quant, calibration, bias_correction, exclude)
+        return outputs_cosine(trials[0].run(model), batches, expected)
 
     def rank() -> list[str]:
-        return rank_by_added_error(graph, quantized_model(graph, quant, calibration, bias_correction), batches, layers)
+        order = rank_by_added_error(graph, base, batches, layers)
+        trials.append(DownstreamTrials(base, batches, order[:CANDIDATES]))
+        return order
 
     found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial)
     if found.layers:
