@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 
 MIN_COSINE = 0.99
 MAX_SHARE = 0.25  # never more than this share of the INT8 layers kept float
-SAMPLES = 8
+SAMPLES = 16  # the most calibration samples the search measures on
+CONFIRM = 8  # samples after them that confirm its layers, when at least SEARCH_LEAST remain for the search
+SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
@@ -68,9 +70,17 @@ class Sensitivity:
     after: float
     layers: dict[str, str] = field(default_factory=dict)
     trials: int = 0
+    confirmed: tuple[float, float] | None = None  # worst cosine before/after on the confirmation samples
+    refused: dict[str, str] = field(default_factory=dict)  # layers that gained on the search samples alone
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "layers": dict(self.layers), "trials": self.trials}
+        found: dict[str, Any] = {"before": self.before, "after": self.after, "layers": dict(self.layers),
+                                 "trials": self.trials}  # fmt: skip
+        if self.confirmed is not None:
+            found["confirmed"] = {"before": self.confirmed[0], "after": self.confirmed[1]}
+        if self.refused:
+            found["refused"] = dict(self.refused)
+        return found
 
 
 def quantized_model(
@@ -108,7 +118,7 @@ def outputs_cosine(
     from trtopt.verify import agreement, collect
 
     runs = iter(outputs)
-    return agreement(collect(lambda _feeds: next(runs), batches), dict(expected)).cosine
+    return agreement(collect(lambda _feeds: dict(next(runs)), batches), dict(expected)).cosine
 
 
 def find_sensitive_layers(
@@ -118,94 +128,150 @@ def find_sensitive_layers(
     min_cosine: float = MIN_COSINE,
     rank: Callable[[], Sequence[str]] | None = None,
     on_trial: Callable[[int, int], None] | None = None,
+    confirm: Callable[[Sequence[str]], float] | None = None,
 ) -> Sensitivity:
     """The greedy search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of
     the plan with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers`
     most error first; the first `CANDIDATES` of that order are tried (all of `layers` without it).
+    `confirm(exclude)`, where given, is the same cosine on samples `measure` does not use: the greedy stage
+    keeps a layer only if it gains `MIN_GAIN` there too, and stops only when both reach `min_cosine`.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     if before >= min_cosine or not layers:
         return Sensitivity(before, before)
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
-    most = len(tried) + steps  # the first trial of the greedy steps is reused from `alone`
-    if on_trial is not None:
-        measure = _counted(measure, on_trial, 1, most)
+    most = len(tried) + (steps if confirm is None else 2 * steps + 1)  # greedy's first trial reuses `alone`'s
+    count = _Count(on_trial, 1, most)
+    measure = count.wrap(measure)
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
         if alone[layer] >= min_cosine:  # one layer reaches the aim: no plan keeps fewer float
             break
     order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
-    chosen: list[str] = []
-    current, trials = before, 1 + len(alone)
-    for layer in order[:steps]:
-        trial = alone[layer] if not chosen else measure((*chosen, layer))
-        trials += 1 if chosen else 0
-        if trial - current >= MIN_GAIN:
-            chosen.append(layer)
-            current = trial
-        if current >= min_cosine:
-            break
-    if on_trial is not None:
-        on_trial(most, most)  # stopped early: the bar ends full
+    greedy = _greedy(order[:steps], alone, before, measure, count.wrap(confirm) if confirm else None, min_cosine)
+    count.finish()
     why = {
         layer: f"kept float by sensitivity analysis (alone it lifts the worst output cosine {before:.4f} -> "
         f"{alone[layer]:.4f})"
-        for layer in chosen
+        for layer in greedy.chosen
     }
-    return Sensitivity(before, current, why, trials)
+    return Sensitivity(before, greedy.current, why, count.done, greedy.confirmed, dict(greedy.refused))
 
 
-def _counted(
-    measure: Callable[[Sequence[str]], float], on_trial: Callable[[int, int], None], done: int, most: int
-) -> Callable[[Sequence[str]], float]:
-    """`measure` that reports each trial to `on_trial(done, most)`, counting from `done` trials already run."""
-    count = [done]
-    on_trial(done, most)
+@dataclass
+class _Greedy:
+    chosen: list[str]
+    current: float
+    confirmed: tuple[float, float] | None  # the confirmation samples' worst cosine before and after
+    refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
 
-    def counted(exclude: Sequence[str]) -> float:
-        result = measure(exclude)
-        count[0] += 1
-        on_trial(count[0], most)
-        return result
 
-    return counted
+def _greedy(
+    order: Sequence[str], alone: Mapping[str, float], before: float, measure: Callable[[Sequence[str]], float],
+    confirm: Callable[[Sequence[str]], float] | None, min_cosine: float,
+) -> _Greedy:  # fmt: skip
+    """Keep float each layer of `order` in turn that lifts the worst cosine by `MIN_GAIN` (on the
+    confirmation samples too, where given), until the aim is reached on both."""
+    found = _Greedy([], before, None, {})
+    start = confirm(()) if confirm is not None and order else None
+    checked = start
+    for layer in order:
+        trial = alone[layer] if not found.chosen else measure((*found.chosen, layer))
+        if trial - found.current < MIN_GAIN:
+            continue
+        if confirm is not None and checked is not None:
+            again = confirm((*found.chosen, layer))
+            if again - checked < MIN_GAIN:  # it helps on the search samples only: chance, not the layer
+                found.refused[layer] = f"lifts the search samples' cosine to {trial:.4f}, " \
+                                       f"the confirmation samples' {checked:.4f} -> {again:.4f} only"  # fmt: skip
+                continue
+            checked = again
+        found.chosen.append(layer)
+        found.current = trial
+        if found.current >= min_cosine and (checked is None or checked >= min_cosine):
+            break
+    if start is not None and checked is not None:
+        found.confirmed = (start, checked)
+    return found
+
+
+class _Count:
+    """Trials counted across the measures it wraps, each reported to `on_trial(done, most)`."""
+
+    def __init__(self, on_trial: Callable[[int, int], None] | None, done: int, most: int) -> None:
+        self.on_trial, self.done, self.most = on_trial, done, most
+        if on_trial is not None:
+            on_trial(done, most)
+
+    def wrap(self, measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+        def counted(exclude: Sequence[str]) -> float:
+            result = measure(exclude)
+            self.done += 1
+            if self.on_trial is not None:
+                self.on_trial(min(self.done, self.most), self.most)
+            return result
+
+        return counted
+
+    def finish(self) -> None:
+        if self.on_trial is not None:
+            self.on_trial(self.most, self.most)  # stopped early: the bar ends full
 
 
 def exclude_sensitive(
     graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, batches: Batches,
-    layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None,
+    layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None, confirm: Batches = (),
 ) -> Sensitivity:  # fmt: skip
-    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` calibration samples;
-    `on_trial` as for `find_sensitive_layers`."""
+    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` the calibration
+    samples it searches on, `confirm` others that only confirm the layers it keeps; `on_trial` as for
+    `find_sensitive_layers`."""
+    from trtopt.quant.trials import BUDGET
+
+    base = quantized_model(graph, quant, calibration, bias_correction)
+    tried: list[Sequence[str]] = [layers]  # the layers tried alone, once ranked: what the trials' cache keeps
+
+    def rank() -> list[str]:
+        order = rank_by_added_error(graph, base, batches, layers)
+        tried[0] = order[:CANDIDATES]
+        return order
+
+    def build(exclude: Sequence[str]) -> onnx.ModelProto:
+        return quantized_model(graph, quant, calibration, bias_correction, exclude) if exclude else base
+
+    # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
+    measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
+    check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4) if confirm else None
+    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
+    if found.layers:
+        log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
+                 len(found.layers), found.before, found.after, ", ".join(found.layers))  # fmt: skip
+    return found
+
+
+def _measurer(
+    graph: gs.Graph, base: onnx.ModelProto, batches: Batches, build: Callable[[Sequence[str]], onnx.ModelProto],
+    tried: Callable[[], Sequence[str]], budget: int,
+) -> Callable[[Sequence[str]], float]:  # fmt: skip
+    """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
+    up at the first trial, keeping what the trials of the layers `tried()` then names will read)."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant.trials import DownstreamTrials
     from trtopt.verify import collect
 
-    expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
-    base = quantized_model(graph, quant, calibration, bias_correction)
-    trials: list[DownstreamTrials] = []  # the plan's graph run once, keeping what the tried layers' trials read
+    expected = collect(OrtSession(onnx_from_graph(graph), spin=False).run, batches)
+    trials: list[DownstreamTrials] = []
 
     def measure(exclude: Sequence[str]) -> float:
         if not exclude:
             return worst_cosine(base, batches, expected)
-        if not trials:  # no ranking: every layer is tried
-            trials.append(DownstreamTrials(base, batches, layers))
-        model = quantized_model(graph, quant, calibration, bias_correction, exclude)
-        return outputs_cosine(trials[0].run(model), batches, expected)
+        if not trials:
+            trials.append(DownstreamTrials(base, batches, tried(), budget))
+        return outputs_cosine(trials[0].run(build(exclude)), batches, expected)
 
-    def rank() -> list[str]:
-        order = rank_by_added_error(graph, base, batches, layers)
-        trials.append(DownstreamTrials(base, batches, order[:CANDIDATES]))
-        return order
-
-    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial)
-    if found.layers:
-        log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
-                 len(found.layers), found.before, found.after, ", ".join(found.layers))  # fmt: skip
-    return found
+    return measure
 
 
 def rank_by_added_error(
@@ -248,11 +314,11 @@ def float_sensitive_layers(
     from trtopt.errors import TrtoptError
     from trtopt.verify import plan_errors
 
-    batches = sample_batches(data, batch)
+    batches, confirm = search_samples(data, batch)
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
         found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
-                                  _trial_reporter(progress))  # fmt: skip
+                                  _trial_reporter(progress), confirm)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None
@@ -269,6 +335,18 @@ def _trial_reporter(progress: Callable[[Any], None] | None) -> Callable[[int, in
     from trtopt.calib.collect import CalibProgress
 
     return lambda done, most: progress(CalibProgress(SENSITIVITY_PHASE, done, done, most))
+
+
+def search_samples(dataset: Any, batch: int) -> tuple[Batches, Batches]:
+    """(search, confirmation) batches of a `trtopt.data.Dataset`: the first `SAMPLES` samples at most for the
+    search, then `CONFIRM` more to confirm its layers, if that leaves `SEARCH_LEAST` samples to the search
+    (none are held back from a smaller set)."""
+    total = len(dataset)
+    if total < SEARCH_LEAST + CONFIRM:
+        return sample_batches(dataset, batch, SAMPLES), []
+    search = min(SAMPLES, total - CONFIRM)
+    head, rest = dataset.split_tail(total - search)
+    return sample_batches(head, batch, search), sample_batches(rest, batch, CONFIRM)
 
 
 def sample_batches(dataset: Any, batch: int, count: int = SAMPLES) -> list[tuple[Mapping[str, np.ndarray], int]]:

@@ -95,9 +95,9 @@ class DownstreamTrials:
 
         outputs = [o.name for o in model.graph.output]
         if self.whole:
-            session = OrtSession(model, opt_level="disable", spin=False)
+            whole = OrtSession(model, opt_level="disable", spin=False)
             self.nodes_run += len(model.graph.node)
-            return [session.run(feeds, outputs=outputs) for feeds, _rows in self.batches]
+            return [whole.run(feeds, outputs=outputs) for feeds, _rows in self.batches]
         cut, sources = self._cut(model)
         self.nodes_run += len(cut.graph.node)
         session = OrtSession(cut, opt_level="disable", spin=False) if cut.graph.node else None
