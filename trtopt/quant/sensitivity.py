@@ -144,13 +144,14 @@ def find_sensitive_layers(
     most = len(tried) + (steps if confirm is None else 2 * steps + 1)  # greedy's first trial reuses `alone`'s
     count = _Count(on_trial, 1, most)
     measure = count.wrap(measure)
+    check = _memo(count.wrap(confirm)) if confirm is not None else None
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine:  # one layer reaches the aim: no plan keeps fewer float
-            break
+        if alone[layer] >= min_cosine and (check is None or check((layer,)) >= min_cosine):
+            break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
     order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
-    greedy = _greedy(order[:steps], alone, before, measure, count.wrap(confirm) if confirm else None, min_cosine)
+    greedy = _greedy(order[:steps], alone, before, measure, check, min_cosine)
     count.finish()
     why = {
         layer: f"kept float by sensitivity analysis (alone it lifts the worst output cosine {before:.4f} -> "
@@ -195,6 +196,18 @@ def _greedy(
     if start is not None and checked is not None:
         found.confirmed = (start, checked)
     return found
+
+
+def _memo(measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+    """`measure` that runs each trial once (the alone stage may confirm a layer the greedy stage confirms)."""
+    known: dict[tuple[str, ...], float] = {}
+
+    def memo(exclude: Sequence[str]) -> float:
+        if tuple(exclude) not in known:
+            known[tuple(exclude)] = measure(exclude)
+        return known[tuple(exclude)]
+
+    return memo
 
 
 class _Count:
