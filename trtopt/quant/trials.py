@@ -12,10 +12,12 @@ name), and a trial tensor whose fingerprint the plan's graph also has holds the 
 samples. So whatever a trial re-quantises, the recomputed part is exactly what changed, and the cosine is
 that of the full trial graph (the same ONNX Runtime kernels on the same inputs, optimisations off).
 
-Memory: the kept tensors are the outputs of the plan's compute nodes (not its Q/DQ, whose outputs are
-recomputed cheaply from them), for every sample, up to `budget` bytes; the deepest are kept first, since
-the trials that gain most from a cut are those of deep layers. A boundary tensor that was not kept is
-recomputed from further upstream, so the budget trades time for memory and never changes a result.
+Memory: the kept tensors are those the trials of the layers to be tried will read from outside their
+changes (`_boundaries`: a guess from the plan's graph), taken at the compute node that made them (not at
+its Q/DQ, recomputed cheaply), for every sample, up to `budget` bytes in all, in the order of the layers
+(the first batch's sizes decide, for every batch: no batch is larger). A boundary tensor that was not kept
+is recomputed from further upstream, so the budget trades time for memory and never changes a result;
+the peak is the first batch's run with every candidate exposed.
 Graphs with subgraph attributes (If, Loop, Scan: their bodies read outer tensors by name) run whole.
 """
 
@@ -84,9 +86,12 @@ class DownstreamTrials:
         kept = [] if self.whole else [t for t in _boundaries(base, layers) if t not in set(outputs)]
         session = OrtSession(base, expose=kept, opt_level="disable", spin=False)
         self.cache: list[dict[str, np.ndarray]] = []
-        for feeds, _rows in self.batches:
+        for feeds, _rows in self.batches:  # the first batch decides what is kept: the others are no larger
             self.cache.append(session.run(feeds, outputs=[*outputs, *kept]))
-        self.kept_bytes = _trim(self.cache, kept, set(outputs), budget)
+            if len(self.cache) == 1:
+                kept = _within(self.cache[0], kept, outputs, budget // len(self.batches))
+                self.cache[0] = {name: self.cache[0][name] for name in [*outputs, *kept]}
+        self.kept_bytes = sum(v.nbytes for part in self.cache for v in part.values())
         self.nodes_run = 0  # nodes the trials have run, for tests and reports
 
     def run(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
@@ -177,17 +182,15 @@ def _compute_sources(name: str, producer: Mapping[str, onnx.NodeProto]) -> list[
     return [s for t in node.input if t for s in _compute_sources(t, producer)]
 
 
-def _trim(cache: list[dict[str, np.ndarray]], order: Sequence[str], always: set[str], budget: int) -> int:
-    """Drop kept tensors, past `budget` bytes in all, in `order` of preference; returns the bytes kept."""
-    total = sum(v.nbytes for part in cache for k, v in part.items() if k in always)
+def _within(first: Mapping[str, np.ndarray], order: Sequence[str], always: Sequence[str], budget: int) -> list[str]:
+    """The names of `order`, in order, whose arrays in `first` fit in `budget` bytes beside those of `always`."""
+    total = sum(first[name].nbytes for name in always)
+    chosen = []
     for name in order:
-        size = sum(part[name].nbytes for part in cache)
-        if total + size <= budget:
-            total += size
-        else:
-            for part in cache:
-                del part[name]
-    return total
+        if total + first[name].nbytes <= budget:
+            total += first[name].nbytes
+            chosen.append(name)
+    return chosen
 
 
 def _submodel(
