@@ -1,38 +1,42 @@
 """Automatic exclusion (issue #16, part 3): when INT8 moves an output too far, keep the fewest layers in float.
 
 TensorRT and Model Optimizer users find those layers by hand (Polygraphy's debug tools, `--exclude`); the
-build does it for them, on calibration samples alone:
+build does it for them, on calibration samples alone. It searches on the first `SAMPLES` (16) of them and,
+when at least `SEARCH_LEAST` + `CONFIRM` (16) are there, holds the `CONFIRM` (8) after the search's back to
+confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 16 are all searched on):
 
 1. quantise as usual and run the Q/DQ graph (ONNX Runtime, optimisations off: the INT8 arithmetic exactly)
    against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
-   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` ends this stage (one
-   layer is the fewest there can be);
+   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
+   samples too) ends this stage (one layer is the fewest there can be);
 3. greedy: keep float the most sensitive layer, then the next, re-measuring each time, until the cosine
-   reaches `MIN_COSINE` or `MAX_SHARE` of the layers are float. A layer is kept only if it lifts the worst
-   cosine by at least `MIN_GAIN`, and only layers that alone gained that much are tried: the stage ends
-   where the sorted alone-gains fall below it, and never starts when none reaches it.
+   reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are float.
+   A layer is kept only if it lifts the worst cosine by at least `MIN_GAIN` on both sample sets (the
+   confirmation refuses a layer that gains on the search samples alone: chance among the 48 tried, not
+   the layer), and only layers that alone gained that much are tried: the stage ends where the sorted
+   alone-gains fall below it, and never starts when none reaches it.
 
 `MIN_GAIN` (0.001, a tenth of the error `MIN_COSINE` allows) is what a float layer must buy: it costs
-latency on every inference, and the searches it cuts bought nothing. Measured on the zoo (avx2, 8
-calibration samples; tools/bench_zoo.py's data; 16 candidates then, 48 now): ddddocr-det kept 6 layers
-float for 0.9823 -> 0.9834 (the best alone 0.0009) and PP-OCRv4-det 6 for 0.9001 -> 0.9102, 4 of them
-gaining under 0.001 each; with the rule ddddocr-det keeps none (17 trials instead of 25) and PP-OCRv4-det
-2 (0.9090; 18 instead of 26), while layout-cdla keeps its 5 (0.719 -> 0.795: each gained 0.004 to 0.03)
-and PP-OCRv4-rec its one (0.977 -> 0.994, found at the 7th alone trial: 8 trials instead of 17). A trial
-is one Q/DQ rebuild and one ONNX Runtime run of the samples with optimisations off; the run is 70-90% of
-its time, and in it the convolutions are over half, the Q/DQ nodes a fifth (PP-OCRv4-det, ONNX Runtime's
-profiler); turning optimisations on does not make it faster, so the trials are counted, not made cheaper.
+latency on every inference, and the searches it cuts bought nothing (measured on the zoo with 8 search
+samples and 16 candidates: ddddocr-det kept 6 layers for 0.9823 -> 0.9834 without it, none with it).
+
+Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2): searched on its first 8 lines
+the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines are easy ones: on the next 8
+the same plans score 0.956 -> 0.982 and on 16 held-out lines 0.946 -> 0.974, short of the aim though
+both layers help everywhere. SEARCH_RESULTS
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
-the measured cosine is that of the plan that would be built. The cost is one Q/DQ build and one run over
-the samples per candidate and per greedy step, paid only when the plan falls short: at most `CANDIDATES`
-alone trials however deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet
-at 800 x 608 on 2 cores). The ranking is only a guide: on PP-OCRv4-det the layer that matters ranked
-beyond the first 16 (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all 64 0.970, against
-0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends on measured
-cosines only (no time budget), so a build is the same on any machine. `trtopt build --no-auto-exclude` skips it.
+the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
+changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
+same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). COST_RESULTS The
+trials are at most `CANDIDATES` alone ones however deep the model (trying every layer alone took over 15
+minutes on a 200-layer PicoDet at 800 x 608 on 2 cores). The ranking is only a guide: on PP-OCRv4-det the
+layers that matter rank 18th and 34th (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all
+64 0.970, against 0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends
+on measured cosines only (no time budget), so a build is the same on any machine. `trtopt build
+--no-auto-exclude` skips it.
 """
 
 from __future__ import annotations
@@ -317,8 +321,9 @@ def float_sensitive_layers(
     graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int,
     progress: Callable[[Any], None] | None = None,
 ) -> tuple[Any, Sensitivity | None]:  # fmt: skip
-    """For `trtopt.build`: `plan` with the sensitive layers kept float, measured on the first calibration
-    samples of `data` (a `trtopt.data.Dataset`; the build's verification samples are not in it). `progress`
+    """For `trtopt.build`: `plan` with the sensitive layers kept float, searched and confirmed on the first
+    calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's
+    verification samples). `progress`
     (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
     from trtopt.quant.placement import plan_quantization
 
