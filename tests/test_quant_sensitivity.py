@@ -300,3 +300,31 @@ def test_search_and_confirmation_samples_are_disjoint_and_in_order(
     first, then = search_samples(dataset, 8)
     rows = [[int(r[0]) for feeds, n in part for r in feeds["x"][:n]] for part in (first, then)]
     assert rows == [list(range(search)), list(range(search, search + confirm))]
+
+
+def _if_reading_outer(weight: float) -> onnx.ModelProto:
+    """y = If(c) then x + w else x, the branch reading the outer initializer w by name."""
+    from onnx import TensorProto, helper
+
+    then = helper.make_graph([helper.make_node("Add", ["x", "w"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])  # fmt: skip
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    graph = helper.make_graph(
+        [node], "if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                       helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [onnx.numpy_helper.from_array(np.array([weight, weight], np.float32), "w")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_graph_whose_subgraphs_read_outer_tensors_runs_whole() -> None:
+    """The If node's own fingerprint cannot see the outer weight its branch reads: the trial must not
+    take the plan's output for it."""
+    from trtopt.quant.trials import DownstreamTrials
+
+    batches = [({"x": np.array([1.0, 2.0], np.float32), "c": np.array(True)}, 2)]
+    trials = DownstreamTrials(_if_reading_outer(1.0), batches, [])
+    assert trials.run(_if_reading_outer(5.0))[0]["y"].tolist() == [6.0, 7.0]
