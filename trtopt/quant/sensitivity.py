@@ -25,7 +25,11 @@ samples and 16 candidates: ddddocr-det kept 6 layers for 0.9823 -> 0.9834 withou
 Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2): searched on its first 8 lines
 the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines are easy ones: on the next 8
 the same plans score 0.956 -> 0.982 and on 16 held-out lines 0.946 -> 0.974, short of the aim though
-both layers help everywhere. SEARCH_RESULTS
+both layers help there. Searched on 16 lines and confirmed on the next 8, it keeps p2o.Conv.15 alone
+(0.9669 -> 0.9805 searched, 0.9637 -> 0.9652 confirmed): p2o.Conv.10 lifted the search samples to 0.9860
+but not the confirmation ones (0.9652 -> 0.9648), and the plan as built scores 0.9743 on 16 held-out
+lines (all elements' cosine, tools/bench_zoo.py's figure) against 0.9714 with both layers. A set of 16
+pages (the detectors) is searched on the same 8 samples as before, and confirmed on the other 8.
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation

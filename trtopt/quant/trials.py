@@ -24,11 +24,14 @@ Graphs with subgraph attributes (If, Loop, Scan: their bodies read outer tensors
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper
+
+log = logging.getLogger(__name__)
 
 BUDGET = 1 << 30  # bytes of kept tensors (for all samples together)
 _CHEAP = {"QuantizeLinear", "DequantizeLinear", "Constant", "Shape", "Identity"}
@@ -92,6 +95,7 @@ class DownstreamTrials:
                 kept = _within(self.cache[0], kept, outputs, budget // len(self.batches))
                 self.cache[0] = {name: self.cache[0][name] for name in [*outputs, *kept]}
         self.kept_bytes = sum(v.nbytes for part in self.cache for v in part.values())
+        log.info("sensitivity trials keep %d tensors of the plan's run (%.0f MB)", len(kept), self.kept_bytes / 2**20)
         self.nodes_run = 0  # nodes the trials have run, for tests and reports
 
     def run(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
@@ -99,7 +103,8 @@ class DownstreamTrials:
         from trtopt.execution import OrtSession
 
         outputs = [o.name for o in model.graph.output]
-        if self.whole:
+        made = {out for node in model.graph.node for out in node.output}
+        if self.whole or not set(outputs) <= made:  # an output that is an input or a constant: run it whole
             whole = OrtSession(model, opt_level="disable", spin=False)
             self.nodes_run += len(model.graph.node)
             return [whole.run(feeds, outputs=outputs) for feeds, _rows in self.batches]
@@ -203,7 +208,7 @@ def _submodel(
     feeds = [
         helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(values[name].dtype),
                                       [None] * values[name].ndim)
-        for name in sorted(read & set(sources))
+        for name in sorted((read & set(sources)) - made)  # a node run for one output makes its others
     ]  # fmt: skip
     feeds += [i for i in graph.input if i.name in read]
     outputs = [o for o in graph.output if o.name in made]
