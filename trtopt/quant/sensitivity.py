@@ -34,10 +34,19 @@ pages (the detectors) is searched on the same 8 samples as before, and confirmed
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
 changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
-same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). COST_RESULTS The
-trials are at most `CANDIDATES` alone ones however deep the model (trying every layer alone took over 15
-minutes on a 200-layer PicoDet at 800 x 608 on 2 cores). The ranking is only a guide: on PP-OCRv4-det the
-layers that matter rank 18th and 34th (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all
+same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). A trial of one of
+PP-OCRv4-det's first 8 candidates ran in 0.81 s of CPU instead of 1.34 s (its early layers change nearly
+the whole graph), of PP-OCRv4-rec's in 0.18 s instead of 0.43 s, beside its Q/DQ rebuild (0.10-0.15 s);
+whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on layout-cdla and 43 -> 36
+on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96, 195 and 60 with the
+confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
+`trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
+`CANDIDATES` alone ones however deep the model (trying every layer alone took over 15 minutes on a
+200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan in TensorRT's form: the CPU
+backend then lowers it to uint8 activations (`trtopt.backend.cpu.lowering`), which gives non-negative
+tensors twice the resolution, so a CPU plan does better than searched (PP-OCRv4-rec with p2o.Conv.15
+float: 0.9602 on the held-out lines as searched, 0.9743 as built). The ranking is only a guide: on PP-OCRv4-det the
+layers that matter rank 19th and 35th (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all
 64 0.970, against 0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends
 on measured cosines only (no time budget), so a build is the same on any machine. `trtopt build
 --no-auto-exclude` skips it.
