@@ -37,9 +37,9 @@ changed, fed at the boundary with tensors of one run of the plan's own graph (`t
 same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). A trial of one of
 PP-OCRv4-det's first 8 candidates ran in 0.81 s of CPU instead of 1.34 s (its early layers change nearly
 the whole graph), of PP-OCRv4-rec's in 0.18 s instead of 0.43 s, beside its Q/DQ rebuild (0.10-0.15 s);
-whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on layout-cdla and 43 -> 36
-on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96, 195 and 60 with the
-confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
+whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on layout-cdla, 56 -> 46 on
+ddddocr-det and 43 -> 36 on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96,
+195, 53 and 60 with the confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
 `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
 `CANDIDATES` alone ones however deep the model (trying every layer alone took over 15 minutes on a
 200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan in TensorRT's form: the CPU
