@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 from auto_models import heavy_tail_conv, heavy_tail_data
 
 from trtopt.build import BuildConfig, build_plan
@@ -193,3 +195,136 @@ def test_ranking_puts_the_layer_that_adds_the_error_first_not_the_ones_after_it(
     batches = [({"x": rng.normal(0, 1, (1, 8, 12, 12)).astype(np.float32)}, 1) for _ in range(3)]
     order = rank_by_added_error(gs.import_onnx(_chain(weights)), _chain(noisy), batches, ["conv0", "conv1", "conv2"])
     assert order[0] == "conv1" and order[-1] == "conv0"  # conv2 receives conv1's error but adds little
+
+
+def _branchy() -> onnx.ModelProto:
+    """Branches of unlike ranges joined by a Concat (which the build floats), a residual Add reading an
+    upstream branch beside a downstream one, and two outputs, one early: what a cut trial must get right."""
+    from trtopt.zoo.builder import GraphBuilder
+
+    g = GraphBuilder("branchy", seed=11, opset=13)
+    x = g.input("x", [-1, 3, 12, 12])
+    stem = g.relu(g.conv(x, 3, 16, 3))
+    big_w = g.he_weight((16, 16, 3, 3), 144) * 100.0
+    big = g.relu(g.node("Conv", [stem, g.const("big_w", big_w)], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+    small = g.relu(g.conv(stem, 16, 16, 1))
+    joined = g.concat([big, small], axis=1)
+    head = g.relu(g.conv(joined, 32, 16, 1))
+    mixed = g.add(head, g.conv(small, 16, 16, 3))  # reads a branch upstream of the Concat
+    early = g.conv(small, 16, 4, 1, out="early")
+    out = g.conv(g.relu(g.conv(mixed, 16, 16, 3)), 16, 8, 1, out="out")
+    return g.build([out, early])
+
+
+def _captured_build(tmp_path: Path, monkeypatch: Any) -> dict[str, Any]:
+    """The arguments `trtopt.build` gives the sensitivity search for `_branchy` (entropy, bias correction on)."""
+    from auto_models import image_like
+
+    import trtopt.build
+
+    onnx.save_model(_branchy(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=image_like(24, (3, 12, 12), 0))
+    seen: dict[str, Any] = {}
+
+    def capture(graph, quant, plan, calibration, data, batch, progress=None):  # type: ignore[no-untyped-def]
+        seen.update(graph=graph.copy(), quant=quant, plan=plan, calibration=calibration, data=data, batch=batch)
+        return plan, None
+
+    monkeypatch.setattr(trtopt.build, "float_sensitive_layers", capture)
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npz"),)),
+                         calib=StageCalibConfig(method="entropy"))  # fmt: skip
+    build_plan(tmp_path / "m.onnx", config)
+    return seen
+
+
+def test_a_cut_trial_measures_the_cosine_of_the_whole_trial_graph(tmp_path: Path, monkeypatch: Any) -> None:
+    """Every layer kept float alone, and pairs of them, measured by the downstream-only run (with the whole
+    cache and with none kept, so every boundary is recomputed) and by the full Q/DQ rebuild run whole."""
+    from trtopt.execution import OrtSession
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.quant.sensitivity import outputs_cosine, quantized_model, sample_batches, worst_cosine
+    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.verify import collect
+
+    seen = _captured_build(tmp_path, monkeypatch)
+    graph, quant, calibration = seen["graph"], seen["quant"], seen["calibration"]
+    layers = list(seen["plan"].quantized_layers)
+    batches = sample_batches(seen["data"], 8)
+    expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
+    base = quantized_model(graph, quant, calibration, True)
+    cached, bare = DownstreamTrials(base, batches, layers), DownstreamTrials(base, batches, layers, budget=0)
+    assert cached.kept_bytes > bare.kept_bytes
+    trials = [(layer,) for layer in layers] + [(a, b) for a, b in zip(layers, layers[1:], strict=False)]
+    cosines = set()
+    for exclude in trials:
+        model = quantized_model(graph, quant, calibration, True, exclude)
+        whole = worst_cosine(model, batches, expected)
+        for trial in (cached, bare):
+            assert abs(outputs_cosine(trial.run(model), batches, expected) - whole) < 1e-9, exclude
+        cosines.add(round(whole, 6))
+    assert len(cosines) > len(trials) // 2  # the trials differ: the comparison is not of one plan with itself
+    cached.nodes_run = 0
+    cached.run(quantized_model(graph, quant, calibration, True, (layers[-1],)))
+    assert 0 < cached.nodes_run < len(base.graph.node) // 2  # the last layer's trial runs a small part
+
+
+def test_the_confirmation_samples_refuse_a_layer_that_helps_on_the_search_samples_alone() -> None:
+    """ "lucky" lifts the search samples most but nothing else; "real" helps on both: only it is kept, and
+    the search goes on past the search samples' aim while the confirmation samples fall short."""
+    search = {"lucky": 0.02, "real": 0.006, "more": 0.004}  # each layer's gain when kept float
+    confirm = {"lucky": 0.0, "real": 0.006, "more": 0.004}
+
+    def measured(gains: dict[str, float], start: float):  # type: ignore[no-untyped-def]
+        return lambda exclude: start + sum(gains.get(layer, 0.0) for layer in exclude)
+
+    layers = [*search, *(f"l{i}" for i in range(9))]
+    found = find_sensitive_layers(measured(search, 0.975), layers, confirm=measured(confirm, 0.97))
+    assert list(found.layers) == ["real", "more"] and "lucky" in found.refused
+    assert found.confirmed == pytest.approx((0.97, 0.98))
+    unguarded = find_sensitive_layers(measured(search, 0.975), layers)
+    assert list(unguarded.layers) == ["lucky"]  # 0.995 on the search samples: it stops there
+    assert found.to_dict()["confirmed"]["after"] == pytest.approx(0.98) and "refused" not in unguarded.to_dict()
+
+
+@pytest.mark.parametrize(("total", "search", "confirm"), [(6, 6, 0), (12, 12, 0), (16, 8, 8), (24, 16, 8), (40, 16, 8)])
+def test_search_and_confirmation_samples_are_disjoint_and_in_order(
+    tmp_path: Path, total: int, search: int, confirm: int
+) -> None:
+    from trtopt.data import load_dataset
+    from trtopt.data.inputs import InputInfo
+    from trtopt.quant.sensitivity import search_samples
+
+    values = np.arange(total, dtype=np.float32).reshape(total, 1) * np.ones((1, 4), np.float32)
+    np.savez(tmp_path / "d.npz", x=values)
+    dataset = load_dataset(str(tmp_path / "d.npz"), [InputInfo("x", (-1, 4), np.float32)], None)
+    first, then = search_samples(dataset, 8)
+    rows = [[int(r[0]) for feeds, n in part for r in feeds["x"][:n]] for part in (first, then)]
+    assert rows == [list(range(search)), list(range(search, search + confirm))]
+
+
+def _if_reading_outer(weight: float) -> onnx.ModelProto:
+    """y = If(c) then x + w else x, the branch reading the outer initializer w by name."""
+    from onnx import TensorProto, helper
+
+    then = helper.make_graph([helper.make_node("Add", ["x", "w"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])  # fmt: skip
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [2])])  # fmt: skip
+    node = helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)
+    graph = helper.make_graph(
+        [node], "if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                       helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [onnx.numpy_helper.from_array(np.array([weight, weight], np.float32), "w")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_graph_whose_subgraphs_read_outer_tensors_runs_whole() -> None:
+    """The If node's own fingerprint cannot see the outer weight its branch reads: the trial must not
+    take the plan's output for it."""
+    from trtopt.quant.trials import DownstreamTrials
+
+    batches = [({"x": np.array([1.0, 2.0], np.float32), "c": np.array(True)}, 2)]
+    trials = DownstreamTrials(_if_reading_outer(1.0), batches, [])
+    assert trials.run(_if_reading_outer(5.0))[0]["y"].tolist() == [6.0, 7.0]

@@ -1,38 +1,55 @@
 """Automatic exclusion (issue #16, part 3): when INT8 moves an output too far, keep the fewest layers in float.
 
 TensorRT and Model Optimizer users find those layers by hand (Polygraphy's debug tools, `--exclude`); the
-build does it for them, on calibration samples alone:
+build does it for them, on calibration samples alone. It searches on the first `SAMPLES` (16) of them and,
+when at least `SEARCH_LEAST` + `CONFIRM` (16) are there, holds the `CONFIRM` (8) after the search's back to
+confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 16 are all searched on):
 
 1. quantise as usual and run the Q/DQ graph (ONNX Runtime, optimisations off: the INT8 arithmetic exactly)
    against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
-   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` ends this stage (one
-   layer is the fewest there can be);
+   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
+   samples too) ends this stage (one layer is the fewest there can be);
 3. greedy: keep float the most sensitive layer, then the next, re-measuring each time, until the cosine
-   reaches `MIN_COSINE` or `MAX_SHARE` of the layers are float. A layer is kept only if it lifts the worst
-   cosine by at least `MIN_GAIN`, and only layers that alone gained that much are tried: the stage ends
-   where the sorted alone-gains fall below it, and never starts when none reaches it.
+   reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are float.
+   A layer is kept only if it lifts the worst cosine by at least `MIN_GAIN` on both sample sets (the
+   confirmation refuses a layer that gains on the search samples alone: chance among the 48 tried, not
+   the layer), and only layers that alone gained that much are tried: the stage ends where the sorted
+   alone-gains fall below it, and never starts when none reaches it.
 
 `MIN_GAIN` (0.001, a tenth of the error `MIN_COSINE` allows) is what a float layer must buy: it costs
-latency on every inference, and the searches it cuts bought nothing. Measured on the zoo (avx2, 8
-calibration samples; tools/bench_zoo.py's data; 16 candidates then, 48 now): ddddocr-det kept 6 layers
-float for 0.9823 -> 0.9834 (the best alone 0.0009) and PP-OCRv4-det 6 for 0.9001 -> 0.9102, 4 of them
-gaining under 0.001 each; with the rule ddddocr-det keeps none (17 trials instead of 25) and PP-OCRv4-det
-2 (0.9090; 18 instead of 26), while layout-cdla keeps its 5 (0.719 -> 0.795: each gained 0.004 to 0.03)
-and PP-OCRv4-rec its one (0.977 -> 0.994, found at the 7th alone trial: 8 trials instead of 17). A trial
-is one Q/DQ rebuild and one ONNX Runtime run of the samples with optimisations off; the run is 70-90% of
-its time, and in it the convolutions are over half, the Q/DQ nodes a fifth (PP-OCRv4-det, ONNX Runtime's
-profiler); turning optimisations on does not make it faster, so the trials are counted, not made cheaper.
+latency on every inference, and the searches it cuts bought nothing (measured on the zoo with 8 search
+samples and 16 candidates: ddddocr-det kept 6 layers for 0.9823 -> 0.9834 without it, none with it).
+
+Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2): searched on its first 8 lines
+the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines are easy ones: on the next 8
+the same plans score 0.956 -> 0.982 and on 16 held-out lines 0.946 -> 0.974, short of the aim though
+both layers help there. Searched on 16 lines and confirmed on the next 8, it keeps p2o.Conv.15 alone
+(0.9669 -> 0.9805 searched, 0.9637 -> 0.9652 confirmed): p2o.Conv.10 lifted the search samples to 0.9860
+but not the confirmation ones (0.9652 -> 0.9648), and the plan as built scores 0.9743 on 16 held-out
+lines (all elements' cosine, tools/bench_zoo.py's figure) against 0.9714 with both layers. A set of 16
+pages (the detectors) is searched on the same 8 samples as before, and confirmed on the other 8.
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
-the measured cosine is that of the plan that would be built. The cost is one Q/DQ build and one run over
-the samples per candidate and per greedy step, paid only when the plan falls short: at most `CANDIDATES`
-alone trials however deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet
-at 800 x 608 on 2 cores). The ranking is only a guide: on PP-OCRv4-det the layer that matters ranked
-beyond the first 16 (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all 64 0.970, against
-0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends on measured
-cosines only (no time budget), so a build is the same on any machine. `trtopt build --no-auto-exclude` skips it.
+the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
+changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
+same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). A trial of one of
+PP-OCRv4-det's first 8 candidates ran in 0.81 s of CPU instead of 1.34 s (its early layers change nearly
+the whole graph), of PP-OCRv4-rec's in 0.18 s instead of 0.43 s, beside its Q/DQ rebuild (0.10-0.15 s);
+whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on layout-cdla, 56 -> 46 on
+ddddocr-det and 43 -> 36 on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96,
+195, 53 and 60 with the confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
+`trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
+`CANDIDATES` alone ones however deep the model (trying every layer alone took over 15 minutes on a
+200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan in TensorRT's form: the CPU
+backend then lowers it to uint8 activations (`trtopt.backend.cpu.lowering`), which gives non-negative
+tensors twice the resolution, so a CPU plan does better than searched (PP-OCRv4-rec with p2o.Conv.15
+float: 0.9602 on the held-out lines as searched, 0.9743 as built). The ranking is only a guide: on PP-OCRv4-det the
+layers that matter rank 19th and 35th (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all
+64 0.970, against 0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends
+on measured cosines only (no time budget), so a build is the same on any machine. `trtopt build
+--no-auto-exclude` skips it.
 """
 
 from __future__ import annotations
@@ -52,7 +69,9 @@ log = logging.getLogger(__name__)
 
 MIN_COSINE = 0.99
 MAX_SHARE = 0.25  # never more than this share of the INT8 layers kept float
-SAMPLES = 8
+SAMPLES = 16  # the most calibration samples the search measures on
+CONFIRM = 8  # samples after them that confirm its layers, when at least SEARCH_LEAST remain for the search
+SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
@@ -68,9 +87,17 @@ class Sensitivity:
     after: float
     layers: dict[str, str] = field(default_factory=dict)
     trials: int = 0
+    confirmed: tuple[float, float] | None = None  # worst cosine before/after on the confirmation samples
+    refused: dict[str, str] = field(default_factory=dict)  # layers that gained on the search samples alone
 
     def to_dict(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "layers": dict(self.layers), "trials": self.trials}
+        found: dict[str, Any] = {"before": self.before, "after": self.after, "layers": dict(self.layers),
+                                 "trials": self.trials}  # fmt: skip
+        if self.confirmed is not None:
+            found["confirmed"] = {"before": self.confirmed[0], "after": self.confirmed[1]}
+        if self.refused:
+            found["refused"] = dict(self.refused)
+        return found
 
 
 def quantized_model(
@@ -101,6 +128,16 @@ def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str
     return agreement(collect(reference.run, batches), dict(expected)).cosine
 
 
+def outputs_cosine(
+    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
+) -> float:
+    """`worst_cosine` of outputs already computed, one mapping per batch of `batches`."""
+    from trtopt.verify import agreement, collect
+
+    runs = iter(outputs)
+    return agreement(collect(lambda _feeds: dict(next(runs)), batches), dict(expected)).cosine
+
+
 def find_sensitive_layers(
     measure: Callable[[Sequence[str]], float],
     layers: Sequence[str],
@@ -108,84 +145,163 @@ def find_sensitive_layers(
     min_cosine: float = MIN_COSINE,
     rank: Callable[[], Sequence[str]] | None = None,
     on_trial: Callable[[int, int], None] | None = None,
+    confirm: Callable[[Sequence[str]], float] | None = None,
 ) -> Sensitivity:
     """The greedy search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of
     the plan with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers`
     most error first; the first `CANDIDATES` of that order are tried (all of `layers` without it).
+    `confirm(exclude)`, where given, is the same cosine on samples `measure` does not use: the greedy stage
+    keeps a layer only if it gains `MIN_GAIN` there too, and stops only when both reach `min_cosine`.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     if before >= min_cosine or not layers:
         return Sensitivity(before, before)
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
-    most = len(tried) + steps  # the first trial of the greedy steps is reused from `alone`
-    if on_trial is not None:
-        measure = _counted(measure, on_trial, 1, most)
+    most = len(tried) + (steps if confirm is None else 2 * steps + 1)  # greedy's first trial reuses `alone`'s
+    count = _Count(on_trial, 1, most)
+    measure = count.wrap(measure)
+    check = _memo(count.wrap(confirm)) if confirm is not None else None
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine:  # one layer reaches the aim: no plan keeps fewer float
-            break
+        if alone[layer] >= min_cosine and (check is None or check((layer,)) >= min_cosine):
+            break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
     order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
-    chosen: list[str] = []
-    current, trials = before, 1 + len(alone)
-    for layer in order[:steps]:
-        trial = alone[layer] if not chosen else measure((*chosen, layer))
-        trials += 1 if chosen else 0
-        if trial - current >= MIN_GAIN:
-            chosen.append(layer)
-            current = trial
-        if current >= min_cosine:
-            break
-    if on_trial is not None:
-        on_trial(most, most)  # stopped early: the bar ends full
+    greedy = _greedy(order[:steps], alone, before, measure, check, min_cosine)
+    count.finish()
     why = {
         layer: f"kept float by sensitivity analysis (alone it lifts the worst output cosine {before:.4f} -> "
         f"{alone[layer]:.4f})"
-        for layer in chosen
+        for layer in greedy.chosen
     }
-    return Sensitivity(before, current, why, trials)
+    return Sensitivity(before, greedy.current, why, count.done, greedy.confirmed, dict(greedy.refused))
 
 
-def _counted(
-    measure: Callable[[Sequence[str]], float], on_trial: Callable[[int, int], None], done: int, most: int
-) -> Callable[[Sequence[str]], float]:
-    """`measure` that reports each trial to `on_trial(done, most)`, counting from `done` trials already run."""
-    count = [done]
-    on_trial(done, most)
+@dataclass
+class _Greedy:
+    chosen: list[str]
+    current: float
+    confirmed: tuple[float, float] | None  # the confirmation samples' worst cosine before and after
+    refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
 
-    def counted(exclude: Sequence[str]) -> float:
-        result = measure(exclude)
-        count[0] += 1
-        on_trial(count[0], most)
-        return result
 
-    return counted
+def _greedy(
+    order: Sequence[str], alone: Mapping[str, float], before: float, measure: Callable[[Sequence[str]], float],
+    confirm: Callable[[Sequence[str]], float] | None, min_cosine: float,
+) -> _Greedy:  # fmt: skip
+    """Keep float each layer of `order` in turn that lifts the worst cosine by `MIN_GAIN` (on the
+    confirmation samples too, where given), until the aim is reached on both."""
+    found = _Greedy([], before, None, {})
+    start = confirm(()) if confirm is not None and order else None
+    checked = start
+    for layer in order:
+        trial = alone[layer] if not found.chosen else measure((*found.chosen, layer))
+        if trial - found.current < MIN_GAIN:
+            continue
+        if confirm is not None and checked is not None:
+            again = confirm((*found.chosen, layer))
+            if again - checked < MIN_GAIN:  # it helps on the search samples only: chance, not the layer
+                found.refused[layer] = f"lifts the search samples' cosine to {trial:.4f}, " \
+                                       f"the confirmation samples' {checked:.4f} -> {again:.4f} only"  # fmt: skip
+                continue
+            checked = again
+        found.chosen.append(layer)
+        found.current = trial
+        if found.current >= min_cosine and (checked is None or checked >= min_cosine):
+            break
+    if start is not None and checked is not None:
+        found.confirmed = (start, checked)
+    return found
+
+
+def _memo(measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+    """`measure` that runs each trial once (the alone stage may confirm a layer the greedy stage confirms)."""
+    known: dict[tuple[str, ...], float] = {}
+
+    def memo(exclude: Sequence[str]) -> float:
+        if tuple(exclude) not in known:
+            known[tuple(exclude)] = measure(exclude)
+        return known[tuple(exclude)]
+
+    return memo
+
+
+class _Count:
+    """Trials counted across the measures it wraps, each reported to `on_trial(done, most)`."""
+
+    def __init__(self, on_trial: Callable[[int, int], None] | None, done: int, most: int) -> None:
+        self.on_trial, self.done, self.most = on_trial, done, most
+        if on_trial is not None:
+            on_trial(done, most)
+
+    def wrap(self, measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+        def counted(exclude: Sequence[str]) -> float:
+            result = measure(exclude)
+            self.done += 1
+            if self.on_trial is not None:
+                self.on_trial(min(self.done, self.most), self.most)
+            return result
+
+        return counted
+
+    def finish(self) -> None:
+        if self.on_trial is not None:
+            self.on_trial(self.most, self.most)  # stopped early: the bar ends full
 
 
 def exclude_sensitive(
     graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, batches: Batches,
-    layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None,
+    layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None, confirm: Batches = (),
 ) -> Sensitivity:  # fmt: skip
-    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` calibration samples;
-    `on_trial` as for `find_sensitive_layers`."""
-    from trtopt.execution import OrtSession
-    from trtopt.frontend import onnx_from_graph
-    from trtopt.verify import collect
+    """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` the calibration
+    samples it searches on, `confirm` others that only confirm the layers it keeps; `on_trial` as for
+    `find_sensitive_layers`."""
+    from trtopt.quant.trials import BUDGET
 
-    expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
-
-    def measure(exclude: Sequence[str]) -> float:
-        return worst_cosine(quantized_model(graph, quant, calibration, bias_correction, exclude), batches, expected)
+    base = quantized_model(graph, quant, calibration, bias_correction)
+    tried: list[Sequence[str]] = [layers]  # the layers tried alone, once ranked: what the trials' cache keeps
 
     def rank() -> list[str]:
-        return rank_by_added_error(graph, quantized_model(graph, quant, calibration, bias_correction), batches, layers)
+        order = rank_by_added_error(graph, base, batches, layers)
+        tried[0] = order[:CANDIDATES]
+        return order
 
-    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial)
+    def build(exclude: Sequence[str]) -> onnx.ModelProto:
+        return quantized_model(graph, quant, calibration, bias_correction, exclude) if exclude else base
+
+    # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
+    measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
+    check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4) if confirm else None
+    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
     if found.layers:
         log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
                  len(found.layers), found.before, found.after, ", ".join(found.layers))  # fmt: skip
     return found
+
+
+def _measurer(
+    graph: gs.Graph, base: onnx.ModelProto, batches: Batches, build: Callable[[Sequence[str]], onnx.ModelProto],
+    tried: Callable[[], Sequence[str]], budget: int,
+) -> Callable[[Sequence[str]], float]:  # fmt: skip
+    """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
+    up at the first trial, keeping what the trials of the layers `tried()` then names will read)."""
+    from trtopt.execution import OrtSession
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.verify import collect
+
+    expected = collect(OrtSession(onnx_from_graph(graph), spin=False).run, batches)
+    trials: list[DownstreamTrials] = []
+
+    def measure(exclude: Sequence[str]) -> float:
+        if not exclude:
+            return worst_cosine(base, batches, expected)
+        if not trials:
+            trials.append(DownstreamTrials(base, batches, tried(), budget))
+        return outputs_cosine(trials[0].run(build(exclude)), batches, expected)
+
+    return measure
 
 
 def rank_by_added_error(
@@ -218,8 +334,9 @@ def float_sensitive_layers(
     graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int,
     progress: Callable[[Any], None] | None = None,
 ) -> tuple[Any, Sensitivity | None]:  # fmt: skip
-    """For `trtopt.build`: `plan` with the sensitive layers kept float, measured on the first calibration
-    samples of `data` (a `trtopt.data.Dataset`; the build's verification samples are not in it). `progress`
+    """For `trtopt.build`: `plan` with the sensitive layers kept float, searched and confirmed on the first
+    calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's
+    verification samples). `progress`
     (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
     from trtopt.quant.placement import plan_quantization
 
@@ -228,11 +345,11 @@ def float_sensitive_layers(
     from trtopt.errors import TrtoptError
     from trtopt.verify import plan_errors
 
-    batches = sample_batches(data, batch)
+    batches, confirm = search_samples(data, batch)
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
         found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
-                                  _trial_reporter(progress))  # fmt: skip
+                                  _trial_reporter(progress), confirm)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None
@@ -249,6 +366,18 @@ def _trial_reporter(progress: Callable[[Any], None] | None) -> Callable[[int, in
     from trtopt.calib.collect import CalibProgress
 
     return lambda done, most: progress(CalibProgress(SENSITIVITY_PHASE, done, done, most))
+
+
+def search_samples(dataset: Any, batch: int) -> tuple[Batches, Batches]:
+    """(search, confirmation) batches of a `trtopt.data.Dataset`: the first `SAMPLES` samples at most for the
+    search, then `CONFIRM` more to confirm its layers, if that leaves `SEARCH_LEAST` samples to the search
+    (none are held back from a smaller set)."""
+    total = len(dataset)
+    if total < SEARCH_LEAST + CONFIRM:
+        return sample_batches(dataset, batch, SAMPLES), []
+    search = min(SAMPLES, total - CONFIRM)
+    head, rest = dataset.split_tail(total - search)
+    return sample_batches(head, batch, search), sample_batches(rest, batch, CONFIRM)
 
 
 def sample_batches(dataset: Any, batch: int, count: int = SAMPLES) -> list[tuple[Mapping[str, np.ndarray], int]]:

@@ -1,0 +1,218 @@
+"""Sensitivity trials that recompute only what a trial changes (trtopt.quant.sensitivity).
+
+A trial keeps a few layers float: its Q/DQ graph differs from the plan's own graph around those layers
+(their Q/DQ, their weights, what bias correction and the Concat range rule redo there), and every tensor
+upstream of the changes is the same as in the plan's graph. `DownstreamTrials` runs the plan's graph once
+over the samples and keeps its tensors; a trial then runs only the nodes whose outputs differ, fed at the
+boundary with the kept tensors, and takes every unchanged output from the kept run.
+
+Which nodes differ is found by content, not by name: each tensor gets a fingerprint made of its
+producer's operator, attributes and input fingerprints (initializers by their bytes, graph inputs by
+name), and a trial tensor whose fingerprint the plan's graph also has holds the same values on the same
+samples. So whatever a trial re-quantises, the recomputed part is exactly what changed, and the cosine is
+that of the full trial graph (the same ONNX Runtime kernels on the same inputs, optimisations off).
+
+Memory: the kept tensors are those the trials of the layers to be tried will read from outside their
+changes (`_boundaries`: a guess from the plan's graph), taken at the compute node that made them (not at
+its Q/DQ, recomputed cheaply), for every sample, up to `budget` bytes in all, in the order of the layers
+(the first batch's sizes decide, for every batch: no batch is larger). A boundary tensor that was not kept
+is recomputed from further upstream, so the budget trades time for memory and never changes a result;
+the peak is the first batch's run with every candidate exposed.
+Graphs with subgraph attributes (If, Loop, Scan: their bodies read outer tensors by name) run whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+log = logging.getLogger(__name__)
+
+BUDGET = 1 << 30  # bytes of kept tensors (for all samples together)
+_CHEAP = {"QuantizeLinear", "DequantizeLinear", "Constant", "Shape", "Identity"}
+
+Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
+
+
+def fingerprints(model: onnx.ModelProto) -> dict[str, bytes]:
+    """Tensor name -> fingerprint of what computes it (see the module doc). An input read before it is made
+    (a graph out of topological order) gets a mark of this model alone: such a node never matches, so it
+    and what it reads are recomputed."""
+    graph = model.graph
+    alone = b"?" + id(model).to_bytes(8, "little")
+    prints: dict[str, bytes] = {i.name: b"input:" + i.name.encode() for i in graph.input}
+    for init in graph.initializer:
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(bytes([init.data_type]) + str(list(init.dims)).encode())
+        digest.update(init.raw_data if init.HasField("raw_data") else _without_name(init).SerializeToString())
+        prints[init.name] = b"init:" + digest.digest()
+    for node in graph.node:
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(f"{node.domain}:{node.op_type}".encode())
+        for attr in sorted(node.attribute, key=lambda a: a.name):
+            digest.update(attr.SerializeToString())
+        for name in node.input:
+            digest.update(b"|" + prints.get(name, alone + name.encode()) if name else b"|-")
+        for index, name in enumerate(node.output):
+            if name:
+                prints[name] = digest.copy().digest() + index.to_bytes(4, "little")
+    return prints
+
+
+def _without_name(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    copy = onnx.TensorProto()
+    copy.CopyFrom(tensor)
+    copy.ClearField("name")
+    return copy
+
+
+def has_subgraphs(model: onnx.ModelProto) -> bool:
+    graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+    return any(a.type in graph_types for n in model.graph.node for a in n.attribute)
+
+
+class DownstreamTrials:
+    """Outputs of Q/DQ graphs that differ from `base` in places, on `batches`, recomputing only the changes."""
+
+    def __init__(self, base: onnx.ModelProto, batches: Batches, layers: Sequence[str], budget: int = BUDGET) -> None:
+        from trtopt.execution import OrtSession
+
+        self.batches = list(batches)
+        self.base_prints = {p: name for name, p in fingerprints(base).items()}
+        self.whole = has_subgraphs(base)
+        outputs = [o.name for o in base.graph.output]
+        kept = [] if self.whole else [t for t in _boundaries(base, layers) if t not in set(outputs)]
+        session = OrtSession(base, expose=kept, opt_level="disable", spin=False)
+        self.cache: list[dict[str, np.ndarray]] = []
+        for feeds, _rows in self.batches:  # the first batch decides what is kept: the others are no larger
+            self.cache.append(session.run(feeds, outputs=[*outputs, *kept]))
+            if len(self.cache) == 1:
+                kept = _within(self.cache[0], kept, outputs, budget // len(self.batches))
+                self.cache[0] = {name: self.cache[0][name] for name in [*outputs, *kept]}
+        self.kept_bytes = sum(v.nbytes for part in self.cache for v in part.values())
+        log.info("sensitivity trials keep %d tensors of the plan's run (%.0f MB)", len(kept), self.kept_bytes / 2**20)
+        self.nodes_run = 0  # nodes the trials have run, for tests and reports
+
+    def run(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+        """`model`'s outputs on each batch (every row, as ONNX Runtime gives them)."""
+        from trtopt.execution import OrtSession
+
+        outputs = [o.name for o in model.graph.output]
+        made = {out for node in model.graph.node for out in node.output}
+        if self.whole or not set(outputs) <= made:  # an output that is an input or a constant: run it whole
+            whole = OrtSession(model, opt_level="disable", spin=False)
+            self.nodes_run += len(model.graph.node)
+            return [whole.run(feeds, outputs=outputs) for feeds, _rows in self.batches]
+        cut, sources = self._cut(model)
+        self.nodes_run += len(cut.graph.node)
+        session = OrtSession(cut, opt_level="disable", spin=False) if cut.graph.node else None
+        results = []
+        for (feeds, _rows), kept in zip(self.batches, self.cache, strict=True):
+            got = {name: kept[base] for name, base in sources.items() if name in outputs}
+            if session is not None:
+                inputs = {name: kept[base] for name, base in sources.items()} | dict(feeds)
+                got |= session.run(inputs)
+            results.append({name: got[name] for name in outputs})
+        return results
+
+    def _cut(self, model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
+        """The part of `model` that must run, and its tensors taken from the kept run (name -> base name)."""
+        graph = model.graph
+        prints = fingerprints(model)
+        producer = {out: node for node in graph.node for out in node.output if out}
+        initializers = {i.name for i in graph.initializer}
+        inputs = {i.name for i in graph.input}
+        kept = self.cache[0] if self.cache else {}
+        sources: dict[str, str] = {}
+        needed: set[int] = set()
+        stack = [o.name for o in graph.output]
+        seen: set[str] = set()
+        while stack:
+            name = stack.pop()
+            if name in seen or not name or name in initializers or name in inputs:
+                continue
+            seen.add(name)
+            base = self.base_prints.get(prints.get(name, b""))
+            if base is not None and base in kept:
+                sources[name] = base
+                continue
+            node = producer[name]
+            needed.add(id(node))
+            stack.extend(node.input)
+        nodes = [n for n in graph.node if id(n) in needed]
+        return _submodel(model, nodes, sources, {s: kept[b] for s, b in sources.items()}), sources
+
+
+def _boundaries(base: onnx.ModelProto, layers: Sequence[str]) -> list[str]:
+    """The compute-node tensors a trial of each of `layers` kept float will likely read from the kept run, in
+    `layers`' order: what the layer's downstream reads from outside it, followed up through Q/DQ nodes
+    (cheap to recompute) to the compute node that made it. A guess from `base` alone: re-quantising may
+    change a little more (a Concat's other inputs), which then runs from further upstream."""
+    graph = base.graph
+    producer = {out: node for node in graph.node for out in node.output if out}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    by_name = {node.name: node for node in graph.node}
+    found: dict[str, None] = {}
+    for layer in layers:
+        if layer not in by_name:
+            continue
+        region, stack = set(), [by_name[layer]]
+        while stack:
+            node = stack.pop()
+            if id(node) not in region:
+                region.add(id(node))
+                stack.extend(c for out in node.output for c in consumers.get(out, ()))
+        reads = [t for n in graph.node if id(n) in region for t in n.input if t in producer]
+        for name in reads:
+            if id(producer[name]) not in region:
+                found.update(dict.fromkeys(_compute_sources(name, producer)))
+    return list(found)
+
+
+def _compute_sources(name: str, producer: Mapping[str, onnx.NodeProto]) -> list[str]:
+    """`name`, or the outputs of the compute nodes it is made from through Q/DQ-like nodes only."""
+    node = producer.get(name)
+    if node is None:
+        return []  # a graph input or initializer: never kept
+    if node.op_type not in _CHEAP:
+        return [name]
+    return [s for t in node.input if t for s in _compute_sources(t, producer)]
+
+
+def _within(first: Mapping[str, np.ndarray], order: Sequence[str], always: Sequence[str], budget: int) -> list[str]:
+    """The names of `order`, in order, whose arrays in `first` fit in `budget` bytes beside those of `always`."""
+    total = sum(first[name].nbytes for name in always)
+    chosen = []
+    for name in order:
+        if total + first[name].nbytes <= budget:
+            total += first[name].nbytes
+            chosen.append(name)
+    return chosen
+
+
+def _submodel(
+    model: onnx.ModelProto, nodes: list[onnx.NodeProto], sources: Mapping[str, str], values: Mapping[str, np.ndarray]
+) -> onnx.ModelProto:
+    """`nodes` of `model` as a model fed with `sources` (typed from `values`) and the graph inputs they read."""
+    graph = model.graph
+    read = {name for node in nodes for name in node.input if name}
+    made = {name for node in nodes for name in node.output if name}
+    feeds = [
+        helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(values[name].dtype),
+                                      [None] * values[name].ndim)
+        for name in sorted((read & set(sources)) - made)  # a node run for one output makes its others
+    ]  # fmt: skip
+    feeds += [i for i in graph.input if i.name in read]
+    outputs = [o for o in graph.output if o.name in made]
+    initializers = [i for i in graph.initializer if i.name in read]
+    sub = helper.make_graph(nodes, "trial", feeds, outputs, initializers)
+    cut = helper.make_model(sub, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    return cut
