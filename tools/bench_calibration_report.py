@@ -50,7 +50,7 @@ def _header(args: argparse.Namespace, run: Run) -> list[str]:
                 "from calib_data/ by tools/realistic_photos.py (upscaled, with sensor-like grain)")
     return [
         "## Calibration: trtopt vs ONNX Runtime" + (f" vs FP32 inference, {run.model} on {args.photos} photos"
-                                                    if args.photos else ""),
+                                                    if args.photos else f", {run.model} on {data.split(',')[0]}"),
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- machine: {machine()}; {cpu_class()}",
