@@ -43,7 +43,8 @@ from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, Tensor
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
-from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
+from trtopt.quant.equalize import equalize_activations
+from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers, sample_batches
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
@@ -189,6 +190,9 @@ def _quantize(
     it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
     from trtopt.calib.stage import calibrate_graph
 
+    if quant.equalize and data is not None:  # trtopt.quant.equalize: an exact rewrite, before calibration
+        equalize_activations(graph, [feeds for feeds, _ in sample_batches(data, config.data.batch, 64)])
+        fp32 = onnx_from_graph(graph)
     qplan = plan_quantization(graph, quant)
     tensors = quantizable_tensors(graph)
     with times("calibrate"):
