@@ -92,7 +92,7 @@ def _gated(producer: gs.Node, readers: list[gs.Node], outputs: set[str]) -> Equa
     """x * g(x): one reader is a Mul of x by the gate, the other starts the gate's chain of single-input ops."""
     x = producer.outputs[0]
     for mul, head in (readers, readers[::-1]):
-        if mul.op != "Mul" or head.op not in GATE_OPS or not _data_inputs(head) == [x]:
+        if mul.op != "Mul" or head.op not in GATE_OPS or _data_inputs(head) != [x]:
             continue
         chain, tensor = [head], head.outputs[0]
         while len(tensor.outputs) == 1 and tensor.name not in outputs and tensor.outputs[0] is not mul:
@@ -114,15 +114,15 @@ def _ending(
     producer: gs.Node, nodes: tuple[gs.Node, ...], head: gs.Node | None, outputs: set[str]
 ) -> EqualizeSite | None:
     """Follow scalar Mul/Div after the activation, then require a depthwise conv as the one reader."""
-    nodes = list(nodes)
-    tensor = nodes[-1].outputs[0]
+    chain = list(nodes)
+    tensor = chain[-1].outputs[0]
     while tensor.name not in outputs and len(tensor.outputs) == 1:
         reader = tensor.outputs[0]
         if _is_depthwise(reader, tensor):
-            return EqualizeSite(producer, tuple(nodes), head, reader, tensor.name)
+            return EqualizeSite(producer, tuple(chain), head, reader, tensor.name)
         if reader.op not in LINEAR_AFTER_GATE or not _scalar_operand(reader, tensor):
             return None
-        nodes.append(reader)
+        chain.append(reader)
         tensor = reader.outputs[0]
     return None
 
