@@ -128,13 +128,11 @@ def test_exclude_keep_first_last_and_tiny_layers() -> None:
     convs = [n.name for n in graph.nodes if n.op == "Conv"]
     full = plan_quantization(graph, QuantConfig(min_channels=1))
     by_name = plan_quantization(graph, QuantConfig(min_channels=1, exclude=(convs[1],)))
-    assert (
-        convs[1] not in by_name.quantized_layers and by_name.float_layers[convs[1]] == "excluded by --exclude"
-    )
+    assert convs[1] not in by_name.quantized_layers and by_name.float_layers[convs[1]] == "excluded by --exclude"
     by_op = plan_quantization(graph, QuantConfig(min_channels=1, exclude=("Gemm",)))
-    assert not [n for n in by_op.quantized_layers if n.startswith("gemm")] and len(
-        by_op.quantized_layers
-    ) < len(full.quantized_layers)
+    assert not [n for n in by_op.quantized_layers if n.startswith("gemm")] and len(by_op.quantized_layers) < len(
+        full.quantized_layers
+    )
     first_last = plan_quantization(graph, QuantConfig(min_channels=1, keep_first_last=True))
     assert full.quantized_layers[0] not in first_last.quantized_layers
     assert full.quantized_layers[-1] not in first_last.quantized_layers
@@ -235,3 +233,19 @@ def test_qdq_graph_is_canonical_and_runs_like_graphsurgeons_order(name: str) -> 
     expected = run_model(onnx_from_graph(theirs), feeds, opt_level="disable")
     for key, value in run_model(model, feeds, opt_level="disable").items():
         np.testing.assert_array_equal(value, expected[key])
+
+
+def test_a_depthwise_conv_after_a_float_stem_and_a_hard_swish_written_as_nodes_stays_float() -> None:
+    """input ─ Conv 3->16 ─ x * Clip(x + 3, 0, 6) / 6 ─ dw Conv 16 ─ output
+
+    The HardSwish is four nodes whose Mul reads both x and the gate: the walk back from the depthwise conv
+    goes through it to the float stem (the form MobileNetV3 / LCNet exports take)."""
+    b = GraphBuilder("leading_dw_hswish", seed=6)
+    x = b.input("input", [1, 3, 16, 16])
+    y = b.conv(x, 3, 16, 3)
+    gate = b.clip(b.add(y, b.const("three", np.array(3.0, np.float32))), 0.0, 6.0)
+    y = b.node("Div", [b.mul(y, gate), b.const("six", np.array(6.0, np.float32))])
+    graph = graph_from_onnx(b.build([b.conv(y, 16, 16, 3, group=16, out="output")]))
+    stem, dw = (n.name for n in graph.nodes if n.op == "Conv")
+    plan = plan_quantization(graph, QuantConfig(float_leading_depthwise=True))
+    assert plan.float_layers == {stem: "fewer than 16 channels", dw: "depthwise conv fed by a float layer"}

@@ -83,6 +83,8 @@ def _site_from(producer: gs.Node, outputs: set[str]) -> EqualizeSite | None:
         return EqualizeSite(producer, (), None, readers[0], x.name)
     if len(readers) == 1 and readers[0].op in HOMOGENEOUS:
         return _ending(producer, (readers[0],), None, outputs)
+    if len(readers) == 1 and readers[0].op == "HardSwish":  # one node x * HardSigmoid(x): its own gate
+        return _ending(producer, (readers[0],), readers[0], outputs)
     if len(readers) == 2:
         return _gated(producer, readers, outputs)
     return None
@@ -201,6 +203,15 @@ def _feed_gate(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
     graph.nodes.append(gs.Node("Mul", f"{x.name}_equalize_mul", inputs=[x, inverse], outputs=[original]))
     head = site.gate_head
     assert head is not None
+    if head.op == "HardSwish":  # HardSwish(x) = x * HardSigmoid(x; 1/6, 1/2): split it to feed its gate
+        gate = gs.Variable(f"{x.name}_equalize_hsig", dtype=x.dtype, shape=x.shape)
+        graph.nodes.append(
+            gs.Node("HardSigmoid", attrs={"alpha": 1.0 / 6.0, "beta": 0.5}, inputs=[original], outputs=[gate])
+        )
+        head.op, head.attrs = "Mul", {}
+        head.inputs.clear()
+        head.inputs.extend([x, gate])
+        return
     head.inputs[[i for i, t in enumerate(head.inputs) if t is x][0]] = original
 
 
