@@ -190,7 +190,8 @@ def _quantize(
     it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
     from trtopt.calib.stage import calibrate_graph
 
-    if quant.equalize and data is not None:  # trtopt.quant.equalize: an exact rewrite, before calibration
+    cached = config.calib.cache is not None or config.calib.save_cache is not None  # caches: the graph as given
+    if quant.equalize and data is not None and not cached:  # trtopt.quant.equalize: exact, before calibration
         equalize_activations(graph, [feeds for feeds, _ in sample_batches(data, config.data.batch, 64)])
         fp32 = onnx_from_graph(graph)
     qplan = plan_quantization(graph, quant)
