@@ -128,11 +128,13 @@ def test_exclude_keep_first_last_and_tiny_layers() -> None:
     convs = [n.name for n in graph.nodes if n.op == "Conv"]
     full = plan_quantization(graph, QuantConfig(min_channels=1))
     by_name = plan_quantization(graph, QuantConfig(min_channels=1, exclude=(convs[1],)))
-    assert convs[1] not in by_name.quantized_layers and by_name.float_layers[convs[1]] == "excluded by --exclude"
-    by_op = plan_quantization(graph, QuantConfig(min_channels=1, exclude=("Gemm",)))
-    assert not [n for n in by_op.quantized_layers if n.startswith("gemm")] and len(by_op.quantized_layers) < len(
-        full.quantized_layers
+    assert (
+        convs[1] not in by_name.quantized_layers and by_name.float_layers[convs[1]] == "excluded by --exclude"
     )
+    by_op = plan_quantization(graph, QuantConfig(min_channels=1, exclude=("Gemm",)))
+    assert not [n for n in by_op.quantized_layers if n.startswith("gemm")] and len(
+        by_op.quantized_layers
+    ) < len(full.quantized_layers)
     first_last = plan_quantization(graph, QuantConfig(min_channels=1, keep_first_last=True))
     assert full.quantized_layers[0] not in first_last.quantized_layers
     assert full.quantized_layers[-1] not in first_last.quantized_layers
