@@ -85,6 +85,10 @@ def test_gains_bring_channels_to_the_widest_within_the_cap() -> None:
     gain = equalizing_scales(ranges)
     np.testing.assert_allclose(gain, [1.0, 2.0, 100.0, MAX_GAIN, 1.0])
     assert np.all(equalizing_scales(np.zeros(3)) == 1.0)
+    # A second quantised tensor (the conv output before a HardSwish): channel 1 spans 8 there, as wide as the
+    # widest, so it cannot grow; channel 2 may grow until either tensor's widest range is reached.
+    pre = np.array([8.0, 8.0, 0.1, 1e-6, 0.0])
+    np.testing.assert_allclose(equalizing_scales(ranges, pre), [1.0, 1.0, 80.0, MAX_GAIN, 1.0])
 
 
 @pytest.mark.parametrize("kind", ["relu", "hard_swish_nodes"])
@@ -99,7 +103,7 @@ def test_equalisation_lowers_the_int8_error_where_channel_ranges_differ_100x(kin
         graph = _net(kind)
         want = run_model(onnx_from_graph(graph), feeds)["output"]
         if equalize:
-            equalize_activations(graph, _batches(graph, range(3)))
+            equalize_activations(graph, _batches(graph, range(3)), config.output_folds)
         model, _, _ = quantize(graph, config)
         errors.append(1.0 - cosine(want, run_model(model, feeds, opt_level="disable")["output"]))
     before, after = errors

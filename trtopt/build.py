@@ -192,7 +192,8 @@ def _quantize(
 
     cached = config.calib.cache is not None or config.calib.save_cache is not None  # caches: the graph as given
     if quant.equalize and data is not None and not cached:  # trtopt.quant.equalize: exact, before calibration
-        equalize_activations(graph, [feeds for feeds, _ in sample_batches(data, config.data.batch, 64)])
+        folds = quant.output_folds if quant.quantize_outputs else None
+        equalize_activations(graph, [feeds for feeds, _ in sample_batches(data, config.data.batch, 64)], folds)
         fp32 = onnx_from_graph(graph)
     qplan = plan_quantization(graph, quant)
     tensors = quantizable_tensors(graph)

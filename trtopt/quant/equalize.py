@@ -130,9 +130,9 @@ def _ending(
 
 
 def channel_ranges(
-    graph: gs.Graph, sites: Sequence[EqualizeSite], batches: Sequence[Mapping[str, np.ndarray]]
+    graph: gs.Graph, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
-    """max |x| per channel (axis 1) of each site's tensor, FP32, over `batches`.
+    """max |x| per channel (axis 1) of each tensor in `names`, FP32, over `batches`.
 
     The reduction runs inside the model (Abs -> ReduceMax over every axis but 1, on a copy of the graph), so
     only C numbers per tensor leave ONNX Runtime, not the full activations."""
@@ -140,9 +140,9 @@ def channel_ranges(
 
     probe = graph.copy()
     tensors = probe.tensors()
-    names = {}
-    for site in sites:
-        x = tensors[site.tensor]
+    outputs = {}
+    for name in dict.fromkeys(names):
+        x = tensors[name]
         rank = len(x.shape) if x.shape is not None else 4
         axes = [0, *range(2, rank)]
         absolute = gs.Variable(f"{x.name}_eq_abs", dtype=np.float32)
@@ -158,25 +158,28 @@ def channel_ranges(
                 gs.Node("ReduceMax", attrs={"keepdims": 0, "axes": axes}, inputs=[absolute], outputs=[peak])
             )
         probe.outputs.append(peak)
-        names[site.tensor] = peak.name
+        outputs[name] = peak.name
     session = OrtSession(probe, spin=False)
     ranges: dict[str, np.ndarray] = {}
     for feeds in batches:
-        values = session.run(feeds, list(names.values()))
-        for tensor, out in names.items():
+        values = session.run(feeds, list(outputs.values()))
+        for tensor, out in outputs.items():
             peak_now = np.asarray(values[out], dtype=np.float64)
             ranges[tensor] = np.maximum(ranges[tensor], peak_now) if tensor in ranges else peak_now
     return ranges
 
 
-def equalizing_scales(ranges: np.ndarray, max_gain: float = MAX_GAIN) -> np.ndarray:
-    """The gain g_c >= 1 that brings each channel's range up to the widest one, at most `max_gain`; a
-    channel that is zero on every sample (dead) keeps g_c = 1."""
-    widest = float(ranges.max(initial=0.0))
-    if widest <= 0.0:
-        return np.ones_like(ranges)
-    gain = np.where(ranges > 0, widest / np.maximum(ranges, 1e-30), 1.0)
-    return np.clip(gain, 1.0, max_gain)
+def equalizing_scales(*ranges: np.ndarray, max_gain: float = MAX_GAIN) -> np.ndarray:
+    """The gain g_c >= 1 that brings each channel's range up to the widest one, at most `max_gain`.
+
+    With several tensors (the conv output and the activation output, when the backend quantises both), a
+    channel is scaled up only as far as it stays within the widest channel of each: no tensor's range
+    grows. A channel that is zero on every sample (dead) keeps g_c = 1."""
+    gain = np.full(ranges[0].shape, np.inf)
+    for r in ranges:
+        widest = float(r.max(initial=0.0))
+        gain = np.minimum(gain, np.where(r > 0, widest / np.maximum(r, 1e-30), np.inf))
+    return np.clip(np.where(np.isfinite(gain), gain, 1.0), 1.0, max_gain)
 
 
 def rescale_site(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
@@ -216,23 +219,39 @@ def _feed_gate(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
 
 
 def equalize_activations(
-    graph: gs.Graph, batches: Sequence[Mapping[str, np.ndarray]], max_gain: float = MAX_GAIN
+    graph: gs.Graph,
+    batches: Sequence[Mapping[str, np.ndarray]],
+    folds: frozenset[str] | None = None,
+    max_gain: float = MAX_GAIN,
 ) -> EqualizeReport:
-    """Find the sites, measure their channel ranges on `batches`, rescale them (in place), keep `graph` canonical."""
+    """Find the sites, measure their channel ranges on `batches`, rescale them (in place), keep `graph` canonical.
+
+    `folds`: given when the backend also quantises each layer's output past these activations
+    (`QuantConfig.output_folds`); a site's conv output is then a quantised tensor too, unless its activation
+    is one of them, and its range bounds the gains as well."""
     sites = find_sites(graph)
     if not sites:
         return EqualizeReport()
-    ranges = channel_ranges(graph, sites, batches)
+    quantized = {id(s): _quantized_tensors(s, folds) for s in sites}
+    ranges = channel_ranges(graph, [t for s in sites for t in quantized[id(s)]], batches)
     spread = {}
     for site in sites:
-        gain = equalizing_scales(ranges[site.tensor], max_gain)
+        measured = [ranges[t] for t in quantized[id(site)]]
+        gain = equalizing_scales(*measured, max_gain=max_gain)
         if np.all(gain == 1.0):
             continue
         rescale_site(graph, site, gain)
-        spread[site.tensor] = (_spread(ranges[site.tensor]), _spread(ranges[site.tensor] * gain))
+        spread[site.tensor] = (_spread(measured[0]), _spread(measured[0] * gain))
     graph.cleanup().toposort()
     log.info("activation equalisation: %d tensors feeding depthwise convs rescaled", len(spread))
     return EqualizeReport(spread)
+
+
+def _quantized_tensors(site: EqualizeSite, folds: frozenset[str] | None) -> list[str]:
+    produced = site.producer.outputs[0].name
+    if folds is None or produced == site.tensor or (len(site.activation) == 1 and site.activation[0].op in folds):
+        return [site.tensor]
+    return [site.tensor, produced]
 
 
 def _spread(ranges: np.ndarray) -> float:
