@@ -65,6 +65,8 @@ def test_equalised_graph_computes_what_the_original_does(kind: str) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))
     rescaled = kind != "relu6"  # Clip(0, 6) is not homogeneous and has no gate: left alone
     assert bool(report.spread) == rescaled
+    renamed = {t for t in graph.tensors() if t.endswith(".equalized")}
+    assert len(renamed) == {"none": 1, "relu6": 0, "hard_swish_nodes": 3}.get(kind, 2)  # x, then the main path
     for before, after in report.spread.values():
         assert before > 5.0 and after < 1.5  # widest / median channel range: 100x apart, now all alike
 

@@ -193,6 +193,19 @@ def rescale_site(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
     cw.values = (cw.values / gain.reshape(shape)).astype(cw.values.dtype)
     if site.gate_head is not None:
         _feed_gate(graph, site, gain)
+    _rename_scaled(site)
+
+
+def _rename_scaled(site: EqualizeSite) -> None:
+    """Rename the tensors that now hold rescaled channels (x and what the activation computes from it, not the
+    gate): under their old names, a comparison with the original model (`trtopt compare --per-layer`) would
+    match them to tensors they differ from by a per-channel factor."""
+    scaled = [site.producer.outputs[0]]
+    for node in site.activation:
+        if any(t is s for t in node.inputs for s in scaled):
+            scaled.append(node.outputs[0])
+    for tensor in scaled:
+        tensor.name = f"{tensor.name}.equalized"
 
 
 def _feed_gate(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
