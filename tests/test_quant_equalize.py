@@ -110,3 +110,25 @@ def test_equalisation_lowers_the_int8_error_where_channel_ranges_differ_100x(kin
         errors.append(1.0 - cosine(want, run_model(model, feeds, opt_level="disable")["output"]))
     before, after = errors
     assert after < 0.1 * before, (before, after)
+
+
+def test_a_1d_conv_site_with_unknown_shapes_is_rewritten_exactly() -> None:
+    """input [2, 16, 20] ─ Conv1d 16->32 ─ x * Clip(x + 3, 0, 6) / 6 ─ dw Conv1d 32 ─ output (rank 3; the
+    intermediate shapes are left unknown, so the rank comes from the weights)"""
+    b = GraphBuilder("equalize_1d", seed=5, opset=14)
+    x = b.input("input", [2, 16, 20])
+    w1 = b.const(
+        "w1", (b.rng.standard_normal((32, 16, 1)) * np.geomspace(0.01, 1, 32)[:, None, None]).astype(np.float32)
+    )
+    y = b.node("Conv", [x, w1, b.const("b1", b.bias(32))], kernel_shape=[1])
+    y = _activation(b, y, "hard_swish_nodes")
+    w2 = b.const("w2", b.rng.standard_normal((32, 1, 3)).astype(np.float32))
+    graph = graph_from_onnx(b.build([b.node("Conv", [y, w2], out="output", kernel_shape=[3], pads=[1, 1], group=32)]))
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Variable) and tensor not in graph.inputs and tensor not in graph.outputs:
+            tensor.shape = None
+    original = onnx_from_graph(graph)
+    assert equalize_activations(graph, _batches(graph, range(2))).spread
+    feeds = feeds_for(graph, seed=4)
+    want, got = run_model(original, feeds)["output"], run_model(graph, feeds)["output"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * float(np.abs(want).max()))

@@ -130,9 +130,9 @@ def _ending(
 
 
 def channel_ranges(
-    graph: gs.Graph, names: Sequence[str], batches: Sequence[Mapping[str, np.ndarray]]
+    graph: gs.Graph, names: Mapping[str, int], batches: Sequence[Mapping[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
-    """max |x| per channel (axis 1) of each tensor in `names`, FP32, over `batches`.
+    """max |x| per channel (axis 1) of each tensor in `names` (name -> rank), FP32, over `batches`.
 
     The reduction runs inside the model (Abs -> ReduceMax over every axis but 1, on a copy of the graph), so
     only C numbers per tensor leave ONNX Runtime, not the full activations."""
@@ -141,9 +141,8 @@ def channel_ranges(
     probe = graph.copy()
     tensors = probe.tensors()
     outputs = {}
-    for name in dict.fromkeys(names):
+    for name, rank in names.items():
         x = tensors[name]
-        rank = len(x.shape) if x.shape is not None else 4
         axes = [0, *range(2, rank)]
         absolute = gs.Variable(f"{x.name}_eq_abs", dtype=np.float32)
         peak = gs.Variable(f"{x.name}_eq_max", dtype=np.float32)
@@ -211,7 +210,7 @@ def _rename_scaled(site: EqualizeSite) -> None:
 def _feed_gate(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
     """The gate reads x * (1 / gain) per channel, that is the original x."""
     x = site.producer.outputs[0]
-    rank = len(x.shape) if x.shape is not None else 4
+    rank = site.producer.inputs[1].values.ndim  # a Conv's output has its weight's rank
     inverse = gs.Constant(
         f"{x.name}_equalize_inv", (1.0 / gain).astype(np.float32).reshape((1, -1) + (1,) * (rank - 2))
     )
@@ -246,7 +245,8 @@ def equalize_activations(
     if not sites:
         return EqualizeReport()
     quantized = {id(s): _quantized_tensors(s, folds) for s in sites}
-    ranges = channel_ranges(graph, [t for s in sites for t in quantized[id(s)]], batches)
+    ranks = {t: s.producer.inputs[1].values.ndim for s in sites for t in quantized[id(s)]}
+    ranges = channel_ranges(graph, ranks, batches)
     spread = {}
     for site in sites:
         measured = [ranges[t] for t in quantized[id(site)]]
