@@ -80,6 +80,7 @@ def test_sites_need_a_depthwise_reader_and_no_other_reader() -> None:
     graph = graph_from_onnx(b.build([b.add(b.conv(y, 16, 16, 3, group=16), y, out="output")]))
     assert find_sites(graph) == []
     assert [s.consumer.op for s in find_sites(_net("relu"))] == ["Conv"]
+    assert len(find_sites(_net("hard_swish_nodes"))) == 1 and not find_sites(_net("hard_swish_nodes"), gates=False)
 
 
 def test_gains_bring_channels_to_the_widest_within_the_cap() -> None:
