@@ -235,3 +235,19 @@ def test_qdq_graph_is_canonical_and_runs_like_graphsurgeons_order(name: str) -> 
     expected = run_model(onnx_from_graph(theirs), feeds, opt_level="disable")
     for key, value in run_model(model, feeds, opt_level="disable").items():
         np.testing.assert_array_equal(value, expected[key])
+
+
+def test_a_depthwise_conv_after_a_float_stem_and_a_hard_swish_written_as_nodes_stays_float() -> None:
+    """input ─ Conv 3->16 ─ x * Clip(x + 3, 0, 6) / 6 ─ dw Conv 16 ─ output
+
+    The HardSwish is four nodes whose Mul reads both x and the gate: the walk back from the depthwise conv
+    goes through it to the float stem (the form MobileNetV3 / LCNet exports take)."""
+    b = GraphBuilder("leading_dw_hswish", seed=6)
+    x = b.input("input", [1, 3, 16, 16])
+    y = b.conv(x, 3, 16, 3)
+    gate = b.clip(b.add(y, b.const("three", np.array(3.0, np.float32))), 0.0, 6.0)
+    y = b.node("Div", [b.mul(y, gate), b.const("six", np.array(6.0, np.float32))])
+    graph = graph_from_onnx(b.build([b.conv(y, 16, 16, 3, group=16, out="output")]))
+    stem, dw = (n.name for n in graph.nodes if n.op == "Conv")
+    plan = plan_quantization(graph, QuantConfig(float_leading_depthwise=True))
+    assert plan.float_layers == {stem: "fewer than 16 channels", dw: "depthwise conv fed by a float layer"}

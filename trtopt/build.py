@@ -43,7 +43,8 @@ from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, Tensor
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
-from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
+from trtopt.quant.equalize import GATED_IN_BUILDS, equalize_activations
+from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers, sample_batches
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
@@ -189,6 +190,12 @@ def _quantize(
     it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
     from trtopt.calib.stage import calibrate_graph
 
+    cached = config.calib.cache is not None or config.calib.save_cache is not None  # caches: the graph as given
+    if quant.equalize and data is not None and not cached:  # trtopt.quant.equalize: exact, before calibration
+        folds = quant.output_folds if quant.quantize_outputs else None
+        batches = [feeds for feeds, _ in sample_batches(data, config.data.batch, 64)]
+        equalize_activations(graph, batches, folds, gates=GATED_IN_BUILDS)
+        fp32 = onnx_from_graph(graph)
     qplan = plan_quantization(graph, quant)
     tensors = quantizable_tensors(graph)
     with times("calibrate"):

@@ -106,6 +106,13 @@ def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
         "samples, keep the fewest most sensitive layers float, found by measuring each)",
     )
     q.add_argument(
+        "--no-equalize",
+        action="store_true",
+        help="leave channel ranges as they are (default: rescale the channels of each tensor that feeds a "
+        "depthwise conv, directly or through a ReLU, to even ranges before calibration, an exact float "
+        "rewrite; skipped when a calibration cache is read or written)",
+    )
+    q.add_argument(
         "--no-bias-correction",
         action="store_true",
         help="leave the biases as they are (default: subtract the mean output shift INT8 weights cause)",
@@ -118,7 +125,7 @@ def quant_config(args: argparse.Namespace) -> QuantConfig:
     given = _given(min_channels=args.min_channels)
     return QuantConfig(exclude=tuple(args.exclude), keep_first_last=args.keep_first_last,
                        bias_correction=not args.no_bias_correction, auto_exclude=not args.no_auto_exclude,
-                       **given)  # fmt: skip
+                       equalize=not args.no_equalize, **given)  # fmt: skip
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser) -> None:

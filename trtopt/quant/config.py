@@ -32,6 +32,10 @@ class QuantConfig:
     its bias (`trtopt.quant.bias`); placement ignores it, the quantisation stage of a build reads it.
     `auto_exclude` keeps the fewest most sensitive layers float when an output's cosine with FP32 stays below
     0.99 on calibration samples (`trtopt.quant.sensitivity`; also read by the build's quantisation stage).
+    `equalize` evens out the channel ranges of the tensors that feed depthwise convs (directly or through a
+    ReLU; `trtopt.quant.equalize.GATED_IN_BUILDS`) before calibration, an
+    exact float rewrite (`trtopt.quant.equalize`; read by the build's quantisation stage). Builds that read
+    or write a calibration cache skip it, so a cache always holds the thresholds of the graph as given.
     """
 
     exclude: tuple[str, ...] = ()
@@ -43,6 +47,7 @@ class QuantConfig:
     float_leading_depthwise: bool | None = None
     bias_correction: bool = True
     auto_exclude: bool = True
+    equalize: bool = True
 
     def __post_init__(self) -> None:
         channels = self.min_channels

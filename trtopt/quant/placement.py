@@ -128,16 +128,39 @@ def _reads_float_layer(node: gs.Node, quantized: list[gs.Node]) -> bool:
     graph input or from a quantisable layer that stays float. The graph is topologically sorted, so every
     layer upstream has been decided."""
     names = {n.name for n in quantized}
-    tensor = node.inputs[0]
-    while tensor.inputs:
+    tensor: gs.Tensor | None = node.inputs[0]
+    while tensor is not None and tensor.inputs:
         producer = tensor.inputs[0]
         if producer.op in RULES:
             return producer.name not in names
-        data = [t for t in producer.inputs if isinstance(t, gs.Variable) and t.name]
+        tensor = _sole_source(producer)
+    return tensor is not None  # None: a join (Add, Concat, ...): leave the decision to the other rules
+
+
+def _sole_source(producer: gs.Node) -> gs.Tensor | None:
+    """The one tensor every data input of `producer` derives from through single-input ops, or None.
+
+    One data input: that input. Several: an activation written as a few elementwise nodes that all read
+    the same tensor, as exporters write HardSwish (x * Clip(x + 3, 0, 6) / 6) and SiLU (x * Sigmoid(x)).
+    Its inputs are x and a chain of single-input ops back to x, so the chains meet at x. A real join (a
+    residual Add, a Concat) reads tensors whose chains meet at no tensor within a few ops."""
+    chains = [_chain(t) for t in producer.inputs if isinstance(t, gs.Variable) and t.name]
+    if not chains:
+        return None
+    common = [t for t in chains[0] if all(t.name in {c.name for c in chain} for chain in chains[1:])]
+    return common[0] if common else None
+
+
+def _chain(tensor: gs.Tensor, steps: int = 4) -> list[gs.Tensor]:
+    """`tensor` and up to `steps` tensors before it along ops that read one data input and are no layer."""
+    chain = [tensor]
+    while len(chain) <= steps and tensor.inputs and tensor.inputs[0].op not in RULES:
+        data = [t for t in tensor.inputs[0].inputs if isinstance(t, gs.Variable) and t.name]
         if len(data) != 1:
-            return False  # a join (Add, Concat, ...): leave the decision to the other rules
+            break
         tensor = data[0]
-    return True
+        chain.append(tensor)
+    return chain
 
 
 def _residual_sites(graph: gs.Graph, quantized: set[str]) -> list[QuantSite]:
