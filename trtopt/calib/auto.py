@@ -135,12 +135,37 @@ def choose_thresholds(
     needed = set(scored) | {t for n in nodes for t in (*n.input, *n.output) if t}
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
-    session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False)
+    # No arena: it would keep the run's peak (every exposed tensor) mapped beside the cache; and the session
+    # goes before the scoring. Neither changes a value (the same kernels on the same exposed graph).
+    session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False, arena=False)
     cached = _run(session, batches, sorted(needed))
+    del session
     runner = _NodeRunner(model, threads)
-    for name in scored:
+    released = release_after(scored, consumers, cached)
+    for index, name in enumerate(scored):
         choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
+        for done in released[index]:
+            del cached[done]
     return {name: choices[name] for name in candidates}
+
+
+def release_after(
+    scored: Sequence[str], consumers: Mapping[str, Sequence[onnx.NodeProto]], cached: Iterable[str]
+) -> list[list[str]]:
+    """For each tensor of `scored` (in scoring order), the names of `cached` that no later scoring reads:
+    the cache can let them go once that tensor is scored. Scoring `name` reads `name` and every input and
+    output of its consumers; a cached name no scoring reads goes after the first."""
+    last: dict[str, int] = {}
+    for index, name in enumerate(scored):
+        last[name] = index
+        for node in consumers.get(name, ()):
+            for tensor in (*node.input, *node.output):
+                last[tensor] = index
+    released: list[list[str]] = [[] for _ in scored]
+    for name in cached:
+        if released:
+            released[last.get(name, 0)].append(name)
+    return released
 
 
 def distinct_candidates(options: Mapping[str, float]) -> dict[str, float]:
@@ -235,7 +260,7 @@ def _outputs(session: Any, feeds: Feeds, wanted: list[str], into: Mapping[str, n
     """`session`'s `wanted` outputs on `feeds`, those of `into` written into its arrays (None: they do not
     fit); the others as ONNX Runtime returns them."""
     if not into:
-        return session.run(feeds, outputs=wanted) if wanted else {}
+        return _released_run(session, feeds, wanted) if wanted else {}
     binding = session.session.io_binding()
     for name in session.input_names:
         binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
@@ -258,13 +283,36 @@ def _run_plain(session: Any, batches: Iterable[tuple[Feeds, int]], names: list[s
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for feeds, rows in batches:
         wanted = [n for n in names if n not in feeds]
-        outputs = {**feeds, **(session.run(feeds, outputs=wanted) if wanted else {})}
+        outputs = {**feeds, **(_released_run(session, feeds, wanted) if wanted else {})}
         size = _batch_rows(feeds)
         for name in names:
             value = np.asarray(outputs[name])
             keep = value.ndim > 0 and value.shape[0] == size and rows < size
             parts[name].append(value[:rows] if keep else value)
     return {name: _join(values) for name, values in parts.items()}
+
+
+def _released_run(session: Any, feeds: Feeds, wanted: list[str]) -> dict[str, np.ndarray]:
+    """`session.run(feeds, outputs=wanted)`, with each output copied out of ONNX Runtime's buffer and that
+    buffer let go before the next is copied (IO binding): `session.run` copies all of them while holding
+    all, twice the exposed tensors at once. The same values (the same run); its errors as `session.run`'s."""
+    failures: tuple[type[BaseException], ...] = (KeyError, *_ort_failures())
+    try:
+        binding = session.session.io_binding()
+        for name in session.input_names:
+            binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        for name in wanted:
+            binding.bind_output(name, "cpu")
+        session.session.run_with_iobinding(binding, quiet_run())
+    except failures:
+        return dict(session.run(feeds, outputs=wanted))  # its message for the caller
+    values = binding.get_outputs()
+    binding.clear_binding_outputs()
+    outputs = {}
+    for index, name in enumerate(wanted):
+        outputs[name] = values[index].numpy()
+        values[index] = None  # ONNX Runtime's copy goes now (the session has no arena to keep it)
+    return outputs
 
 
 def _ort_failures() -> tuple[type[BaseException], ...]:
