@@ -7,7 +7,8 @@ import numpy as np
 from auto_models import unlike_concat
 from onnx import helper
 
-from trtopt.calib.auto import _released_run, release_after
+from trtopt.calib.auto import _released_run
+from trtopt.calib.auto_cache import release_after
 from trtopt.execution import OrtSession
 
 

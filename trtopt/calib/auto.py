@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from trtopt.calib.auto_cache import cache_groups, declared_sizes, reads, release_after
 from trtopt.calib.auto_kernels import quantize_stack
 from trtopt.calib.auto_nodes import NodeRunner as _NodeRunner
 from trtopt.calib.auto_nodes import quiet_run
@@ -135,37 +136,21 @@ def choose_thresholds(
     needed = set(scored) | {t for n in nodes for t in (*n.input, *n.output) if t}
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
-    # No arena: it would keep the run's peak (every exposed tensor) mapped beside the cache; and the session
-    # goes before the scoring. Neither changes a value (the same kernels on the same exposed graph).
+    # No arena: it would keep a run's peak (every exposed tensor) mapped beside the cache. The scored tensors
+    # go in groups whose reads fit a budget, each group from a run of this one session (the same values as
+    # one run for all: trtopt.calib.auto_cache), and each read leaves the cache after its last scoring.
     session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False, arena=False)
-    cached = _run(session, batches, sorted(needed))
-    del session
+    batches = list(batches)
+    sizes = declared_sizes(model, sum(rows for _, rows in batches))
     runner = _NodeRunner(model, threads)
-    released = release_after(scored, consumers, cached)
-    for index, name in enumerate(scored):
-        choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
-        for done in released[index]:
-            del cached[done]
+    for group in cache_groups(scored, consumers, sizes):
+        cached = _run(session, batches, sorted({t for n in group for t in reads(n, consumers)} & needed))
+        released = release_after(group, consumers, cached)
+        for index, name in enumerate(group):
+            choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
+            for done in released[index]:
+                del cached[done]
     return {name: choices[name] for name in candidates}
-
-
-def release_after(
-    scored: Sequence[str], consumers: Mapping[str, Sequence[onnx.NodeProto]], cached: Iterable[str]
-) -> list[list[str]]:
-    """For each tensor of `scored` (in scoring order), the names of `cached` that no later scoring reads:
-    the cache can let them go once that tensor is scored. Scoring `name` reads `name` and every input and
-    output of its consumers; a cached name no scoring reads goes after the first."""
-    last: dict[str, int] = {}
-    for index, name in enumerate(scored):
-        last[name] = index
-        for node in consumers.get(name, ()):
-            for tensor in (*node.input, *node.output):
-                last[tensor] = index
-    released: list[list[str]] = [[] for _ in scored]
-    for name in cached:
-        if released:
-            released[last.get(name, 0)].append(name)
-    return released
 
 
 def distinct_candidates(options: Mapping[str, float]) -> dict[str, float]:
