@@ -4,12 +4,15 @@ Runtime one at a time: the same values, less held at once (trtopt.calib.auto).""
 from __future__ import annotations
 
 import numpy as np
-from auto_models import unlike_concat
+import pytest
+from auto_models import heavy_tail_conv, unlike_concat
 from onnx import helper
 
-from trtopt.calib.auto import _released_run
-from trtopt.calib.auto_cache import release_after
-from trtopt.execution import OrtSession
+from trtopt.calib import CalibConfig, histogram_from_values
+from trtopt.calib.auto import _released_run, choose_thresholds
+from trtopt.calib.auto_cache import cache_groups, declared_sizes, reads, release_after
+from trtopt.calib.thresholds import candidate_thresholds
+from trtopt.execution import OrtSession, run_model
 
 
 def _chain() -> tuple[list[str], dict[str, list]]:
@@ -52,3 +55,37 @@ def test_released_run_gives_session_runs_values_bit_for_bit() -> None:
     for name in wanted:
         assert got[name].dtype == expected[name].dtype and np.array_equal(got[name], expected[name])
     assert len({got[name].shape for name in wanted}) > 1 or len(wanted) == 1
+
+
+def test_groups_keep_their_reads_within_the_budget_and_the_order() -> None:
+    scored, consumers = _chain()
+    sizes = {"a": 10, "b": 10, "c": 10, "d": 10}
+    assert cache_groups(scored, consumers, sizes, budget=40) == [["a", "b"]]  # a b c d: 40 bytes
+    assert cache_groups(scored, consumers, sizes, budget=39) == [["a"], ["b"]]
+    assert cache_groups(scored, consumers, sizes, budget=1) == [["a"], ["b"]]  # too large alone: alone
+    assert reads("a", consumers) == ["a", "w", "b", "d"]
+
+
+def test_declared_sizes_count_the_scoring_rows_and_skip_unknown_axes() -> None:
+    model = heavy_tail_conv()  # x [-1, 64, 8, 8] -> y
+    sizes = declared_sizes(model, rows=8)
+    assert sizes["x"] == 8 * 64 * 8 * 8 * 4
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    assert "x" not in declared_sizes(model, rows=8)
+
+
+def test_choices_are_the_same_whatever_the_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One group (every read cached at once) or one tensor per group: the same thresholds and scores."""
+    model = unlike_concat()
+    data = np.random.default_rng(1).standard_normal((16, 3, 12, 12)).astype(np.float32)
+    hidden = [o for node in model.graph.node for o in node.output]
+    values = {"x": data, **run_model(model, {"x": data}, expose=hidden[:-1])}
+    options = {name: candidate_thresholds(histogram_from_values(values[name], name=name), CalibConfig())
+               for name in ("x", *hidden[:-1])}  # fmt: skip
+    batches = [({"x": data[:8]}, 8)]
+    whole = choose_thresholds(model, options, batches)
+    monkeypatch.setattr("trtopt.calib.auto.cache_groups",
+                        lambda scored, consumers, sizes: cache_groups(scored, consumers, sizes, budget=0))  # fmt: skip
+    apart = choose_thresholds(model, options, batches)
+    assert sum(1 for c in whole.values() if c.scored_by == "consumers") >= 2
+    assert apart == whole
