@@ -39,10 +39,13 @@ Two approximations, both deliberate. Each tensor is scored with every other tens
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
 grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-negative tensors that the CPU
 lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
-choice there errs, if anything, towards clipping. Memory: the cache holds every scored tensor for
-SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
-where those are not scored tensors themselves, written in place (`_run`); then one tensor's candidates at a
-time, and one scratch array per consumer output, as large as the largest stacked output so far.
+choice there errs, if anything, towards clipping. Memory: what scoring reads (every scored tensor and
+the inputs and outputs of the nodes reading them, for SCORE_SAMPLES samples) is 3.2 GiB on PP-OCRv4's
+detector at 640 x 640 and 6.5 GiB on the zoo's layout-cdla at 800 x 608; it is cached in groups of tensors
+whose reads fit `trtopt.calib.auto_cache.BUDGET` (1 GiB), one forward pass per group, with the same
+values as one pass for all; then one tensor's candidates at a time, and one scratch array per consumer
+output, as large as the largest stacked output so far. The exposing session has no memory arena (it
+would keep a pass's peak) and its outputs are copied out one at a time (`_released_run`).
 
 The scoring samples must not be the samples the build verifies its plan on
 (`trtopt.data.samples.calibration_and_checks` holds those back first); `trtopt.calib.stage.calibrate_graph`
