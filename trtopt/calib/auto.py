@@ -39,10 +39,13 @@ Two approximations, both deliberate. Each tensor is scored with every other tens
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the
 grid is the symmetric one (T / 127) of the plan's Q/DQ graph, also for the non-negative tensors that the CPU
 lowering stores at T / 255: that finer grid makes clipping relatively costlier than rounding, so auto's
-choice there errs, if anything, towards clipping. Memory: the cache holds every scored tensor for
-SCORE_SAMPLES samples (about 1 GB for ResNet-50 at 224 x 224), and the outputs of the nodes reading them
-where those are not scored tensors themselves, written in place (`_run`); then one tensor's candidates at a
-time, and one scratch array per consumer output, as large as the largest stacked output so far.
+choice there errs, if anything, towards clipping. Memory: what scoring reads (every scored tensor and
+the inputs and outputs of the nodes reading them, for SCORE_SAMPLES samples) is 3.2 GiB on PP-OCRv4's
+detector at 640 x 640 and 6.5 GiB on the zoo's layout-cdla at 800 x 608; it is cached in groups of tensors
+whose reads fit `trtopt.calib.auto_cache.BUDGET` (1 GiB), one forward pass per group, with the same
+values as one pass for all; then one tensor's candidates at a time, and one scratch array per consumer
+output, as large as the largest stacked output so far. The exposing session has no memory arena (it
+would keep a pass's peak) and its outputs are copied out one at a time (`_released_run`).
 
 The scoring samples must not be the samples the build verifies its plan on
 (`trtopt.data.samples.calibration_and_checks` holds those back first); `trtopt.calib.stage.calibrate_graph`
@@ -59,6 +62,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from trtopt.calib.auto_cache import cache_groups, declared_sizes, reads, release_after
 from trtopt.calib.auto_kernels import quantize_stack
 from trtopt.calib.auto_nodes import NodeRunner as _NodeRunner
 from trtopt.calib.auto_nodes import quiet_run
@@ -135,11 +139,20 @@ def choose_thresholds(
     needed = set(scored) | {t for n in nodes for t in (*n.input, *n.output) if t}
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
-    session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False)
-    cached = _run(session, batches, sorted(needed))
+    # No arena: it would keep a run's peak (every exposed tensor) mapped beside the cache. The scored tensors
+    # go in groups whose reads fit a budget, each group from a run of this one session (the same values as
+    # one run for all: trtopt.calib.auto_cache), and each read leaves the cache after its last scoring.
+    session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False, arena=False)
+    batches = list(batches)
+    sizes = declared_sizes(model, sum(rows for _, rows in batches))
     runner = _NodeRunner(model, threads)
-    for name in scored:
-        choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
+    for group in cache_groups(scored, consumers, sizes):
+        cached = _run(session, batches, sorted({t for n in group for t in reads(n, consumers)} & needed))
+        released = release_after(group, consumers, cached)
+        for index, name in enumerate(group):
+            choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
+            for done in released[index]:
+                del cached[done]
     return {name: choices[name] for name in candidates}
 
 
@@ -235,7 +248,7 @@ def _outputs(session: Any, feeds: Feeds, wanted: list[str], into: Mapping[str, n
     """`session`'s `wanted` outputs on `feeds`, those of `into` written into its arrays (None: they do not
     fit); the others as ONNX Runtime returns them."""
     if not into:
-        return session.run(feeds, outputs=wanted) if wanted else {}
+        return _released_run(session, feeds, wanted) if wanted else {}
     binding = session.session.io_binding()
     for name in session.input_names:
         binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
@@ -258,13 +271,36 @@ def _run_plain(session: Any, batches: Iterable[tuple[Feeds, int]], names: list[s
     parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for feeds, rows in batches:
         wanted = [n for n in names if n not in feeds]
-        outputs = {**feeds, **(session.run(feeds, outputs=wanted) if wanted else {})}
+        outputs = {**feeds, **(_released_run(session, feeds, wanted) if wanted else {})}
         size = _batch_rows(feeds)
         for name in names:
             value = np.asarray(outputs[name])
             keep = value.ndim > 0 and value.shape[0] == size and rows < size
             parts[name].append(value[:rows] if keep else value)
     return {name: _join(values) for name, values in parts.items()}
+
+
+def _released_run(session: Any, feeds: Feeds, wanted: list[str]) -> dict[str, np.ndarray]:
+    """`session.run(feeds, outputs=wanted)`, with each output copied out of ONNX Runtime's buffer and that
+    buffer let go before the next is copied (IO binding): `session.run` copies all of them while holding
+    all, twice the exposed tensors at once. The same values (the same run); its errors as `session.run`'s."""
+    failures: tuple[type[BaseException], ...] = (KeyError, *_ort_failures())
+    try:
+        binding = session.session.io_binding()
+        for name in session.input_names:
+            binding.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        for name in wanted:
+            binding.bind_output(name, "cpu")
+        session.session.run_with_iobinding(binding, quiet_run())
+    except failures:
+        return dict(session.run(feeds, outputs=wanted))  # its message for the caller
+    values = binding.get_outputs()
+    binding.clear_binding_outputs()
+    outputs = {}
+    for index, name in enumerate(wanted):
+        outputs[name] = values[index].numpy()
+        values[index] = None  # ONNX Runtime's copy goes now (the session has no arena to keep it)
+    return outputs
 
 
 def _ort_failures() -> tuple[type[BaseException], ...]:

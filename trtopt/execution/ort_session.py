@@ -35,14 +35,19 @@ def session_options(
     opt_level: OptLevel = "all",
     optimized_model_path: str | None = None,
     spin: bool = True,
+    arena: bool = True,
 ) -> ort.SessionOptions:
     """SessionOptions with trtopt's defaults; `threads=None` lets ONNX Runtime choose.
 
     `spin=False` stops ONNX Runtime's intra-op threads from busy-waiting after each run: right for a
     caller that does its own CPU work between runs (calibration counts the activations), which the
-    spinning threads would otherwise slow down.
+    spinning threads would otherwise slow down. `arena=False` turns off ONNX Runtime's CPU memory arena,
+    which keeps the peak of any run mapped for the session's life: right for a session whose runs return
+    many large tensors (every tensor exposed), which would otherwise hold that much again once they are
+    copied out. The arena changes where buffers live, not what the kernels compute.
     """
     options = ort.SessionOptions()
+    options.enable_cpu_mem_arena = arena
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = _OPT_LEVELS[opt_level]
@@ -69,11 +74,12 @@ class OrtSession:
         threads: int | None = None,
         opt_level: OptLevel = "all",
         spin: bool = True,
+        arena: bool = True,
     ) -> None:
         proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else with_supported_ir(model)
         if expose:
             proto = with_exposed_tensors(proto, expose)
-        options = session_options(threads=threads, opt_level=opt_level, spin=spin)
+        options = session_options(threads=threads, opt_level=opt_level, spin=spin, arena=arena)
         self.session = _make_session(proto, options)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
