@@ -133,12 +133,25 @@ def test_every_build_records_its_verification(workdir: Path) -> None:
     v = result.verification
     assert v is not None and v.ok and v.isa == cpu_isa()
     assert v.variant == cpu_builder.candidate_encodings()[0] and not v.rejected
-    assert v.samples == 8 and "too few to hold any back" in v.source  # 20 images < 8 * 8
+    # 20 images < 8 * 8: none held back, and all 20 shared (up to SHARED_CHECKS * 8 = 32)
+    assert v.samples == 20 and v.source == "20 of the 20 calibration samples (too few to hold any back)"
     assert 0.9 < v.reference_vs_fp32.cosine <= 1.0 + 1e-9 and v.reference_vs_fp32.rel_error > 0
     assert v.kernels_vs_reference.rel_error <= v.tolerance
     write_plan(result.plan, workdir / "tiny.engine")
     with trtopt.Engine.load(workdir / "tiny.engine") as engine:
         assert engine.verification == v  # stored in the header, read back as the same record
+
+
+@pytest.mark.parametrize(
+    ("samples", "verified", "source"),
+    [
+        (2, 2, "the last 2 calibration samples, held back from calibration"),  # 20 >= 8 * 2
+        (3, 12, "12 of the 20 calibration samples (too few to hold any back)"),  # shared: SHARED_CHECKS * 3
+    ],
+)
+def test_verification_samples_are_held_back_or_shared(workdir: Path, samples: int, verified: int, source: str) -> None:
+    v = build_plan(workdir / "tiny.onnx", _config(workdir, samples)).verification
+    assert v is not None and v.ok and v.samples == verified and v.source == source
 
 
 def test_a_plan_far_from_fp32_is_flagged_loudly(workdir: Path, monkeypatch, capsys, caplog) -> None:  # type: ignore[no-untyped-def]

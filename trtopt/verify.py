@@ -64,13 +64,16 @@ KERNEL_CAP = 0.25
 # logits at mean cosine 0.92 with FP32 agreed on 74% of top-1 classes and at 0.978 on 89% (BENCHMARKS.md);
 # 0.95 sits between, well below the sensitivity search's aim (trtopt.quant.sensitivity.MIN_COSINE, 0.99).
 REFERENCE_MIN_COSINE = 0.95
+# A calibration set too small to hold verification samples back shares up to this many times `samples` with
+# it: they cost no held-back data, and 8 are too few (trtopt.data.samples.calibration_and_checks says why).
+SHARED_CHECKS = 4
 
 
 @dataclass(frozen=True)
 class VerifyConfig:
     """How a build checks its plan (always on). `samples` (--verify-samples): samples run through FP32, the
     INT8 reference and the kernels; held back from calibration when it has 8 times as many or more, else
-    shared with it; random inputs where the build has no data."""
+    up to SHARED_CHECKS times as many shared with it; random inputs where the build has no data."""
 
     samples: int = 8
 

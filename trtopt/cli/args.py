@@ -155,7 +155,7 @@ def backend_options(args: argparse.Namespace) -> tuple[BackendOptions, ...]:
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    from trtopt.verify import VerifyConfig
+    from trtopt.verify import SHARED_CHECKS, VerifyConfig
 
     v = parser.add_argument_group("verification (always on)")
     v.add_argument(
@@ -163,8 +163,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help=f"check the plan on N samples through FP32, the INT8 reference and the kernels (default "
-        f"{VerifyConfig.samples}: held back from calibration when it has 8*N or more, else shared with it; "
-        "random inputs without --calib)",
+        f"{VerifyConfig.samples}: held back from calibration when it has 8*N or more, else up to "
+        f"{SHARED_CHECKS}*N shared with it; random inputs without --calib)",
     )
 
 
