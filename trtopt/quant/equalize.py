@@ -39,7 +39,7 @@ HOMOGENEOUS = frozenset({"Relu", "Identity"})  # f(x / s) = f(x) / s for every s
 LINEAR_AFTER_GATE = frozenset({"Div", "Mul"})  # by a scalar constant: keeps f(x) / s
 GATE_OPS = frozenset({"Add", "Sub", "Clip", "Sigmoid", "HardSigmoid", "Div", "Mul", "Relu", "Tanh"})
 # Builds rescale through gated activations too (HardSwish written as nodes, SiLU). The float rewrite is exact, and
-# the Q/DQ reference gains most there: on the zoo (avx2, 32 calibration and 16 held-out samples, bench_zoo) layout-cdla's
+# the Q/DQ reference gains most there: on the zoo (avx2, 32 calibration, 16 held-out samples) layout-cdla's
 # worst output cosine went 0.937 -> 0.989 (box F1 83.8% -> 92.9%) and table-cls's 0.948 -> 0.986, the others unchanged.
 # It was off at first because ppocr-cls's build was then refused on AVX2: kernels 0.0204 from the reference against a
 # tolerance of 0.0103, on its first 8 text lines. Traced tensor by tensor, that was neither a kernel error nor the
