@@ -94,7 +94,9 @@ def choose_task(outputs: Mapping[str, np.ndarray], input_hw: tuple[int, int] | N
 
 
 def _shapes(outputs: Mapping[str, np.ndarray]) -> str:
-    return ", ".join(f"{n} {list(np.shape(v))}" for n, v in outputs.items())
+    from trtopt.errors import format_shape
+
+    return ", ".join(f"{n} {format_shape(np.shape(v))}" for n, v in outputs.items())
 
 
 Found = tuple[str, str] | None  # (variant, why)
