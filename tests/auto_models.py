@@ -64,14 +64,19 @@ def yolo_head() -> onnx.ModelProto:
     return g.build([out])
 
 
-def unlike_concat() -> onnx.ModelProto:
-    g = GraphBuilder("unlike_concat", seed=7, opset=13)
+def unlike_branches(g: GraphBuilder) -> tuple[str, str]:
+    """A stem and two ReLU branches of ranges 100x apart: (the small branch, their Concat)."""
     x = g.input("x", [-1, 3, 12, 12])
     stem = g.relu(g.conv(x, 3, 16, 3))
     big_w = g.he_weight((16, 16, 3, 3), 144) * 100.0
     big = g.relu(g.node("Conv", [stem, g.const("big_w", big_w)], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
     small = g.relu(g.conv(stem, 16, 16, 1))
-    joined = g.concat([big, small], axis=1)
+    return small, g.concat([big, small], axis=1)
+
+
+def unlike_concat() -> onnx.ModelProto:
+    g = GraphBuilder("unlike_concat", seed=7, opset=13)
+    _, joined = unlike_branches(g)
     weight = g.he_weight((16, 32, 1, 1), 32)
     weight[:, :16] *= 0.01
     weight[:, 16:] *= 30.0

@@ -200,15 +200,12 @@ def test_ranking_puts_the_layer_that_adds_the_error_first_not_the_ones_after_it(
 def _branchy() -> onnx.ModelProto:
     """Branches of unlike ranges joined by a Concat (which the build floats), a residual Add reading an
     upstream branch beside a downstream one, and two outputs, one early: what a cut trial must get right."""
+    from auto_models import unlike_branches
+
     from trtopt.zoo.builder import GraphBuilder
 
     g = GraphBuilder("branchy", seed=11, opset=13)
-    x = g.input("x", [-1, 3, 12, 12])
-    stem = g.relu(g.conv(x, 3, 16, 3))
-    big_w = g.he_weight((16, 16, 3, 3), 144) * 100.0
-    big = g.relu(g.node("Conv", [stem, g.const("big_w", big_w)], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
-    small = g.relu(g.conv(stem, 16, 16, 1))
-    joined = g.concat([big, small], axis=1)
+    small, joined = unlike_branches(g)
     head = g.relu(g.conv(joined, 32, 16, 1))
     mixed = g.add(head, g.conv(small, 16, 16, 3))  # reads a branch upstream of the Concat
     early = g.conv(small, 16, 4, 1, out="early")
