@@ -55,18 +55,15 @@ KERNEL_FLOOR = 1e-4
 # "What each plan means and what this CPU computes"); on 9 zoo models built as tests/test_zoo_models.py
 # builds them (4 calibration samples, no sensitivity search) 0.00-0.07, and 0.12-0.13 on table-cls
 # (reference 0.13 from FP32 with 4 samples, 0.41 with 32), the largest seen. A VNNI CPU's u8s8 kernels
-# compute the same exact integer sums as AVX2's u8u8 ones, so the same figures are expected there (reasoned,
-# not measured on VNNI). 0.25 (cosine about 0.97) keeps about twice that largest figure as margin and still
-# refuses the 0.39 above.
+# compute the same exact integer sums as AVX2's u8u8 ones, so the same figures are expected there (reasoned, not
+# measured on VNNI). 0.25 (cosine about 0.97) keeps twice that largest figure as margin and refuses the 0.39 above.
 KERNEL_CAP = 0.25
 # A reference whose worst output's mean cosine with FP32 is below this is flagged loudly, not refused (the
 # plan computes what was asked; its thresholds or layers are what is wrong). On the demo classifier, INT8
 # logits at mean cosine 0.92 with FP32 agreed on 74% of top-1 classes and at 0.978 on 89% (BENCHMARKS.md);
 # 0.95 sits between, well below the sensitivity search's aim (trtopt.quant.sensitivity.MIN_COSINE, 0.99).
 REFERENCE_MIN_COSINE = 0.95
-# A calibration set too small to hold verification samples back shares up to this many times `samples` with
-# it: they cost no held-back data, and 8 are too few (trtopt.data.samples.calibration_and_checks says why).
-SHARED_CHECKS = 4
+SHARED_CHECKS = 4  # x `samples`, shared by a calibration set too small to hold any back (data.samples says why)
 
 
 @dataclass(frozen=True)
