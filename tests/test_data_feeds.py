@@ -87,7 +87,8 @@ def test_build_calibrates_and_verifies_on_whole_feeds(tmp_path: Path, capsys: py
     argv = ["build", str(tmp_path / "m.onnx"), "--int8", "--backend", "cpu", "--calib", str(tmp_path / "feeds.npz")]
     assert main([*argv, "-o", str(tmp_path / "m.engine"), "--json"]) == 0, capsys.readouterr().err
     verification = json.loads(capsys.readouterr().out)["verification"]
-    assert verification["samples"] == 8 and verification["reference_vs_fp32"]["cosine"] > 0.99
+    # 12 feeds, too few to hold 8 back: all 12 shared with verification (up to SHARED_CHECKS x 8)
+    assert verification["samples"] == 12 and verification["reference_vs_fp32"]["cosine"] > 0.99
     assert main([*argv, "-o", str(tmp_path / "x.engine"), "--mean", "0.5"]) == 2
     err = capsys.readouterr().err
     assert "Preprocessing flags (--preset, --resize, --mean, ...) turn images into one input" in err
