@@ -319,3 +319,22 @@ def test_no_file_is_decoded_beyond_the_count(tmp_path: Path, monkeypatch) -> Non
     assert sorted(read) == [f"img{i:02d}.png" for i in range(5)]
     with pytest.raises(DataError, match="Worker count"):
         data.batches(2, workers=0)
+
+
+def test_array_files_are_read_one_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy parses .npy headers with ast.literal_eval, which CPython 3.11 cannot run in two threads at once
+    (python/cpython#106905): every np.load of the dataset's reader pool runs under the module's lock."""
+    import trtopt.data.arrays as arrays
+
+    for i in range(6):
+        np.savez(tmp_path / f"s{i}.npz", a=np.full((2, 3), i, np.float32), b=np.zeros((2, 2), np.int64))
+    unlocked = []
+    real_load = np.load
+
+    def load(*args, **kwargs):  # type: ignore[no-untyped-def]
+        unlocked.append(not arrays._READ_LOCK.locked())
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(arrays.np, "load", load)
+    rows = sum(len(batch) for batch in load_dataset(tmp_path, MULTI, None).batches(4))
+    assert rows == 12 and len(unlocked) == 6 and not any(unlocked)

@@ -18,6 +18,7 @@ input is common and harmless); integers are cast when every value fits; anything
 from __future__ import annotations
 
 import logging
+import threading
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,15 +86,26 @@ def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
     return ArrayFile(path, keyed, samples)
 
 
+# Dataset readers load files in a pool of threads, and numpy parses every .npy header with ast.literal_eval.
+# On CPython 3.11 building ASTs in two threads at once can fail with a spurious "SystemError: AST constructor
+# recursion depth mismatch" (python/cpython#106905; seen here on a test that read two .npz files at once), so
+# array files are read one at a time. Images, the costly case, still decode in parallel.
+_READ_LOCK = threading.Lock()
+
+
+def _read(item: ArrayFile) -> dict[str, np.ndarray]:
+    if item.path.suffix.lower() == ".npz":
+        with np.load(item.path, allow_pickle=False) as archive:
+            return {name: archive[key] for name, key, _ in item.keys}
+    return {item.keys[0][0]: np.load(item.path, mmap_mode="r", allow_pickle=False)}
+
+
 def load_arrays(item: ArrayFile, inputs: Sequence[InputInfo]) -> dict[str, np.ndarray]:
     """Arrays per input name, each with a leading sample dimension and the input's dtype."""
     dtypes = {info.name: info.dtype for info in inputs}
     try:
-        if item.path.suffix.lower() == ".npz":
-            with np.load(item.path, allow_pickle=False) as archive:
-                raw = {name: archive[key] for name, key, _ in item.keys}
-        else:
-            raw = {item.keys[0][0]: np.load(item.path, mmap_mode="r", allow_pickle=False)}
+        with _READ_LOCK:  # numpy parses .npy headers with ast.literal_eval: not thread-safe on CPython 3.11
+            raw = _read(item)
     except _READ_ERRORS as exc:
         raise UnreadableFileError(f"Cannot read {item.path}: {_why(exc)}.") from exc
     out = {}
