@@ -63,7 +63,7 @@ import numpy as np
 import onnx
 
 from trtopt.calib.auto_cache import cache_groups, declared_sizes, reads, release_after
-from trtopt.calib.auto_kernels import quantize_stack
+from trtopt.calib.auto_kernels import fake_quantize_at, quantize_stack
 from trtopt.calib.auto_nodes import NodeRunner as _NodeRunner
 from trtopt.calib.auto_nodes import quiet_run
 from trtopt.calib.auto_nodes import relative_errors as _relative_errors
@@ -109,12 +109,8 @@ def scoring_split(dataset: Any, batch: int) -> tuple[Any, list[tuple[Feeds, int]
 def fake_quantize(values: np.ndarray, amax: float, *, out: np.ndarray | None = None) -> np.ndarray:
     """Round to the symmetric INT8 grid of threshold `amax` and back (TensorRT's Q/DQ, zero point 0), as
     float32; into `out` (the shape of `values`) if given."""
-    scale = np.float32(amax / QMAX)
     out = np.empty(np.shape(values), np.float32) if out is None else out
-    np.divide(values, scale, out=out, dtype=np.float32)
-    np.rint(out, out=out)
-    np.clip(out, -QMAX, QMAX, out=out)
-    return np.multiply(out, scale, out=out)
+    return fake_quantize_at(values, np.float32(amax / QMAX), out)
 
 
 def choose_thresholds(

@@ -125,12 +125,18 @@ def _mse_numpy(centres: np.ndarray, weights: np.ndarray, candidates: np.ndarray,
         errors[start : start + _MSE_CHUNK] = levels.sum(axis=1)
 
 
+def fake_quantize_at(values: np.ndarray, scale: np.float32, out: np.ndarray) -> np.ndarray:
+    """`values` rounded to the symmetric INT8 grid of step `scale` and back, into `out` (float32): the numpy
+    form of the compiled `quantize` loop, and `trtopt.calib.auto.fake_quantize`'s arithmetic."""
+    np.divide(values, scale, out=out, dtype=np.float32)
+    np.rint(out, out=out)
+    np.clip(out, -QMAX, QMAX, out=out)
+    return np.multiply(out, scale, out=out)
+
+
 def _quantize_numpy(flat: np.ndarray, scales: np.ndarray, out: np.ndarray) -> None:
     for c in range(scales.size):
-        np.divide(flat, scales[c], out=out[c])
-        np.rint(out[c], out=out[c])
-        np.clip(out[c], -QMAX, QMAX, out=out[c])
-        np.multiply(out[c], scales[c], out=out[c])
+        fake_quantize_at(flat, scales[c], out[c])
 
 
 def _energy_numpy(ref: np.ndarray) -> float:
