@@ -20,6 +20,11 @@ x * Sigmoid(x)) are not homogeneous, but they become exact again by feeding the 
 tensor multiplied back by s_c: (x/s) * g(s * (x/s)) = f(x) / s. That costs one per-channel Mul on the
 gate branch, which runs in float anyway on the CPU backend (ONNX Runtime fuses only Relu/Clip into
 its INT8 conv, `trtopt.backend.cpu.backend.ORT_OUTPUT_FOLDS`).
+
+After the activation, a scalar affine map a * y + b (PP-LCNetV3's "learnable affine block", which PP-OCRv4
+places after every HardSwish, exported as a Mul and an Add of one-element constants) keeps the rewrite exact
+when its offset becomes per channel: a * (y / s) + b / s = (a * y + b) / s. The scalar Mul/Div pass as they
+are and each Add/Sub offset b is replaced by the [1, C, 1, ...] constant b * g_c (channel c scaled up by g_c).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 
 HOMOGENEOUS = frozenset({"Relu", "Identity"})  # f(x / s) = f(x) / s for every s > 0
 LINEAR_AFTER_GATE = frozenset({"Div", "Mul"})  # by a scalar constant: keeps f(x) / s
+OFFSET_AFTER_GATE = frozenset({"Add", "Sub"})  # of a scalar constant b: exact with b / s per channel (rescaled)
 GATE_OPS = frozenset({"Add", "Sub", "Clip", "Sigmoid", "HardSigmoid", "Div", "Mul", "Relu", "Tanh"})
 # Builds rescale through gated activations too (HardSwish written as nodes, SiLU). The float rewrite is exact, and
 # the Q/DQ reference gains most there: on the zoo (avx2, 32 calibration, 16 held-out samples) layout-cdla's
@@ -63,6 +69,7 @@ class EqualizeSite:
     gate_head: gs.Node | None  # the first node of a gate branch (x * g(x)), which must see the original x
     consumer: gs.Node
     tensor: str
+    offsets: tuple[gs.Node, ...] = ()  # Add/Sub of a scalar after the activation: their constant is rescaled
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ def _site_from(producer: gs.Node, outputs: set[str]) -> EqualizeSite | None:
     readers = list(x.outputs)
     if len(readers) == 1 and _is_depthwise(readers[0], x):
         return EqualizeSite(producer, (), None, readers[0], x.name)
+    if len(readers) == 1 and readers[0].op in LINEAR_AFTER_GATE | OFFSET_AFTER_GATE:
+        return _ending(producer, (), None, outputs)
     if len(readers) == 1 and readers[0].op in HOMOGENEOUS:
         return _ending(producer, (readers[0],), None, outputs)
     if len(readers) == 1 and readers[0].op == "HardSwish":  # one node x * HardSigmoid(x): its own gate
@@ -130,15 +139,17 @@ def _gated(producer: gs.Node, readers: list[gs.Node], outputs: set[str]) -> Equa
 def _ending(
     producer: gs.Node, nodes: tuple[gs.Node, ...], head: gs.Node | None, outputs: set[str]
 ) -> EqualizeSite | None:
-    """Follow scalar Mul/Div after the activation, then require a depthwise conv as the one reader."""
-    chain = list(nodes)
-    tensor = chain[-1].outputs[0]
+    """Follow scalar Mul/Div/Add/Sub after the activation, then require a depthwise conv as the one reader."""
+    chain, offsets = list(nodes), []
+    tensor = chain[-1].outputs[0] if chain else producer.outputs[0]
     while tensor.name not in outputs and len(tensor.outputs) == 1:
         reader = tensor.outputs[0]
         if _is_depthwise(reader, tensor):
-            return EqualizeSite(producer, tuple(chain), head, reader, tensor.name)
-        if reader.op not in LINEAR_AFTER_GATE or not _scalar_operand(reader, tensor):
+            return EqualizeSite(producer, tuple(chain), head, reader, tensor.name, tuple(offsets))
+        if reader.op not in LINEAR_AFTER_GATE | OFFSET_AFTER_GATE or not _scalar_operand(reader, tensor):
             return None
+        if reader.op in OFFSET_AFTER_GATE:
+            offsets.append(reader)
         chain.append(reader)
         tensor = reader.outputs[0]
     return None
@@ -205,9 +216,20 @@ def rescale_site(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
         b.values = (b.values * gain).astype(b.values.dtype)
     cw, _ = _weights(site.consumer)  # type: ignore[misc]
     cw.values = (cw.values / gain.reshape(shape)).astype(cw.values.dtype)
+    for node in site.offsets:
+        _rescale_offset(node, gain.reshape((1, -1) + (1,) * (w.values.ndim - 2)))
     if site.gate_head is not None:
         _feed_gate(graph, site, gain)
     _rename_scaled(site)
+
+
+def _rescale_offset(node: gs.Node, gain: np.ndarray) -> None:
+    """y + b, b + y, y - b or b - y with a scalar b: b becomes b * gain per channel (a new constant)."""
+    index = next(i for i, t in enumerate(node.inputs) if constant_array(t) is not None)
+    value = constant_array(node.inputs[index])
+    assert value is not None
+    scaled = (float(value.reshape(())) * gain).astype(value.dtype)
+    node.inputs[index] = gs.Constant(f"{node.name}_equalized_offset", scaled)
 
 
 def _rename_scaled(site: EqualizeSite) -> None:
@@ -314,7 +336,8 @@ def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
 
 
 def _scalar_operand(node: gs.Node, tensor: gs.Tensor) -> bool:
-    """`node` is tensor / c or tensor * c with a scalar constant c (Div: tensor must be the dividend)."""
+    """`node` is tensor / c, tensor * c, tensor + c or tensor - c (either order but for Div: tensor must be the
+    dividend) with a scalar constant c."""
     others = [t for t in node.inputs if t is not tensor]
     if len(others) != 1 or (node.op == "Div" and node.inputs[0] is not tensor):
         return False
