@@ -33,7 +33,8 @@ class QuantConfig:
     `auto_exclude` keeps the fewest most sensitive layers float when an output's cosine with FP32 stays below
     0.99 on calibration samples (`trtopt.quant.sensitivity`; also read by the build's quantisation stage).
     `equalize` evens out the channel ranges of the tensors that feed depthwise convs (directly, through a
-    ReLU, or through a HardSwish/SiLU gate: `trtopt.quant.equalize.GATED_IN_BUILDS`) before calibration, an
+    ReLU, or through a HardSwish/SiLU gate: `trtopt.quant.equalize.GATED_IN_BUILDS`; then scalar affine maps
+    too) before calibration, an
     exact float rewrite (`trtopt.quant.equalize`; read by the build's quantisation stage). Builds that read
     or write a calibration cache skip it, so a cache always holds the thresholds of the graph as given.
     """
