@@ -140,7 +140,8 @@ def _ending(
     producer: gs.Node, nodes: tuple[gs.Node, ...], head: gs.Node | None, outputs: set[str]
 ) -> EqualizeSite | None:
     """Follow scalar Mul/Div/Add/Sub after the activation, then require a depthwise conv as the one reader."""
-    chain, offsets = list(nodes), list[gs.Node]()
+    chain = list(nodes)
+    offsets: list[gs.Node] = []
     tensor = chain[-1].outputs[0] if chain else producer.outputs[0]
     while tensor.name not in outputs and len(tensor.outputs) == 1:
         reader = tensor.outputs[0]
