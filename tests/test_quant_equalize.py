@@ -37,8 +37,8 @@ def _activation(b: GraphBuilder, x: str, kind: str) -> str:
     if kind == "relu_affine":  # 0.5 - relu(x) / 2 (scalar offset first, then a scalar Div)
         y = b.node("Sub", [b.const("offset", np.array(0.5, np.float32)), b.relu(x)])
         return b.node("Div", [y, b.const("two", np.array(2.0, np.float32))])
-    if kind == "affine":
-        return b.add(x, b.const("shift", np.array([-0.2], np.float32)))
+    if kind == "affine":  # the offset written by a Constant node, as some exporters do
+        return b.add(x, b.constant_node("shift", np.array([-0.2], np.float32)))
     return x
 
 
@@ -92,6 +92,18 @@ def test_sites_need_a_depthwise_reader_and_no_other_reader() -> None:
     assert find_sites(graph) == []
     assert [s.consumer.op for s in find_sites(_net("relu"))] == ["Conv"]
     assert len(find_sites(_net("hard_swish_nodes"))) == 1 and not find_sites(_net("hard_swish_nodes"), gates=False)
+
+
+def test_an_offset_that_is_not_one_constant_ends_the_site() -> None:
+    """input ─ Conv ─ Relu ─ Add(y, input2) ─ dw Conv ─ output: y + z is not (y / s + z) * s, so no site; with a
+    one-element constant in place of input2 there is one."""
+    for other in ("tensor", "scalar"):
+        b = GraphBuilder(f"equalize_offset_{other}", seed=4)
+        x = b.input("input", [1, 16, 8, 8])
+        z = b.input("input2", [1, 16, 8, 8]) if other == "tensor" else b.const("b", np.array([0.5], np.float32))
+        y = b.add(b.relu(b.conv(x, 16, 16, 1)), z)
+        graph = graph_from_onnx(b.build([b.conv(y, 16, 16, 3, group=16, out="output")]))
+        assert len(find_sites(graph)) == (other == "scalar")
 
 
 def test_gains_bring_channels_to_the_widest_within_the_cap() -> None:
