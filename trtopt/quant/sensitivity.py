@@ -74,6 +74,8 @@ CONFIRM = 8  # samples after them that confirm its layers, when at least SEARCH_
 SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
+ROUNDS = 3  # alone + greedy rounds, each on top of the layers the rounds before kept float
+MARGIN = 0.0  # how far above MIN_COSINE the search aims
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
@@ -147,72 +149,84 @@ def find_sensitive_layers(
     on_trial: Callable[[int, int], None] | None = None,
     confirm: Callable[[Sequence[str]], float] | None = None,
 ) -> Sensitivity:
-    """The greedy search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of
-    the plan with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers`
-    most error first; the first `CANDIDATES` of that order are tried (all of `layers` without it).
-    `confirm(exclude)`, where given, is the same cosine on samples `measure` does not use: the greedy stage
-    keeps a layer only if it gains `MIN_GAIN` there too, and stops only when both reach `min_cosine`.
+    """The search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of the plan
+    with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers` most error
+    first; the first `CANDIDATES` of that order are tried (all of `layers` without it). `confirm(exclude)`,
+    where given, is the same cosine on samples `measure` does not use: the greedy stage keeps a layer only
+    if it gains `MIN_GAIN` there too, and stops only when both reach the aim (`min_cosine` + `MARGIN`).
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     if before >= min_cosine or not layers:
         return Sensitivity(before, before)
+    aim = min_cosine + MARGIN
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
-    most = len(tried) + (steps if confirm is None else 2 * steps + 1)  # greedy's first trial reuses `alone`'s
+    most = ROUNDS * len(tried) + (steps if confirm is None else 2 * steps + 1)  # a round's first greedy trial is free
     count = _Count(on_trial, 1, most)
-    measure = count.wrap(measure)
+    measure = _memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
     check = _memo(count.wrap(confirm)) if confirm is not None else None
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine and (check is None or check((layer,)) >= min_cosine):
+        if alone[layer] >= aim and (check is None or check((layer,)) >= aim):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
-    order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
-    greedy = _greedy(order[:steps], alone, before, measure, check, min_cosine)
+    found, gains = _Greedy([], before, None, None, {}), alone
+    for round_ in range(ROUNDS):
+        if round_:  # each layer again, on top of those kept float: its gain there, not alone
+            gains = {layer: measure((*found.chosen, layer)) for layer in tried
+                     if layer not in found.chosen and layer not in found.refused}  # fmt: skip
+        order = sorted((layer for layer in gains if gains[layer] - found.current >= MIN_GAIN), key=lambda k: -gains[k])
+        kept = len(found.chosen)
+        _greedy(found, order[: steps - kept], gains, measure, check, aim)
+        if found.reached(aim) or len(found.chosen) in (kept, steps):
+            break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
     count.finish()
     why = {
         layer: f"kept float by sensitivity analysis (alone it lifts the worst output cosine {before:.4f} -> "
         f"{alone[layer]:.4f})"
-        for layer in greedy.chosen
+        for layer in found.chosen
     }
-    return Sensitivity(before, greedy.current, why, count.done, greedy.confirmed, dict(greedy.refused))
+    confirmed = (found.start, found.checked) if found.start is not None and found.checked is not None else None
+    return Sensitivity(before, found.current, why, count.done, confirmed, dict(found.refused))
 
 
 @dataclass
 class _Greedy:
     chosen: list[str]
     current: float
-    confirmed: tuple[float, float] | None  # the confirmation samples' worst cosine before and after
+    start: float | None  # the confirmation samples' worst cosine before any layer was kept float
+    checked: float | None  # ... and with `chosen` float
     refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
+
+    def reached(self, aim: float) -> bool:
+        return self.current >= aim and (self.checked is None or self.checked >= aim)
 
 
 def _greedy(
-    order: Sequence[str], alone: Mapping[str, float], before: float, measure: Callable[[Sequence[str]], float],
-    confirm: Callable[[Sequence[str]], float] | None, min_cosine: float,
-) -> _Greedy:  # fmt: skip
-    """Keep float each layer of `order` in turn that lifts the worst cosine by `MIN_GAIN` (on the
-    confirmation samples too, where given), until the aim is reached on both."""
-    found = _Greedy([], before, None, {})
-    start = confirm(()) if confirm is not None and order else None
-    checked = start
+    found: _Greedy, order: Sequence[str], gains: Mapping[str, float], measure: Callable[[Sequence[str]], float],
+    confirm: Callable[[Sequence[str]], float] | None, aim: float,
+) -> None:  # fmt: skip
+    """Keep float (append to `found.chosen`) each layer of `order` in turn that lifts the worst cosine by
+    `MIN_GAIN` (on the confirmation samples too, where given), until the aim is reached on both; `gains`
+    holds each layer's cosine kept float beside `found.chosen` as it was (the round's first trial)."""
+    if confirm is not None and order and found.start is None:
+        found.start = found.checked = confirm(())
+    base = list(found.chosen)
     for layer in order:
-        trial = alone[layer] if not found.chosen else measure((*found.chosen, layer))
+        trial = gains[layer] if found.chosen == base else measure((*found.chosen, layer))
         if trial - found.current < MIN_GAIN:
             continue
-        if confirm is not None and checked is not None:
+        if confirm is not None and found.checked is not None:
             again = confirm((*found.chosen, layer))
-            if again - checked < MIN_GAIN:  # it helps on the search samples only: chance, not the layer
+            if again - found.checked < MIN_GAIN:  # it helps on the search samples only: chance, not the layer
                 found.refused[layer] = f"lifts the search samples' cosine to {trial:.4f}, " \
-                                       f"the confirmation samples' {checked:.4f} -> {again:.4f} only"  # fmt: skip
+                                       f"the confirmation samples' {found.checked:.4f} -> {again:.4f} only"  # fmt: skip
                 continue
-            checked = again
+            found.checked = again
         found.chosen.append(layer)
         found.current = trial
-        if found.current >= min_cosine and (checked is None or checked >= min_cosine):
+        if found.reached(aim):
             break
-    if start is not None and checked is not None:
-        found.confirmed = (start, checked)
-    return found
 
 
 def _memo(measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
