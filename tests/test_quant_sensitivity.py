@@ -20,7 +20,6 @@ from trtopt.quant import QuantConfig as StageQuantConfig
 from trtopt.quant.sensitivity import (
     CANDIDATES,
     MIN_COSINE,
-    MARGIN,
     MIN_GAIN,
     ROUNDS,
     find_sensitive_layers,
@@ -85,7 +84,8 @@ def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() 
     assert list(found.layers) == ["big"] and found.after < MIN_COSINE
     on_top = [c for c in calls if len(c) > 1]
     assert found.trials == len(calls) == 1 + CANDIDATES + CANDIDATES - 1
-    assert sorted(c[1] for c in on_top) == sorted(set(ranked[:CANDIDATES]) - {"big"}) and {c[0] for c in on_top} == {"big"}
+    assert sorted(c[1] for c in on_top) == sorted(set(ranked[:CANDIDATES]) - {"big"})
+    assert {c[0] for c in on_top} == {"big"}
 
 
 def _outputs(fixes: dict[str, str], errors: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
@@ -107,7 +107,7 @@ def test_a_later_round_keeps_a_layer_that_gained_nothing_alone_because_another_o
     layers = ["a", "b", *(f"l{i}" for i in range(10))]
     found = find_sensitive_layers(measure, layers)
     assert list(found.layers) == ["a", "b"] and found.before == pytest.approx(0.97)
-    assert found.after == pytest.approx(0.996) and found.after >= MIN_COSINE + MARGIN
+    assert found.after == pytest.approx(0.996) and found.after >= MIN_COSINE
     assert found.trials == len(calls) == 1 + len(layers) + len(layers) - 1  # no third round: the aim is reached
 
 

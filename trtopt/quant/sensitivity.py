@@ -75,7 +75,6 @@ SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 ROUNDS = 3  # alone + greedy rounds, each on top of the layers the rounds before kept float
-MARGIN = 0.0  # how far above MIN_COSINE the search aims
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
@@ -153,12 +152,11 @@ def find_sensitive_layers(
     with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers` most error
     first; the first `CANDIDATES` of that order are tried (all of `layers` without it). `confirm(exclude)`,
     where given, is the same cosine on samples `measure` does not use: the greedy stage keeps a layer only
-    if it gains `MIN_GAIN` there too, and stops only when both reach the aim (`min_cosine` + `MARGIN`).
+    if it gains `MIN_GAIN` there too, and stops only when both reach `min_cosine`.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     if before >= min_cosine or not layers:
         return Sensitivity(before, before)
-    aim = min_cosine + MARGIN
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
     most = ROUNDS * len(tried) + (steps if confirm is None else 2 * steps + 1)  # a round's first greedy trial is free
@@ -168,7 +166,7 @@ def find_sensitive_layers(
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= aim and (check is None or check((layer,)) >= aim):
+        if alone[layer] >= min_cosine and (check is None or check((layer,)) >= min_cosine):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
     found, gains = _Greedy([], before, None, None, {}), alone
     for round_ in range(ROUNDS):
@@ -177,8 +175,8 @@ def find_sensitive_layers(
                      if layer not in found.chosen and layer not in found.refused}  # fmt: skip
         order = sorted((layer for layer in gains if gains[layer] - found.current >= MIN_GAIN), key=lambda k: -gains[k])
         kept = len(found.chosen)
-        _greedy(found, order[: steps - kept], gains, measure, check, aim)
-        if found.reached(aim) or len(found.chosen) in (kept, steps):
+        _greedy(found, order[: steps - kept], gains, measure, check, min_cosine)
+        if found.reached(min_cosine) or len(found.chosen) in (kept, steps):
             break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
     count.finish()
     why = {
