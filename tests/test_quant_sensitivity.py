@@ -108,7 +108,8 @@ def test_a_later_round_keeps_a_layer_that_gained_nothing_alone_because_another_o
     found = find_sensitive_layers(measure, layers)
     assert list(found.layers) == ["a", "b"] and found.before == pytest.approx(0.97)
     assert found.after == pytest.approx(0.996) and found.after >= MIN_COSINE
-    assert found.trials == len(calls) == 1 + len(layers) + len(layers) - 1  # no third round: the aim is reached
+    assert found.trials == len(calls) == 1 + len(layers) + len(layers) - 1  # no further round: the aim is reached
+    assert "alone it lifts" in found.layers["a"] and "beside the 1 kept float before it" in found.layers["b"]
 
 
 def test_the_rounds_are_bounded() -> None:
