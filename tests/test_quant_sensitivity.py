@@ -19,6 +19,7 @@ from trtopt.execution import OrtSession
 from trtopt.quant import QuantConfig as StageQuantConfig
 from trtopt.quant.sensitivity import (
     CANDIDATES,
+    LATER,
     MIN_COSINE,
     MIN_GAIN,
     ROUNDS,
@@ -74,8 +75,8 @@ def test_layers_that_gain_less_than_the_minimum_are_neither_kept_nor_tried_toget
 
 def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() -> None:
     """One layer that matters, the rest costing half MIN_GAIN: it alone is kept, in one greedy trial
-    (its own alone trial); the next round tries each other candidate once on top of it, keeps none, and
-    the search ends there (no third round: the plan did not change)."""
+    (its own alone trial); the next round tries the other first LATER candidates once on top of it, keeps
+    none, and the search ends there (no further round: the plan did not change)."""
     costs = {f"l{i:02d}": MIN_GAIN / 2 for i in range(MANY)} | {"big": 0.05}
     calls: list[tuple[str, ...]] = []
     ranked = [f"l{i:02d}" for i in range(MANY)]
@@ -83,8 +84,8 @@ def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() 
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
     assert list(found.layers) == ["big"] and found.after < MIN_COSINE
     on_top = [c for c in calls if len(c) > 1]
-    assert found.trials == len(calls) == 1 + CANDIDATES + CANDIDATES - 1
-    assert sorted(c[1] for c in on_top) == sorted(set(ranked[:CANDIDATES]) - {"big"})
+    assert LATER < CANDIDATES and found.trials == len(calls) == 1 + CANDIDATES + LATER - 1
+    assert sorted(c[1] for c in on_top) == sorted(set(ranked[:LATER]) - {"big"})
     assert {c[0] for c in on_top} == {"big"}
 
 
