@@ -33,9 +33,9 @@ lowered the cosine (0.9004 -> 0.8986), lifts those two to 0.9935 (0.9937 confirm
 0.9934, text-map IoU 96.3% -> 97.3%. PP-OCRv4-rec's ends at 0.9807 (0.9674) with p2o.Conv.15 and
 p2o.Conv.4; p2o.Conv.10, which beside p2o.Conv.15 alone had lowered it, lifts them to 0.9915 (0.9796):
 held-out 0.9722 -> 0.9770, exact CTC match 62.5% -> 75%. A third round kept nothing there, nor a second
-on layout-cdla (best try 0.9860 -> 0.9871, 0.9851 -> 0.9855 confirmed), hence 2. A later round's trials
+on layout-cdla (best try 0.9860 -> 0.9878, 0.9851 -> 0.9858 confirmed), hence 2. A later round's trials
 cost more than the first's (each reruns all that the early kept layers change: 5.9 s against 2.3 s on
-PP-OCRv4-det under load), and the layers it kept ranked 7th and 18th, hence `LATER`. No margin above
+PP-OCRv4-det under load), and the layers it kept ranked 8th and 19th, hence `LATER`. No margin above
 `MIN_COSINE`: table-cls reaches it (0.9929, 0.9913 confirmed, 0.9860 held-out), and aiming at 0.994
 instead, the four layers that lift its search samples to 0.994-0.997 on top of the two kept each lower
 the confirmation samples to 0.979-0.985.
