@@ -19,8 +19,10 @@ from trtopt.execution import OrtSession
 from trtopt.quant import QuantConfig as StageQuantConfig
 from trtopt.quant.sensitivity import (
     CANDIDATES,
+    LATER,
     MIN_COSINE,
     MIN_GAIN,
+    ROUNDS,
     find_sensitive_layers,
     rank_by_added_error,
 )
@@ -73,14 +75,53 @@ def test_layers_that_gain_less_than_the_minimum_are_neither_kept_nor_tried_toget
 
 def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() -> None:
     """One layer that matters, the rest costing half MIN_GAIN: it alone is kept, in one greedy trial
-    (its own alone trial), and the small ones are not tried on top of it."""
+    (its own alone trial); the next round tries the other first LATER candidates once on top of it, keeps
+    none, and the search ends there (no further round: the plan did not change)."""
     costs = {f"l{i:02d}": MIN_GAIN / 2 for i in range(MANY)} | {"big": 0.05}
     calls: list[tuple[str, ...]] = []
     ranked = [f"l{i:02d}" for i in range(MANY)]
     ranked.insert(3, "big")
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
     assert list(found.layers) == ["big"] and found.after < MIN_COSINE
-    assert found.trials == len(calls) == 1 + CANDIDATES and not any(len(c) > 1 for c in calls)
+    on_top = [c for c in calls if len(c) > 1]
+    assert LATER < CANDIDATES and found.trials == len(calls) == 1 + CANDIDATES + LATER - 1
+    assert sorted(c[1] for c in on_top) == sorted(set(ranked[:LATER]) - {"big"})
+    assert {c[0] for c in on_top} == {"big"}
+
+
+def _outputs(fixes: dict[str, str], errors: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
+    """A plan with several outputs, each of whose error one layer (`fixes`: layer -> output) removes; its
+    worst cosine is the lowest over the outputs."""
+
+    def measure(exclude: Sequence[str]) -> float:
+        calls.append(tuple(exclude))
+        return min(1.0 - (0.0 if any(fixes.get(layer) == out for layer in exclude) else e) for out, e in errors.items())
+
+    return measure
+
+
+def test_a_later_round_keeps_a_layer_that_gained_nothing_alone_because_another_output_was_worst() -> None:
+    """Output A is worst: only "a" gains alone. With "a" float, output B is worst, and the next round, each
+    candidate tried on top of "a", finds "b", which alone had gained nothing."""
+    calls: list[tuple[str, ...]] = []
+    measure = _outputs({"a": "A", "b": "B"}, {"A": 0.03, "B": 0.02, "C": 0.004}, calls)
+    layers = ["a", "b", *(f"l{i}" for i in range(10))]
+    found = find_sensitive_layers(measure, layers)
+    assert list(found.layers) == ["a", "b"] and found.before == pytest.approx(0.97)
+    assert found.after == pytest.approx(0.996) and found.after >= MIN_COSINE
+    assert found.trials == len(calls) == 1 + len(layers) + len(layers) - 1  # no further round: the aim is reached
+    assert "alone it lifts" in found.layers["a"] and "beside the 1 kept float before it" in found.layers["b"]
+
+
+def test_the_rounds_are_bounded() -> None:
+    """Each output fixed by its own layer, one per round: ROUNDS rounds keep ROUNDS layers, then it stops
+    short of the aim; every trial is counted."""
+    errors = {f"O{i}": 0.03 - 0.002 * i for i in range(ROUNDS + 2)}
+    calls: list[tuple[str, ...]] = []
+    layers = [f"x{i}" for i in range(len(errors))] + [f"l{i}" for i in range(20)]
+    found = find_sensitive_layers(_outputs({f"x{i}": f"O{i}" for i in range(len(errors))}, errors, calls), layers)
+    assert list(found.layers) == [f"x{i}" for i in range(ROUNDS)] and found.after < MIN_COSINE
+    assert found.trials == len(calls) == 1 + sum(len(layers) - r for r in range(ROUNDS))
 
 
 def test_a_layer_joined_to_the_chosen_ones_must_still_gain_the_minimum() -> None:
@@ -92,7 +133,8 @@ def test_a_layer_joined_to_the_chosen_ones_must_still_gain_the_minimum() -> None
         return 0.95 - shared - (0.0 if "a" in exclude else MIN_GAIN / 2) - (0.0 if "b" in exclude else MIN_GAIN / 3)
 
     found = find_sensitive_layers(measure, list("abcdefgh"))  # the cap: two greedy steps
-    assert list(found.layers) == ["a"] and found.trials == 1 + 8 + 1
+    assert list(found.layers) == ["a"]
+    assert found.trials == 1 + 8 + 1 + 6  # the next round tries the 6 others on top of "a" ("b" was: not again)
 
 
 def test_a_layer_that_reaches_the_aim_alone_ends_the_search() -> None:

@@ -1,0 +1,42 @@
+"""Bookkeeping of the sensitivity search's trials (trtopt.quant.sensitivity): each trial run once, and
+counted for the build's progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+
+def memo(measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+    """`measure` that runs each trial once (the alone stage may confirm a layer the greedy stage confirms; a
+    second round may try a plan the greedy stage tried)."""
+    known: dict[tuple[str, ...], float] = {}
+
+    def memo(exclude: Sequence[str]) -> float:
+        if tuple(exclude) not in known:
+            known[tuple(exclude)] = measure(exclude)
+        return known[tuple(exclude)]
+
+    return memo
+
+
+class TrialCount:
+    """Trials counted across the measures it wraps, each reported to `on_trial(done, most)`."""
+
+    def __init__(self, on_trial: Callable[[int, int], None] | None, done: int, most: int) -> None:
+        self.on_trial, self.done, self.most = on_trial, done, most
+        if on_trial is not None:
+            on_trial(done, most)
+
+    def wrap(self, measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+        def counted(exclude: Sequence[str]) -> float:
+            result = measure(exclude)
+            self.done += 1
+            if self.on_trial is not None:
+                self.on_trial(min(self.done, self.most), self.most)
+            return result
+
+        return counted
+
+    def finish(self) -> None:
+        if self.on_trial is not None:
+            self.on_trial(self.most, self.most)  # stopped early: the bar ends full
