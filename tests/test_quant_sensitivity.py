@@ -223,8 +223,9 @@ def _captured_build(tmp_path: Path, monkeypatch: Any) -> dict[str, Any]:
     np.savez(tmp_path / "calib.npz", x=image_like(24, (3, 12, 12), 0))
     seen: dict[str, Any] = {}
 
-    def capture(graph, quant, plan, calibration, data, batch, progress=None):  # type: ignore[no-untyped-def]
-        seen.update(graph=graph.copy(), quant=quant, plan=plan, calibration=calibration, data=data, batch=batch)
+    def capture(graph, quant, plan, calibration, data, batch, progress=None, lower=None):  # type: ignore[no-untyped-def]
+        seen.update(graph=graph.copy(), quant=quant, plan=plan, calibration=calibration, data=data, batch=batch,
+                    lower=lower)
         return plan, None
 
     monkeypatch.setattr(trtopt.build, "float_sensitive_layers", capture)

@@ -77,6 +77,11 @@ MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kep
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
+Lower = Callable[[onnx.ModelProto], onnx.ModelProto]  # a Q/DQ model -> the form the backend builds (`measured_form`)
+
+
+def _as_is(model: onnx.ModelProto) -> onnx.ModelProto:
+    return model
 
 
 @dataclass(frozen=True)
@@ -101,9 +106,11 @@ class Sensitivity:
 
 
 def quantized_model(
-    graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, exclude: Sequence[str] = ()
-) -> onnx.ModelProto:
-    """The Q/DQ model `trtopt.build` would make of `graph` with `exclude` kept float (the graph is untouched)."""
+    graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, exclude: Sequence[str] = (),
+    lower: Lower = _as_is,
+) -> onnx.ModelProto:  # fmt: skip
+    """The Q/DQ model `trtopt.build` would make of `graph` with `exclude` kept float (the graph is untouched),
+    in the form `lower` gives it (the backend's `measured_form`)."""
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant.bias import correct_biases
     from trtopt.quant.concat_ranges import float_unlike_concats
@@ -116,7 +123,7 @@ def quantized_model(
     if bias_correction and calibration.channel_means:
         correct_biases(copy, plan, calibration.channel_means)
     insert_qdq(copy, plan, calibration.amax)
-    return onnx_from_graph(copy)
+    return lower(onnx_from_graph(copy))
 
 
 def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str, np.ndarray]) -> float:
@@ -253,13 +260,14 @@ class _Count:
 def exclude_sensitive(
     graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, batches: Batches,
     layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None, confirm: Batches = (),
+    lower: Lower = _as_is,
 ) -> Sensitivity:  # fmt: skip
     """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` the calibration
-    samples it searches on, `confirm` others that only confirm the layers it keeps; `on_trial` as for
-    `find_sensitive_layers`."""
+    samples it searches on, `confirm` others that only confirm the layers it keeps, `lower` the form the
+    backend builds each plan in (what is measured); `on_trial` as for `find_sensitive_layers`."""
     from trtopt.quant.trials import BUDGET
 
-    base = quantized_model(graph, quant, calibration, bias_correction)
+    base = quantized_model(graph, quant, calibration, bias_correction, lower=lower)
     tried: list[Sequence[str]] = [layers]  # the layers tried alone, once ranked: what the trials' cache keeps
 
     def rank() -> list[str]:
@@ -268,7 +276,7 @@ def exclude_sensitive(
         return order
 
     def build(exclude: Sequence[str]) -> onnx.ModelProto:
-        return quantized_model(graph, quant, calibration, bias_correction, exclude) if exclude else base
+        return quantized_model(graph, quant, calibration, bias_correction, exclude, lower) if exclude else base
 
     # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
     measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
@@ -332,11 +340,12 @@ def rank_by_added_error(
 
 def float_sensitive_layers(
     graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int,
-    progress: Callable[[Any], None] | None = None,
+    progress: Callable[[Any], None] | None = None, lower: Lower = _as_is,
 ) -> tuple[Any, Sensitivity | None]:  # fmt: skip
     """For `trtopt.build`: `plan` with the sensitive layers kept float, searched and confirmed on the first
     calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's
-    verification samples). `progress`
+    verification samples), each trial measured in the form `lower` gives it (the backend's
+    `measured_form`: the plan as the backend builds it). `progress`
     (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
     from trtopt.quant.placement import plan_quantization
 
@@ -349,7 +358,7 @@ def float_sensitive_layers(
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
         found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
-                                  _trial_reporter(progress), confirm)  # fmt: skip
+                                  _trial_reporter(progress), confirm, lower)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None
