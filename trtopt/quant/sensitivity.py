@@ -5,8 +5,9 @@ build does it for them, on calibration samples alone. It searches on the first `
 when at least `SEARCH_LEAST` + `CONFIRM` (16) are there, holds the `CONFIRM` (8) after the search's back to
 confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 16 are all searched on):
 
-1. quantise as usual and run the Q/DQ graph (ONNX Runtime, optimisations off: the INT8 arithmetic exactly)
-   against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
+1. quantise as usual and run the plan in the form its backend builds (`Backend.measured_form`: the CPU
+   backend's lowered graph, TensorRT's Q/DQ graph as it is; ONNX Runtime, optimisations off: the INT8
+   arithmetic exactly) against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
    cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
@@ -42,14 +43,16 @@ ddddocr-det and 43 -> 36 on PP-OCRv4-rec with the same layers and cosines (avx2,
 195, 53 and 60 with the confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
 `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
 `CANDIDATES` alone ones however deep the model (trying every layer alone took over 15 minutes on a
-200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan in TensorRT's form: the CPU
-backend then lowers it to uint8 activations (`trtopt.backend.cpu.lowering`), which gives non-negative
-tensors twice the resolution, so a CPU plan does better than searched (PP-OCRv4-rec with p2o.Conv.15
-float: 0.9602 on the held-out lines as searched, 0.9743 as built). The ranking is only a guide: on PP-OCRv4-det the
-layers that matter rank 19th and 35th (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all
-64 0.970, against 0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends
-on measured cosines only (no time budget), so a build is the same on any machine. `trtopt build
---no-auto-exclude` skips it.
+200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan as its backend builds it: the CPU
+backend lowers TensorRT's form to uint8 activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
+twice the resolution), and measured in TensorRT's form PP-OCRv4-rec with p2o.Conv.15 float scored 0.9602 on
+held-out lines where its built plan scored 0.9743. The lowering is a pure function of the graph's content,
+so the trials' fingerprints match on the lowered form as on TensorRT's, and a trial's cosine is that of the
+CPU plan as ONNX Runtime runs it (tests/test_quant_sensitivity_lowered.py).
+The ranking is only a guide: on PP-OCRv4-det the layers that matter rank 19th and 35th (its text-map IoU with
+16 candidates 0.887, with 48 0.968, with all 64 0.970, against 0.909 for ONNX Runtime's quantiser;
+tools/bench_autocalib.py), hence 48. The rule depends on measured cosines only (no time budget), so a build is
+the same on any machine. `trtopt build --no-auto-exclude` skips it.
 """
 
 from __future__ import annotations
