@@ -60,7 +60,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -76,10 +76,13 @@ SAMPLES = 16  # the most calibration samples the search measures on
 CONFIRM = 8  # samples after them that confirm its layers, when at least SEARCH_LEAST remain for the search
 SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
+NOISE = 2.0  # standard errors of the confirmation samples' paired gain that a refusal must clear
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
+Cosines = float | np.ndarray  # a worst output's mean cosine, or its per-sample cosines
+_C = TypeVar("_C", float, Cosines)
 Lower = Callable[[onnx.ModelProto], onnx.ModelProto]  # a Q/DQ model -> the form the backend builds (`measured_form`)
 
 
@@ -155,7 +158,7 @@ def find_sensitive_layers(
     min_cosine: float = MIN_COSINE,
     rank: Callable[[], Sequence[str]] | None = None,
     on_trial: Callable[[int, int], None] | None = None,
-    confirm: Callable[[Sequence[str]], float] | None = None,
+    confirm: Callable[[Sequence[str]], Cosines] | None = None,
 ) -> Sensitivity:
     """The greedy search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of
     the plan with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers`
@@ -175,7 +178,7 @@ def find_sensitive_layers(
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine and (check is None or check((layer,)) >= min_cosine):
+        if alone[layer] >= min_cosine and (check is None or _mean(check((layer,))) >= min_cosine):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
     order = sorted((layer for layer in alone if alone[layer] - before >= MIN_GAIN), key=lambda layer: -alone[layer])
     greedy = _greedy(order[:steps], alone, before, measure, check, min_cosine)
@@ -198,7 +201,7 @@ class _Greedy:
 
 def _greedy(
     order: Sequence[str], alone: Mapping[str, float], before: float, measure: Callable[[Sequence[str]], float],
-    confirm: Callable[[Sequence[str]], float] | None, min_cosine: float,
+    confirm: Callable[[Sequence[str]], Cosines] | None, min_cosine: float,
 ) -> _Greedy:  # fmt: skip
     """Keep float each layer of `order` in turn that lifts the worst cosine by `MIN_GAIN` (on the
     confirmation samples too, where given), until the aim is reached on both."""
@@ -211,25 +214,38 @@ def _greedy(
             continue
         if confirm is not None and checked is not None:
             again = confirm((*found.chosen, layer))
-            if again - checked < MIN_GAIN:  # it helps on the search samples only: chance, not the layer
-                found.refused[layer] = f"lifts the search samples' cosine to {trial:.4f}, " \
-                                       f"the confirmation samples' {checked:.4f} -> {again:.4f} only"  # fmt: skip
+            if _refuted(again, checked):  # it helps on the search samples only: chance, not the layer
+                found.refused[layer] = (f"lifts the search samples' cosine to {trial:.4f}, the confirmation "
+                                        f"samples' {_mean(checked):.4f} -> {_mean(again):.4f} only")  # fmt: skip
                 continue
             checked = again
         found.chosen.append(layer)
         found.current = trial
-        if found.current >= min_cosine and (checked is None or checked >= min_cosine):
+        if found.current >= min_cosine and (checked is None or _mean(checked) >= min_cosine):
             break
     if start is not None and checked is not None:
-        found.confirmed = (start, checked)
+        found.confirmed = (_mean(start), _mean(checked))
     return found
 
 
-def _memo(measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
-    """`measure` that runs each trial once (the alone stage may confirm a layer the greedy stage confirms)."""
-    known: dict[tuple[str, ...], float] = {}
+def _mean(cosines: Cosines) -> float:
+    return float(np.mean(cosines))
 
-    def memo(exclude: Sequence[str]) -> float:
+
+def _refuted(again: Cosines, before: Cosines) -> bool:
+    """Whether the confirmation samples refute a layer's gain: per-sample cosines (one array per trial)
+    refute it when the paired gain, mean plus `NOISE` standard errors, stays below `MIN_GAIN` (a single
+    figure: when it gains less than `MIN_GAIN`)."""
+    gains = np.atleast_1d(np.asarray(again, np.float64) - np.asarray(before, np.float64))
+    noise = NOISE * float(np.std(gains, ddof=1)) / np.sqrt(gains.size) if gains.size > 1 else 0.0
+    return float(np.mean(gains)) + noise < MIN_GAIN
+
+
+def _memo(measure: Callable[[Sequence[str]], Cosines]) -> Callable[[Sequence[str]], Cosines]:
+    """`measure` that runs each trial once (the alone stage may confirm a layer the greedy stage confirms)."""
+    known: dict[tuple[str, ...], Cosines] = {}
+
+    def memo(exclude: Sequence[str]) -> Cosines:
         if tuple(exclude) not in known:
             known[tuple(exclude)] = measure(exclude)
         return known[tuple(exclude)]
@@ -245,8 +261,8 @@ class _Count:
         if on_trial is not None:
             on_trial(done, most)
 
-    def wrap(self, measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
-        def counted(exclude: Sequence[str]) -> float:
+    def wrap(self, measure: Callable[[Sequence[str]], _C]) -> Callable[[Sequence[str]], _C]:
+        def counted(exclude: Sequence[str]) -> _C:
             result = measure(exclude)
             self.done += 1
             if self.on_trial is not None:
@@ -282,8 +298,12 @@ def exclude_sensitive(
         return quantized_model(graph, quant, calibration, bias_correction, exclude, lower) if exclude else base
 
     # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
-    measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
-    check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4) if confirm else None
+    searched = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
+
+    def measure(exclude: Sequence[str]) -> float:
+        return _mean(searched(exclude))
+
+    check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4, True) if confirm else None
     found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
     if found.layers:
         log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
@@ -293,24 +313,26 @@ def exclude_sensitive(
 
 def _measurer(
     graph: gs.Graph, base: onnx.ModelProto, batches: Batches, build: Callable[[Sequence[str]], onnx.ModelProto],
-    tried: Callable[[], Sequence[str]], budget: int,
-) -> Callable[[Sequence[str]], float]:  # fmt: skip
+    tried: Callable[[], Sequence[str]], budget: int, per_sample: bool = False,
+) -> Callable[[Sequence[str]], Cosines]:  # fmt: skip
     """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
-    up at the first trial, keeping what the trials of the layers `tried()` then names will read)."""
+    up at the first trial, keeping what the trials of the layers `tried()` then names will read); the worst
+    output's mean cosine, or with `per_sample` its cosine on each sample."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
-    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.quant.trials import DownstreamTrials, sample_cosines
     from trtopt.verify import collect
 
     expected = collect(OrtSession(onnx_from_graph(graph), spin=False).run, batches)
     trials: list[DownstreamTrials] = []
 
-    def measure(exclude: Sequence[str]) -> float:
-        if not exclude:
+    def measure(exclude: Sequence[str]) -> Cosines:
+        if not exclude and not per_sample:
             return worst_cosine(base, batches, expected)
         if not trials:
             trials.append(DownstreamTrials(base, batches, tried(), budget))
-        return outputs_cosine(trials[0].run(build(exclude)), batches, expected)
+        outputs = trials[0].run(build(exclude)) if exclude else trials[0].base_outputs()
+        return sample_cosines(outputs, batches, expected) if per_sample else outputs_cosine(outputs, batches, expected)
 
     return measure
 
