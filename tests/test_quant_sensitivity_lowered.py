@@ -82,3 +82,24 @@ def test_a_cut_trial_of_the_lowered_form_measures_the_whole_lowered_graph(tmp_pa
     cached.nodes_run = 0
     cached.run(quantized_model(graph, quant, calibration, True, (layers[-1],), lower))
     assert 0 < cached.nodes_run < len(base.graph.node) // 2
+
+
+def test_per_sample_cosines_are_those_whose_mean_the_search_measures() -> None:
+    """`sample_cosines` gives the worst output's cosine sample by sample (padded batch rows dropped): their
+    mean is `outputs_cosine`'s figure, and the output it picks is the one of lowest mean."""
+    import numpy as np
+
+    from trtopt.quant.trials import sample_cosines
+
+    rng = np.random.default_rng(0)
+    want = {"a": rng.normal(size=(5, 7)), "b": rng.normal(size=(5, 3))}
+    noise = {"a": 0.1, "b": 1.0}  # "b" is the worse output
+    got = {k: v + rng.normal(scale=noise[k], size=v.shape) for k, v in want.items()}
+    batches = [({}, 4), ({}, 1)]
+    pad = np.zeros((3, 7)), np.zeros((3, 3))
+    outputs = [{"a": got["a"][:4], "b": got["b"][:4]},
+               {"a": np.concatenate([got["a"][4:], pad[0]]), "b": np.concatenate([got["b"][4:], pad[1]])}]  # fmt: skip
+    cosines = sample_cosines(outputs, batches, want)
+    ref = np.sum(got["b"] * want["b"], 1) / np.linalg.norm(got["b"], axis=1) / np.linalg.norm(want["b"], axis=1)
+    assert cosines.shape == (5,) and np.allclose(cosines, ref)
+    assert abs(float(cosines.mean()) - outputs_cosine(outputs, batches, want)) < 1e-12
