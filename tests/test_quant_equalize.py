@@ -13,7 +13,7 @@ from trtopt.quant import QuantConfig
 from trtopt.quant.equalize import MAX_GAIN, equalize_activations, equalizing_scales, find_sites
 from trtopt.zoo import GraphBuilder
 
-ACTIVATIONS = ("none", "relu", "hard_swish_nodes", "hard_swish_op", "silu", "relu6")
+ACTIVATIONS = ("none", "relu", "hard_swish_nodes", "hard_swish_op", "silu", "relu6", "hard_swish_affine")
 
 
 def _activation(b: GraphBuilder, x: str, kind: str) -> str:
@@ -22,6 +22,9 @@ def _activation(b: GraphBuilder, x: str, kind: str) -> str:
     if kind == "hard_swish_nodes":  # as PyTorch 1.8 / paddle2onnx write it: x * Clip(x + 3, 0, 6) / 6
         gate = b.clip(b.add(x, b.const("three", np.array(3.0, np.float32))), 0.0, 6.0)
         return b.node("Div", [b.mul(x, gate), b.const("six", np.array(6.0, np.float32))])
+    if kind == "hard_swish_affine":  # PP-LCNetV3's learnable affine after the activation: a * f(x) + b
+        scaled = b.mul(_activation(b, x, "hard_swish_nodes"), b.const("lab_a", np.array(0.6, np.float32)))
+        return b.add(scaled, b.const("lab_b", np.array(0.09, np.float32)))
     if kind == "hard_swish_op":
         return b.hard_swish(x)
     if kind == "silu":
@@ -66,7 +69,7 @@ def test_equalised_graph_computes_what_the_original_does(kind: str) -> None:
     rescaled = kind != "relu6"  # Clip(0, 6) is not homogeneous and has no gate: left alone
     assert bool(report.spread) == rescaled
     renamed = {t for t in graph.tensors() if t.endswith(".equalized")}
-    assert len(renamed) == {"none": 1, "relu6": 0, "hard_swish_nodes": 3}.get(kind, 2)  # x, then the main path
+    assert len(renamed) == {"none": 1, "relu6": 0, "hard_swish_nodes": 3, "hard_swish_affine": 5}.get(kind, 2)
     for before, after in report.spread.values():
         assert before > 5.0 and after < 1.5  # widest / median channel range: 100x apart, now all alike
 

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 HOMOGENEOUS = frozenset({"Relu", "Identity"})  # f(x / s) = f(x) / s for every s > 0
 LINEAR_AFTER_GATE = frozenset({"Div", "Mul"})  # by a scalar constant: keeps f(x) / s
+# Plus or minus a scalar constant c, which becomes c / s per channel: (f(x) / s) + c / s = (f(x) + c) / s. PP-LCNetV3
+# (PP-OCRv4) ends each activation with a learnable affine a * f(x) + b, so 13 of PP-OCRv4-rec's 14 depthwise convs
+# read f(x) through a scalar Add.
+SHIFT_AFTER_GATE = frozenset({"Add", "Sub"})
 GATE_OPS = frozenset({"Add", "Sub", "Clip", "Sigmoid", "HardSigmoid", "Div", "Mul", "Relu", "Tanh"})
 # Builds rescale through gated activations too (HardSwish written as nodes, SiLU). The float rewrite is exact, and
 # the Q/DQ reference gains most there: on the zoo (avx2, 32 calibration, 16 held-out samples) layout-cdla's
@@ -137,7 +141,7 @@ def _ending(
         reader = tensor.outputs[0]
         if _is_depthwise(reader, tensor):
             return EqualizeSite(producer, tuple(chain), head, reader, tensor.name)
-        if reader.op not in LINEAR_AFTER_GATE or not _scalar_operand(reader, tensor):
+        if reader.op not in LINEAR_AFTER_GATE | SHIFT_AFTER_GATE or not _scalar_operand(reader, tensor):
             return None
         chain.append(reader)
         tensor = reader.outputs[0]
@@ -207,7 +211,22 @@ def rescale_site(graph: gs.Graph, site: EqualizeSite, gain: np.ndarray) -> None:
     cw.values = (cw.values / gain.reshape(shape)).astype(cw.values.dtype)
     if site.gate_head is not None:
         _feed_gate(graph, site, gain)
+    _scale_shifts(site, gain, w.values.ndim)
     _rename_scaled(site)
+
+
+def _scale_shifts(site: EqualizeSite, gain: np.ndarray, rank: int) -> None:
+    """A scalar Add/Sub on the rescaled path gets its constant times `gain`, per channel (`SHIFT_AFTER_GATE`)."""
+    scaled = [site.producer.outputs[0]]
+    for node in site.activation:
+        if not any(t is s for t in node.inputs for s in scaled):
+            continue
+        scaled.append(node.outputs[0])
+        if node.op in SHIFT_AFTER_GATE:
+            index = next(i for i, t in enumerate(node.inputs) if not any(t is s for s in scaled))
+            value = float(constant_array(node.inputs[index]).reshape(-1)[0])  # type: ignore[union-attr]
+            shift = (value * gain).astype(np.float32).reshape((1, -1) + (1,) * (rank - 2))
+            node.inputs[index] = gs.Constant(f"{node.name or node.outputs[0].name}_equalize_shift", shift)
 
 
 def _rename_scaled(site: EqualizeSite) -> None:
@@ -314,7 +333,8 @@ def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
 
 
 def _scalar_operand(node: gs.Node, tensor: gs.Tensor) -> bool:
-    """`node` is tensor / c or tensor * c with a scalar constant c (Div: tensor must be the dividend)."""
+    """`node` is tensor / c, tensor * c, tensor + c or tensor - c (either way round) with a scalar constant c
+    (Div: tensor must be the dividend)."""
     others = [t for t in node.inputs if t is not tensor]
     if len(others) != 1 or (node.op == "Div" and node.inputs[0] is not tensor):
         return False
