@@ -19,7 +19,8 @@ Gated activations f(x) = x * g(x) (HardSwish written as x * Clip(x + 3, 0, 6) / 
 x * Sigmoid(x)) are not homogeneous, but they become exact again by feeding the gate the rescaled
 tensor multiplied back by s_c: (x/s) * g(s * (x/s)) = f(x) / s. That costs one per-channel Mul on the
 gate branch, which runs in float anyway on the CPU backend (ONNX Runtime fuses only Relu/Clip into
-its INT8 conv, `trtopt.backend.cpu.backend.ORT_OUTPUT_FOLDS`).
+its INT8 conv, `trtopt.backend.cpu.backend.ORT_OUTPUT_FOLDS`). After the activation, scalar Mul/Div keep
+f(x) / s, and a scalar Add/Sub does too once its constant c becomes c / s per channel (`SHIFT_AFTER_GATE`).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ Why the confirmation weighs its noise: one layer kept float moves a sample's cos
 than `MIN_GAIN` (PP-OCRv4-rec, p2o.Conv.15: -0.041 to +0.033 on the 8 confirmation lines, mean -0.0004,
 against +0.0195 on the 16 search lines and +0.026 on 16 held-out ones). Demanding `MIN_GAIN` of those 8
 lines' mean refused the layers that help held-out data most (measured as the CPU plan: p2o.Conv.4 alone,
-0.9632 held-out); refusing only a gain refuted beyond 2 standard errors keeps four (0.9838).
+0.9632 held-out); refusing only a gain refuted beyond 2 standard errors keeps four (0.9838; both before
+equalisation crossed PP-LCNetV3's affine blocks).
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
