@@ -28,15 +28,14 @@ samples and 16 candidates: ddddocr-det kept 6 layers for 0.9823 -> 0.9834 withou
 Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2, measured in TensorRT's form):
 searched on its first 8 lines the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines
 are easy ones: on the next 8 the same plans score 0.956 -> 0.982 and on 16 held-out lines 0.946 -> 0.974.
-Searched on 16 lines and confirmed on the next 8, it kept p2o.Conv.15 alone (0.9743 on 16 held-out lines,
-tools/bench_zoo.py's figure). A set of 16 pages (the detectors) is searched on 8 and confirmed on 8.
+Searched on 16 lines and confirmed on the next 8, it kept p2o.Conv.15 alone (0.9743 on 16 held-out lines).
 
 Why the confirmation weighs its noise: one layer kept float moves a sample's cosine either way by far more
 than `MIN_GAIN` (PP-OCRv4-rec, p2o.Conv.15: -0.041 to +0.033 on the 8 confirmation lines, mean -0.0004,
 against +0.0195 on the 16 search lines and +0.026 on 16 held-out ones). Demanding `MIN_GAIN` of those 8
-lines' mean refused the layers that help held-out data most (measured as the CPU plan: p2o.Conv.4 alone,
-0.9632 held-out); refusing only a gain refuted beyond 2 standard errors keeps four (0.9838; both before
-equalisation crossed PP-LCNetV3's affine blocks).
+lines' mean refused the layers that help held-out data most (as the CPU plan: p2o.Conv.4 alone, 0.9632
+held-out); refusing only gains refuted beyond 2 standard errors keeps four (0.9838; before equalisation
+crossed PP-LCNetV3's affine blocks).
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
