@@ -265,8 +265,9 @@ def _captured_build(tmp_path: Path, monkeypatch: Any) -> dict[str, Any]:
     np.savez(tmp_path / "calib.npz", x=image_like(24, (3, 12, 12), 0))
     seen: dict[str, Any] = {}
 
-    def capture(graph, quant, plan, calibration, data, batch, progress=None):  # type: ignore[no-untyped-def]
-        seen.update(graph=graph.copy(), quant=quant, plan=plan, calibration=calibration, data=data, batch=batch)
+    def capture(graph, quant, plan, calibration, data, batch, progress=None, lower=None):  # type: ignore[no-untyped-def]
+        seen.update(graph=graph.copy(), quant=quant, plan=plan, calibration=calibration, data=data, batch=batch,
+                    lower=lower)
         return plan, None
 
     monkeypatch.setattr(trtopt.build, "float_sensitive_layers", capture)
@@ -323,6 +324,23 @@ def test_the_confirmation_samples_refuse_a_layer_that_helps_on_the_search_sample
     unguarded = find_sensitive_layers(measured(search, 0.975), layers)
     assert list(unguarded.layers) == ["lucky"]  # 0.995 on the search samples: it stops there
     assert found.to_dict()["confirmed"]["after"] == pytest.approx(0.98) and "refused" not in unguarded.to_dict()
+
+
+def test_per_sample_confirmation_refuses_a_layer_only_on_evidence_beyond_the_noise() -> None:
+    """Per-sample confirmation cosines: "flat" gains nothing on any confirmation sample (refused); "spread"
+    gains nothing on average but its samples move both ways by far more than `MIN_GAIN`, which 8 samples
+    cannot tell from a real gain (kept); "small" gains a little on every sample, below `MIN_GAIN` (refused)."""
+    search = {"flat": 0.02, "spread": 0.008, "small": 0.004}
+    moves = {"flat": np.zeros(8), "spread": np.resize([0.03, -0.03], 8), "small": np.full(8, MIN_GAIN / 2)}
+
+    def confirm(exclude: Sequence[str]) -> np.ndarray:
+        return np.full(8, 0.97) + sum((moves.get(layer, np.zeros(8)) for layer in exclude), np.zeros(8))
+
+    layers = [*search, *(f"l{i}" for i in range(9))]
+    measure = lambda ex: 0.975 + sum(search.get(layer, 0.0) for layer in ex)  # noqa: E731
+    found = find_sensitive_layers(measure, layers, confirm=confirm)
+    assert list(found.layers) == ["spread"] and set(found.refused) == {"flat", "small"}
+    assert found.confirmed == pytest.approx((0.97, 0.97))
 
 
 @pytest.mark.parametrize(("total", "search", "confirm"), [(6, 6, 0), (12, 12, 0), (16, 8, 8), (24, 16, 8), (40, 16, 8)])

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
@@ -131,7 +132,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
     quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
-    quantized = _quantize(graph, fp32, quant, data, config, times, progress) if config.int8 else Quantized()
+    measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
+    quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
     with times("build"):
         plan, verification = build_verified(backend, model, _io(graph), options, fp32, checks)
@@ -181,6 +183,7 @@ def _quantize(
     config: BuildConfig,
     times: StageTimes,
     progress: ProgressHook | None,
+    measured: Callable[[onnx.ModelProto], onnx.ModelProto],
 ) -> Quantized:
     """Place Q/DQ by `quant` (the backend's form), calibrate, correct biases, insert Q/DQ into `graph` (in place).
 
@@ -205,7 +208,7 @@ def _quantize(
         sensitivity = None
         if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
             qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch,
-                                                        progress)  # fmt: skip
+                                                        progress, lower=measured)  # fmt: skip
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, calibration.amax)

@@ -7,7 +7,9 @@ A backend is a `Backend` registered by name in `trtopt.backend.BACKENDS`, where 
 - **quantisation defaults**: what its INT8 kernels need from Q/DQ placement (`quant_config`);
 - **options**: its own typed options (`options_type`), their CLI flags, and the settings a build passes it,
   resolved from the build config and the graph (`options`);
-- **build**: the plan sections, and the variants to try until one verifies (`build`, `variants`);
+- **build**: the plan sections, and the variants to try until one verifies (`build`, `variants`), and the
+  form of a plan whose float-math run computes what the built plan computes (`measured_form`: what the
+  sensitivity search measures, `trtopt.quant.sensitivity`);
 - **verification policy**: whether a plan whose kernels miss the tolerance is refused (`strict_verification`);
 - **what it says about its kernels**: which quantisation of other tools it keeps (`prequantized_keeps`), and
   what 2:4 sparsity does on it (`sparsity_note`);
@@ -184,6 +186,14 @@ class Backend(ABC, Generic[BuildSettings]):
     @abstractmethod
     def build(self, model: onnx.ModelProto, options: BuildSettings) -> tuple[Sections, Versions]:
         """The plan sections for a quantised (Q/DQ) ONNX model, and the versions of the libraries used."""
+
+    def measured_form(self, model: onnx.ModelProto, options: BuildSettings) -> onnx.ModelProto:
+        """The Q/DQ model `build` would build, in the form whose run by ONNX Runtime with optimisations off
+        (Q/DQ as float math) computes on the same grids as the built plan: what the sensitivity search
+        measures each trial plan in. The model itself by default (the plan's kernels read TensorRT's Q/DQ);
+        a backend that rewrites the Q/DQ graph before its kernels see it returns that rewrite, which must
+        be a pure function of the model (the trials match tensors by content, `trtopt.quant.trials`)."""
+        return model
 
     def machine(self) -> str:
         """Where this backend's kernels ran, for messages ("this avx2 CPU")."""

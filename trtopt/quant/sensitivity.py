@@ -5,18 +5,21 @@ build does it for them, on calibration samples alone. It searches on the first `
 when at least `SEARCH_LEAST` + `CONFIRM` (16) are there, holds the `CONFIRM` (8) after the search's back to
 confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 16 are all searched on):
 
-1. quantise as usual and run the Q/DQ graph (ONNX Runtime, optimisations off: the INT8 arithmetic exactly)
-   against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
+1. quantise as usual and run the plan in the form its backend builds (`Backend.measured_form`: the CPU
+   backend's lowered graph, TensorRT's Q/DQ graph as it is; ONNX Runtime, optimisations off: the INT8
+   arithmetic exactly) against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
    cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
    samples too) ends this stage (one layer is the fewest there can be);
 3. greedy: keep float the most sensitive layer, then the next, re-measuring each time, until the cosine
    reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are float.
-   A layer is kept only if it lifts the worst cosine by at least `MIN_GAIN` on both sample sets (the
-   confirmation refuses a layer that gains on the search samples alone: chance among the 48 tried, not
-   the layer), and only layers that alone gained that much are tried: the stage ends where the sorted
-   alone-gains fall below it, and never starts when none reaches it;
+   A layer is kept only if it lifts the worst cosine by at least `MIN_GAIN` on the search samples and the
+   confirmation samples do not refute it: their paired per-sample gain, mean plus `NOISE` (2) standard
+   errors, must reach `MIN_GAIN` (a layer that gains on the search samples alone, chance among the 48
+   tried, is refused; one the confirmation samples cannot tell from a gain is not); only layers that alone
+   gained `MIN_GAIN` are tried: the stage ends where the sorted alone-gains fall below it, and never
+   starts when none reaches it;
 4. another round when the greedy stage kept some layers but ran out short of the aim: the first `LATER`
    (24) candidates not kept nor refused are tried again on top of the kept ones, and the greedy stage runs
    over those gains; `ROUNDS` (2) rounds at most, none after a round that kept nothing (same plans again).
@@ -25,8 +28,9 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
 latency on every inference, and the searches it cuts bought nothing (measured on the zoo with 8 search
 samples and 16 candidates: ddddocr-det kept 6 layers for 0.9823 -> 0.9834 without it, none with it).
 
-Why a second round (avx2; held-out: tools/bench_zoo.py's 16 samples, the plan as built): the worst cosine
-is no sum of the layers' gains (a layer kept float changes which output is worst and what the others'
+Why a second round (avx2; held-out: tools/bench_zoo.py's 16 samples, the plan as built; measured before the
+search measured the CPU plan's lowered form and before equalisation crossed PP-LCNetV3's affine blocks):
+the worst cosine is no sum of the layers' gains (a layer kept float changes which output is worst and what the others'
 errors add up to), so a gain measured alone misjudges a layer beside those kept float. PP-OCRv4-det's
 first round ends at 0.9893 (0.9920 confirmed) with p2o.Conv.61 and p2o.Conv.2; p2o.Conv.6, which alone
 lowered the cosine (0.9004 -> 0.8986), lifts those two to 0.9935 (0.9937 confirmed): held-out 0.9891 ->
@@ -40,14 +44,17 @@ PP-OCRv4-det under load), and the layers it kept ranked 8th and 19th, hence `LAT
 instead, the four layers that lift its search samples to 0.994-0.997 on top of the two kept each lower
 the confirmation samples to 0.979-0.985.
 
-Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2): searched on its first 8 lines
-the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines are easy ones: on the next 8
-the same plans score 0.956 -> 0.982 and on 16 held-out lines 0.946 -> 0.974, short of the aim though
-both layers help there. Searched on 16 lines and confirmed on the next 8, it keeps p2o.Conv.15 alone
-(0.9669 -> 0.9805 searched, 0.9637 -> 0.9652 confirmed): p2o.Conv.10 lifted the search samples to 0.9860
-but not the confirmation ones (0.9652 -> 0.9648), and the plan as built scores 0.9743 on 16 held-out
-lines (all elements' cosine, tools/bench_zoo.py's figure) against 0.9714 with both layers. A set of 16
-pages (the detectors) is searched on the same 8 samples as before, and confirmed on the other 8.
+Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2, measured in TensorRT's form):
+searched on its first 8 lines the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines
+are easy ones: on the next 8 the same plans score 0.956 -> 0.982 and on 16 held-out lines 0.946 -> 0.974.
+Searched on 16 lines and confirmed on the next 8, it kept p2o.Conv.15 alone (0.9743 on 16 held-out lines).
+
+Why the confirmation weighs its noise: one layer kept float moves a sample's cosine either way by far more
+than `MIN_GAIN` (PP-OCRv4-rec, p2o.Conv.15: -0.041 to +0.033 on the 8 confirmation lines, mean -0.0004,
+against +0.0195 on the 16 search lines and +0.026 on 16 held-out ones). Demanding `MIN_GAIN` of those 8
+lines' mean refused the layers that help held-out data most (as the CPU plan: p2o.Conv.4 alone, 0.9632
+held-out); refusing only gains refuted beyond 2 standard errors keeps four (0.9838; before equalisation
+crossed PP-LCNetV3's affine blocks).
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
@@ -59,15 +66,17 @@ whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on l
 ddddocr-det and 43 -> 36 on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96,
 195, 53 and 60 with the confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
 `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
-`CANDIDATES` + `LATER` and the greedy steps however deep the model (trying every layer alone took over
-15 minutes on a 200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan in TensorRT's form: the CPU
-backend then lowers it to uint8 activations (`trtopt.backend.cpu.lowering`), which gives non-negative
-tensors twice the resolution, so a CPU plan does better than searched (PP-OCRv4-rec with p2o.Conv.15
-float: 0.9602 on the held-out lines as searched, 0.9743 as built). The ranking is only a guide: on PP-OCRv4-det the
-layers that matter rank 19th and 35th (its text-map IoU with 16 candidates 0.887, with 48 0.968, with all
-64 0.970, against 0.909 for ONNX Runtime's quantiser; tools/bench_autocalib.py), hence 48. The rule depends
-on measured cosines only (no time budget), so a build is the same on any machine. `trtopt build
---no-auto-exclude` skips it.
+`CANDIDATES` + `LATER` and the greedy steps however deep the model (trying every layer alone took over 15 minutes on a
+200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan as its backend builds it: the CPU
+backend lowers TensorRT's form to uint8 activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
+twice the resolution), and measured in TensorRT's form PP-OCRv4-rec with p2o.Conv.15 float scored 0.9602 on
+held-out lines where its built plan scored 0.9743. The lowering is a pure function of the graph's content,
+so the trials' fingerprints match on the lowered form as on TensorRT's, and a trial's cosine is that of the
+CPU plan as ONNX Runtime runs it (tests/test_quant_sensitivity_lowered.py).
+The ranking is only a guide: on PP-OCRv4-det the layers that matter rank 19th and 35th (its text-map IoU with
+16 candidates 0.887, with 48 0.968, with all 64 0.970, against 0.909 for ONNX Runtime's quantiser;
+tools/bench_autocalib.py), hence 48. The rule depends on measured cosines only (no time budget), so a build is
+the same on any machine. `trtopt build --no-auto-exclude` skips it.
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.quant.config import QuantConfig
+from trtopt.quant.ranking import rank_by_added_error
 from trtopt.quant.trial_count import TrialCount, memo
 
 log = logging.getLogger(__name__)
@@ -92,12 +102,19 @@ SAMPLES = 16  # the most calibration samples the search measures on
 CONFIRM = 8  # samples after them that confirm its layers, when at least SEARCH_LEAST remain for the search
 SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
+NOISE = 2.0  # standard errors of the confirmation samples' paired gain that a refusal must clear
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 ROUNDS = 2  # alone + greedy rounds, the second on top of the layers the first kept float
 LATER = CANDIDATES // 2  # the candidates a later round tries again, the first of the ranked ones
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
+Cosines = float | np.ndarray  # a worst output's mean cosine, or its per-sample cosines
+Lower = Callable[[onnx.ModelProto], onnx.ModelProto]  # a Q/DQ model -> the form the backend builds (`measured_form`)
+
+
+def _as_is(model: onnx.ModelProto) -> onnx.ModelProto:
+    return model
 
 
 @dataclass(frozen=True)
@@ -122,9 +139,11 @@ class Sensitivity:
 
 
 def quantized_model(
-    graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, exclude: Sequence[str] = ()
-) -> onnx.ModelProto:
-    """The Q/DQ model `trtopt.build` would make of `graph` with `exclude` kept float (the graph is untouched)."""
+    graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, exclude: Sequence[str] = (),
+    lower: Lower = _as_is,
+) -> onnx.ModelProto:  # fmt: skip
+    """The Q/DQ model `trtopt.build` would make of `graph` with `exclude` kept float (the graph is untouched),
+    in the form `lower` gives it (the backend's `measured_form`)."""
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant.bias import correct_biases
     from trtopt.quant.concat_ranges import float_unlike_concats
@@ -137,7 +156,7 @@ def quantized_model(
     if bias_correction and calibration.channel_means:
         correct_biases(copy, plan, calibration.channel_means)
     insert_qdq(copy, plan, calibration.amax)
-    return onnx_from_graph(copy)
+    return lower(onnx_from_graph(copy))
 
 
 def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str, np.ndarray]) -> float:
@@ -166,7 +185,7 @@ def find_sensitive_layers(
     min_cosine: float = MIN_COSINE,
     rank: Callable[[], Sequence[str]] | None = None,
     on_trial: Callable[[int, int], None] | None = None,
-    confirm: Callable[[Sequence[str]], float] | None = None,
+    confirm: Callable[[Sequence[str]], Cosines] | None = None,
 ) -> Sensitivity:
     """The search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of the plan
     with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers` most error
@@ -187,7 +206,7 @@ def find_sensitive_layers(
     alone: dict[str, float] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine and (check is None or check((layer,)) >= min_cosine):
+        if alone[layer] >= min_cosine and (check is None or _mean(check((layer,))) >= min_cosine):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
     found, gains = _Greedy({}, before, None, None, {}), alone
     for round_ in range(ROUNDS):
@@ -200,7 +219,7 @@ def find_sensitive_layers(
         if found.reached(min_cosine) or len(found.chosen) in (kept, steps):
             break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
     count.finish()
-    confirmed = (found.start, found.checked) if found.start is not None and found.checked is not None else None
+    confirmed = None if found.start is None or found.checked is None else (_mean(found.start), _mean(found.checked))
     return Sensitivity(before, found.current, dict(found.chosen), count.done, confirmed, dict(found.refused))
 
 
@@ -208,17 +227,17 @@ def find_sensitive_layers(
 class _Greedy:
     chosen: dict[str, str]  # layers kept float, in order -> why
     current: float
-    start: float | None  # the confirmation samples' worst cosine before any layer was kept float
-    checked: float | None  # ... and with `chosen` float
+    start: Cosines | None  # the confirmation samples' worst output's cosines before any layer was kept float
+    checked: Cosines | None  # ... and with `chosen` float
     refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
 
     def reached(self, aim: float) -> bool:
-        return self.current >= aim and (self.checked is None or self.checked >= aim)
+        return self.current >= aim and (self.checked is None or _mean(self.checked) >= aim)
 
 
 def _greedy(
     found: _Greedy, order: Sequence[str], gains: Mapping[str, float], measure: Callable[[Sequence[str]], float],
-    confirm: Callable[[Sequence[str]], float] | None, aim: float,
+    confirm: Callable[[Sequence[str]], Cosines] | None, aim: float,
 ) -> None:  # fmt: skip
     """Keep float (add to `found.chosen`) each layer of `order` in turn that lifts the worst cosine by
     `MIN_GAIN` (on the confirmation samples too, where given), until the aim is reached on both; `gains`
@@ -232,9 +251,9 @@ def _greedy(
             continue
         if confirm is not None and found.checked is not None:
             again = confirm((*found.chosen, layer))
-            if again - found.checked < MIN_GAIN:  # it helps on the search samples only: chance, not the layer
-                found.refused[layer] = f"lifts the search samples' cosine to {trial:.4f}, " \
-                                       f"the confirmation samples' {found.checked:.4f} -> {again:.4f} only"  # fmt: skip
+            if _refuted(again, found.checked):  # it helps on the search samples only: chance, not the layer
+                found.refused[layer] = (f"lifts the search samples' cosine to {trial:.4f}, the confirmation "
+                                        f"samples' {_mean(found.checked):.4f} -> {_mean(again):.4f} only")  # fmt: skip
                 continue
             found.checked = again
         beside = f"beside the {len(found.chosen)} kept float before it" if found.chosen else "alone"
@@ -245,16 +264,31 @@ def _greedy(
             break
 
 
+def _mean(cosines: Cosines) -> float:
+    return float(np.mean(cosines))
+
+
+def _refuted(again: Cosines, before: Cosines) -> bool:
+    """Whether the confirmation samples refute a layer's gain: per-sample cosines (one array per trial)
+    refute it when the paired gain, mean plus `NOISE` standard errors, stays below `MIN_GAIN` (a single
+    figure: when it gains less than `MIN_GAIN`)."""
+    gains = np.atleast_1d(np.asarray(again, np.float64) - np.asarray(before, np.float64))
+    noise = NOISE * float(np.std(gains, ddof=1)) / np.sqrt(gains.size) if gains.size > 1 else 0.0
+    return float(np.mean(gains)) + noise < MIN_GAIN
+
+
+
 def exclude_sensitive(
     graph: gs.Graph, quant: QuantConfig, calibration: Any, bias_correction: bool, batches: Batches,
     layers: Sequence[str], on_trial: Callable[[int, int], None] | None = None, confirm: Batches = (),
+    lower: Lower = _as_is,
 ) -> Sensitivity:  # fmt: skip
     """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` the calibration
-    samples it searches on, `confirm` others that only confirm the layers it keeps; `on_trial` as for
-    `find_sensitive_layers`."""
+    samples it searches on, `confirm` others that only confirm the layers it keeps, `lower` the form the
+    backend builds each plan in (what is measured); `on_trial` as for `find_sensitive_layers`."""
     from trtopt.quant.trials import BUDGET
 
-    base = quantized_model(graph, quant, calibration, bias_correction)
+    base = quantized_model(graph, quant, calibration, bias_correction, lower=lower)
     tried: list[Sequence[str]] = [layers]  # the layers tried alone, once ranked: what the trials' cache keeps
 
     def rank() -> list[str]:
@@ -263,11 +297,15 @@ def exclude_sensitive(
         return order
 
     def build(exclude: Sequence[str]) -> onnx.ModelProto:
-        return quantized_model(graph, quant, calibration, bias_correction, exclude) if exclude else base
+        return quantized_model(graph, quant, calibration, bias_correction, exclude, lower) if exclude else base
 
     # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
-    measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
-    check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4) if confirm else None
+    searched = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
+
+    def measure(exclude: Sequence[str]) -> float:
+        return _mean(searched(exclude))
+
+    check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4, True) if confirm else None
     found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
     if found.layers:
         log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
@@ -277,61 +315,38 @@ def exclude_sensitive(
 
 def _measurer(
     graph: gs.Graph, base: onnx.ModelProto, batches: Batches, build: Callable[[Sequence[str]], onnx.ModelProto],
-    tried: Callable[[], Sequence[str]], budget: int,
-) -> Callable[[Sequence[str]], float]:  # fmt: skip
+    tried: Callable[[], Sequence[str]], budget: int, per_sample: bool = False,
+) -> Callable[[Sequence[str]], Cosines]:  # fmt: skip
     """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
-    up at the first trial, keeping what the trials of the layers `tried()` then names will read)."""
+    up at the first trial, keeping what the trials of the layers `tried()` then names will read); the worst
+    output's mean cosine, or with `per_sample` its cosine on each sample."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
-    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.quant.trials import DownstreamTrials, sample_cosines
     from trtopt.verify import collect
 
     expected = collect(OrtSession(onnx_from_graph(graph), spin=False).run, batches)
     trials: list[DownstreamTrials] = []
 
-    def measure(exclude: Sequence[str]) -> float:
-        if not exclude:
+    def measure(exclude: Sequence[str]) -> Cosines:
+        if not exclude and not per_sample:
             return worst_cosine(base, batches, expected)
         if not trials:
             trials.append(DownstreamTrials(base, batches, tried(), budget))
-        return outputs_cosine(trials[0].run(build(exclude)), batches, expected)
+        outputs = trials[0].run(build(exclude)) if exclude else trials[0].base_outputs()
+        return sample_cosines(outputs, batches, expected) if per_sample else outputs_cosine(outputs, batches, expected)
 
     return measure
 
 
-def rank_by_added_error(
-    graph: gs.Graph, quantized: onnx.ModelProto, batches: Batches, layers: Sequence[str]
-) -> list[str]:
-    """`layers` ordered by the error each adds to its own output (1 - cosine with FP32, less the worst error
-    it reads: `trtopt.compare.added_errors`), most first, from one run of FP32 and of the Q/DQ reference
-    with every layer's outputs exposed, compared batch by batch (nothing of a deep model is held)."""
-    from trtopt.compare import ErrorStats, added_errors
-    from trtopt.execution import OrtSession
-    from trtopt.frontend import onnx_from_graph
-
-    outputs = {n.name: [t.name for t in n.outputs if t.name] for n in graph.nodes if n.name in set(layers)}
-    made = {t for node in quantized.graph.node for t in node.output}  # Q/DQ insertion keeps the layers' names
-    names = sorted({t for ts in outputs.values() for t in ts} & made)
-    hidden = [n for n in names if n not in {t.name for t in graph.outputs}]
-    fp32 = OrtSession(onnx_from_graph(graph), expose=hidden, spin=False)
-    reference = OrtSession(quantized, expose=hidden, opt_level="disable", spin=False)
-    stats = {name: ErrorStats(name) for name in names}
-    for feeds, rows in batches:
-        want, got = fp32.run(feeds, outputs=names), reference.run(feeds, outputs=names)
-        for name in names:
-            stats[name].update(np.asarray(want[name])[:rows], np.asarray(got[name])[:rows])
-    added = added_errors(graph, {name: 1.0 - s.cosine for name, s in stats.items()})
-    score = {layer: max((added.get(t, 0.0) for t in ts), default=0.0) for layer, ts in outputs.items()}
-    return sorted(layers, key=lambda layer: -score.get(layer, 0.0))
-
-
 def float_sensitive_layers(
     graph: gs.Graph, quant: QuantConfig, plan: Any, calibration: Any, data: Any, batch: int,
-    progress: Callable[[Any], None] | None = None,
+    progress: Callable[[Any], None] | None = None, lower: Lower = _as_is,
 ) -> tuple[Any, Sensitivity | None]:  # fmt: skip
     """For `trtopt.build`: `plan` with the sensitive layers kept float, searched and confirmed on the first
     calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's
-    verification samples). `progress`
+    verification samples), each trial measured in the form `lower` gives it (the backend's
+    `measured_form`: the plan as the backend builds it). `progress`
     (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
     from trtopt.quant.placement import plan_quantization
 
@@ -344,7 +359,7 @@ def float_sensitive_layers(
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
         found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
-                                  _trial_reporter(progress), confirm)  # fmt: skip
+                                  _trial_reporter(progress), confirm, lower)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None

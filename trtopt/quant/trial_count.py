@@ -4,14 +4,17 @@ counted for the build's progress bar."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")  # what a trial measures: a cosine, or per-sample cosines
 
 
-def memo(measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
+def memo(measure: Callable[[Sequence[str]], T]) -> Callable[[Sequence[str]], T]:
     """`measure` that runs each trial once (the alone stage may confirm a layer the greedy stage confirms; a
     second round may try a plan the greedy stage tried)."""
-    known: dict[tuple[str, ...], float] = {}
+    known: dict[tuple[str, ...], T] = {}
 
-    def memo(exclude: Sequence[str]) -> float:
+    def memo(exclude: Sequence[str]) -> T:
         if tuple(exclude) not in known:
             known[tuple(exclude)] = measure(exclude)
         return known[tuple(exclude)]
@@ -27,8 +30,8 @@ class TrialCount:
         if on_trial is not None:
             on_trial(done, most)
 
-    def wrap(self, measure: Callable[[Sequence[str]], float]) -> Callable[[Sequence[str]], float]:
-        def counted(exclude: Sequence[str]) -> float:
+    def wrap(self, measure: Callable[[Sequence[str]], T]) -> Callable[[Sequence[str]], T]:
+        def counted(exclude: Sequence[str]) -> T:
             result = measure(exclude)
             self.done += 1
             if self.on_trial is not None:

@@ -85,7 +85,7 @@ class DownstreamTrials:
         self.batches = list(batches)
         self.base_prints = {p: name for name, p in fingerprints(base).items()}
         self.whole = has_subgraphs(base)
-        outputs = [o.name for o in base.graph.output]
+        outputs = self.outputs = [o.name for o in base.graph.output]
         kept = [] if self.whole else [t for t in _boundaries(base, layers) if t not in set(outputs)]
         session = OrtSession(base, expose=kept, opt_level="disable", spin=False)
         self.cache: list[dict[str, np.ndarray]] = []
@@ -97,6 +97,10 @@ class DownstreamTrials:
         self.kept_bytes = sum(v.nbytes for part in self.cache for v in part.values())
         log.info("sensitivity trials keep %d tensors of the plan's run (%.0f MB)", len(kept), self.kept_bytes / 2**20)
         self.nodes_run = 0  # nodes the trials have run, for tests and reports
+
+    def base_outputs(self) -> list[dict[str, np.ndarray]]:
+        """The plan's own outputs on each batch, from the kept run."""
+        return [{o: part[o] for o in self.outputs} for part in self.cache]
 
     def run(self, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
         """`model`'s outputs on each batch (every row, as ONNX Runtime gives them)."""
@@ -216,3 +220,21 @@ def _submodel(
     sub = helper.make_graph(nodes, "trial", feeds, outputs, initializers)
     cut = helper.make_model(sub, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     return cut
+
+
+def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches,
+                   expected: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+    """The per-sample cosines to `expected` of the output whose mean is lowest (`trtopt.verify.agreement`'s
+    figure, sample by sample: two zero samples agree, a non-finite one scores -1), from `outputs`, one
+    mapping per batch of `batches`, trimmed to each batch's rows."""
+    worst: np.ndarray | None = None
+    for name, want in expected.items():
+        got = np.concatenate([np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)])
+        got, ref = got.astype(np.float64).reshape(len(want), -1), want.astype(np.float64).reshape(len(want), -1)
+        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
+        zero = norms == 0
+        cosines = np.where(zero, np.all(got == ref, axis=1), np.sum(got * ref, axis=1) / np.where(zero, 1, norms))
+        cosines = np.where(np.isfinite(cosines), cosines, -1.0)
+        if worst is None or cosines.mean() < worst.mean():
+            worst = cosines
+    return worst if worst is not None else np.ones(1)

@@ -106,6 +106,14 @@ class CpuBackend(Backend[CpuOptions]):
 
         return builder.build(model, options)
 
+    def measured_form(self, model: onnx.ModelProto, options: CpuOptions) -> onnx.ModelProto:
+        """The lowered graph `build` writes (`trtopt.backend.cpu.lowering`: uint8 activations, twice the
+        resolution on non-negative tensors, int32 biases), in the encoding the build tries first: PP-OCRv4-rec
+        measured in TensorRT's form scored 0.960 on held-out lines where its built plan scored 0.974."""
+        from trtopt.backend.cpu import builder
+
+        return builder.lowered(model, options)
+
     def machine(self) -> str:
         from trtopt.backend.cpu.isa import cpu_isa
 

@@ -61,10 +61,15 @@ def exact_encoding(isa: str | None = None) -> str:
 
 
 def build(model: onnx.ModelProto, options: CpuOptions) -> tuple[dict[str, bytes], dict[str, str]]:
+    return {"onnx": lowered(model, options).SerializeToString()}, {"onnxruntime": ort.__version__,
+                                                                     "onnx": onnx.__version__}  # fmt: skip
+
+
+def lowered(model: onnx.ModelProto, options: CpuOptions) -> onnx.ModelProto:
+    """The plan's ONNX: `model` lowered in the first encoding `options` lets this CPU try."""
     encoding = candidate_encodings(options.encoding)[0]
     gemm_min_k = GEMM_MIN_K if gemm_routing(options.gemm) else None
-    lowered = lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding)
-    return {"onnx": lowered.SerializeToString()}, {"onnxruntime": ort.__version__, "onnx": onnx.__version__}
+    return lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding)
 
 
 @dataclass(frozen=True)
