@@ -343,6 +343,35 @@ def test_per_sample_confirmation_refuses_a_layer_only_on_evidence_beyond_the_noi
     assert found.confirmed == pytest.approx((0.97, 0.97))
 
 
+def test_a_plan_the_search_samples_pass_but_the_confirmation_samples_do_not_is_searched() -> None:
+    """0.992 on the search samples, 0.975 on the confirmation ones: the search runs (it used to stop at the
+    first figure) and keeps the layer that lifts both past the aim."""
+    gains = {"real": 0.02}
+    layers = ["real", *(f"l{i}" for i in range(7))]
+    measure = lambda ex: 0.992 + 0.005 * ("real" in ex)  # noqa: E731
+    confirm = lambda ex: 0.975 + sum(gains.get(layer, 0.0) for layer in ex)  # noqa: E731
+    found = find_sensitive_layers(measure, layers, confirm=confirm)
+    assert list(found.layers) == ["real"] and found.confirmed == pytest.approx((0.975, 0.995))
+    assert find_sensitive_layers(measure, layers, confirm=lambda ex: 0.991).layers == {}  # both pass: left alone
+
+
+def test_the_search_figure_is_the_lower_of_the_per_sample_and_all_element_cosines() -> None:
+    """Two logits per sample whose signs INT8 keeps but whose sizes it does not: each sample's cosine is
+    near 1, the all-element cosine (what `trtopt compare` and the zoo benchmark report) is not; the
+    search's figure is the lower one, and a perfect plan scores 1."""
+    from trtopt.quant.sensitivity import cosine_figure
+    from trtopt.verify import agreement
+
+    want = {"logits": np.array([[4.0, -4.0], [0.5, -0.5], [3.0, -3.1], [0.4, -0.6]])}
+    got = {"logits": want["logits"] * np.array([[0.5], [4.0], [0.5], [4.0]])}  # per-sample cosine exactly 1
+    whole = float(got["logits"].ravel() @ want["logits"].ravel()) / np.linalg.norm(got["logits"]) / np.linalg.norm(
+        want["logits"])  # fmt: skip
+    assert agreement(got, want).cosine == pytest.approx(1.0) and whole < 0.8
+    assert cosine_figure(got, want) == pytest.approx(whole)
+    assert cosine_figure(want, want) == pytest.approx(1.0)
+    assert cosine_figure({"logits": want["logits"] * np.nan}, want) == -1.0
+
+
 @pytest.mark.parametrize(("total", "search", "confirm"), [(6, 6, 0), (12, 12, 0), (16, 8, 8), (24, 16, 8), (40, 16, 8)])
 def test_search_and_confirmation_samples_are_disjoint_and_in_order(
     tmp_path: Path, total: int, search: int, confirm: int
