@@ -282,8 +282,8 @@ def test_a_cut_trial_measures_the_cosine_of_the_whole_trial_graph(tmp_path: Path
     cache and with none kept, so every boundary is recomputed) and by the full Q/DQ rebuild run whole."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
-    from trtopt.quant.sensitivity import outputs_cosine, quantized_model, sample_batches, worst_cosine
-    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.quant.sensitivity import quantized_model, sample_batches
+    from trtopt.quant.trials import DownstreamTrials, outputs_cosine, worst_cosine
     from trtopt.verify import collect
 
     seen = _captured_build(tmp_path, monkeypatch)
@@ -359,7 +359,7 @@ def test_the_search_figure_is_the_lower_of_the_per_sample_and_all_element_cosine
     """Two logits per sample whose signs INT8 keeps but whose sizes it does not: each sample's cosine is
     near 1, the all-element cosine (what `trtopt compare` and the zoo benchmark report) is not; the
     search's figure is the lower one, and a perfect plan scores 1."""
-    from trtopt.quant.sensitivity import cosine_figure
+    from trtopt.quant.trials import cosine_figure
     from trtopt.verify import agreement
 
     want = {"logits": np.array([[4.0, -4.0], [0.5, -0.5], [3.0, -3.1], [0.4, -0.6]])}

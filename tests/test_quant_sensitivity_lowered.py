@@ -14,8 +14,8 @@ from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
 from trtopt.execution import OrtSession
 from trtopt.execution.ort_session import session_options
 from trtopt.frontend import onnx_from_graph
-from trtopt.quant.sensitivity import outputs_cosine, quantized_model, sample_batches, worst_cosine
-from trtopt.quant.trials import DownstreamTrials
+from trtopt.quant.sensitivity import quantized_model, sample_batches
+from trtopt.quant.trials import DownstreamTrials, outputs_cosine, worst_cosine
 from trtopt.verify import collect
 
 

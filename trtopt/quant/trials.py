@@ -238,3 +238,39 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
         if worst is None or cosines.mean() < worst.mean():
             worst = cosines
     return worst if worst is not None else np.ones(1)
+
+
+def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str, np.ndarray]) -> float:
+    """The search's figure for `model`'s Q/DQ reference against `expected` on `batches` (`cosine_figure`)."""
+    from trtopt.execution import OrtSession
+    from trtopt.verify import collect
+
+    reference = OrtSession(model, opt_level="disable", spin=False)  # Q/DQ computed as float math
+    return cosine_figure(collect(reference.run, batches), expected)
+
+
+def outputs_cosine(
+    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
+) -> float:
+    """`worst_cosine` of outputs already computed, one mapping per batch of `batches`."""
+    from trtopt.verify import collect
+
+    runs = iter(outputs)
+    return cosine_figure(collect(lambda _feeds: dict(next(runs)), batches), expected)
+
+
+def cosine_figure(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> float:
+    """The lowest output cosine both ways it is reported: the mean of per-sample cosines (the build's
+    verification, `trtopt.verify.agreement`) and the cosine over all elements (`trtopt compare`, the zoo
+    benchmark). They part most on small outputs: on table-cls's 2 logits, 0.992 per sample against 0.982
+    over all elements on the same calibration pages (avx2), so aiming at the first alone let a plan stop
+    short of the second."""
+    from trtopt.verify import agreement
+
+    whole = []
+    for name, want in expected.items():
+        got, ref = np.asarray(outputs[name], np.float64).ravel(), np.asarray(want, np.float64).ravel()
+        norms = float(np.linalg.norm(got) * np.linalg.norm(ref))
+        whole.append(float(got @ ref) / norms if norms > 0 else float(np.array_equal(got, ref)))
+    figure = min(agreement(dict(outputs), dict(expected)).cosine, *whole)
+    return figure if np.isfinite(figure) else -1.0
