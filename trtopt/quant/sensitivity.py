@@ -7,7 +7,10 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
 
 1. quantise as usual and run the plan in the form its backend builds (`Backend.measured_form`: the CPU
    backend's lowered graph, TensorRT's Q/DQ graph as it is; ONNX Runtime, optimisations off: the INT8
-   arithmetic exactly) against FP32; if every output keeps a mean cosine of at least `MIN_COSINE`, stop;
+   arithmetic exactly) against FP32; if every output keeps a cosine of at least `MIN_COSINE` on the search
+   samples and on the confirmation samples, stop. The cosine is the lower of the two figures the project
+   reports (`trials.cosine_figure`): the mean of per-sample cosines (the build's verification) and the
+   cosine over all elements (`trtopt compare`, the zoo benchmark); the confirmation samples' is the first;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
    cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
