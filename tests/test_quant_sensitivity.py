@@ -414,3 +414,35 @@ def test_a_graph_whose_subgraphs_read_outer_tensors_runs_whole() -> None:
     batches = [({"x": np.array([1.0, 2.0], np.float32), "c": np.array(True)}, 2)]
     trials = DownstreamTrials(_if_reading_outer(1.0), batches, [])
     assert trials.run(_if_reading_outer(5.0))[0]["y"].tolist() == [6.0, 7.0]
+
+
+def test_the_build_summary_says_what_the_search_kept_and_whether_the_plan_is_still_short() -> None:
+    """The summary row of the search: nothing when the plan met the aim at once; the layers kept and the
+    figures when it reached the aim; the advice (--calib, --exclude) when the plan is still short, on the
+    search samples or on the confirmation samples alone, or when no layer helped."""
+    from trtopt.cli.summaries import sensitivity_row
+
+    assert sensitivity_row(None) is None
+    assert sensitivity_row({"before": 0.995, "after": 0.995, "layers": {}, "trials": 0}) is None
+    met = sensitivity_row({"before": 0.95, "after": 0.993, "layers": {"Conv_1": "why"}, "trials": 12,
+                           "confirmed": {"before": 0.96, "after": 0.991}})  # fmt: skip
+    assert met is not None and met[0] == "kept float by sensitivity"
+    assert "Conv_1" in met[1] and "0.9500 -> 0.9930" in met[1] and "0.9910 on the confirmation" in met[1]
+    assert "short" not in met[1]
+    short = sensitivity_row({"before": 0.95, "after": 0.993, "layers": {"Conv_1": "why"}, "trials": 12,
+                             "confirmed": {"before": 0.96, "after": 0.985}})  # fmt: skip
+    assert short is not None and "still short of the 0.99 aim" in short[1] and "--exclude" in short[1]
+    none = sensitivity_row({"before": 0.97, "after": 0.97, "layers": {}, "trials": 48})
+    assert none is not None and none[0] == "sensitivity analysis" and "no layer kept float" in none[1]
+    assert "--calib" in none[1] and "48 trial builds" in none[1]
+
+
+def test_the_build_summary_counts_the_searchs_float_layers_as_one_reason() -> None:
+    """Each layer the search keeps has its own reason (its figures): the float-layers row counts them under
+    one, beside the other reasons, and the search's row gives the figures."""
+    from trtopt.cli.summaries import float_reasons
+
+    floats = {"a": "fewer than 16 channels", "b": "fewer than 16 channels",
+              "c": "kept float by sensitivity analysis (alone it lifts the worst output cosine 0.9 -> 0.95)",
+              "d": "kept float by sensitivity analysis (beside the 1 kept float before it, it lifts ...)"}  # fmt: skip
+    assert float_reasons(floats) == "2 (fewer than 16 channels), 2 (kept float by sensitivity analysis)"

@@ -60,17 +60,10 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     floats = summary["float_layers"]
     if floats:
-        reasons: dict[str, int] = {}
-        for why in floats.values():
-            reasons[why] = reasons.get(why, 0) + 1
-        table.add_row("float layers", ", ".join(f"{n} ({why})" for why, n in reasons.items()))
-    sensitivity = summary.get("sensitivity")
-    if sensitivity and sensitivity.get("layers"):
-        table.add_row(
-            "kept float by sensitivity",
-            f"{', '.join(sensitivity['layers'])}: worst output cosine on calibration samples "
-            f"{sensitivity['before']:.4f} -> {sensitivity['after']:.4f} ({sensitivity['trials']} trial builds)",
-        )
+        table.add_row("float layers", float_reasons(floats))
+    row = sensitivity_row(summary.get("sensitivity"))
+    if row is not None:
+        table.add_row(*row)
     for label, text in report.rows() if report is not None else []:
         table.add_row(label, text)
     verification = summary.get("verification")
@@ -87,11 +80,48 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
     out.print(table)
 
 
+SENSITIVITY_REASON = "kept float by sensitivity analysis"  # how trtopt.quant.sensitivity's reasons begin
+
 # A build without --int8 (or --fp16) changes no precision: its reference is the model it was given (a float model,
 # or one another tool quantised already, Q/DQ included), which is also what "FP32" ran, so reference vs FP32
 # compares the model with itself and always reads 1.0. The summary says that instead of an INT8 figure nobody
 # measured. (With --fp16 alone the reference is the FP16 graph, a real figure, labelled as such.)
 AS_GIVEN = "the model as given (built without --int8)"
+
+
+def float_reasons(floats: dict[str, str]) -> str:
+    """Layers kept float, counted by reason ("2 (fewer than 16 channels), 5 (kept float by sensitivity
+    analysis)"); the search's reasons differ per layer, and its own row (`sensitivity_row`) gives them."""
+    reasons: dict[str, int] = {}
+    for why in floats.values():
+        why = SENSITIVITY_REASON if why.startswith(SENSITIVITY_REASON) else why
+        reasons[why] = reasons.get(why, 0) + 1
+    return ", ".join(f"{n} ({why})" for why, n in reasons.items())
+
+
+def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
+    """What the sensitivity search did (`trtopt.quant.sensitivity`), when it ran: the layers it kept float,
+    and whether the plan falls short of its aim on calibration samples, with what to do then (None when the
+    plan met the aim at once, or no search ran)."""
+    from trtopt.quant.sensitivity import MIN_COSINE
+
+    if not record:
+        return None
+    after, confirmed = float(record["after"]), record.get("confirmed")
+    layers = record.get("layers") or {}
+    short = min(after, float(confirmed["after"]) if confirmed else after) < MIN_COSINE
+    if not layers and not short:
+        return None
+    text = (f"{', '.join(layers)}: worst output cosine on calibration samples {record['before']:.4f} -> {after:.4f}"
+            if layers else f"no layer kept float lifts the worst output cosine on calibration samples ({after:.4f})")
+    if confirmed:
+        text += f" ({confirmed['before']:.4f} -> {confirmed['after']:.4f} on the confirmation samples)"
+    text += f", {record['trials']} trial builds"
+    if short:
+        text += (f"; still short of the {MIN_COSINE} aim: calibrate on more samples like the model's real inputs "
+                 "(--calib), or keep more layers float by hand (--exclude; `trtopt compare --per-layer` names "
+                 "those adding the most error)")
+    return ("kept float by sensitivity" if layers else "sensitivity analysis"), text
 
 
 def verification_text(record: dict[str, Any]) -> str:

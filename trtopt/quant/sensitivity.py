@@ -252,7 +252,7 @@ def _greedy(
                                         f"samples' {_mean(found.checked):.4f} -> {_mean(again):.4f} only")  # fmt: skip
                 continue
             found.checked = again
-        beside = f"beside the {len(found.chosen)} kept float before it" if found.chosen else "alone"
+        beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
         found.chosen[layer] = f"kept float by sensitivity analysis ({beside} it lifts the worst output cosine " \
                               f"{found.current:.4f} -> {trial:.4f})"  # fmt: skip
         found.current = trial
