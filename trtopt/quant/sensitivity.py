@@ -50,12 +50,13 @@ PP-OCRv4-rec and layout-cdla as they were and cost ddddocr-det box F1 (93.4% -> 
 
 Why the aim is the lower of two cosines on both sample sets: a plan stopped at step 1 on its search samples
 alone (PP-OCRv4-rec: 0.9902 there, 0.9847 held-out), and the mean per-sample cosine flatters small outputs
-(table-cls's 2 logits: 0.992 per sample, 0.982 over all elements on the same pages). With both, the zoo's
-held-out worst cosines went (avx2, BENCHMARKS *zoo*) ddddocr-ocr 0.9937 -> 0.9977 (two layers kept) and
-table-cls 0.9860 -> 0.9897. Where it still falls short: layout-cdla (8 outputs) ends at 0.9853 on its search
-samples with 5 layers, because three class-score maps tie as the worst output, so one float layer lifts one
-of them and gains less than `MIN_GAIN` on the worst, and the backbone layers that lift them rank 34th-88th by
-added error, past `LATER` (8 layers reach 0.9921 there, found by a search on every output's shortfall).
+(table-cls's 2 logits: 0.992 per sample, 0.982 over all elements on the same pages). In the zoo rerun that
+added it (avx2, BENCHMARKS *zoo*), ddddocr-ocr went 0.9937 -> 0.9977 held-out (two layers kept) and table-cls
+0.9860 -> 0.9897; runs of the other changes made at the same time had each left both as they were. Where it
+still falls short: layout-cdla (8 outputs) ends at 0.9853 on its search samples with 5 layers, because three
+class-score maps tie as the worst output, so one float layer lifts one of them and gains less than `MIN_GAIN`
+on the worst, and the backbone layers that lift them rank 34th-88th by added error, past `LATER` (8 layers
+reach 0.9921 there, found by a search on every output's shortfall).
 
 Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2, measured in TensorRT's form):
 searched on its first 8 lines the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines
