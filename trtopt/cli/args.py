@@ -109,8 +109,9 @@ def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-equalize",
         action="store_true",
         help="leave channel ranges as they are (default: rescale the channels of each tensor that feeds a "
-        "depthwise conv, directly or through a ReLU, to even ranges before calibration, an exact float "
-        "rewrite; skipped when a calibration cache is read or written)",
+        "depthwise conv (directly, or through a ReLU, a HardSwish/SiLU gate and a scalar affine map after it) "
+        "to even ranges before calibration, an exact float rewrite; skipped when a calibration cache is read or "
+        "written)",
     )
     q.add_argument(
         "--no-bias-correction",

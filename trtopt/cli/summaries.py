@@ -80,8 +80,6 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
     out.print(table)
 
 
-SENSITIVITY_REASON = "kept float by sensitivity analysis"  # how trtopt.quant.sensitivity's reasons begin
-
 # A build without --int8 (or --fp16) changes no precision: its reference is the model it was given (a float model,
 # or one another tool quantised already, Q/DQ included), which is also what "FP32" ran, so reference vs FP32
 # compares the model with itself and always reads 1.0. The summary says that instead of an INT8 figure nobody
@@ -92,9 +90,11 @@ AS_GIVEN = "the model as given (built without --int8)"
 def float_reasons(floats: dict[str, str]) -> str:
     """Layers kept float, counted by reason ("2 (fewer than 16 channels), 5 (kept float by sensitivity
     analysis)"); the search's reasons differ per layer, and its own row (`sensitivity_row`) gives them."""
+    from trtopt.quant.sensitivity import REASON
+
     reasons: dict[str, int] = {}
     for why in floats.values():
-        why = SENSITIVITY_REASON if why.startswith(SENSITIVITY_REASON) else why
+        why = REASON if why.startswith(REASON) else why
         reasons[why] = reasons.get(why, 0) + 1
     return ", ".join(f"{n} ({why})" for why, n in reasons.items())
 

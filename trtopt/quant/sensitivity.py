@@ -122,6 +122,7 @@ MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kep
 ROUNDS = 2  # alone + greedy rounds, the second on top of the layers the first kept float
 LATER = CANDIDATES // 2  # the candidates a later round tries again, the first of the ranked ones
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
+REASON = "kept float by sensitivity analysis"  # how the reason of each layer it keeps float begins
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
 Cosines = float | np.ndarray  # a worst output's mean cosine, or its per-sample cosines
@@ -254,7 +255,7 @@ def _greedy(
                 continue
             found.checked = again
         beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
-        found.chosen[layer] = f"kept float by sensitivity analysis ({beside} it lifts the worst output cosine " \
+        found.chosen[layer] = f"{REASON} ({beside} it lifts the worst output cosine " \
                               f"{found.current:.4f} -> {trial:.4f})"  # fmt: skip
         found.current = trial
         if found.reached(aim):
@@ -272,7 +273,6 @@ def _refuted(again: Cosines, before: Cosines) -> bool:
     gains = np.atleast_1d(np.asarray(again, np.float64) - np.asarray(before, np.float64))
     noise = NOISE * float(np.std(gains, ddof=1)) / np.sqrt(gains.size) if gains.size > 1 else 0.0
     return float(np.mean(gains)) + noise < MIN_GAIN
-
 
 
 def exclude_sensitive(
