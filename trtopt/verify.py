@@ -144,11 +144,7 @@ def agreement(outputs: Outputs, target: Outputs) -> Agreement:
     for name, want in target.items():
         got = outputs[name].astype(np.float64).reshape(len(want), -1)
         ref = want.astype(np.float64).reshape(len(want), -1)
-        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
-        dots = np.sum(got * ref, axis=1)
-        both_zero = norms == 0
-        per_sample = np.where(both_zero, np.all(got == ref, axis=1), dots / np.where(both_zero, 1, norms))
-        cosines.append(float(np.mean(per_sample)))
+        cosines.append(float(np.mean(row_cosines(got, ref))))
         scale = float(np.linalg.norm(ref))
         errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
         if want.ndim == 2 and want.shape[1] > 1:
@@ -158,6 +154,13 @@ def agreement(outputs: Outputs, target: Outputs) -> Agreement:
         rel_error=_or_worst(max(errors, default=0.0), math.inf),
         top1=min(top1) if top1 else None,
     )
+
+
+def row_cosines(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """The cosine of each row of `got` with the same row of `ref` (two all-zero rows agree)."""
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
+    both_zero = norms == 0
+    return np.where(both_zero, np.all(got == ref, axis=1), np.sum(got * ref, axis=1) / np.where(both_zero, 1, norms))
 
 
 def _or_worst(value: float, worst: float) -> float:

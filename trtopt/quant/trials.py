@@ -227,13 +227,13 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     """The per-sample cosines to `expected` of the output whose mean is lowest (`trtopt.verify.agreement`'s
     figure, sample by sample: two zero samples agree, a non-finite one scores -1), from `outputs`, one
     mapping per batch of `batches`, trimmed to each batch's rows."""
+    from trtopt.verify import row_cosines
+
     worst: np.ndarray | None = None
     for name, want in expected.items():
         got = np.concatenate([np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)])
         got, ref = got.astype(np.float64).reshape(len(want), -1), want.astype(np.float64).reshape(len(want), -1)
-        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
-        zero = norms == 0
-        cosines = np.where(zero, np.all(got == ref, axis=1), np.sum(got * ref, axis=1) / np.where(zero, 1, norms))
+        cosines = row_cosines(got, ref)
         cosines = np.where(np.isfinite(cosines), cosines, -1.0)
         if worst is None or cosines.mean() < worst.mean():
             worst = cosines
@@ -265,12 +265,13 @@ def cosine_figure(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.n
     benchmark). They part most on small outputs: on table-cls's 2 logits, 0.992 per sample against 0.982
     over all elements on the same calibration pages (avx2), so aiming at the first alone let a plan stop
     short of the second."""
+    from trtopt.compare import ErrorStats
     from trtopt.verify import agreement
 
     whole = []
     for name, want in expected.items():
-        got, ref = np.asarray(outputs[name], np.float64).ravel(), np.asarray(want, np.float64).ravel()
-        norms = float(np.linalg.norm(got) * np.linalg.norm(ref))
-        whole.append(float(got @ ref) / norms if norms > 0 else float(np.array_equal(got, ref)))
+        stats = ErrorStats(name)
+        stats.update(np.asarray(want), np.asarray(outputs[name]))
+        whole.append(stats.cosine)
     figure = min(agreement(dict(outputs), dict(expected)).cosine, *whole)
     return figure if np.isfinite(figure) else -1.0
