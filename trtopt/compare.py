@@ -19,6 +19,13 @@ import onnx_graphsurgeon as gs
 from trtopt.metrics import TaskConfig, TaskEvaluator, choose_task
 
 
+def row_cosines(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """The cosine of each row of `got` with the same row of `ref` (two all-zero rows agree)."""
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
+    both_zero = norms == 0
+    return np.where(both_zero, np.all(got == ref, axis=1), np.sum(got * ref, axis=1) / np.where(both_zero, 1, norms))
+
+
 @dataclass
 class ErrorStats:
     """Streaming error statistics between a reference and a test tensor (sums, so batches combine)."""

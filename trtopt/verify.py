@@ -140,6 +140,8 @@ class Verification:
 
 def agreement(outputs: Outputs, target: Outputs) -> Agreement:
     """Compare two runs output by output; the worst output decides each figure."""
+    from trtopt.compare import row_cosines
+
     cosines, errors, top1 = [], [], []
     for name, want in target.items():
         got = outputs[name].astype(np.float64).reshape(len(want), -1)
@@ -154,13 +156,6 @@ def agreement(outputs: Outputs, target: Outputs) -> Agreement:
         rel_error=_or_worst(max(errors, default=0.0), math.inf),
         top1=min(top1) if top1 else None,
     )
-
-
-def row_cosines(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """The cosine of each row of `got` with the same row of `ref` (two all-zero rows agree)."""
-    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
-    both_zero = norms == 0
-    return np.where(both_zero, np.all(got == ref, axis=1), np.sum(got * ref, axis=1) / np.where(both_zero, 1, norms))
 
 
 def _or_worst(value: float, worst: float) -> float:

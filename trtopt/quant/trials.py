@@ -227,7 +227,7 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     """The per-sample cosines to `expected` of the output whose mean is lowest (`trtopt.verify.agreement`'s
     figure, sample by sample: two zero samples agree, a non-finite one scores -1), from `outputs`, one
     mapping per batch of `batches`, trimmed to each batch's rows."""
-    from trtopt.verify import row_cosines
+    from trtopt.compare import row_cosines
 
     worst: np.ndarray | None = None
     for name, want in expected.items():
