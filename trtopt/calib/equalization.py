@@ -16,7 +16,12 @@ In trtopt's JSON cache (`trtopt.calib.cache_formats`) this is the optional "equa
 was written before trtopt recorded it, or by another tool, and builds without equalisation. "output_folds"
 is what bounded the gains (`QuantConfig.output_folds` of the backend the calibration was for; null: conv
 outputs not quantised), only informative. The other formats (TensorRT's, ONNX Runtime's) are read by tools
-that run the model as given, so trtopt writes them without equalisation and they carry no record.
+that run the model as given, so trtopt writes them without equalisation and they carry no record: their text
+is left exactly as those tools read it, no trtopt field and no sidecar. A TensorRT cache holds one scale per
+tensor name of the network it calibrated, to be redone when the network's structure changes (TensorRT's
+IInt8Calibrator.read_calibration_cache, https://docs.nvidia.com/deeplearning/tensorrt/api/python_api/infer/Int8/Calibrator.html),
+and TensorRT deprecated implicit calibration in 10.1 for explicit Q/DQ (IInt8MinMaxCalibrator's page there),
+which TensorRT 11 builds from; the rescaled, renamed tensors exist in trtopt's rewritten graph only.
 """
 
 from __future__ import annotations
