@@ -91,8 +91,8 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
     spec = preprocess_spec_for(model, graph, preprocess, data)
     with phase_progress("calibration", disable=args.json) as on_progress:
         dataset = load_samples(graph, spec, data)
-        model, record = _equalized(args, graph, dataset, data.batch)
-        return calibrate_graph(graph, model, quantizable_tensors(graph), calib, dataset=dataset, data=data,
+        as_onnx, record = _equalized(args, graph, dataset, data.batch)
+        return calibrate_graph(graph, as_onnx, quantizable_tensors(graph), calib, dataset=dataset, data=data,
                                progress=on_progress, equalization=record)  # fmt: skip
 
 
