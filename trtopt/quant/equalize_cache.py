@@ -94,8 +94,10 @@ def replay(
         return None
     note = f"{len(record.gains)} tensors rescaled, with the gains recorded in the cache"
     if record.output_folds != _folds(folds):
-        note += ("; the gains were chosen for another backend's quantised tensors (still exact, but not the plan a "
-                 "build from data makes here: recalibrate with `trtopt calibrate --backend` this build's backend)")
+        note += (
+            "; the gains were chosen for another backend's quantised tensors (still exact, but not the plan a "
+            "build from data makes here: recalibrate with `trtopt calibrate --backend NAME`, NAME this build's backend)"
+        )
     return note
 
 
