@@ -19,6 +19,7 @@ from trtopt.calib import (
     trt_scale_from_hex,
     trt_scale_to_hex,
 )
+from trtopt.calib.cache_formats import TRTOPT_VERSION
 from trtopt.errors import CalibrationError
 
 AMAX = {"input": 2.640000104904175, "conv1:0": 0.123456789, "relu/out": 6.0, "tiny": 1e-6}
@@ -63,8 +64,8 @@ def test_trtopt_json_keeps_channel_means_and_reads_caches_without_them(tmp_path)
 
 def test_trtopt_json_from_a_newer_version_is_refused(tmp_path) -> None:
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"format": "trtopt-calibration", "version": 2, "thresholds": {}}))
-    with pytest.raises(CalibrationError, match="version 2"):
+    path.write_text(json.dumps({"format": "trtopt-calibration", "version": TRTOPT_VERSION + 1, "thresholds": {}}))
+    with pytest.raises(CalibrationError, match=f"version {TRTOPT_VERSION + 1}"):
         load_cache(path)
 
 

@@ -44,12 +44,12 @@ from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, Tensor
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
-from trtopt.quant.equalize import GATED_IN_BUILDS, equalize_activations
-from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers, sample_batches
+from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
     from trtopt.calib import Calibration
+    from trtopt.calib.equalization import EqualizationRecord
     from trtopt.data import Dataset, PreprocessSpec
     from trtopt.passes import OptimizeResult
 
@@ -111,6 +111,7 @@ class BuildResult:
     qdq: QdqReport | None = None
     verification: Verification | None = None
     report: BackendReport | None = None  # what the backend made of the plan (kernels, profiles)
+    equalization: str | None = None  # what activation equalisation did (or why not), for the summary
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
@@ -139,9 +140,9 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         plan, verification = build_verified(backend, model, _io(graph), options, fp32, checks)
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
-    calibration, bias, qdq, _ = quantized
+    calibration, bias, qdq, _, equalization = quantized
     return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
-                       backend.report(plan, options))  # fmt: skip
+                       backend.report(plan, options), equalization)  # fmt: skip
 
 
 class Quantized(NamedTuple):
@@ -151,6 +152,7 @@ class Quantized(NamedTuple):
     bias: BiasReport | None = None
     qdq: QdqReport | None = None
     sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
+    equalization: str | None = None  # what activation equalisation did, for the summary
 
 
 class StageTimes:
@@ -193,17 +195,12 @@ def _quantize(
     it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
     from trtopt.calib.stage import calibrate_graph
 
-    cached = config.calib.cache is not None or config.calib.save_cache is not None  # caches: the graph as given
-    if quant.equalize and data is not None and not cached:  # trtopt.quant.equalize: exact, before calibration
-        folds = quant.output_folds if quant.quantize_outputs else None
-        batches = [feeds for feeds, _ in sample_batches(data, config.data.batch, 64)]
-        equalize_activations(graph, batches, folds, gates=GATED_IN_BUILDS)
-        fp32 = onnx_from_graph(graph)
+    cache, record, note, fp32 = _equalize(graph, fp32, quant, data, config)  # trtopt.quant.equalize_cache
     qplan = plan_quantization(graph, quant)
     tensors = quantizable_tensors(graph)
     with times("calibrate"):
         calibration = calibrate_graph(graph, fp32, tensors, config.calib, dataset=data, data=config.data,
-                                      progress=progress)  # fmt: skip
+                                      progress=progress, loaded=cache, equalization=record)  # fmt: skip
     with times("quantize"):
         sensitivity = None
         if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
@@ -212,7 +209,29 @@ def _quantize(
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, calibration.amax)
-    return Quantized(calibration, bias, qdq, sensitivity)
+    return Quantized(calibration, bias, qdq, sensitivity, note)
+
+
+def _equalize(
+    graph: gs.Graph, fp32: onnx.ModelProto, quant: QuantConfig, data: Dataset | None, config: BuildConfig
+) -> tuple[Calibration | None, EqualizationRecord | None, str | None, onnx.ModelProto]:
+    """Activation equalisation before calibration (exact; `trtopt.quant.equalize`), in place: measured on the
+    data and recorded for a cache, or redone from the cache's record. Returns (the cache read, or None; the
+    record; the summary's note; `graph` as ONNX, rewritten or `fp32`)."""
+    from trtopt.calib.cache import load_cache
+    from trtopt.quant.equalize_cache import equalize_recorded, not_equalized, replay
+
+    folds = quant.output_folds if quant.quantize_outputs else None
+    if config.calib.cache is not None:
+        cache = load_cache(config.calib.cache)
+        note = replay(graph, fp32, cache, equalize=quant.equalize, folds=folds)
+        rewritten = cache.equalization is not None and cache.equalization.applied and quant.equalize
+        return cache, None, note, onnx_from_graph(graph) if rewritten else fp32
+    if not quant.equalize or data is None:
+        return None, not_equalized(fp32), None, fp32
+    record, report = equalize_recorded(graph, fp32, data, config.data.batch, folds)
+    note = f"{len(report.gains)} tensors rescaled" if report.gains else None
+    return None, record, note, onnx_from_graph(graph)
 
 
 def _require_thresholds(config: BuildConfig) -> None:
@@ -283,7 +302,7 @@ def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
 
 
 def _quant_record(quantized: Quantized) -> QuantRecord | None:
-    calibration, bias, qdq, sensitivity = quantized
+    calibration, bias, qdq, sensitivity, _ = quantized
     if calibration is None or qdq is None:
         return None
     return QuantRecord(

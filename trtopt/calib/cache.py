@@ -82,6 +82,15 @@ def save_cache(
     (EntropyCalibration2 by default, what trtexec --calib expects, whatever `calibration.method` was).
     """
     fmt = CACHE_FORMATS.get(format)
+    record = calibration.equalization
+    if format != "trtopt" and record is not None and record.applied and record.gains:
+        raise CalibrationError(
+            f"The thresholds belong to the graph as trtopt's activation equalisation rewrote it ({len(record.gains)} "
+            f"tensors rescaled and renamed), which {format} tools do not run; a {format} cache cannot hold the "
+            "rewrite.",
+            fix="Calibrate with --no-equalize for a cache other tools read (`trtopt calibrate --format ...` does so), "
+            "or write trtopt's own format.",
+        )
     check_values(calibration.amax, calibration.amax, where="the calibration to save")
     text = fmt.write(calibration, {"trt_version": trt_version, "trt_algorithm": trt_algorithm})
     return write_atomic(path, text.encode("utf-8"))

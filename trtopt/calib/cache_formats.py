@@ -7,6 +7,9 @@ The formats (see `trtopt.calib.cache` for the public functions):
   "methods": {tensor: method}}``; floats round-trip exactly. "channel_means" (for bias correction) is
   optional: readers that predate it ignore it, and a cache without it builds without bias correction.
   "methods" (which method `--method auto` kept per tensor) is optional too, and only informative.
+  "equalization" (optional) records the activation-equalisation rewrite the thresholds belong to
+  (`trtopt.calib.equalization`); a cache whose record rescales any tensor is written as version 2, so a
+  trtopt that cannot redo the rewrite refuses it clearly instead of missing the renamed tensors' thresholds.
 - "tensorrt": first line ``TRT-<version>-<algorithm>`` (EntropyCalibration2, EntropyCalibration,
   MinMaxCalibration or LegacyCalibration), then ``tensor: xxxxxxxx`` lines where the hex is the
   big-endian IEEE-754 float32 *scale* T/127 (DESIGN.md; TensorRT ≤ 10 writeCalibrationCache).
@@ -33,12 +36,13 @@ import numpy as np
 
 from trtopt import __version__
 from trtopt.calib.calibration import Calibration
+from trtopt.calib.equalization import EqualizationRecord
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import CalibrationError
 from trtopt.registry import Registry
 
 TRTOPT_FORMAT = "trtopt-calibration"
-TRTOPT_VERSION = 1
+TRTOPT_VERSION = 2  # 2: an "equalization" record with gains (version 1: everything else, still written then)
 TRT_ALGORITHMS = {
     "EntropyCalibration2": "entropy",
     "EntropyCalibration": "entropy",
@@ -95,13 +99,15 @@ def _read_trtopt(text: str, where: str) -> Calibration:
         data_description=data.get("description"),
         source=f"{where} (trtopt)",
         choices=_read_choices(doc.get("methods"), where),
+        equalization=EqualizationRecord.from_dict(doc["equalization"], where) if "equalization" in doc else None,
     )
 
 
 def _write_trtopt(calibration: Calibration, options: Mapping[str, Any]) -> str:
+    record = calibration.equalization
     doc = {
         "format": TRTOPT_FORMAT,
-        "version": TRTOPT_VERSION,
+        "version": TRTOPT_VERSION if record is not None and record.applied and record.gains else 1,
         "written_by": f"trtopt {__version__}",
         "model_fingerprint": calibration.fingerprint,
         "method": calibration.method,
@@ -112,6 +118,8 @@ def _write_trtopt(calibration: Calibration, options: Mapping[str, Any]) -> str:
         doc["methods"] = dict(calibration.choices)
     if calibration.channel_means:
         doc["channel_means"] = {name: [float(v) for v in m] for name, m in calibration.channel_means.items()}
+    if record is not None:
+        doc["equalization"] = record.to_dict()
     return json.dumps(doc, indent=1) + "\n"
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtopt.calib.equalization import EqualizationRecord
 from trtopt.calib.histogram import TensorHistogram
 from trtopt.calib.thresholds import QMAX
 
@@ -50,6 +51,8 @@ class Calibration:
     data_description: str | None = None
     source: str | None = field(default=None, compare=False)
     choices: Mapping[str, str] | None = None  # tensor -> the method whose threshold it has (`--method auto`)
+    # what activation equalisation did before calibrating (trtopt.calib.equalization); None: not recorded
+    equalization: EqualizationRecord | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "amax", {str(k): float(v) for k, v in self.amax.items()})

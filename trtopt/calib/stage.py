@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import onnx
     import onnx_graphsurgeon as gs
 
+    from trtopt.calib.equalization import EqualizationRecord
     from trtopt.data import Dataset
     from trtopt.data.config import DataConfig
 
@@ -36,12 +37,15 @@ def calibrate_graph(
     dataset: Dataset | None,
     data: DataConfig,
     progress: ProgressHook | None = None,
+    loaded: Calibration | None = None,
+    equalization: EqualizationRecord | None = None,
 ) -> Calibration:
-    """Thresholds for `tensors` of `graph` (`model` is the same graph as ONNX): read from `config.cache` and
-    checked against the graph, or measured on `dataset` in batches of `data.batch`; then bounded tensors
-    keep their maximum (`config.bounded_max`) and the result is saved (`config.save_cache`)."""
+    """Thresholds for `tensors` of `graph` (`model` is the same graph as ONNX): read from `config.cache` (or
+    `loaded`, that cache read already) and checked against the graph, or measured on `dataset` in batches of
+    `data.batch`; then bounded tensors keep their maximum (`config.bounded_max`), the result records
+    `equalization` (what rewrote `graph` before: `trtopt.calib.equalization`) and is saved (`config.save_cache`)."""
     if config.cache is not None:
-        calibration = load_cache(config.cache)
+        calibration = loaded if loaded is not None else load_cache(config.cache)
         check_cache_matches(calibration, tensors, fingerprint=model_fingerprint(model), channels=channel_counts(graph))
         return calibration
     if dataset is None:
@@ -61,6 +65,7 @@ def calibrate_graph(
         at_max=bounded if config.method == "auto" else set(),  # bounded_at_max gives them their maximum anyway
     )
     calibration = bounded_at_max(graph, calibration, bounded=bounded) if config.bounded_max else calibration
+    calibration = replace(calibration, equalization=equalization)
     if config.save_cache is not None:
         save_cache(config.save_cache, calibration)
     return calibration

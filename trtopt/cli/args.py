@@ -110,8 +110,8 @@ def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="leave channel ranges as they are (default: rescale the channels of each tensor that feeds a "
         "depthwise conv (directly, or through a ReLU, a HardSwish/SiLU gate and a scalar affine map after it) "
-        "to even ranges before calibration, an exact float rewrite; skipped when a calibration cache is read or "
-        "written)",
+        "to even ranges before calibration, an exact float rewrite; a trtopt calibration cache records it and a "
+        "build from the cache redoes it, so a cache with it is refused here: recalibrate with --no-equalize)",
     )
     q.add_argument(
         "--no-bias-correction",

@@ -3,7 +3,9 @@
 The model is optimised first (as `trtopt build` does), so the cache names exactly the tensors a build
 quantises; `trtopt build --int8 --calib-cache FILE` then skips collection. Formats: trtopt's JSON
 (default; with the model fingerprint), TensorRT's text cache (TRT-<version>-EntropyCalibration2, for
-trtexec and TensorRT <= 10 tools) and ONNX Runtime's calibration table.
+trtexec and TensorRT <= 10 tools) and ONNX Runtime's calibration table. Like a build, it equalises
+activations first (unless --no-equalize) and trtopt's format records the gains, so a build from the cache
+redoes the same rewrite; the other formats are for tools that run the model as given, and are calibrated so.
 
 examples:
   trtopt calibrate model.onnx --calib calib_data/ -o cache.json
@@ -34,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="trtopt (JSON, default), tensorrt, onnxruntime-json, onnxruntime-text",
     )
     add_calibration_arguments(parser, build=False)
+    parser.add_argument("--backend", default="auto", help="the backend the cache's builds are for (default auto, as "
+                        "trtopt build): its quantised tensors bound the activation-equalisation gains")  # fmt: skip
+    parser.add_argument("--no-equalize", action="store_true", help="calibrate the graph as given (default: "
+                        "equalise activations as trtopt build does and record the gains in the cache; other "
+                        "formats than trtopt's are always written for the graph as given)")  # fmt: skip
     add_graph_arguments(parser)
     p = parser.add_argument_group("plots")
     p.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
@@ -73,7 +80,6 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
     from trtopt.cli.console import phase_progress
     from trtopt.cli.preprocess_args import preprocess_config
     from trtopt.data.samples import load_samples, preprocess_spec_for
-    from trtopt.frontend import onnx_from_graph
     from trtopt.frontend.config import load_graph
     from trtopt.passes import optimize
 
@@ -85,8 +91,27 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
     spec = preprocess_spec_for(model, graph, preprocess, data)
     with phase_progress("calibration", disable=args.json) as on_progress:
         dataset = load_samples(graph, spec, data)
-        return calibrate_graph(graph, onnx_from_graph(graph), quantizable_tensors(graph), calib, dataset=dataset,
-                               data=data, progress=on_progress)  # fmt: skip
+        as_onnx, record = _equalized(args, graph, dataset, data.batch)
+        return calibrate_graph(graph, as_onnx, quantizable_tensors(graph), calib, dataset=dataset, data=data,
+                               progress=on_progress, equalization=record)  # fmt: skip
+
+
+def _equalized(args: argparse.Namespace, graph: Any, dataset: Any, batch: int) -> tuple[Any, Any]:
+    """Equalise `graph` (in place) as a build for --backend does, unless --no-equalize or the cache is for
+    other tools (which run the graph as given); returns (the graph as ONNX, the record the cache keeps)."""
+    from trtopt.backend import get_backend, select_backend
+    from trtopt.frontend import onnx_from_graph
+    from trtopt.quant import QuantConfig
+    from trtopt.quant.equalize_cache import equalize_recorded, not_equalized
+
+    model = onnx_from_graph(graph)
+    if args.no_equalize or args.format != "trtopt":
+        return model, not_equalized(model) if args.format == "trtopt" else None
+    backend = select_backend()[0] if args.backend == "auto" else get_backend(args.backend)  # need not run here
+    quant = backend.quant_config(QuantConfig())
+    folds = quant.output_folds if quant.quantize_outputs else None
+    record, _ = equalize_recorded(graph, model, dataset, batch, folds)
+    return onnx_from_graph(graph), record
 
 
 def _plots(args: argparse.Namespace, calibration: Calibration) -> list[str]:

@@ -29,6 +29,7 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "float_layers": quant.float_layers if quant else {},
         "calibration": quant.to_dict()["calibration"] if quant else None,
         "sensitivity": quant.sensitivity if quant else None,
+        "equalization": result.equalization,
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
     }
     if result.report is not None:
@@ -57,6 +58,8 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
         methods = cal.get("methods") or {}
         per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
         table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{per_method}")
+    if summary.get("equalization"):
+        table.add_row("equalisation", escape(summary["equalization"]))
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     floats = summary["float_layers"]
     if floats:

@@ -35,8 +35,9 @@ class QuantConfig:
     `equalize` evens out the channel ranges of the tensors that feed depthwise convs (directly, through a
     ReLU, or through a HardSwish/SiLU gate: `trtopt.quant.equalize.GATED_IN_BUILDS`; then scalar affine maps
     too) before calibration, an
-    exact float rewrite (`trtopt.quant.equalize`; read by the build's quantisation stage). Builds that read
-    or write a calibration cache skip it, so a cache always holds the thresholds of the graph as given.
+    exact float rewrite (`trtopt.quant.equalize`; read by the build's quantisation stage). trtopt's calibration
+    cache records the gains with the thresholds, and a build from it redoes the same rewrite
+    (`trtopt.quant.equalize_cache`); a cache without them (older, or another tool's) builds without it.
     """
 
     exclude: tuple[str, ...] = ()

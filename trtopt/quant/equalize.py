@@ -79,9 +79,11 @@ class EqualizeSite:
 @dataclass(frozen=True)
 class EqualizeReport:
     """What `equalize_activations` did: per rescaled tensor, the ratio of its widest channel range to the
-    median one, before and after."""
+    median one, before and after, and the gains it applied (site tensor -> g_c, in the order applied; what a
+    calibration cache records so a build from it redoes the same rewrite: `trtopt.quant.equalize_cache`)."""
 
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+    gains: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def find_sites(graph: gs.Graph, *, gates: bool = True) -> list[EqualizeSite]:
@@ -292,17 +294,17 @@ def equalize_activations(
     quantized = {id(s): _quantized_tensors(s, folds) for s in sites}
     ranks = {t: s.producer.inputs[1].values.ndim for s in sites for t in quantized[id(s)]}
     ranges = channel_ranges(graph, ranks, batches)
-    spread = {}
+    spread, gains = {}, {}
     for site in sites:
         measured = [ranges[t] for t in quantized[id(site)]]
         gain = equalizing_scales(*measured, max_gain=max_gain)
         if np.all(gain == 1.0):
             continue
         rescale_site(graph, site, gain)
-        spread[site.tensor] = (_spread(measured[0]), _spread(measured[0] * gain))
+        spread[site.tensor], gains[site.tensor] = (_spread(measured[0]), _spread(measured[0] * gain)), gain
     graph.cleanup().toposort()
     log.info("activation equalisation: %d tensors feeding depthwise convs rescaled", len(spread))
-    return EqualizeReport(spread)
+    return EqualizeReport(spread, gains)
 
 
 def _quantized_tensors(site: EqualizeSite, folds: frozenset[str] | None) -> list[str]:
