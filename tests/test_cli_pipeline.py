@@ -197,3 +197,28 @@ def test_calibration_progress_shows_images_per_second_and_the_bounding_stage(mon
         update(CalibProgress("histogram", 2, 16, 32, 4.0, {"decode": 0.5, "inference": 2.5, "counting": 0.7}))
     shown = screen.getvalue()
     assert "calibration: histogram pass" in shown and "4.0 img/s, bound by inference" in shown
+
+
+def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeypatch) -> None:
+    """Redirected to a log (CI, `> build.log 2>&1`), a long build says which phase runs instead of nothing."""
+    import io
+
+    from rich.console import Console
+
+    from trtopt.calib import CalibProgress
+    from trtopt.cli import console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=screen, force_terminal=False, width=120))
+    with console.phase_progress("calibration") as update:
+        for done in (8, 16, 24, 32):
+            update(CalibProgress("histogram", done // 8, done, 32, done / 4.0))
+        update(CalibProgress("sensitivity", 1, 1, None, 3.0))
+    lines = screen.getvalue().splitlines()
+    assert lines == ["calibration: histogram pass: started (8 of 32 done)",
+                     "calibration: histogram pass: 32 done in 8.0s",
+                     "calibration: sensitivity analysis, trials: started (1 done)"]  # fmt: skip
+    screen.truncate(0)
+    with console.phase_progress("calibration", disable=True) as update:  # --json: stderr stays quiet too
+        update(CalibProgress("histogram", 1, 8, 32, 1.0))
+    assert screen.getvalue() == ""

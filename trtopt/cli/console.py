@@ -55,18 +55,44 @@ def progress(description: str = "", *, unit: str = "img", disable: bool = False)
 def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[CalibProgress], None]]:
     """A calibration progress callback: one bar per pass, with its images/s and the stage that bounds it
     (the one the pipeline waits on most: decode, inference or counting)."""
+    if not disable and not err.is_terminal:  # a log file or CI: no bar, but a line per phase, not silence
+        yield _phase_lines(label)
+        return
     with progress(disable=disable) as bar:
         tasks: dict[str, Any] = {}
 
         def update(report: CalibProgress) -> None:
             if report.phase not in tasks:
-                from trtopt.quant.sensitivity import SENSITIVITY_PHASE
-
                 total = report.total_samples
-                what = "sensitivity analysis, trials" if report.phase == SENSITIVITY_PHASE else f"{report.phase} pass"
-                tasks[report.phase] = bar.add_task(f"{label}: {what}", total=total, rate="")
+                tasks[report.phase] = bar.add_task(f"{label}: {_phase_name(report)}", total=total, rate="")
             bound = f", bound by {report.bound}" if report.bound else ""
             rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 else ""
             bar.update(tasks[report.phase], completed=report.samples, rate=rate)
 
         yield update
+
+
+def _phase_name(report: CalibProgress) -> str:
+    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+
+    return "sensitivity analysis, trials" if report.phase == SENSITIVITY_PHASE else f"{report.phase} pass"
+
+
+def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
+    """Progress for a stderr that is no terminal (redirected to a file, CI): one line when a phase starts
+    and one when it has done its known total, so a long build does not look hung."""
+    started: set[str] = set()
+    finished: set[str] = set()
+
+    def update(report: CalibProgress) -> None:
+        name = f"{label}: {_phase_name(report)}"
+        if report.phase not in started:
+            started.add(report.phase)
+            of = f" of {report.total_samples}" if report.total_samples else ""
+            err.print(f"{name}: started ({report.samples}{of} done)")
+        total = report.total_samples
+        if total and report.samples >= total and report.phase not in finished:
+            finished.add(report.phase)
+            err.print(f"{name}: {report.samples} done in {report.seconds:.1f}s")
+
+    return update
