@@ -216,6 +216,9 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
         update(CalibProgress("sensitivity", 1, 1, None, 3.0))
     lines = screen.getvalue().splitlines()
     assert lines == ["calibration: histogram pass: started (8 of 32 done)",
+                     "calibration: histogram pass: 8 of 32 done after 2.0s",
+                     "calibration: histogram pass: 16 of 32 done after 4.0s",
+                     "calibration: histogram pass: 24 of 32 done after 6.0s",
                      "calibration: histogram pass: 32 done in 8.0s",
                      "calibration: sensitivity analysis, trials: started (1 done)"]  # fmt: skip
     screen.truncate(0)

@@ -79,20 +79,19 @@ def _phase_name(report: CalibProgress) -> str:
 
 
 def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
-    """Progress for a stderr that is no terminal (redirected to a file, CI): one line when a phase starts
-    and one when it has done its known total, so a long build does not look hung."""
-    started: set[str] = set()
-    finished: set[str] = set()
+    """Progress for a stderr that is no terminal (redirected to a file, CI): a line when a phase starts, at
+    each tenth of its known total, and when it is done, so a long build does not look hung."""
+    tenths: dict[str, int] = {}
 
     def update(report: CalibProgress) -> None:
-        name = f"{label}: {_phase_name(report)}"
-        if report.phase not in started:
-            started.add(report.phase)
-            of = f" of {report.total_samples}" if report.total_samples else ""
-            err.print(f"{name}: started ({report.samples}{of} done)")
-        total = report.total_samples
-        if total and report.samples >= total and report.phase not in finished:
-            finished.add(report.phase)
-            err.print(f"{name}: {report.samples} done in {report.seconds:.1f}s")
+        name, total = f"{label}: {_phase_name(report)}", report.total_samples
+        if report.phase not in tenths:
+            tenths[report.phase] = 0
+            err.print(f"{name}: started ({report.samples}{f' of {total}' if total else ''} done)")
+        tenth = min(10, report.samples * 10 // total) if total else 0
+        if tenth > tenths[report.phase]:
+            tenths[report.phase] = tenth
+            done = "done in" if tenth == 10 else f"of {total} done after"
+            err.print(f"{name}: {report.samples} {done} {report.seconds:.1f}s")
 
     return update
