@@ -214,13 +214,15 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
         for done in (8, 16, 24, 32):
             update(CalibProgress("histogram", done // 8, done, 32, done / 4.0))
         update(CalibProgress("sensitivity", 1, 1, None, 3.0))
+        update(CalibProgress("verify", 4, 4, 4))  # a report without seconds: no "in 0.0s"
     lines = screen.getvalue().splitlines()
     assert lines == ["calibration: histogram pass: started (8 of 32 done)",
                      "calibration: histogram pass: 8 of 32 done after 2.0s",
                      "calibration: histogram pass: 16 of 32 done after 4.0s",
                      "calibration: histogram pass: 24 of 32 done after 6.0s",
                      "calibration: histogram pass: 32 done in 8.0s",
-                     "calibration: sensitivity analysis, trials: started (1 done)"]  # fmt: skip
+                     "calibration: sensitivity analysis, trials: started (1 done)",
+                     "calibration: verify pass: started (4 of 4 done)", "calibration: verify pass: 4 done"]  # fmt: skip
     screen.truncate(0)
     with console.phase_progress("calibration", disable=True) as update:  # --json: stderr stays quiet too
         update(CalibProgress("histogram", 1, 8, 32, 1.0))

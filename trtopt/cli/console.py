@@ -91,7 +91,8 @@ def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
         tenth = min(10, report.samples * 10 // total) if total else 0
         if tenth > tenths[report.phase]:
             tenths[report.phase] = tenth
-            done = "done in" if tenth == 10 else f"of {total} done after"
-            err.print(f"{name}: {report.samples} {done} {report.seconds:.1f}s")
+            done = "done" if tenth == 10 else f"of {total} done"
+            took = f" {'in' if tenth == 10 else 'after'} {report.seconds:.1f}s" if report.seconds > 0 else ""
+            err.print(f"{name}: {report.samples} {done}{took}")
 
     return update
