@@ -197,3 +197,60 @@ def test_calibration_progress_shows_images_per_second_and_the_bounding_stage(mon
         update(CalibProgress("histogram", 2, 16, 32, 4.0, {"decode": 0.5, "inference": 2.5, "counting": 0.7}))
     shown = screen.getvalue()
     assert "calibration: histogram pass" in shown and "4.0 img/s, bound by inference" in shown
+
+
+def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeypatch) -> None:
+    """Redirected to a log (CI, `> build.log 2>&1`), a long build says which phase runs instead of nothing."""
+    import io
+
+    from rich.console import Console
+
+    from trtopt.calib import CalibProgress
+    from trtopt.cli import console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=screen, force_terminal=False, width=120))
+    with console.phase_progress("calibration") as update:
+        for done in (8, 16, 24, 32):
+            update(CalibProgress("histogram", done // 8, done, 32, done / 4.0))
+        update(CalibProgress("sensitivity", 1, 1, None, 3.0))
+        update(CalibProgress("verify", 4, 4, 4))  # a report without seconds: no "in 0.0s"
+    lines = screen.getvalue().splitlines()
+    assert lines == ["calibration: histogram pass: started (8 of 32 done)",
+                     "calibration: histogram pass: 8 of 32 done after 2.0s",
+                     "calibration: histogram pass: 16 of 32 done after 4.0s",
+                     "calibration: histogram pass: 24 of 32 done after 6.0s",
+                     "calibration: histogram pass: 32 done in 8.0s",
+                     "calibration: sensitivity analysis, trials: started (1 done)",
+                     "calibration: verify pass: started (4 of 4 done)", "calibration: verify pass: 4 done"]  # fmt: skip
+    screen.truncate(0)
+    with console.phase_progress("calibration", disable=True) as update:  # --json: stderr stays quiet too
+        update(CalibProgress("histogram", 1, 8, 32, 1.0))
+    assert screen.getvalue() == ""
+
+
+def test_run_on_a_sequence_output_describes_it_instead_of_naming_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CTC recogniser's [N, T, C] output is not top-k'd as if it were T*C classes (hold-out check,
+    PP-OCRv3's recogniser printed 'class 106000 (0.0%)')."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3, 1, 1)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 4, 64], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Reshape", ["c", "shape"], ["y"])]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    graph = helper.make_graph(nodes, "seq", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 64])],
+                              [w, shape])  # fmt: skip
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)]), tmp_path / "s.onnx")
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "a.png")
+    plan = str(tmp_path / "s.engine")
+    assert main(["build", str(tmp_path / "s.onnx"), "--backend", "cpu", "--preset", "imagenet", "-o", plan]) == 0
+    capsys.readouterr()
+    assert main(["run", plan, str(tmp_path / "a.png"), "--json"]) == 0
+    (prediction,) = _json(capsys)["predictions"]
+    assert "top" not in prediction and prediction["described"]["shape"] == [4, 64]
+    assert prediction["described"]["min"] <= prediction["described"]["mean"] <= prediction["described"]["max"]
+    assert main(["run", plan, str(tmp_path / "a.png")]) == 0
+    shown = capsys.readouterr().out
+    assert "[4x64]" in shown and "class " not in shown

@@ -10,13 +10,26 @@ received (`added_errors`) is the first candidate for `--exclude`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trtopt.metrics import TaskConfig, TaskEvaluator, choose_task
+
+
+def zero_padded(arrays: Sequence[np.ndarray], *, from_axis: int = 0) -> list[np.ndarray]:
+    """`arrays` zero-padded at the end of each axis from `from_axis` on to their largest size there, so that
+    outputs whose length depends on the data (a decoder's Loop that stops at its end token, NonZero, NMS)
+    can be stacked and compared: what one run produced and the other did not counts against zero, as a
+    disagreement. Arrays of one shape, or of different ranks, come back as they are."""
+    arrays = [np.asarray(a) for a in arrays]
+    if len({a.shape for a in arrays}) <= 1 or len({a.ndim for a in arrays}) != 1:
+        return arrays
+    top = np.max([a.shape for a in arrays], axis=0)
+    return [np.pad(a, [(0, 0) if axis < from_axis else (0, int(top[axis]) - size) for axis, size in enumerate(a.shape)])
+            for a in arrays]  # fmt: skip
 
 
 def row_cosines(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -43,6 +56,7 @@ class ErrorStats:
     rows: int = 0
 
     def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False) -> None:
+        ref, test = zero_padded([ref, test])  # a data-dependent length: the missing part compares with 0
         ref64, test64 = ref.astype(np.float64).ravel(), test.astype(np.float64).ravel()
         diff = np.abs(ref64 - test64)
         self.count += ref64.size

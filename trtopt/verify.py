@@ -140,12 +140,12 @@ class Verification:
 
 def agreement(outputs: Outputs, target: Outputs) -> Agreement:
     """Compare two runs output by output; the worst output decides each figure."""
-    from trtopt.compare import row_cosines
+    from trtopt.compare import row_cosines, zero_padded
 
     cosines, errors, top1 = [], [], []
     for name, want in target.items():
-        got = outputs[name].astype(np.float64).reshape(len(want), -1)
-        ref = want.astype(np.float64).reshape(len(want), -1)
+        got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
+        got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines.append(float(np.mean(row_cosines(got, ref))))
         scale = float(np.linalg.norm(ref))
         errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
@@ -201,7 +201,9 @@ def collect(run: Runner, batches: Sequence[tuple[Feeds, int | None]]) -> Outputs
     for feeds, n in batches:
         for name, value in run(feeds).items():
             parts.setdefault(name, []).append(np.asarray(value)[:n])
-    return {name: np.concatenate(values) for name, values in parts.items()}
+    from trtopt.compare import zero_padded  # outputs of a data-dependent length stack zero-padded
+
+    return {name: np.concatenate(zero_padded(values, from_axis=1)) for name, values in parts.items()}
 
 
 def reference_runner(model_bytes: bytes) -> Runner:

@@ -55,18 +55,44 @@ def progress(description: str = "", *, unit: str = "img", disable: bool = False)
 def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[CalibProgress], None]]:
     """A calibration progress callback: one bar per pass, with its images/s and the stage that bounds it
     (the one the pipeline waits on most: decode, inference or counting)."""
+    if not disable and not err.is_terminal:  # a log file or CI: no bar, but a line per phase, not silence
+        yield _phase_lines(label)
+        return
     with progress(disable=disable) as bar:
         tasks: dict[str, Any] = {}
 
         def update(report: CalibProgress) -> None:
             if report.phase not in tasks:
-                from trtopt.quant.sensitivity import SENSITIVITY_PHASE
-
                 total = report.total_samples
-                what = "sensitivity analysis, trials" if report.phase == SENSITIVITY_PHASE else f"{report.phase} pass"
-                tasks[report.phase] = bar.add_task(f"{label}: {what}", total=total, rate="")
+                tasks[report.phase] = bar.add_task(f"{label}: {_phase_name(report)}", total=total, rate="")
             bound = f", bound by {report.bound}" if report.bound else ""
             rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 else ""
             bar.update(tasks[report.phase], completed=report.samples, rate=rate)
 
         yield update
+
+
+def _phase_name(report: CalibProgress) -> str:
+    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+
+    return "sensitivity analysis, trials" if report.phase == SENSITIVITY_PHASE else f"{report.phase} pass"
+
+
+def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
+    """Progress for a stderr that is no terminal (redirected to a file, CI): a line when a phase starts, at
+    each tenth of its known total, and when it is done, so a long build does not look hung."""
+    tenths: dict[str, int] = {}
+
+    def update(report: CalibProgress) -> None:
+        name, total = f"{label}: {_phase_name(report)}", report.total_samples
+        if report.phase not in tenths:
+            tenths[report.phase] = 0
+            err.print(f"{name}: started ({report.samples}{f' of {total}' if total else ''} done)")
+        tenth = min(10, report.samples * 10 // total) if total else 0
+        if tenth > tenths[report.phase]:
+            tenths[report.phase] = tenth
+            done = "done" if tenth == 10 else f"of {total} done"
+            took = f" {'in' if tenth == 10 else 'after'} {report.seconds:.1f}s" if report.seconds > 0 else ""
+            err.print(f"{name}: {report.samples} {done}{took}")
+
+    return update

@@ -1,4 +1,5 @@
-"""Run a plan on images (or .npy/.npz tensors) and print the top-5 classes per image.
+"""Run a plan on images (or .npy/.npz tensors) and print the top-5 classes per image (for a first output
+that is not [N, classes] scores, its shape and range per image instead).
 
 Each image is preprocessed exactly as the plan says (resize, crop, mean/std, layout stored at build
 time), batched, and run; the closing line gives the throughput. ImageNet classifiers get ImageNet class
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from trtopt.cli.preprocess_args import add_preprocess_arguments
 
@@ -58,10 +61,14 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         t0 = time.perf_counter()
         scores = engine.infer(batch.feeds)[output]
         compute += time.perf_counter() - t0
-        for source, preds in zip(batch.sources, top_k(scores, args.top, engine.labels), strict=False):  # padding rows
-            results.append({"input": source, "top": [p.__dict__ for p in preds]})
+        if np.ndim(scores) != 2:  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
+            rows = [_described(output, row) for row in scores]
+        else:
+            rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
+        for source, row in zip(batch.sources, rows, strict=False):  # padding rows
+            results.append({"input": source, **row})
             if not args.json:
-                shown = ", ".join(f"{p.label} ({p.probability:.1%})" for p in preds)
+                shown = row.get("text") or ", ".join(f"{p['label']} ({p['probability']:.1%})" for p in row["top"])
                 out.print(f"[bold]{markup_safe(source)}[/]: {markup_safe(shown)}", markup=True, soft_wrap=True)
     elapsed = time.perf_counter() - started
     n = len(results)
@@ -83,3 +90,14 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             f"{summary['end_to_end_images_per_second']:.1f} img/s with preprocessing (batch {args.batch})."
         )
     return 0
+
+
+def _described(name: str, row: np.ndarray) -> dict[str, Any]:
+    """One sample's output that is no [classes] score vector: its shape and range, not top-k "classes"
+    (a CTC recogniser's [T, C] flattened would name class T*C indices)."""
+    row = np.asarray(row)
+    stats = {"output": name, "shape": list(row.shape), "min": float(row.min(initial=np.inf)),
+             "max": float(row.max(initial=-np.inf)), "mean": float(row.mean()) if row.size else 0.0}  # fmt: skip
+    shape = "x".join(map(str, row.shape))
+    text = f"output {name!r} [{shape}]: min {stats['min']:.4g}, max {stats['max']:.4g}, mean {stats['mean']:.4g}"
+    return {"described": stats, "text": text + " (not [N, classes] scores: no top-k; use trtopt.Engine for the values)"}

