@@ -105,9 +105,10 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.quant.config import QuantConfig
+from trtopt.quant.objective import Cosines, Figures, figures, gain, refuted, shortfall, worst, worst_mean
 from trtopt.quant.ranking import rank_by_added_error
 from trtopt.quant.trial_count import TrialCount, memo
-from trtopt.quant.trials import outputs_cosine
+from trtopt.quant.trials import output_figures
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,6 @@ SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one p
 REASON = "kept float by sensitivity analysis"  # how the reason of each layer it keeps float begins
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
-Cosines = float | np.ndarray  # a worst output's mean cosine, or its per-sample cosines
 Lower = Callable[[onnx.ModelProto], onnx.ModelProto]  # a Q/DQ model -> the form the backend builds (`measured_form`)
 
 
@@ -176,7 +176,7 @@ def quantized_model(
 
 
 def find_sensitive_layers(
-    measure: Callable[[Sequence[str]], float],
+    measure: Callable[[Sequence[str]], Figures],
     layers: Sequence[str],
     *,
     min_cosine: float = MIN_COSINE,
@@ -184,16 +184,17 @@ def find_sensitive_layers(
     on_trial: Callable[[int, int], None] | None = None,
     confirm: Callable[[Sequence[str]], Cosines] | None = None,
 ) -> Sensitivity:
-    """The search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of the plan
-    with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers` most error
-    first; the first `CANDIDATES` of that order are tried (all of `layers` without it). `confirm(exclude)`,
-    where given, is the same cosine on samples `measure` does not use: the greedy stage keeps a layer only
-    if it gains `MIN_GAIN` there too, and stops only when both reach `min_cosine`.
+    """The search of the module doc over `layers`; `measure(exclude)` is each output's cosine (one float for
+    one output) with `exclude` kept float, weighed as `trtopt.quant.objective` says. `rank()`, called only
+    when the plan falls short, orders `layers` most error first; the first `CANDIDATES` of that order are
+    tried (all of `layers` without it). `confirm(exclude)`, where given, is the per-sample cosines (a row
+    per output) on samples `measure` does not use: the greedy stage keeps a layer only if they do not
+    refute its gain, and stops only when both sample sets reach `min_cosine`.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
-    start = confirm(()) if confirm is not None and layers and before >= min_cosine else None
-    if not layers or (before >= min_cosine and (start is None or _mean(start) >= min_cosine)):
-        return Sensitivity(before, before)  # the aim reached on both sample sets: nothing to keep float
+    start = confirm(()) if confirm is not None and layers and worst(before) >= min_cosine else None
+    if not layers or (worst(before) >= min_cosine and (start is None or worst_mean(start) >= min_cosine)):
+        return Sensitivity(worst(before), worst(before))  # the aim reached on both sample sets: nothing to keep
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
     greedy = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
@@ -201,78 +202,81 @@ def find_sensitive_layers(
     count = TrialCount(on_trial, 1, most)
     measure = memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
     check = memo(count.wrap(confirm)) if confirm is not None else None
-    alone: dict[str, float] = {}
+    alone: dict[str, Figures] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine and (check is None or _mean(check((layer,))) >= min_cosine):
+        if worst(alone[layer]) >= min_cosine and (check is None or worst_mean(check((layer,))) >= min_cosine):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
-    found, gains = _Greedy({}, before, start, start, {}), alone
+    found, gains = _Greedy({}, before, min_cosine, start, start, {}), alone
     for round_ in range(ROUNDS):
         if round_:  # each layer again, on top of those kept float: its gain there, not alone
             gains = {layer: measure((*found.chosen, layer)) for layer in tried[:LATER]
                      if layer not in found.chosen and layer not in found.refused}  # fmt: skip
-        order = sorted((layer for layer in gains if gains[layer] - found.current >= MIN_GAIN), key=lambda k: -gains[k])
+        order = sorted((layer for layer in gains if found.gain(gains[layer]) >= MIN_GAIN),
+                       key=lambda k: (-found.gain(gains[k]), -worst(gains[k])))  # fmt: skip
         kept = len(found.chosen)
-        _greedy(found, order[: steps - kept], gains, measure, check, min_cosine)
-        if found.reached(min_cosine) or len(found.chosen) in (kept, steps):
+        _greedy(found, order[: steps - kept], gains, measure, check)
+        if found.reached() or len(found.chosen) in (kept, steps):
             break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
     count.finish()
-    confirmed = None if found.start is None or found.checked is None else (_mean(found.start), _mean(found.checked))
-    return Sensitivity(before, found.current, dict(found.chosen), count.done, confirmed, dict(found.refused))
+    confirmed = None if found.start is None or found.checked is None else (
+        worst_mean(found.start), worst_mean(found.checked))  # fmt: skip
+    return Sensitivity(worst(before), worst(found.current), dict(found.chosen), count.done, confirmed,
+                       dict(found.refused))  # fmt: skip
 
 
 @dataclass
 class _Greedy:
     chosen: dict[str, str]  # layers kept float, in order -> why
-    current: float
-    start: Cosines | None  # the confirmation samples' worst output's cosines before any layer was kept float
+    current: Figures  # each output's cosine with `chosen` float
+    aim: float
+    start: Cosines | None  # the confirmation samples' per-sample cosines before any layer was kept float
     checked: Cosines | None  # ... and with `chosen` float
     refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
 
-    def reached(self, aim: float) -> bool:
-        return self.current >= aim and (self.checked is None or _mean(self.checked) >= aim)
+    def reached(self) -> bool:
+        return worst(self.current) >= self.aim and (self.checked is None or worst_mean(self.checked) >= self.aim)
+
+    def gain(self, trial: Figures) -> float:
+        return gain(trial, self.current, self.aim)
 
 
 def _greedy(
-    found: _Greedy, order: Sequence[str], gains: Mapping[str, float], measure: Callable[[Sequence[str]], float],
-    confirm: Callable[[Sequence[str]], Cosines] | None, aim: float,
+    found: _Greedy, order: Sequence[str], gains: Mapping[str, Figures], measure: Callable[[Sequence[str]], Figures],
+    confirm: Callable[[Sequence[str]], Cosines] | None,
 ) -> None:  # fmt: skip
-    """Keep float (add to `found.chosen`) each layer of `order` in turn that lifts the worst cosine by
-    `MIN_GAIN` (on the confirmation samples too, where given), until the aim is reached on both; `gains`
-    holds each layer's cosine kept float beside `found.chosen` as it was (the round's first trial)."""
+    """Keep float (add to `found.chosen`) each layer of `order` in turn that gains `MIN_GAIN` (and that the
+    confirmation samples, where given, do not refute), until the aim is reached on both; `gains` holds
+    each layer's figures kept float beside `found.chosen` as it was (the round's first trial)."""
     if confirm is not None and order and found.start is None:
         found.start = found.checked = confirm(())
     base = len(found.chosen)
     for layer in order:
         trial = gains[layer] if len(found.chosen) == base else measure((*found.chosen, layer))
-        if trial - found.current < MIN_GAIN:
+        if found.gain(trial) < MIN_GAIN:
             continue
         if confirm is not None and found.checked is not None:
             again = confirm((*found.chosen, layer))
-            if _refuted(again, found.checked):  # it helps on the search samples only: chance, not the layer
-                found.refused[layer] = (f"lifts the search samples' cosine to {trial:.4f}, the confirmation "
-                                        f"samples' {_mean(found.checked):.4f} -> {_mean(again):.4f} only")  # fmt: skip
+            if refuted(again, found.checked, found.aim, MIN_GAIN, NOISE):  # the search samples only: chance
+                was, now = worst_mean(found.checked), worst_mean(again)
+                found.refused[layer] = (f"lifts the search samples' cosine to {worst(trial):.4f}, the confirmation "
+                                        f"samples' {was:.4f} -> {now:.4f} only")  # fmt: skip
                 continue
             found.checked = again
         beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
         found.chosen[layer] = f"{REASON} ({beside} it lifts the worst output cosine " \
-                              f"{found.current:.4f} -> {trial:.4f})"  # fmt: skip
+                              f"{worst(found.current):.4f} -> {worst(trial):.4f}{_summed(found, trial)})"  # fmt: skip
         found.current = trial
-        if found.reached(aim):
+        if found.reached():
             break
 
 
-def _mean(cosines: Cosines) -> float:
-    return float(np.mean(cosines))
-
-
-def _refuted(again: Cosines, before: Cosines) -> bool:
-    """Whether the confirmation samples refute a layer's gain: per-sample cosines (one array per trial)
-    refute it when the paired gain, mean plus `NOISE` standard errors, stays below `MIN_GAIN` (a single
-    figure: when it gains less than `MIN_GAIN`)."""
-    gains = np.atleast_1d(np.asarray(again, np.float64) - np.asarray(before, np.float64))
-    noise = NOISE * float(np.std(gains, ddof=1)) / np.sqrt(gains.size) if gains.size > 1 else 0.0
-    return float(np.mean(gains)) + noise < MIN_GAIN
+def _summed(found: _Greedy, trial: Figures) -> str:
+    """The summed shortfall's cut, where the plan has several outputs."""
+    if figures(trial).size < 2:
+        return ""
+    return (f", the outputs' summed shortfall below {found.aim} {shortfall(found.current, found.aim):.4f} -> "
+            f"{shortfall(trial, found.aim):.4f}")  # fmt: skip
 
 
 def exclude_sensitive(
@@ -297,11 +301,7 @@ def exclude_sensitive(
         return quantized_model(graph, quant, calibration, bias_correction, exclude, lower) if exclude else base
 
     # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
-    searched = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
-
-    def measure(exclude: Sequence[str]) -> float:
-        return _mean(searched(exclude))
-
+    measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
     check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4, True) if confirm else None
     found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
     if found.layers:
@@ -315,8 +315,8 @@ def _measurer(
     tried: Callable[[], Sequence[str]], budget: int, per_sample: bool = False,
 ) -> Callable[[Sequence[str]], Cosines]:  # fmt: skip
     """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
-    up at the first trial, keeping what the trials of the layers `tried()` then names will read); the worst
-    output's mean cosine, or with `per_sample` its cosine on each sample."""
+    up at the first trial, keeping what the trials of the layers `tried()` then names will read); each
+    output's figure (`trials.cosine_figures`), or with `per_sample` its cosine on each sample, a row each."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant.trials import DownstreamTrials, sample_cosines
@@ -333,7 +333,7 @@ def _measurer(
             if not trials:
                 trials.append(DownstreamTrials(base, batches, tried(), budget))
             outputs = trials[0].run(build(exclude)) if exclude else trials[0].base_outputs()
-        return sample_cosines(outputs, batches, expected) if per_sample else outputs_cosine(outputs, batches, expected)
+        return sample_cosines(outputs, batches, expected) if per_sample else output_figures(outputs, batches, expected)
 
     return measure
 
