@@ -9,20 +9,22 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
    backend's lowered graph, TensorRT's Q/DQ graph as it is; ONNX Runtime, optimisations off: the INT8
    arithmetic exactly) against FP32; if every output keeps a cosine of at least `MIN_COSINE` on the search
    samples and on the confirmation samples, stop. The cosine is the lower of the two figures the project
-   reports (`trials.cosine_figure`): the mean of per-sample cosines (the build's verification) and the
-   cosine over all elements (`trtopt compare`, the zoo benchmark); the confirmation samples' is the first;
+   reports, output by output (`trials.cosine_figures`): the mean of per-sample cosines (the build's
+   verification) and the cosine over all elements (`trtopt compare`, the zoo benchmark); the
+   confirmation samples' is the first;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
-   beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
-   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
-   samples too) ends this stage (one layer is the fewest there can be);
-3. greedy: keep float the most sensitive layer, then the next, re-measuring each time, until the cosine
-   reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are float.
-   A layer is kept only if it lifts the worst cosine by at least `MIN_GAIN` on the search samples and the
-   confirmation samples do not refute it: their paired per-sample gain, mean plus `NOISE` (2) standard
-   errors, must reach `MIN_GAIN` (a layer that gains on the search samples alone, chance among the 48
-   tried, is refused; one the confirmation samples cannot tell from a gain is not); only layers that alone
-   gained `MIN_GAIN` are tried: the stage ends where the sorted alone-gains fall below it, and never
-   starts when none reaches it;
+   beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), every output's
+   cosine with that layer alone kept float; a layer that alone lifts the worst to `MIN_COSINE` (on the
+   confirmation samples too) ends this stage (one layer is the fewest there can be);
+3. greedy: keep float the layer that gains most, then the next, re-measuring each time, until the worst
+   output reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are
+   float. A layer's gain (`trtopt.quant.objective`) is the larger of the worst output's rise and the cut of
+   the outputs' summed shortfall below `MIN_COSINE` (one output: its rise). A layer is kept only if it gains
+   at least `MIN_GAIN` on the search samples and the confirmation samples do not refute it: their paired
+   per-sample gain, mean plus `NOISE` (2) standard errors, must reach `MIN_GAIN` (a layer that gains on the
+   search samples alone, chance among the 48 tried, is refused; one the confirmation samples cannot tell
+   from a gain is not); only layers that alone gained `MIN_GAIN` are tried: the stage ends where the sorted
+   alone-gains fall below it, and never starts when none reaches it;
 4. another round when the greedy stage kept some layers but ran out short of the aim: the first `LATER`
    (24) candidates not kept nor refused are tried again on top of the kept ones, and the greedy stage runs
    over those gains; `ROUNDS` (2) rounds at most, none after a round that kept nothing (same plans again).
@@ -73,13 +75,9 @@ crossed PP-LCNetV3's affine blocks).
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
 changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
-same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). A trial of one of
-PP-OCRv4-det's first 8 candidates ran in 0.81 s of CPU instead of 1.34 s (its early layers change nearly
-the whole graph), of PP-OCRv4-rec's in 0.18 s instead of 0.43 s, beside its Q/DQ rebuild (0.10-0.15 s);
-whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on layout-cdla, 56 -> 46 on
-ddddocr-det and 43 -> 36 on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96,
-195, 53 and 60 with the confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
-`trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
+same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit): whole default builds
+took 238 -> 163 CPU seconds on layout-cdla, 124 -> 91 on PP-OCRv4-det with the same layers and cosines
+(avx2, 1 intra-op thread). The kept tensors fill at most `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
 `CANDIDATES` + `LATER` and the greedy steps however deep the model (trying every layer alone took over 15 minutes on a
 200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan as its backend builds it: the CPU
 backend lowers TensorRT's form to uint8 activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
