@@ -521,3 +521,15 @@ def test_one_output_as_an_array_is_searched_as_one_figure(case: str) -> None:
     as_float = find_sensitive_layers(measure, layers, **options)
     as_array = find_sensitive_layers(lambda exclude: np.array([measure(exclude)]), layers, **options)
     assert as_array == as_float and as_float.trials > 1
+
+
+def test_the_last_step_to_the_aim_is_kept_though_it_gains_less_than_the_minimum() -> None:
+    """Two outputs: "a" lifts the worst to 0.9896; then "b" lifts it past the aim by MIN_GAIN / 2 (kept:
+    it reaches the aim), while "c", as small a gain short of the aim, is not."""
+    errors = {"A": 0.03, "B": 0.0104}
+    fixes = {"a": ("A", 0.03), "c": ("B", MIN_GAIN / 3), "b": ("B", MIN_GAIN / 2 + 0.0004)}
+    layers = [*fixes, *(f"l{i}" for i in range(9))]
+    found = find_sensitive_layers(_tied(fixes, errors, []), layers)
+    assert list(found.layers) == ["a", "b"] and found.after == pytest.approx(0.9905)
+    short = find_sensitive_layers(_tied({"a": fixes["a"], "c": fixes["c"]}, errors, []), layers)
+    assert list(short.layers) == ["a"] and short.after == pytest.approx(0.9896)

@@ -20,7 +20,8 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
    output reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are
    float. A layer's gain (`trtopt.quant.objective`) is the larger of the worst output's rise and the cut of
    the outputs' summed shortfall below `MIN_COSINE` (one output: its rise). A layer is kept only if it gains
-   at least `MIN_GAIN` on the search samples and the confirmation samples do not refute it: their paired
+   at least `MIN_GAIN` on the search samples, or lifts the worst output to `MIN_COSINE` (the last step),
+   and the confirmation samples do not refute it: their paired
    per-sample gain, mean plus `NOISE` (2) standard errors, must reach `MIN_GAIN` (a layer that gains on the
    search samples alone, chance among the 48 tried, is refused; one the confirmation samples cannot tell
    from a gain is not); only layers that alone gained `MIN_GAIN` are tried: the stage ends where the sorted
@@ -77,10 +78,11 @@ the measured cosine is that of the plan that would be built; it then runs only w
 changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
 same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit): whole default builds
 took 238 -> 163 CPU seconds on layout-cdla, 124 -> 91 on PP-OCRv4-det with the same layers and cosines
-(avx2, 1 intra-op thread). The kept tensors fill at most `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
-`CANDIDATES` + `LATER` and the greedy steps however deep the model (trying every layer alone took over 15 minutes on a
-200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan as its backend builds it: the CPU
-backend lowers TensorRT's form to uint8 activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
+(avx2, 1 intra-op thread). The kept tensors fill at most `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages
+at 640 x 640 take 0.96 GB). The trials are at most `CANDIDATES` + `LATER` and the greedy steps however
+deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet on 2 cores). What is
+measured is the plan as its backend builds it: the CPU backend lowers TensorRT's form to uint8
+activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
 twice the resolution), and measured in TensorRT's form PP-OCRv4-rec with p2o.Conv.15 float scored 0.9602 on
 held-out lines where its built plan scored 0.9743. The lowering is a pure function of the graph's content,
 so the trials' fingerprints match on the lowered form as on TensorRT's, and a trial's cosine is that of the
@@ -210,7 +212,7 @@ def find_sensitive_layers(
         if round_:  # each layer again, on top of those kept float: its gain there, not alone
             gains = {layer: measure((*found.chosen, layer)) for layer in tried[:LATER]
                      if layer not in found.chosen and layer not in found.refused}  # fmt: skip
-        order = sorted((layer for layer in gains if found.gain(gains[layer]) >= MIN_GAIN),
+        order = sorted((layer for layer in gains if found.pays(gains[layer])),
                        key=lambda k: (-found.gain(gains[k]), -worst(gains[k])))  # fmt: skip
         kept = len(found.chosen)
         _greedy(found, order[: steps - kept], gains, measure, check)
@@ -238,6 +240,10 @@ class _Greedy:
     def gain(self, trial: Figures) -> float:
         return gain(trial, self.current, self.aim)
 
+    def pays(self, trial: Figures) -> bool:
+        """Whether `trial` gains `MIN_GAIN`, or lifts the worst output to the aim (the last step there)."""
+        return self.gain(trial) >= MIN_GAIN or worst(trial) >= self.aim > worst(self.current)
+
 
 def _greedy(
     found: _Greedy, order: Sequence[str], gains: Mapping[str, Figures], measure: Callable[[Sequence[str]], Figures],
@@ -251,7 +257,7 @@ def _greedy(
     base = len(found.chosen)
     for layer in order:
         trial = gains[layer] if len(found.chosen) == base else measure((*found.chosen, layer))
-        if found.gain(trial) < MIN_GAIN:
+        if not found.pays(trial):
             continue
         if confirm is not None and found.checked is not None:
             again = confirm((*found.chosen, layer))
