@@ -446,3 +446,90 @@ def test_the_build_summary_counts_the_searchs_float_layers_as_one_reason() -> No
               "c": "kept float by sensitivity analysis (alone it lifts the worst output cosine 0.9 -> 0.95)",
               "d": "kept float by sensitivity analysis (beside the 1 kept float before it, it lifts ...)"}  # fmt: skip
     assert float_reasons(floats) == "2 (fewer than 16 channels), 2 (kept float by sensitivity analysis)"
+
+
+def _tied(fixes: dict[str, tuple[str, float]], errors: dict[str, float], calls: list[tuple[str, ...]]):  # type: ignore[no-untyped-def]
+    """Each output's cosine (1 minus its error), where a layer kept float (`fixes`: layer -> (output, cut))
+    cuts one output's error."""
+
+    def measure(exclude: Sequence[str]) -> np.ndarray:
+        calls.append(tuple(exclude))
+        cuts = {out: sum(cut for layer, (o, cut) in fixes.items() if o == out and layer in exclude) for out in errors}
+        return np.array([1.0 - max(0.0, e - cuts[out]) for out, e in errors.items()])
+
+    return measure
+
+
+def test_outputs_whose_worst_cosines_tie_are_lifted_one_layer_each_by_the_summed_shortfall() -> None:
+    """Three outputs tie at 0.985 and one layer each lifts one of them: kept float alone, none lifts the
+    worst output, so a search on the worst output keeps nothing; the summed shortfall below the aim falls
+    by 0.01 with each, and the three reach the aim."""
+    errors = {"A": 0.015, "B": 0.015, "C": 0.015, "D": 0.002}
+    fixes = {"a": ("A", 0.015), "b": ("B", 0.014), "c": ("C", 0.013), "d": ("D", 0.002)}
+    layers = [*fixes, *(f"l{i}" for i in range(10))]
+    calls: list[tuple[str, ...]] = []
+    found = find_sensitive_layers(_tied(fixes, errors, calls), layers)
+    assert list(found.layers) == ["a", "b", "c"]  # the largest cut first; "d" cuts no shortfall: left INT8
+    assert found.before == pytest.approx(0.985) and found.after == pytest.approx(0.998)
+    assert "summed shortfall below 0.99 0.0100 -> 0.0050" in found.layers["b"]
+    assert found.trials == len(calls) == 1 + len(layers) + 2  # the alone trials, then one each beside
+    worst_only = find_sensitive_layers(lambda exclude: float(_tied(fixes, errors, [])(exclude).min()), layers)
+    assert worst_only.layers == {} and worst_only.after == pytest.approx(0.985)  # what the search did before
+
+
+def test_the_confirmation_weighs_tied_outputs_by_their_summed_per_sample_gain() -> None:
+    """Two outputs tie on both sample sets. "lucky" lifts output A on the search samples alone (refused);
+    "a" and "b" lift A and B on the confirmation samples too, though the worst confirmation output does not
+    move with either alone: both are kept, and the plan reaches the aim on both sets."""
+    errors = {"A": 0.015, "B": 0.015}
+    fixes = {"lucky": ("A", 0.016), "a": ("A", 0.015), "b": ("B", 0.014)}
+    layers = [*fixes, *(f"l{i}" for i in range(9))]
+    wobble = np.resize([0.004, -0.004], 8)  # per-sample spread on the confirmation samples
+
+    def confirm(exclude: Sequence[str]) -> np.ndarray:
+        lifted = {out: any(fixes[layer] == (out, cut) for layer in exclude if layer != "lucky")
+                  for out, cut in (("A", 0.015), ("B", 0.014))}  # fmt: skip
+        return np.array([0.985 + wobble + (0.012 if lifted[out] else 0.0) for out in errors])
+
+    found = find_sensitive_layers(_tied(fixes, errors, []), layers, confirm=confirm)
+    assert list(found.layers) == ["a", "b"] and set(found.refused) == {"lucky"}
+    assert found.after >= MIN_COSINE and found.confirmed == pytest.approx((0.985, 0.997))
+
+
+@pytest.mark.parametrize("case", ["greedy", "overlap", "later", "rounds", "confirmed"])
+def test_one_output_as_an_array_is_searched_as_one_figure(case: str) -> None:
+    """A plan of one output searches the same whether its figure comes as a float or as one output's array:
+    same layers, same trials, same figures (the summed shortfall of one output never outweighs its rise)."""
+    costs = {f"l{i:02d}": MIN_GAIN / 2 for i in range(MANY)} | {"big": 0.05, "mid": 0.0008, "near": 0.004}
+    ranked = [f"l{i:02d}" for i in range(MANY)]
+    ranked[3:3] = ["big", "mid", "near"]
+
+    def overlap(exclude: Sequence[str]) -> float:  # keeping "a" or "b" float removes their shared error
+        shared = 0.0 if {"a", "b"} & set(exclude) else 0.007
+        return 0.992 - shared - 0.0004 * ("a" not in exclude) - 0.0006 * ("b" not in exclude)
+
+    plans: dict[str, tuple[Any, list[str], dict[str, Any]]] = {
+        "greedy": (_measure(costs, []), list(costs), {"rank": lambda: ranked}),
+        "overlap": (overlap, list("abcdefgh"), {}),
+        "later": (_outputs({"a": "A", "b": "B"}, {"A": 0.03, "B": 0.02, "C": 0.004}, []), ["a", "b", "x", "y"], {}),
+        "rounds": (_outputs({"x0": "O0", "x1": "O1", "x2": "O2"}, {"O0": 0.03, "O1": 0.012, "O2": 0.0109}, []),
+                   ["x0", "x1", "x2", *(f"l{i}" for i in range(9))], {}),
+        "confirmed": (_measure(costs, []), list(costs),
+                      {"rank": lambda: ranked, "confirm": lambda ex: np.full(8, 0.96) + 0.001 * len(ex)}),
+    }  # fmt: skip
+    measure, layers, options = plans[case]
+    as_float = find_sensitive_layers(measure, layers, **options)
+    as_array = find_sensitive_layers(lambda exclude: np.array([measure(exclude)]), layers, **options)
+    assert as_array == as_float and as_float.trials > 1
+
+
+def test_the_last_step_to_the_aim_is_kept_though_it_gains_less_than_the_minimum() -> None:
+    """Two outputs: "a" lifts the worst to 0.9896; then "b" lifts it past the aim by MIN_GAIN / 2 (kept:
+    it reaches the aim), while "c", as small a gain short of the aim, is not."""
+    errors = {"A": 0.03, "B": 0.0104}
+    fixes = {"a": ("A", 0.03), "c": ("B", MIN_GAIN / 3), "b": ("B", MIN_GAIN / 2 + 0.0004)}
+    layers = [*fixes, *(f"l{i}" for i in range(9))]
+    found = find_sensitive_layers(_tied(fixes, errors, []), layers)
+    assert list(found.layers) == ["a", "b"] and found.after == pytest.approx(0.9905)
+    short = find_sensitive_layers(_tied({"a": fixes["a"], "c": fixes["c"]}, errors, []), layers)
+    assert list(short.layers) == ["a"] and short.after == pytest.approx(0.9896)

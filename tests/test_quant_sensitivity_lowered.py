@@ -85,11 +85,12 @@ def test_a_cut_trial_of_the_lowered_form_measures_the_whole_lowered_graph(tmp_pa
 
 
 def test_per_sample_cosines_are_those_whose_mean_the_search_measures() -> None:
-    """`sample_cosines` gives the worst output's cosine sample by sample (padded batch rows dropped): their
-    mean is `outputs_cosine`'s figure, and the output it picks is the one of lowest mean."""
+    """`sample_cosines` gives each output's cosine sample by sample, a row per output (padded batch rows
+    dropped); `output_figures` each output's figure, the lower of the mean of that row and the output's
+    all-element cosine, whose lowest is `outputs_cosine`'s figure."""
     import numpy as np
 
-    from trtopt.quant.trials import sample_cosines
+    from trtopt.quant.trials import output_figures, sample_cosines
 
     rng = np.random.default_rng(0)
     want = {"a": rng.normal(size=(5, 7)), "b": rng.normal(size=(5, 3))}
@@ -100,7 +101,12 @@ def test_per_sample_cosines_are_those_whose_mean_the_search_measures() -> None:
     outputs = [{"a": got["a"][:4], "b": got["b"][:4]},
                {"a": np.concatenate([got["a"][4:], pad[0]]), "b": np.concatenate([got["b"][4:], pad[1]])}]  # fmt: skip
     cosines = sample_cosines(outputs, batches, want)
-    ref = np.sum(got["b"] * want["b"], 1) / np.linalg.norm(got["b"], axis=1) / np.linalg.norm(want["b"], axis=1)
-    assert cosines.shape == (5,) and np.allclose(cosines, ref)
-    whole = float(got["b"].ravel() @ want["b"].ravel()) / np.linalg.norm(got["b"]) / np.linalg.norm(want["b"])
-    assert abs(min(float(cosines.mean()), whole) - outputs_cosine(outputs, batches, want)) < 1e-12
+    figures = output_figures(outputs, batches, want)
+    assert cosines.shape == (2, 5) and figures.shape == (2,)
+    for row, name in enumerate(want):
+        g, w = got[name], want[name]
+        ref = np.sum(g * w, 1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
+        assert np.allclose(cosines[row], ref)
+        whole = float(g.ravel() @ w.ravel()) / np.linalg.norm(g) / np.linalg.norm(w)
+        assert abs(min(float(ref.mean()), whole) - figures[row]) < 1e-12
+    assert figures[1] < figures[0] and outputs_cosine(outputs, batches, want) == figures.min()

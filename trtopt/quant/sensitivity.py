@@ -9,20 +9,23 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
    backend's lowered graph, TensorRT's Q/DQ graph as it is; ONNX Runtime, optimisations off: the INT8
    arithmetic exactly) against FP32; if every output keeps a cosine of at least `MIN_COSINE` on the search
    samples and on the confirmation samples, stop. The cosine is the lower of the two figures the project
-   reports (`trials.cosine_figure`): the mean of per-sample cosines (the build's verification) and the
-   cosine over all elements (`trtopt compare`, the zoo benchmark); the confirmation samples' is the first;
+   reports, output by output (`trials.cosine_figures`): the mean of per-sample cosines (the build's
+   verification) and the cosine over all elements (`trtopt compare`, the zoo benchmark); the
+   confirmation samples' is the first;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
-   beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), the worst output
-   cosine with that layer alone kept float; a layer that alone reaches `MIN_COSINE` (on the confirmation
-   samples too) ends this stage (one layer is the fewest there can be);
-3. greedy: keep float the most sensitive layer, then the next, re-measuring each time, until the cosine
-   reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are float.
-   A layer is kept only if it lifts the worst cosine by at least `MIN_GAIN` on the search samples and the
-   confirmation samples do not refute it: their paired per-sample gain, mean plus `NOISE` (2) standard
-   errors, must reach `MIN_GAIN` (a layer that gains on the search samples alone, chance among the 48
-   tried, is refused; one the confirmation samples cannot tell from a gain is not); only layers that alone
-   gained `MIN_GAIN` are tried: the stage ends where the sorted alone-gains fall below it, and never
-   starts when none reaches it;
+   beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), every output's
+   cosine with that layer alone kept float; a layer that alone lifts the worst to `MIN_COSINE` (on the
+   confirmation samples too) ends this stage (one layer is the fewest there can be);
+3. greedy: keep float the layer that gains most, then the next, re-measuring each time, until the worst
+   output reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are
+   float. A layer's gain (`trtopt.quant.objective`) is the larger of the worst output's rise and the cut of
+   the outputs' summed shortfall below `MIN_COSINE` (one output: its rise). A layer is kept only if it gains
+   at least `MIN_GAIN` on the search samples, or lifts the worst output to `MIN_COSINE` (the last step),
+   and the confirmation samples do not refute it: their paired
+   per-sample gain, mean plus `NOISE` (2) standard errors, must reach `MIN_GAIN` (a layer that gains on the
+   search samples alone, chance among the 48 tried, is refused; one the confirmation samples cannot tell
+   from a gain is not); only layers that alone gained `MIN_GAIN` are tried: the stage ends where the sorted
+   alone-gains fall below it, and never starts when none reaches it;
 4. another round when the greedy stage kept some layers but ran out short of the aim: the first `LATER`
    (24) candidates not kept nor refused are tried again on top of the kept ones, and the greedy stage runs
    over those gains; `ROUNDS` (2) rounds at most, none after a round that kept nothing (same plans again).
@@ -52,11 +55,10 @@ Why the aim is the lower of two cosines on both sample sets: a plan stopped at s
 alone (PP-OCRv4-rec: 0.9902 there, 0.9847 held-out), and the mean per-sample cosine flatters small outputs
 (table-cls's 2 logits: 0.992 per sample, 0.982 over all elements on the same pages). In the zoo rerun that
 added it (avx2, BENCHMARKS *zoo*), ddddocr-ocr went 0.9937 -> 0.9977 held-out (two layers kept) and table-cls
-0.9860 -> 0.9897; runs of the other changes made at the same time had each left both as they were. Where it
-still falls short: layout-cdla (8 outputs) ends at 0.9853 on its search samples with 5 layers, because three
-class-score maps tie as the worst output, so one float layer lifts one of them and gains less than `MIN_GAIN`
-on the worst, and the backbone layers that lift them rank 34th-88th by added error, past `LATER` (8 layers
-reach 0.9921 there, found by a search on every output's shortfall).
+0.9860 -> 0.9897; runs of the other changes made at the same time had each left both as they were. Why the
+summed shortfall: on layout-cdla (8 outputs) three class-score maps tie as the worst, so the search on the
+worst output alone stopped at 0.9853 with 5 layers (0.9835 held-out, box F1 92.6%); with it, 7 layers and
+0.9899 (0.9877 held-out, box F1 94.3%; avx2, build time +5% under load), PP-OCRv4-rec and ppocr-cls unchanged.
 
 Why more samples and a confirmation (PP-OCRv4-rec, 32 text lines, avx2, measured in TensorRT's form):
 searched on its first 8 lines the plan went 0.9778 -> 0.9901 with two layers kept float, but those 8 lines
@@ -73,16 +75,13 @@ crossed PP-LCNetV3's affine blocks).
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
 changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
-same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit). A trial of one of
-PP-OCRv4-det's first 8 candidates ran in 0.81 s of CPU instead of 1.34 s (its early layers change nearly
-the whole graph), of PP-OCRv4-rec's in 0.18 s instead of 0.43 s, beside its Q/DQ rebuild (0.10-0.15 s);
-whole default builds took 124 -> 91 CPU seconds on PP-OCRv4-det, 238 -> 163 on layout-cdla, 56 -> 46 on
-ddddocr-det and 43 -> 36 on PP-OCRv4-rec with the same layers and cosines (avx2, 1 intra-op thread; 96,
-195, 53 and 60 with the confirmation and, for PP-OCRv4-rec, twice the search samples). The kept tensors fill at most
-`trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages at 640 x 640 take 0.96 GB). The trials are at most
-`CANDIDATES` + `LATER` and the greedy steps however deep the model (trying every layer alone took over 15 minutes on a
-200-layer PicoDet at 800 x 608 on 2 cores). What is measured is the plan as its backend builds it: the CPU
-backend lowers TensorRT's form to uint8 activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
+same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit): whole default builds
+took 238 -> 163 CPU seconds on layout-cdla, 124 -> 91 on PP-OCRv4-det with the same layers and cosines
+(avx2, 1 intra-op thread). The kept tensors fill at most `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages
+at 640 x 640 take 0.96 GB). The trials are at most `CANDIDATES` + `LATER` and the greedy steps however
+deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet on 2 cores). What is
+measured is the plan as its backend builds it: the CPU backend lowers TensorRT's form to uint8
+activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
 twice the resolution), and measured in TensorRT's form PP-OCRv4-rec with p2o.Conv.15 float scored 0.9602 on
 held-out lines where its built plan scored 0.9743. The lowering is a pure function of the graph's content,
 so the trials' fingerprints match on the lowered form as on TensorRT's, and a trial's cosine is that of the
@@ -105,9 +104,10 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.quant.config import QuantConfig
+from trtopt.quant.objective import Cosines, Figures, figures, gain, refuted, shortfall, worst, worst_mean
 from trtopt.quant.ranking import rank_by_added_error
 from trtopt.quant.trial_count import TrialCount, memo
-from trtopt.quant.trials import outputs_cosine
+from trtopt.quant.trials import output_figures
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,6 @@ SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one p
 REASON = "kept float by sensitivity analysis"  # how the reason of each layer it keeps float begins
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
-Cosines = float | np.ndarray  # a worst output's mean cosine, or its per-sample cosines
 Lower = Callable[[onnx.ModelProto], onnx.ModelProto]  # a Q/DQ model -> the form the backend builds (`measured_form`)
 
 
@@ -176,7 +175,7 @@ def quantized_model(
 
 
 def find_sensitive_layers(
-    measure: Callable[[Sequence[str]], float],
+    measure: Callable[[Sequence[str]], Figures],
     layers: Sequence[str],
     *,
     min_cosine: float = MIN_COSINE,
@@ -184,16 +183,17 @@ def find_sensitive_layers(
     on_trial: Callable[[int, int], None] | None = None,
     confirm: Callable[[Sequence[str]], Cosines] | None = None,
 ) -> Sensitivity:
-    """The search of the module doc over `layers`; `measure(exclude)` is the worst output cosine of the plan
-    with `exclude` kept float. `rank()`, called only when the plan falls short, orders `layers` most error
-    first; the first `CANDIDATES` of that order are tried (all of `layers` without it). `confirm(exclude)`,
-    where given, is the same cosine on samples `measure` does not use: the greedy stage keeps a layer only
-    if it gains `MIN_GAIN` there too, and stops only when both reach `min_cosine`.
+    """The search of the module doc over `layers`; `measure(exclude)` is each output's cosine (one float for
+    one output) with `exclude` kept float, weighed as `trtopt.quant.objective` says. `rank()`, called only
+    when the plan falls short, orders `layers` most error first; the first `CANDIDATES` of that order are
+    tried (all of `layers` without it). `confirm(exclude)`, where given, is the per-sample cosines (a row
+    per output) on samples `measure` does not use: the greedy stage keeps a layer only if they do not
+    refute its gain, and stops only when both sample sets reach `min_cosine`.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
-    start = confirm(()) if confirm is not None and layers and before >= min_cosine else None
-    if not layers or (before >= min_cosine and (start is None or _mean(start) >= min_cosine)):
-        return Sensitivity(before, before)  # the aim reached on both sample sets: nothing to keep float
+    start = confirm(()) if confirm is not None and layers and worst(before) >= min_cosine else None
+    if not layers or (worst(before) >= min_cosine and (start is None or worst_mean(start) >= min_cosine)):
+        return Sensitivity(worst(before), worst(before))  # the aim reached on both sample sets: nothing to keep
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
     greedy = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
@@ -201,78 +201,85 @@ def find_sensitive_layers(
     count = TrialCount(on_trial, 1, most)
     measure = memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
     check = memo(count.wrap(confirm)) if confirm is not None else None
-    alone: dict[str, float] = {}
+    alone: dict[str, Figures] = {}
     for layer in tried:
         alone[layer] = measure((layer,))
-        if alone[layer] >= min_cosine and (check is None or _mean(check((layer,))) >= min_cosine):
+        if worst(alone[layer]) >= min_cosine and (check is None or worst_mean(check((layer,))) >= min_cosine):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
-    found, gains = _Greedy({}, before, start, start, {}), alone
+    found, gains = _Greedy({}, before, min_cosine, start, start, {}), alone
     for round_ in range(ROUNDS):
         if round_:  # each layer again, on top of those kept float: its gain there, not alone
             gains = {layer: measure((*found.chosen, layer)) for layer in tried[:LATER]
                      if layer not in found.chosen and layer not in found.refused}  # fmt: skip
-        order = sorted((layer for layer in gains if gains[layer] - found.current >= MIN_GAIN), key=lambda k: -gains[k])
+        order = sorted((layer for layer in gains if found.pays(gains[layer])),
+                       key=lambda k: (-found.gain(gains[k]), -worst(gains[k])))  # fmt: skip
         kept = len(found.chosen)
-        _greedy(found, order[: steps - kept], gains, measure, check, min_cosine)
-        if found.reached(min_cosine) or len(found.chosen) in (kept, steps):
+        _greedy(found, order[: steps - kept], gains, measure, check)
+        if found.reached() or len(found.chosen) in (kept, steps):
             break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
     count.finish()
-    confirmed = None if found.start is None or found.checked is None else (_mean(found.start), _mean(found.checked))
-    return Sensitivity(before, found.current, dict(found.chosen), count.done, confirmed, dict(found.refused))
+    confirmed = None if found.start is None or found.checked is None else (
+        worst_mean(found.start), worst_mean(found.checked))  # fmt: skip
+    return Sensitivity(worst(before), worst(found.current), dict(found.chosen), count.done, confirmed,
+                       dict(found.refused))  # fmt: skip
 
 
 @dataclass
 class _Greedy:
     chosen: dict[str, str]  # layers kept float, in order -> why
-    current: float
-    start: Cosines | None  # the confirmation samples' worst output's cosines before any layer was kept float
+    current: Figures  # each output's cosine with `chosen` float
+    aim: float
+    start: Cosines | None  # the confirmation samples' per-sample cosines before any layer was kept float
     checked: Cosines | None  # ... and with `chosen` float
     refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
 
-    def reached(self, aim: float) -> bool:
-        return self.current >= aim and (self.checked is None or _mean(self.checked) >= aim)
+    def reached(self) -> bool:
+        return worst(self.current) >= self.aim and (self.checked is None or worst_mean(self.checked) >= self.aim)
+
+    def gain(self, trial: Figures) -> float:
+        return gain(trial, self.current, self.aim)
+
+    def pays(self, trial: Figures) -> bool:
+        """Whether `trial` gains `MIN_GAIN`, or lifts the worst output to the aim (the last step there)."""
+        return self.gain(trial) >= MIN_GAIN or worst(trial) >= self.aim > worst(self.current)
 
 
 def _greedy(
-    found: _Greedy, order: Sequence[str], gains: Mapping[str, float], measure: Callable[[Sequence[str]], float],
-    confirm: Callable[[Sequence[str]], Cosines] | None, aim: float,
+    found: _Greedy, order: Sequence[str], gains: Mapping[str, Figures], measure: Callable[[Sequence[str]], Figures],
+    confirm: Callable[[Sequence[str]], Cosines] | None,
 ) -> None:  # fmt: skip
-    """Keep float (add to `found.chosen`) each layer of `order` in turn that lifts the worst cosine by
-    `MIN_GAIN` (on the confirmation samples too, where given), until the aim is reached on both; `gains`
-    holds each layer's cosine kept float beside `found.chosen` as it was (the round's first trial)."""
+    """Keep float (add to `found.chosen`) each layer of `order` in turn that gains `MIN_GAIN` (and that the
+    confirmation samples, where given, do not refute), until the aim is reached on both; `gains` holds
+    each layer's figures kept float beside `found.chosen` as it was (the round's first trial)."""
     if confirm is not None and order and found.start is None:
         found.start = found.checked = confirm(())
     base = len(found.chosen)
     for layer in order:
         trial = gains[layer] if len(found.chosen) == base else measure((*found.chosen, layer))
-        if trial - found.current < MIN_GAIN:
+        if not found.pays(trial):
             continue
         if confirm is not None and found.checked is not None:
             again = confirm((*found.chosen, layer))
-            if _refuted(again, found.checked):  # it helps on the search samples only: chance, not the layer
-                found.refused[layer] = (f"lifts the search samples' cosine to {trial:.4f}, the confirmation "
-                                        f"samples' {_mean(found.checked):.4f} -> {_mean(again):.4f} only")  # fmt: skip
+            if refuted(again, found.checked, found.aim, MIN_GAIN, NOISE):  # the search samples only: chance
+                was, now = worst_mean(found.checked), worst_mean(again)
+                found.refused[layer] = (f"lifts the search samples' cosine to {worst(trial):.4f}, the confirmation "
+                                        f"samples' {was:.4f} -> {now:.4f} only")  # fmt: skip
                 continue
             found.checked = again
         beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
         found.chosen[layer] = f"{REASON} ({beside} it lifts the worst output cosine " \
-                              f"{found.current:.4f} -> {trial:.4f})"  # fmt: skip
+                              f"{worst(found.current):.4f} -> {worst(trial):.4f}{_summed(found, trial)})"  # fmt: skip
         found.current = trial
-        if found.reached(aim):
+        if found.reached():
             break
 
 
-def _mean(cosines: Cosines) -> float:
-    return float(np.mean(cosines))
-
-
-def _refuted(again: Cosines, before: Cosines) -> bool:
-    """Whether the confirmation samples refute a layer's gain: per-sample cosines (one array per trial)
-    refute it when the paired gain, mean plus `NOISE` standard errors, stays below `MIN_GAIN` (a single
-    figure: when it gains less than `MIN_GAIN`)."""
-    gains = np.atleast_1d(np.asarray(again, np.float64) - np.asarray(before, np.float64))
-    noise = NOISE * float(np.std(gains, ddof=1)) / np.sqrt(gains.size) if gains.size > 1 else 0.0
-    return float(np.mean(gains)) + noise < MIN_GAIN
+def _summed(found: _Greedy, trial: Figures) -> str:
+    """The summed shortfall's cut, where the plan has several outputs."""
+    if figures(trial).size < 2:
+        return ""
+    return (f", the outputs' summed shortfall below {found.aim} {shortfall(found.current, found.aim):.4f} -> "
+            f"{shortfall(trial, found.aim):.4f}")  # fmt: skip
 
 
 def exclude_sensitive(
@@ -297,11 +304,7 @@ def exclude_sensitive(
         return quantized_model(graph, quant, calibration, bias_correction, exclude, lower) if exclude else base
 
     # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
-    searched = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
-
-    def measure(exclude: Sequence[str]) -> float:
-        return _mean(searched(exclude))
-
+    measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
     check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4, True) if confirm else None
     found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
     if found.layers:
@@ -315,8 +318,8 @@ def _measurer(
     tried: Callable[[], Sequence[str]], budget: int, per_sample: bool = False,
 ) -> Callable[[Sequence[str]], Cosines]:  # fmt: skip
     """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
-    up at the first trial, keeping what the trials of the layers `tried()` then names will read); the worst
-    output's mean cosine, or with `per_sample` its cosine on each sample."""
+    up at the first trial, keeping what the trials of the layers `tried()` then names will read); each
+    output's figure (`trials.cosine_figures`), or with `per_sample` its cosine on each sample, a row each."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant.trials import DownstreamTrials, sample_cosines
@@ -333,7 +336,7 @@ def _measurer(
             if not trials:
                 trials.append(DownstreamTrials(base, batches, tried(), budget))
             outputs = trials[0].run(build(exclude)) if exclude else trials[0].base_outputs()
-        return sample_cosines(outputs, batches, expected) if per_sample else outputs_cosine(outputs, batches, expected)
+        return sample_cosines(outputs, batches, expected) if per_sample else output_figures(outputs, batches, expected)
 
     return measure
 

@@ -224,21 +224,19 @@ def _submodel(
 
 def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches,
                    expected: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
-    """The per-sample cosines to `expected` of the output whose mean is lowest (`trtopt.verify.agreement`'s
-    figure, sample by sample: two zero samples agree, a non-finite one scores -1), from `outputs`, one
-    mapping per batch of `batches`, trimmed to each batch's rows."""
+    """Each output's per-sample cosines to `expected`, a row per output in `expected`'s order
+    (`trtopt.verify.agreement`'s figure, sample by sample: two zero samples agree, a non-finite one scores
+    -1), from `outputs`, one mapping per batch of `batches`, trimmed to each batch's rows."""
     from trtopt.compare import row_cosines, zero_padded
 
-    worst: np.ndarray | None = None
+    found = []
     for name, want in expected.items():
         parts = [np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)]
         got, ref = zero_padded([np.concatenate(zero_padded(parts, from_axis=1)), want])
         got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines = row_cosines(got, ref)
-        cosines = np.where(np.isfinite(cosines), cosines, -1.0)
-        if worst is None or cosines.mean() < worst.mean():
-            worst = cosines
-    return worst if worst is not None else np.ones(1)
+        found.append(np.where(np.isfinite(cosines), cosines, -1.0))
+    return np.array(found) if found else np.ones((1, 1))
 
 
 def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str, np.ndarray]) -> float:
@@ -254,25 +252,37 @@ def outputs_cosine(
     outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
 ) -> float:
     """`worst_cosine` of outputs already computed, one mapping per batch of `batches`."""
+    return float(np.min(output_figures(outputs, batches, expected)))
+
+
+def output_figures(
+    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
+) -> np.ndarray:
+    """`cosine_figures` of outputs already computed, one mapping per batch of `batches`."""
     from trtopt.verify import collect
 
     runs = iter(outputs)
-    return cosine_figure(collect(lambda _feeds: dict(next(runs)), batches), expected)
+    return cosine_figures(collect(lambda _feeds: dict(next(runs)), batches), expected)
 
 
 def cosine_figure(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> float:
-    """The lowest output cosine both ways it is reported: the mean of per-sample cosines (the build's
-    verification, `trtopt.verify.agreement`) and the cosine over all elements (`trtopt compare`, the zoo
-    benchmark). They part most on small outputs: on table-cls's 2 logits, 0.992 per sample against 0.982
-    over all elements on the same calibration pages (avx2), so aiming at the first alone let a plan stop
-    short of the second."""
+    """The lowest output cosine both ways it is reported (`cosine_figures`)."""
+    return float(np.min(cosine_figures(outputs, expected)))
+
+
+def cosine_figures(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Each output's cosine, in `expected`'s order, the lower of the two ways it is reported: the mean of
+    per-sample cosines (the build's verification, `trtopt.verify.agreement`) and the cosine over all
+    elements (`trtopt compare`, the zoo benchmark); -1 where either is not finite. They part most on small
+    outputs: on table-cls's 2 logits, 0.992 per sample against 0.982 over all elements on the same
+    calibration pages (avx2), so aiming at the first alone let a plan stop short of the second."""
     from trtopt.compare import ErrorStats
     from trtopt.verify import agreement
 
-    whole = []
+    found = []
     for name, want in expected.items():
         stats = ErrorStats(name)
         stats.update(np.asarray(want), np.asarray(outputs[name]))
-        whole.append(stats.cosine)
-    figure = min(agreement(dict(outputs), dict(expected)).cosine, *whole)
-    return figure if np.isfinite(figure) else -1.0
+        pair = (agreement({name: outputs[name]}, {name: want}).cosine, stats.cosine)
+        found.append(min(pair) if np.all(np.isfinite(pair)) else -1.0)
+    return np.array(found) if found else np.ones(1)
