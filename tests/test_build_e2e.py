@@ -156,6 +156,10 @@ def test_cache_for_another_model_is_refused(workdir: Path, built) -> None:  # ty
     onnx.save_model(build_model("resnet_basic"), workdir / "other.onnx")
     with pytest.raises(CalibrationError, match="does not fit this model") as info:
         build_plan(workdir / "other.onnx", _from_cache(workdir / "c.json"))
+    assert "another graph" in str(info.value) and info.value.fix  # its equalisation record names the graph it rewrote
+    save_cache(workdir / "other.cache", built.calibration, format="tensorrt")  # no record: the thresholds decide
+    with pytest.raises(CalibrationError, match="does not fit this model") as info:
+        build_plan(workdir / "other.onnx", _from_cache(workdir / "other.cache"))
     assert "no threshold" in str(info.value) and info.value.fix
 
 

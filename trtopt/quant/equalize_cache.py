@@ -82,8 +82,8 @@ def replay(
         )
     if record.graph_fingerprint is not None and record.graph_fingerprint != model_fingerprint(model):
         raise CalibrationError(
-            f"{where} was calibrated after equalising another graph (fingerprint {record.graph_fingerprint[:12]}…, "
-            f"this model's is {model_fingerprint(model)[:12]}…).",
+            f"{where} does not fit this model: it was calibrated after equalising another graph "
+            f"(fingerprint {record.graph_fingerprint[:12]}…, this model's is {model_fingerprint(model)[:12]}…).",
             fix="Pass the cache made for this exact model and the same graph flags (--shapes, --passes), or "
             "recalibrate this model.",
         )
