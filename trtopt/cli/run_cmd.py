@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         t0 = time.perf_counter()
         scores = engine.infer(batch.feeds)[output]
         compute += time.perf_counter() - t0
-        if np.ndim(scores) != 2:  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
+        if not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
             rows = [_described(output, row) for row in scores]
         else:
             rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
@@ -90,6 +90,13 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             f"{summary['end_to_end_images_per_second']:.1f} img/s with preprocessing (batch {args.batch})."
         )
     return 0
+
+
+def _class_scores(scores: np.ndarray) -> bool:
+    """Whether an output is one score vector per sample: [N, classes], or with unit axes ([N, classes, 1, 1]
+    of a classifier ending in a 1x1 conv and global pooling)."""
+    shape = np.shape(scores)
+    return len(shape) >= 2 and sum(size != 1 for size in shape[1:]) <= 1
 
 
 def _described(name: str, row: np.ndarray) -> dict[str, Any]:
