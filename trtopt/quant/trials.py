@@ -248,17 +248,11 @@ def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str
     return cosine_figure(collect(reference.run, batches), expected)
 
 
-def outputs_cosine(
-    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
-) -> float:
-    """`worst_cosine` of outputs already computed, one mapping per batch of `batches`."""
-    return float(np.min(output_figures(outputs, batches, expected)))
-
-
 def output_figures(
     outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
 ) -> np.ndarray:
-    """`cosine_figures` of outputs already computed, one mapping per batch of `batches`."""
+    """`cosine_figures` of outputs already computed, one mapping per batch of `batches` (their lowest is
+    `worst_cosine`'s figure)."""
     from trtopt.verify import collect
 
     runs = iter(outputs)
