@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import onnx
 
+from trtopt.agreement import Agreement, Outputs, agreement
 from trtopt.errors import TrtoptError
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Outputs = dict[str, np.ndarray]
+__all__ = ["Agreement", "Verification", "VerifyConfig", "agreement", "build_verified", "collect"]
 Settings = TypeVar("Settings")  # what the backend's `options` resolved
 Feeds = Mapping[str, np.ndarray]
 
@@ -81,19 +82,6 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
-class Agreement:
-    """How closely outputs follow target outputs over the verification samples (worst output counts)."""
-
-    cosine: float  # per-sample cosine similarity, mean over samples; the lowest output's
-    rel_error: float  # ||outputs - target|| / ||target||, the largest output's
-    top1: float | None  # share of samples with the same argmax, over outputs shaped [N, C] (C > 1); else None
-
-    def describe(self) -> str:
-        top1 = f", top-1 {self.top1:.1%}" if self.top1 is not None else ""
-        return f"cosine {self.cosine:.5f}, relative error {self.rel_error:.4f}{top1}"
-
-
-@dataclass(frozen=True)
 class Verification:
     """What a build measured on its own plan (stored in the plan header as a dict)."""
 
@@ -136,31 +124,6 @@ class Verification:
             rejected=tuple(dict(r) for r in data.get("rejected", [])),
             far_from_fp32=bool(data.get("far_from_fp32", False)),  # plans before issue #13's fixes: absent
         )
-
-
-def agreement(outputs: Outputs, target: Outputs) -> Agreement:
-    """Compare two runs output by output; the worst output decides each figure."""
-    from trtopt.compare import row_cosines, zero_padded
-
-    cosines, errors, top1 = [], [], []
-    for name, want in target.items():
-        got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
-        got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
-        cosines.append(float(np.mean(row_cosines(got, ref))))
-        scale = float(np.linalg.norm(ref))
-        errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
-        if want.ndim == 2 and want.shape[1] > 1:
-            top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
-    return Agreement(
-        cosine=_or_worst(min(cosines, default=1.0), -1.0),
-        rel_error=_or_worst(max(errors, default=0.0), math.inf),
-        top1=min(top1) if top1 else None,
-    )
-
-
-def _or_worst(value: float, worst: float) -> float:
-    """NaN or inf (a non-finite output) counts as the worst possible agreement."""
-    return value if math.isfinite(value) else worst
 
 
 def kernel_tolerance(reference_vs_fp32: Agreement) -> float:
