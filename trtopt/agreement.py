@@ -1,4 +1,25 @@
-"""How closely one run's outputs follow another's: the figures a plan's self-check (trtopt.verify) records."""
+"""How closely one run's outputs follow another's: the figures a plan's self-check (trtopt.verify) records.
+
+Besides cosine and relative error, outputs of **per-position class scores** get an argmax agreement: the share
+of positions (time steps of a CTC recogniser, pixels of a segmentation map) whose top class is the same in both
+runs. Cosine is a weak bar there: PP-OCRv3-rec's default plan scored cosine 0.9957 while 19 of 640 time steps
+flipped their top class (FP32 margins 0.005-0.084) and a quarter of its text lines decoded differently
+(docs/holdout.md). `class_axes` says which outputs qualify and along which axis their classes lie:
+
+- values that are a probability distribution along one axis of size >= 2 (non-negative, summing to 1 at every
+  position: a Softmax over that axis; or log-probabilities, a LogSoftmax), on an output of rank >= 3. This is
+  evident from the values whatever the model calls its outputs, finds the class axis wherever it is ([N, T, C],
+  [T, N, C], a softmaxed segmentation map [N, C, H, W]), and leaves out what merely looks like scores: sigmoid
+  detector heads ([N, anchors, classes], each class independent), hidden states and recurrent states, YOLO's
+  [N, 4 + C, anchors] (boxes and scores on one axis);
+- raw logits only where trtopt's task rule reads the output as a text recogniser (trtopt.metrics.task, rule 4:
+  rank 3, an image input at least twice as wide as high, no more time steps than it has columns), with the
+  classes on the last axis, the largest one (ddddocr's [T, 1, classes] Gemm output). Segmentation logits
+  [N, C, H, W] without a Softmax are not recognised: nothing in their values tells classes from channels.
+
+Positions where FP32's top two scores tie (a margin within `TIE` of the position's score range: zero-padded
+steps, saturated scores) are left out: no plan can be expected to keep either order.
+"""
 
 from __future__ import annotations
 
@@ -17,14 +38,81 @@ class Agreement:
     cosine: float  # per-sample cosine similarity, mean over samples; the lowest output's
     rel_error: float  # ||outputs - target|| / ||target||, the largest output's
     top1: float | None  # share of samples with the same argmax, over outputs shaped [N, C] (C > 1); else None
+    argmax: float | None = None  # share of untied positions with the same top class (see the module); else None
+    positions: int | None = None  # the untied positions `argmax` counted, on the output it comes from
 
     def describe(self) -> str:
         top1 = f", top-1 {self.top1:.1%}" if self.top1 is not None else ""
+        if self.argmax is not None:
+            top1 += f", argmax {self.argmax:.2%} of {self.positions} positions"
         return f"cosine {self.cosine:.5f}, relative error {self.rel_error:.4f}{top1}"
 
 
-def agreement(outputs: Outputs, target: Outputs) -> Agreement:
-    """Compare two runs output by output; the worst output decides each figure."""
+# Below this share of positions keeping their top class, the build warns (`argmax_warning`). For a CTC line of
+# 25-40 steps, 0.99 of steps means a flipped step on about one line in three (PP-OCRv3-rec at 0.97: 25% of
+# lines changed); a plan meeting it changes few decoded strings.
+ARGMAX_MIN_AGREEMENT = 0.99
+TIE = 1e-5  # a top-2 margin at most this share of the position's score range counts as a tie
+_SUM_TOLERANCE = 1e-3  # how far a probability vector's sum may be from 1 (float32 Softmax rounding)
+
+
+def class_axes(outputs: Outputs, input_hw: tuple[int, int] | None = None) -> dict[str, int]:
+    """The outputs of per-position class scores (see the module), each with its class axis."""
+    axes = {}
+    for name, value in outputs.items():
+        axis = class_axis(np.asarray(value), input_hw)
+        if axis is not None:
+            axes[name] = axis
+    return axes
+
+
+def class_axis(value: np.ndarray, input_hw: tuple[int, int] | None = None) -> int | None:
+    """`value`'s class axis if it holds per-position class scores, else None (the rule: the module's)."""
+    if value.ndim < 3 or value.size == 0 or not np.issubdtype(value.dtype, np.floating):
+        return None
+    if not np.all(np.isfinite(value)):
+        return None
+    for axis in reversed(range(value.ndim)):
+        if value.shape[axis] >= 2 and _is_distribution(value, axis):
+            return axis
+    last = value.shape[-1]
+    if value.ndim == 3 and last >= 2 and last == max(value.shape) and last > sorted(value.shape)[-2]:
+        steps = max(value.shape[0], value.shape[1])
+        if input_hw is not None and input_hw[1] >= 2 * input_hw[0] and steps <= input_hw[1]:
+            return 2
+    return None
+
+
+def _is_distribution(value: np.ndarray, axis: int) -> bool:
+    """Probabilities (or log-probabilities) along `axis` at every position; all-zero positions (padding) pass."""
+    v = value.astype(np.float64)
+    if v.min() >= -_SUM_TOLERANCE and v.max() <= 1 + _SUM_TOLERANCE:
+        sums = v.sum(axis=axis)
+        return bool(np.all((np.abs(sums - 1) <= _SUM_TOLERANCE) | (sums == 0)))
+    if v.max() <= _SUM_TOLERANCE:
+        top = v.max(axis=axis, keepdims=True)
+        logsum = np.log(np.exp(v - top).sum(axis=axis)) + np.squeeze(top, axis)
+        return bool(np.all(np.abs(logsum) <= _SUM_TOLERANCE))
+    return False
+
+
+def argmax_counts(got: np.ndarray, want: np.ndarray, axis: int) -> tuple[int, int]:
+    """(positions whose top class is the same in `got` as in `want`, untied positions of `want`)."""
+    from trtopt.compare import zero_padded
+
+    got, want = zero_padded([np.asarray(got), np.asarray(want)])
+    classes = want.shape[axis]
+    ref = np.moveaxis(want, axis, -1).reshape(-1, classes).astype(np.float64)
+    test = np.moveaxis(got, axis, -1).reshape(-1, classes)
+    top2 = np.partition(ref, classes - 2, axis=1)[:, -2:]
+    untied = top2[:, 1] - top2[:, 0] > TIE * (top2[:, 1] - ref.min(axis=1))
+    same = ref.argmax(axis=1) == test.argmax(axis=1)
+    return int(np.sum(same & untied)), int(np.sum(untied))
+
+
+def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = None) -> Agreement:
+    """Compare two runs output by output; the worst output decides each figure. `axes` (`class_axes` of the
+    target) names the outputs of per-position class scores that get an argmax agreement."""
     from trtopt.compare import row_cosines, zero_padded
 
     cosines, errors, top1 = [], [], []
@@ -36,10 +124,28 @@ def agreement(outputs: Outputs, target: Outputs) -> Agreement:
         errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
         if want.ndim == 2 and want.shape[1] > 1:
             top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
+    argmax = [argmax_counts(outputs[name], target[name], axis) for name, axis in (axes or {}).items()]
+    worst = min(((same / n, n) for same, n in argmax if n), default=None)
     return Agreement(
         cosine=_or_worst(min(cosines, default=1.0), -1.0),
         rel_error=_or_worst(max(errors, default=0.0), math.inf),
         top1=min(top1) if top1 else None,
+        argmax=worst[0] if worst else None,
+        positions=worst[1] if worst else None,
+    )
+
+
+def argmax_warning(figures: Agreement) -> str | None:
+    """The warning for a plan that changes the top class at too many positions (None: it does not)."""
+    if figures.argmax is None or figures.argmax >= ARGMAX_MIN_AGREEMENT:
+        return None
+    return (
+        f"the INT8 plan changes the top class at {1 - figures.argmax:.1%} of {figures.positions} positions of an "
+        f"output of per-position class scores (argmax agreement with FP32 {figures.argmax:.2%}, below "
+        f"{ARGMAX_MIN_AGREEMENT:.0%}, though its cosine is {figures.cosine:.4f}): decoded results (a recogniser's "
+        "strings, a segmentation's labels) will differ from the float model's on some inputs. Calibrate on more "
+        "samples like the model's real inputs (--calib), or keep the layers `trtopt compare --per-layer` names "
+        "float (--exclude)."
     )
 
 

@@ -1,11 +1,12 @@
 """FP32 model vs plan on the same inputs: how far did quantisation move the outputs, and where.
 
-Per output: cosine similarity, relative error, max and mean absolute error, top-1 agreement (for
-[batch, classes] outputs). Per task (`compare_outputs`, trtopt.metrics): box matching for detectors,
-binarised score-map IoU for text detectors, decoded-sequence agreement for CTC recognizers. Per layer:
-the plan's ONNX graph keeps the optimised FP32 graph's tensor names (Q/DQ sit on edges), so the same
-intermediate tensors are exposed in both and compared; the layer that adds the most error to what it
-received (`added_errors`) is the first candidate for `--exclude`.
+Per output: cosine similarity, relative error, max and mean absolute error, top-1 agreement (for [batch,
+classes] outputs), argmax agreement over positions (for per-position class scores: CTC time steps, softmaxed
+segmentation pixels; trtopt.agreement says which outputs qualify). Per task (`compare_outputs`,
+trtopt.metrics): box matching for detectors, binarised score-map IoU for text detectors, decoded-sequence
+agreement for CTC recognizers. Per layer: the plan's ONNX graph keeps the optimised FP32 graph's tensor names
+(Q/DQ sit on edges), so the same intermediate tensors are exposed in both and compared; the layer that adds
+the most error to what it received (`added_errors`) is the first candidate for `--exclude`.
 """
 
 from __future__ import annotations
@@ -54,8 +55,11 @@ class ErrorStats:
     ref_abs_max: float = 0.0
     top1_same: int = 0
     rows: int = 0
+    argmax_same: int = 0
+    positions: int = 0  # untied positions of per-position class scores (trtopt.agreement.argmax_counts)
 
-    def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False) -> None:
+    def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None) -> None:
+        """Add a batch; `axis`: the class axis of an output of per-position class scores (None: not one)."""
         ref, test = zero_padded([ref, test])  # a data-dependent length: the missing part compares with 0
         ref64, test64 = ref.astype(np.float64).ravel(), test.astype(np.float64).ravel()
         diff = np.abs(ref64 - test64)
@@ -70,6 +74,11 @@ class ErrorStats:
         if classify and ref.ndim == 2:
             self.rows += ref.shape[0]
             self.top1_same += int((ref.argmax(axis=1) == test.argmax(axis=1)).sum())
+        if axis is not None:
+            from trtopt.agreement import argmax_counts
+
+            same, untied = argmax_counts(test, ref, axis)
+            self.argmax_same, self.positions = self.argmax_same + same, self.positions + untied
 
     @property
     def cosine(self) -> float:
@@ -92,6 +101,10 @@ class ErrorStats:
     def top1_agreement(self) -> float | None:
         return self.top1_same / self.rows if self.rows else None
 
+    @property
+    def argmax_agreement(self) -> float | None:
+        return self.argmax_same / self.positions if self.positions else None
+
     def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
@@ -102,6 +115,8 @@ class ErrorStats:
             "reference_abs_max": self.ref_abs_max,
             "top1_agreement": self.top1_agreement,
             "samples": self.rows or None,
+            "argmax_agreement": self.argmax_agreement,
+            "argmax_positions": self.positions or None,
         }
 
 
@@ -146,20 +161,25 @@ def compare_outputs(batches: Iterable[Triple], names: list[str], config: TaskCon
     """Per-output statistics and the task metric over (inputs, FP32 outputs, plan outputs) batches.
 
     The task is chosen on the first batch (`trtopt.metrics.choose_task`: FP32 outputs, batch size, and the
-    height and width of the first image-shaped input); [N, C] outputs also get top-1 agreement.
+    height and width of the first image-shaped input); [N, C] outputs also get top-1 agreement, and outputs of
+    per-position class scores (`trtopt.agreement.class_axes`, also decided on the first batch) argmax agreement.
     """
+    from trtopt.agreement import class_axes
+
     config = config or TaskConfig()
     stats = {n: ErrorStats(n) for n in names}
     evaluator = None
     samples = 0
+    axes: dict[str, int] = {}
     for feeds, ref, test in batches:
         batch = len(next(iter(feeds.values()))) if feeds else 1
         if evaluator is None:
             hw = image_hw(feeds)
             evaluator = TaskEvaluator(choose_task({n: ref[n] for n in names}, hw, config, batch), config, hw)
+            axes = class_axes({n: np.asarray(ref[n]) for n in names}, hw)
         for n in names:
             r, t = np.asarray(ref[n]), np.asarray(test[n])
-            stats[n].update(r, t, classify=r.ndim == 2 and r.shape[0] == batch and r.shape[1] > 1)
+            stats[n].update(r, t, classify=r.ndim == 2 and r.shape[0] == batch and r.shape[1] > 1, axis=axes.get(n))
         evaluator.update(ref, test)
         samples += batch
     return OutputComparison([stats[n] for n in names], evaluator, samples)

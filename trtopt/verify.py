@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import onnx
 
-from trtopt.agreement import Agreement, Outputs, agreement
+from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes
 from trtopt.errors import TrtoptError
 
 if TYPE_CHECKING:
@@ -100,9 +100,17 @@ class Verification:
         return math.isfinite(self.tolerance) and self.kernels_vs_reference.rel_error <= self.tolerance
 
     @property
+    def warnings(self) -> list[str]:
+        """What the summary warns of: the plan's INT8 math far from FP32, and top classes that change at too
+        many positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT)."""
+        far = [reference_warning(self.reference_vs_fp32)] if self.far_from_fp32 else []
+        flips = argmax_warning(self.reference_vs_fp32)
+        return far + ([flips] if flips else [])
+
+    @property
     def warning(self) -> str | None:
-        """What the summary says when the plan's INT8 math itself is far from FP32 (None: it is not)."""
-        return reference_warning(self.reference_vs_fp32) if self.far_from_fp32 else None
+        """`warnings` in one text (None: none)."""
+        return " ".join(self.warnings) or None
 
     def to_dict(self) -> dict[str, Any]:
         """The header's record; `far_from_fp32` only when set (absent reads as False, as in older plans)."""
@@ -232,9 +240,11 @@ def verify_plan(
     variant: str,
     rejected: Sequence[dict[str, Any]] = (),
     samples: int | None = None,
+    axes: dict[str, int] | None = None,
 ) -> Verification:
     """Check that `plan` is valid (ONNX checker, loads in its backend, produces every output with the right
-    shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs).
+    shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs);
+    `axes` (trtopt.agreement.class_axes) names the outputs of per-position class scores.
 
     Raises TrtoptError for an invalid plan; a kernel mismatch is returned (`ok` False) for the caller to act.
     """
@@ -262,14 +272,14 @@ def verify_plan(
             f"ONNX Runtime cannot run this plan's ONNX as a reference: {str(exc).strip().splitlines()[0]}",
             fix="Report it with the model: trtopt's CPU plans must always have a reference.",
         ) from None
-    to_fp32 = agreement(reference, fp32)
+    to_fp32 = agreement(reference, fp32, axes)
     return Verification(
         samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
         source=source,
         isa=isa,
         variant=variant,
         reference_vs_fp32=to_fp32,
-        kernels_vs_reference=agreement(kernels, reference),
+        kernels_vs_reference=agreement(kernels, reference, axes),
         tolerance=kernel_tolerance(to_fp32),
         rejected=tuple(rejected),
         far_from_fp32=to_fp32.cosine < REFERENCE_MIN_COSINE,
@@ -289,11 +299,13 @@ def build_verified(
     `options` are what `backend.options` resolved."""
     from trtopt import __version__
     from trtopt.backend.cpu.isa import cpu_isa
+    from trtopt.compare import image_hw
     from trtopt.execution import OrtSession
     from trtopt.plan import Plan
 
     expected = collect(OrtSession(fp32).run, checks.batches)
     io = (io[0], observed_outputs(io[1], expected))
+    axes = class_axes(expected, image_hw(checks.batches[0][0]) if checks.batches else None)
     strict = backend.strict_verification
     rejected: list[dict[str, Any]] = []
     for label, variant in backend.variants(options):
@@ -301,7 +313,7 @@ def build_verified(
         plan = Plan(backend.name, *io, sections=sections, versions={"trtopt": __version__, **versions})
         try:
             result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(),
-                                 variant=label, rejected=rejected, samples=checks.samples)  # fmt: skip
+                                 variant=label, rejected=rejected, samples=checks.samples, axes=axes)  # fmt: skip
         except ReferenceUnavailable as exc:
             if strict:
                 raise
@@ -330,8 +342,8 @@ def build_verified(
 
 
 def _warned(result: Verification) -> Verification:
-    if result.warning:
-        log.warning(result.warning)
+    for warning in result.warnings:
+        log.warning(warning)
     return result
 
 

@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, engine: Engine) -> int:
+    from rich.markup import escape
+
     from trtopt.cli.console import out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
@@ -122,7 +124,10 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     if args.json:
         print_json(result.to_dict() | {"layers": layers})
         return 0
-    out.print(_outputs_table(result.to_dict()["outputs"], result.samples, engine.backend))
+    outputs = [s.to_dict() for s in result.outputs]
+    out.print(_outputs_table(outputs, result.samples, engine.backend))
+    for warning in _argmax_warnings(outputs):
+        out.print(f"[bold red]WARNING[/] {escape(warning)}")
     if result.task is not None:
         out.print(_task_table(result.task.to_dict()))
     if layers is not None:
@@ -183,10 +188,13 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
     from rich.table import Table
 
     table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs, per output", title_justify="left")
-    for col in ("output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "top-1 agreement"):
+    columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "top-1 agreement"]
+    positions = any(o["argmax_agreement"] is not None for o in outputs)
+    for col in columns + ["argmax agreement (positions)"] * positions:
         table.add_column(col, justify="right" if col != "output" else "left")
     for o in outputs:
         agree = "-" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%}"
+        argmax = "-" if o["argmax_agreement"] is None else f"{o['argmax_agreement']:.2%} ({o['argmax_positions']})"
         table.add_row(
             o["name"],
             f"{o['cosine']:.5f}",
@@ -195,8 +203,18 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
             f"{o['mean_abs_error']:.4g}",
             f"{o['reference_abs_max']:.4g}",
             agree,
+            *[argmax] * positions,
         )
     return table
+
+
+def _argmax_warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
+    """The build's warning (trtopt.agreement.argmax_warning) for each output whose top classes change too often."""
+    from trtopt.agreement import Agreement, argmax_warning
+
+    found = (argmax_warning(Agreement(o["cosine"], o["rel_error"], None, o["argmax_agreement"], o["argmax_positions"]))
+             for o in outputs)  # fmt: skip
+    return [f"output {o['name']!r}: {w}" for o, w in zip(outputs, found, strict=True) if w]
 
 
 def _task_table(task: dict):  # type: ignore[no-untyped-def, type-arg]

@@ -38,8 +38,8 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         summary["verification"] = result.verification.to_dict()
         if quant is None:  # no INT8 from this build: the reference is the FP16 model, or the model as given
             summary["verification"]["reference"] = "FP16" if "fp16" in (meta.precision or "") else AS_GIVEN
-        if result.verification.warning:
-            summary["warnings"] = [result.verification.warning]
+        if result.verification.warnings:
+            summary["warnings"] = result.verification.warnings
     if meta.get("sparsity"):
         summary["sparsity"] = meta["sparsity"]
     return summary
