@@ -108,3 +108,18 @@ def test_task_errors_are_one_paragraph(work: Path, capsys: pytest.CaptureFixture
     assert "no output of the model looks like one" in capsys.readouterr().err
     assert main(["compare", *args, "--score-threshold", "1.5"]) == 2
     assert "--score-threshold is 1.5" in capsys.readouterr().err
+
+
+def test_recognizer_plans_record_and_compare_argmax_agreement(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from trtopt.plan import read_plan
+
+    fp32 = compare(work, "recognizer", "fp32", capsys)["outputs"][0]
+    assert fp32["argmax_agreement"] == 1.0 and 0 < fp32["argmax_positions"] <= 10 * 16
+    int8 = compare(work, "recognizer", "int8", capsys)["outputs"][0]
+    assert 0.0 <= int8["argmax_agreement"] <= 1.0 and int8["argmax_positions"] == fp32["argmax_positions"]
+    assert compare(work, "detector", "int8", capsys)["outputs"][0]["argmax_agreement"] is None
+    checked = read_plan(work / "recognizer_int8.engine").metadata.verification
+    assert checked is not None and checked.reference_vs_fp32.argmax is not None
+    assert checked.reference_vs_fp32.positions is not None and checked.reference_vs_fp32.positions > 0
+    detector = read_plan(work / "detector_int8.engine").metadata.verification
+    assert detector is not None and detector.reference_vs_fp32.argmax is None
