@@ -122,8 +122,11 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
     text += f", {record['trials']} trial builds"
     top = record.get("ceiling") or {}
     if top.get("hopeless"):  # the search stopped at its first test (trtopt.quant.ceiling)
-        text += (f"; stopped there: with the {top['layers']} layers adding the most error kept float at once the "
-                 f"worst output cosine is only {top['worst']:.4f}, so the error is not in a few layers")  # fmt: skip
+        return "sensitivity analysis", (
+            f"{text}; stopped there, short of the {MIN_COSINE} aim: with the {top['layers']} layers adding the most "
+            f"error kept float at once the worst output cosine is only {top['worst']:.4f}, so no few layers kept "
+            "float can mend it: calibrate on more samples like the model's real inputs (--calib), or keep the "
+            "part of the model INT8 harms float by hand (--exclude; `trtopt compare --per-layer`)")  # fmt: skip
     if short:
         text += (f"; still short of the {MIN_COSINE} aim: calibrate on more samples like the model's real inputs "
                  "(--calib), or keep more layers float by hand (--exclude; `trtopt compare --per-layer` names "
