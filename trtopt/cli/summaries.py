@@ -120,6 +120,13 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
     if confirmed:
         text += f" ({confirmed['before']:.4f} -> {confirmed['after']:.4f} on the confirmation samples)"
     text += f", {record['trials']} trial builds"
+    top = record.get("ceiling") or {}
+    if top.get("hopeless"):  # the search stopped at its first test (trtopt.quant.ceiling)
+        return "sensitivity analysis", (
+            f"{text}; stopped there, short of the {MIN_COSINE} aim: with the {top['layers']} layers adding the most "
+            f"error kept float at once the worst output cosine is only {top['worst']:.4f}, so no few layers kept "
+            "float can mend it: calibrate on more samples like the model's real inputs (--calib), or keep the "
+            "part of the model INT8 harms float by hand (--exclude; `trtopt compare --per-layer`)")  # fmt: skip
     if short:
         text += (f"; still short of the {MIN_COSINE} aim: calibrate on more samples like the model's real inputs "
                  "(--calib), or keep more layers float by hand (--exclude; `trtopt compare --per-layer` names "

@@ -15,7 +15,9 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), every output's
    cosine with that layer alone kept float; a layer that alone lifts the worst to `MIN_COSINE` (on the
-   confirmation samples too) ends this stage (one layer is the fewest there can be);
+   confirmation samples too) ends this stage (one layer is the fewest there can be). Before, one trial keeps
+   them all float at once (`trtopt.quant.ceiling`): the search ends there, keeping none, when even that
+   leaves the worst output below 0.95 (SLANet-plus: 107 trials in 11.5 minutes, then refused);
 3. greedy: keep float the layer that gains most, then the next, re-measuring each time, until the worst
    output reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are
    float. A layer's gain (`trtopt.quant.objective`) is the larger of the worst output's rise and the cut of
@@ -79,7 +81,7 @@ changed, fed at the boundary with tensors of one run of the plan's own graph (`t
 same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit): whole default builds
 took 238 -> 163 CPU seconds on layout-cdla, 124 -> 91 on PP-OCRv4-det with the same layers and cosines
 (avx2, 1 intra-op thread). The kept tensors fill at most `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages
-at 640 x 640 take 0.96 GB). The trials are at most `CANDIDATES` + `LATER` and the greedy steps however
+at 640 x 640 take 0.96 GB). The trials are at most `CANDIDATES` + `LATER`, the greedy steps and 2 however
 deep the model (trying every layer alone took over 15 minutes on a 200-layer PicoDet on 2 cores). What is
 measured is the plan as its backend builds it: the CPU backend lowers TensorRT's form to uint8
 activations (`trtopt.backend.cpu.lowering`: non-negative tensors get
@@ -104,10 +106,11 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from trtopt.quant.ceiling import Ceiling, ceiling
 from trtopt.quant.config import QuantConfig
 from trtopt.quant.objective import Cosines, Figures, figures, gain, refuted, shortfall, worst, worst_mean
 from trtopt.quant.ranking import rank_by_added_error
-from trtopt.quant.trial_count import TrialCount, memo
+from trtopt.quant.trial_count import TrialCount, memo, trial_reporter
 from trtopt.quant.trials import output_figures
 
 log = logging.getLogger(__name__)
@@ -143,14 +146,16 @@ class Sensitivity:
     trials: int = 0
     confirmed: tuple[float, float] | None = None  # worst cosine before/after on the confirmation samples
     refused: dict[str, str] = field(default_factory=dict)  # layers that gained on the search samples alone
+    ceiling: Ceiling | None = None  # the candidates kept float at once (`trtopt.quant.ceiling`), where tried
 
     def to_dict(self) -> dict[str, Any]:
-        found: dict[str, Any] = {"before": self.before, "after": self.after, "layers": dict(self.layers),
-                                 "trials": self.trials}  # fmt: skip
+        found: dict[str, Any] = dict(before=self.before, after=self.after, layers=dict(self.layers), trials=self.trials)
         if self.confirmed is not None:
             found["confirmed"] = {"before": self.confirmed[0], "after": self.confirmed[1]}
         if self.refused:
             found["refused"] = dict(self.refused)
+        if self.ceiling is not None:
+            found["ceiling"] = self.ceiling.to_dict()
         return found
 
 
@@ -199,8 +204,13 @@ def find_sensitive_layers(
     steps = max(1, int(MAX_SHARE * len(layers)))
     greedy = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
     most = len(tried) + (ROUNDS - 1) * LATER + greedy
-    count = TrialCount(on_trial, 1, most)
+    count = TrialCount(on_trial, 1, most + 2 * (len(tried) < len(layers)))  # + `trtopt.quant.ceiling`'s trials
     measure = memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
+    top = ceiling(measure, tried, len(layers), LATER)
+    if top is not None and top.hopeless:  # no set of candidates kept float lifts the plan near the aim
+        count.finish()
+        log.warning("sensitivity search stopped: %s", top.describe(worst(before), min_cosine))
+        return Sensitivity(worst(before), worst(before), trials=count.done, ceiling=top)
     check = memo(count.wrap(confirm)) if confirm is not None else None
     alone: dict[str, Figures] = {}
     for layer in tried:
@@ -222,7 +232,7 @@ def find_sensitive_layers(
     confirmed = None if found.start is None or found.checked is None else (
         worst_mean(found.start), worst_mean(found.checked))  # fmt: skip
     return Sensitivity(worst(before), worst(found.current), dict(found.chosen), count.done, confirmed,
-                       dict(found.refused))  # fmt: skip
+                       dict(found.refused), top)  # fmt: skip
 
 
 @dataclass
@@ -362,7 +372,7 @@ def float_sensitive_layers(
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
         found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
-                                  _trial_reporter(progress), confirm, lower)  # fmt: skip
+                                  trial_reporter(progress, SENSITIVITY_PHASE), confirm, lower)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None
@@ -372,19 +382,9 @@ def float_sensitive_layers(
     return replace(plan, float_layers={**plan.float_layers, **found.layers}), found
 
 
-def _trial_reporter(progress: Callable[[Any], None] | None) -> Callable[[int, int], None] | None:
-    """Trials as calibration progress reports (no rate: `seconds` stays 0), for the build's progress bar."""
-    if progress is None:
-        return None
-    from trtopt.calib.collect import CalibProgress
-
-    return lambda done, most: progress(CalibProgress(SENSITIVITY_PHASE, done, done, most))
-
-
 def search_samples(dataset: Any, batch: int) -> tuple[Batches, Batches]:
-    """(search, confirmation) batches of a `trtopt.data.Dataset`: the first `SAMPLES` samples at most for the
-    search, then `CONFIRM` more to confirm its layers, if that leaves `SEARCH_LEAST` samples to the search
-    (none are held back from a smaller set)."""
+    """(search, confirmation) batches of a `trtopt.data.Dataset`: the first `SAMPLES` at most, then `CONFIRM`
+    more if that leaves `SEARCH_LEAST` to the search (none are held back from a smaller set)."""
     total = len(dataset)
     if total < SEARCH_LEAST + CONFIRM:
         return sample_batches(dataset, batch, SAMPLES), []

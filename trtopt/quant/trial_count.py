@@ -4,7 +4,7 @@ counted for the build's progress bar."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")  # what a trial measures: a cosine, or per-sample cosines
 
@@ -43,3 +43,12 @@ class TrialCount:
     def finish(self) -> None:
         if self.on_trial is not None:
             self.on_trial(self.most, self.most)  # stopped early: the bar ends full
+
+
+def trial_reporter(progress: Callable[[Any], None] | None, phase: str) -> Callable[[int, int], None] | None:
+    """Trials as calibration progress reports of `phase` (no rate: `seconds` stays 0), for the build's bar."""
+    if progress is None:
+        return None
+    from trtopt.calib.collect import CalibProgress
+
+    return lambda done, most: progress(CalibProgress(phase, done, done, most))
