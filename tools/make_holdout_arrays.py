@@ -5,7 +5,7 @@ remake them). Needs the cached lore-detect model (python tools/bench_holdout.py 
     python tools/make_holdout_arrays.py
 
 - lore_process.npz: the feeds of LORE's second stage (lineless-table-rec 0.0.8, `lore_process.onnx`):
-  `slct_logi_feat` [N, 1, K, 256] float32 and `dets` [N, 1, K, 8] int64, a stack of N whole feeds, K = 64
+  `slct_logi_feat` [N, K, 256] float32 and `dets` [N, K, 8] int64, N samples along the inputs' batch axis, K = 64
   cells per page. They are what the FP32 first stage (`lore_detect.onnx`) gives on document pages, decoded
   the way the package does (lineless_table_rec/process.py, `DetProcess` and `ctdet_4ps_decode`, itself after
   CenterNet, github.com/xingyizhou/CenterNet): sigmoid of the heat map's first channel, 3x3 max-pool peaks,
@@ -88,7 +88,7 @@ def main() -> int:
             hm, _, wh, ax, cr, reg = session.run(None, {"input": lore_input(page)})
             feeds.append(decode(hm, wh, ax, cr, reg))
     out = ROOT / "calib_arrays" / "lore_process.npz"
-    np.savez(out, slct_logi_feat=np.stack([f[None] for f, _ in feeds]), dets=np.stack([d[None] for _, d in feeds]))
+    np.savez(out, slct_logi_feat=np.stack([f for f, _ in feeds]), dets=np.stack([d for _, d in feeds]))
     print(f"wrote {out.relative_to(ROOT)}: {len(feeds)} feeds of {K} cells", file=sys.stderr)
     return 0
 
