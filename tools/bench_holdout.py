@@ -110,6 +110,12 @@ HOLDOUT = (
 )
 
 
+# Models with several dynamic inputs: the shapes besides `input_shape` (lore-process: 64 cells per page, the
+# size of calib_arrays/lore_process.npz, see tools/make_holdout_arrays.py)
+MORE_SHAPES = {"lore-process": (("slct_logi_feat", (1, 64, 256)), ("dets", (1, 64, 8)))}
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def cached(model: ZooModel) -> Path | None:
     path = zoo.cache_dir() / model.name / Path(model.member).name
     ok = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == model.sha256
@@ -125,8 +131,9 @@ def fetch() -> None:
 
 
 def subject(model: ZooModel) -> Subject:
-    return Subject(model.name, cached(model), model.task, model.preprocess, zoo.CALIB_DIRS[model.calib],
-                   model.input_shape, model.input_name, f"{model.package} {model.version}")  # fmt: skip
+    calib = zoo.CALIB_DIRS[model.calib] if model.calib in zoo.CALIB_DIRS else ROOT / model.calib  # or an .npz
+    return Subject(model.name, cached(model), model.task, model.preprocess, calib, model.input_shape,
+                   model.input_name, f"{model.package} {model.version}", MORE_SHAPES.get(model.name, ()))  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
