@@ -5,7 +5,8 @@
     python tools/bench_holdout.py run [--models NAME ...] [bench_zoo flags: --methods --count 32 ...]
 
 The zoo (tools/zoo_catalog.py) is what trtopt's defaults were developed against; these models come from
-other wheels (other generations of the same families, and a table-structure decoder with a Loop) and are
+other wheels (other generations of the same families, a table-structure decoder with a Loop, and LORE's
+table-cell detector and transformer stage, fed by calib_arrays/lore_process.npz: tools/make_holdout_arrays.py) and are
 kept out of it on purpose: measure on them, never tune on them (docs/holdout.md has the results). They
 share the zoo's cache folder ($TRTOPT_ZOO_DIR, default ~/.cache/trtopt/zoo), under their own names, and
 its licence and hash checks (tools/zoo.py install_from_wheel).
