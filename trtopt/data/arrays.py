@@ -191,7 +191,9 @@ def _is_batched(path: Path, key: str, shape: tuple[int, ...], info: InputInfo, s
     if sample is None or any(w is not None and g != w for g, w in zip(sample, unit, strict=True)):
         what = f"array {key!r}" if key else "the array"
         if stacks:
-            expected = f"a batch {format_shape(info.shape)} or one sample {format_shape(info.sample_shape)}"
+            # any number N of samples stacks on the batch axis, whatever size the model's batch has
+            expected = (f"a stack of samples {format_shape(['N', *info.sample_shape])} or one sample "
+                        f"{format_shape(info.sample_shape)}")  # fmt: skip
         else:
             expected = (f"one feed {format_shape(info.shape)} or a stack of feeds [N, {format_shape(unit)[1:]} (the "
                         "model's inputs share no batch dimension, so each sample is one whole feed)")

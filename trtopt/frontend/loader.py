@@ -91,8 +91,10 @@ def graph_from_onnx(
     model = source if isinstance(source, onnx.ModelProto) else load_model(source).model
     if shapes or model.ByteSize() >= PROTOBUF_LIMIT:  # inference on disk moves the weights of the proto it gets
         graph = gs.import_onnx(model)
+        declared = _forget_shapes(graph) if shapes else {}
         apply_shapes(graph, shapes or {})
         graph = _infer_shapes(graph)
+        _keep_output_ranks(graph, declared)
     else:
         graph = gs.import_onnx(_inferred(model))
     if fold_constants:
@@ -101,6 +103,29 @@ def graph_from_onnx(
         if _folding_state(graph) != before:
             graph = _infer_shapes(graph)
     return canonicalize(graph)
+
+
+def _forget_shapes(graph: gs.Graph) -> dict[str, object]:
+    """Clear the declared shapes of every computed tensor (graph outputs and value_info) before new input
+    sizes are inferred through the graph, and return them. Declared sizes hold for the inputs the exporter
+    traced with: LORE's lore_process.onnx declares [batch, 54, 4] outputs for any number of cells, and onnx's
+    version converter spreads the 54 into the value_info of the layers before. Kept, they contradict the
+    sizes inferred from the new inputs, and ONNX Runtime refuses the graph ("Can't merge shape info")."""
+    inputs = {t.name for t in graph.inputs}
+    declared = {}
+    for name, tensor in graph.tensors().items():
+        if isinstance(tensor, gs.Variable) and name not in inputs:
+            declared[name], tensor.shape = tensor.shape, None
+    return declared
+
+
+def _keep_output_ranks(graph: gs.Graph, declared: dict[str, object]) -> None:
+    """Graph outputs whose shape inference cannot say keep their declared rank, sizes unknown (the declared
+    sizes may be the stale ones `_forget_shapes` cleared)."""
+    for tensor in graph.outputs:
+        shape = declared.get(tensor.name)
+        if tensor.shape is None and isinstance(shape, (list, tuple)):
+            tensor.shape = [d if isinstance(d, str) else None for d in shape]
 
 
 def _folding_state(graph: gs.Graph) -> tuple[int, frozenset[str]]:
