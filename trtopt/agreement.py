@@ -73,7 +73,7 @@ def class_axis(value: np.ndarray, input_hw: tuple[int, int] | None = None) -> in
     if not np.all(np.isfinite(value)):
         return None
     for axis in reversed(range(value.ndim)):
-        if value.shape[axis] >= 2 and _is_distribution(value, axis):
+        if value.shape[axis] >= 2 and is_distribution(value, axis):
             return axis
     last = value.shape[-1]
     if value.ndim == 3 and last >= 2 and last == max(value.shape) and last > sorted(value.shape)[-2]:
@@ -83,8 +83,9 @@ def class_axis(value: np.ndarray, input_hw: tuple[int, int] | None = None) -> in
     return None
 
 
-def _is_distribution(value: np.ndarray, axis: int) -> bool:
-    """Probabilities (or log-probabilities) along `axis` at every position; all-zero positions (padding) pass."""
+def is_distribution(value: np.ndarray, axis: int) -> bool:
+    """Probabilities (or log-probabilities) along `axis` at every position; all-zero positions (padding) pass.
+    Also `trtopt.metrics.task`'s test of a per-step distribution, for outputs of models without an image input."""
     v = value.astype(np.float64)
     if v.min() >= -_SUM_TOLERANCE and v.max() <= 1 + _SUM_TOLERANCE:
         sums = v.sum(axis=axis)

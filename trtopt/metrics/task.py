@@ -13,7 +13,7 @@ declare wrong or symbolic ones) and the image input's height and width. The rule
 4. any other rank-3 output with at least 2 classes on its last axis, on an input at least twice as wide as
    high, with no more time steps than the input has columns (a recognizer reads a text line left to right,
    downsampling its width; without an image input, such as audio or arrays, where that cannot be told:
-   each step's scores a probability distribution or log-probabilities, `_per_step_distribution`) -> **ctc**:
+   each step's scores a probability distribution or log-probabilities, `trtopt.agreement.is_distribution`) -> **ctc**:
    [N, T, C] when its first axis is the batch size and its second is not, [T, N, C] in the opposite case
    (ambiguous: [N, T, C]);
 5. a rank-2 output [N, C] with C >= 2 -> **classify**;
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trtopt.agreement import is_distribution
 from trtopt.errors import TrtoptError
 from trtopt.metrics.boxes import BoxAgreement, Detections
 from trtopt.metrics.ctc import CTC_LAYOUTS, SequenceAgreement, decode_batch
@@ -143,22 +144,10 @@ def _ctc(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, 
     text_line = input_hw is None or (input_hw[1] >= 2 * input_hw[0] and steps <= input_hw[1])
     if config.task != "ctc" and not text_line:
         return None  # not a wide input read column by column: a dense head (anchors), not a text line
-    if config.task != "ctc" and input_hw is None and not _per_step_distribution(out):
+    if config.task != "ctc" and input_hw is None and not is_distribution(np.asarray(out), -1):
         return None  # e.g. LORE's [1, cells, 4] logical row/column coordinates: regressed values, not classes
     layout = "tnc" if time_major else "ntc"
     return layout, f"{list(out.shape)}: {'[T, N, C]' if time_major else '[N, T, C]'} class scores per time step"
-
-
-def _per_step_distribution(out: np.ndarray) -> bool:
-    """Whether every step's scores on the last axis are probabilities (>= 0, summing to 1) or their logs."""
-    values = np.asarray(out, dtype=np.float64)
-    if not values.size:
-        return False
-    if float(values.min()) >= 0.0:
-        return bool(np.allclose(values.sum(axis=-1), 1.0, atol=1e-3))
-    if float(values.max()) <= 0.0:
-        return bool(np.allclose(np.log(np.exp(values).sum(axis=-1)), 0.0, atol=1e-3))
-    return False
 
 
 def _classifier(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
