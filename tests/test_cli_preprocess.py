@@ -139,6 +139,9 @@ def test_arrays_feed_a_grey_model_as_they_are(work: Path, capsys: pytest.Capture
         assert summary["int8_layers"] >= 1 and summary["verification"]["reference_vs_fp32"]["cosine"] > 0.99
         assert read_plan(plan).preprocess is None  # nothing stored that images would need
     assert main(["run", str(plan), str(work / "x.npy"), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), str(work / "x.npy")]) == 0
+    assert "12 samples on cpu" in capsys.readouterr().err  # arrays are samples, not images
     assert main(["compare", str(work / "convs.onnx"), str(plan), "--data", str(work / "x.npz"), "--json"]) == 0
     capsys.readouterr()
     cache = work / "cache.json"

@@ -83,11 +83,12 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     if args.json:
         print_json({"predictions": results, "summary": summary})
     else:
+        rate = "img/s" if dataset.unit == "images" else "samples/s"
         for s in dataset.skipped:
             err.print(f"[yellow]skipped[/] {markup_safe(s.path)}: {markup_safe(s.reason)}", markup=True)
         err.print(
-            f"{n} images on {engine.backend} in {elapsed:.2f} s: {summary['images_per_second']:.1f} img/s inference, "
-            f"{summary['end_to_end_images_per_second']:.1f} img/s with preprocessing (batch {args.batch})."
+            f"{n} {dataset.unit} on {engine.backend} in {elapsed:.2f} s: {summary['images_per_second']:.1f} {rate} "
+            f"inference, {summary['end_to_end_images_per_second']:.1f} {rate} with preprocessing (batch {args.batch})."
         )
     return 0
 

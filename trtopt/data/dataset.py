@@ -116,6 +116,11 @@ class Dataset:
         return first, last
 
     @property
+    def unit(self) -> str:
+        """What messages call the samples: "images" when they come from image files, else "samples"."""
+        return "images" if any(isinstance(item, _ImageFile) for item in self._items) else "samples"
+
+    @property
     def fixed_batch(self) -> int | None:
         """The batch size the model fixes in its input shapes, or None when the batch is dynamic (1 for a
         model whose inputs share no batch dimension: it is fed one whole feed per call)."""
