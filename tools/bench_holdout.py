@@ -150,6 +150,7 @@ def main(argv: list[str]) -> int:
         names, rest = rest[at + 1 : end], rest[:at] + rest[end:]
     chosen = [subject(m) for m in HOLDOUT if m.name in names]
     bench_zoo.subjects = lambda args: chosen  # the same measurement, on these models
+    bench_zoo.COMMAND = ["tools/bench_holdout.py", "run", "--models", *names]  # the command its report names
     return bench_zoo.main(rest)
 
 

@@ -60,6 +60,8 @@ from zoo_variants import (  # noqa: E402
 from trtopt.errors import TrtoptError  # noqa: E402
 
 GOAL_COSINE = 0.99  # issue #16's bar for every output, detector heads included
+# The command a report names (tools/bench_holdout.py runs this measurement and names its own).
+COMMAND = ["tools/bench_zoo.py"]
 
 
 def subjects(args: argparse.Namespace) -> list[Subject]:
@@ -227,7 +229,7 @@ def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject,
     lines = [
         "## Real-model zoo: task fidelity of trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
         "",
-        *header_lines("tools/bench_zoo.py", argv),
+        *header_lines(COMMAND[0], [*COMMAND[1:], *argv]),
         f"- took {minutes:.1f} min; 1-minute load average {load_before} before, {load_average()} after (more than "
         "~2 on 2 cores means other jobs ran and the latencies are noisy)",
         f"- per model: up to {args.count} calibration samples, {args.eval_count} held-out samples (never calibration "
