@@ -18,6 +18,18 @@ Measured on EfficientNet-Lite0, 154 calibration photos, CPU plan, entropy thresh
 squared error against FP32 falls from 0.0168 to 0.0055; 1 - cosine from 0.0048 to 0.0015 on 60 held-out
 photos. Most of the gain is one layer (the first depthwise conv), whose weight error was 60 % mean shift.
 
+Tried and dropped (November 2026, avx2, CPU plan): the empirical form of the same section, which also
+cancels the shift upstream activation rounding causes. On top of this correction, each Conv/Gemm bias lowered by
+E[y_int8] - E[y_fp32] of its pre-activation on the calibration samples, layer by layer in topological order
+(everything upstream quantised and already corrected) in the Q/DQ form run with ONNX Runtime's optimisations
+off; the means then matched to 1e-7 on calibration (table-cls). On unseen samples it did not pay: all-INT8 PP-OCRv4-rec
+0.98889 -> 0.97697 all-element cosine on 128 unseen lines (per line -0.0142 +- 0.0034, worse also on its own
+32 calibration lines as the plan runs; measured in the CPU backend's lowered form instead: 0.9694),
+ppocr-cls all-INT8 0.99887 -> 0.99805 (64 held-out), table-cls all-INT8 0.9570 -> 0.9634 (+0.0064 +- 0.0052)
+but its default plan 0.9826 -> 0.9819 on 64 held-out pages, though its logit shift fell
+from +0.010 to +0.002. (Whole-graph passes correcting every layer at once diverge: each layer also cancels
+its inputs' shift, which the upstream layers cancel too.)
+
 Conv (any group) and Gemm (transA = 0) are corrected; MatMul has no bias input and ConvTranspose spreads
 a weight over several output positions, so both are left as they are.
 """
