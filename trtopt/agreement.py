@@ -140,7 +140,7 @@ def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = N
             top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
     argmax = [argmax_counts(outputs[name], target[name], axis) for name, axis in (axes or {}).items()]
     worst = min(((same / n, n) for same, n in argmax if n), default=None)
-    moved = max(shifts, default=None)
+    moved = max(shifts, key=lambda s: s[0], default=None)  # the first of equals
     return Agreement(
         cosine=_or_worst(min(cosines, default=1.0), -1.0),
         rel_error=_or_worst(max(errors, default=0.0), math.inf),
