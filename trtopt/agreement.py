@@ -17,9 +17,9 @@ flipped their top class (FP32 margins 0.005-0.084) and a quarter of its text lin
   classes on the last axis, the largest one (ddddocr's [T, 1, classes] Gemm output). Segmentation logits
   [N, C, H, W] without a Softmax are not recognised: nothing in their values tells classes from channels.
 
-Every output also gets a quartile shift (trtopt.quartile_shift): how far the plan moves the bulk of its values,
-a figure that the few huge values which carry cosine cannot hide (LORE's heat map: cosine 0.957, most positions
-across the detection threshold).
+Every output of 1024 elements or more also gets a distribution shift (trtopt.distribution_shift): how far the plan
+moves the bulk of its values, which the few huge values that carry cosine cannot hide (LORE's heat map: cosine
+0.96, two thirds of the positions across the detection threshold).
 
 Positions where FP32's top two scores tie (a margin within `TIE` of the position's score range: zero-padded
 steps, saturated scores) are left out: no plan can be expected to keep either order.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtopt.quartile_shift import quartile_shift
+from trtopt.distribution_shift import distribution_shift
 
 Outputs = dict[str, np.ndarray]
 
@@ -46,7 +46,7 @@ class Agreement:
     top1: float | None  # share of samples with the same argmax, over outputs shaped [N, C] (C > 1); else None
     argmax: float | None = None  # share of untied positions with the same top class (see the module); else None
     positions: int | None = None  # the untied positions `argmax` counted, on the output it comes from
-    shift: float | None = None  # the largest quartile shift (trtopt.quartile_shift); None: no output has a spread
+    shift: float | None = None  # the largest distribution shift (trtopt.distribution_shift); None: no large output
     shift_output: str | None = None  # the output `shift` comes from
 
     def describe(self) -> str:
@@ -54,7 +54,7 @@ class Agreement:
         if self.argmax is not None:
             top1 += f", argmax {self.argmax:.2%} of {self.positions} positions"
         if self.shift is not None:
-            top1 += f", quartile shift {self.shift:.3f} ({self.shift_output})"
+            top1 += f", distribution shift {self.shift:.3f} ({self.shift_output})"
         return f"cosine {self.cosine:.5f}, relative error {self.rel_error:.4f}{top1}"
 
 
@@ -131,7 +131,7 @@ def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = N
         got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
         got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines.append(float(np.mean(row_cosines(got, ref))))
-        shift = quartile_shift(got, ref)
+        shift = distribution_shift(got, ref)
         if shift is not None:
             shifts.append((shift, name))
         scale = float(np.linalg.norm(ref))

@@ -2,8 +2,8 @@
 
 Per output: cosine similarity, relative error, max and mean absolute error, top-1 agreement (for [batch,
 classes] outputs), argmax agreement over positions (for per-position class scores: CTC time steps, softmaxed
-segmentation pixels; trtopt.agreement says which outputs qualify), and the quartile shift (how far the plan
-moves the bulk of the values, which the largest values carrying cosine cannot hide: trtopt.quartile_shift).
+segmentation pixels; trtopt.agreement says which outputs qualify), and the distribution shift (how far the plan
+moves the bulk of the values, which the largest values carrying cosine cannot hide: trtopt.distribution_shift).
 Per task (`compare_outputs`, trtopt.metrics): box matching for detectors, binarised score-map IoU for text
 detectors, decoded-sequence agreement for CTC recognizers. Per layer: the plan's ONNX graph keeps the
 optimised FP32 graph's tensor names (Q/DQ sit on edges), so the same intermediate tensors are exposed in both
@@ -59,7 +59,7 @@ class ErrorStats:
     rows: int = 0
     argmax_same: int = 0
     positions: int = 0  # untied positions of per-position class scores (trtopt.agreement.argmax_counts)
-    # the same positions of both, at most trtopt.quartile_shift.BATCH_SAMPLE per batch, for the quartile shift
+    # the same positions of both, at most trtopt.distribution_shift.BATCH_SAMPLE per batch, for the distribution shift
     kept: tuple[list[np.ndarray], list[np.ndarray]] = field(default_factory=lambda: ([], []), repr=False)
 
     def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None) -> None:
@@ -75,7 +75,7 @@ class ErrorStats:
         self.diff_sq += float(diff @ diff)
         self.max_abs = max(self.max_abs, float(diff.max(initial=0.0)))
         self.ref_abs_max = max(self.ref_abs_max, float(np.abs(ref64).max(initial=0.0)))
-        from trtopt.quartile_shift import BATCH_SAMPLE, sampled
+        from trtopt.distribution_shift import BATCH_SAMPLE, sampled
 
         for kept, values in zip(self.kept, sampled(test, ref, BATCH_SAMPLE), strict=True):
             kept.append(values.astype(np.float32))
@@ -102,13 +102,13 @@ class ErrorStats:
         return 0.0 if self.diff_sq == 0 else float("inf")
 
     @property
-    def quartile_shift(self) -> float | None:
-        """trtopt.quartile_shift over the kept values (None: FP32's values have no spread, or none seen)."""
-        from trtopt.quartile_shift import quartile_shift
+    def distribution_shift(self) -> float | None:
+        """trtopt.distribution_shift over the kept values (None: too few values, or none seen)."""
+        from trtopt.distribution_shift import distribution_shift
 
         if not self.kept[1]:
             return None
-        return quartile_shift(np.concatenate(self.kept[0]), np.concatenate(self.kept[1]))
+        return distribution_shift(np.concatenate(self.kept[0]), np.concatenate(self.kept[1]))
 
     @property
     def mean_abs(self) -> float:
@@ -134,7 +134,7 @@ class ErrorStats:
             "samples": self.rows or None,
             "argmax_agreement": self.argmax_agreement,
             "argmax_positions": self.positions or None,
-            "quartile_shift": self.quartile_shift,
+            "distribution_shift": self.distribution_shift,
         }
 
 

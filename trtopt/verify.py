@@ -25,8 +25,8 @@ import numpy as np
 import onnx
 
 from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes
+from trtopt.distribution_shift import shift_warning
 from trtopt.errors import TrtoptError
-from trtopt.quartile_shift import shift_warning
 
 if TYPE_CHECKING:
     from trtopt.backend import Backend
@@ -104,7 +104,7 @@ class Verification:
     def warnings(self) -> list[str]:
         """What the summary warns of: the plan's INT8 math far from FP32, top classes that change at too many
         positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), and an output whose
-        bulk of values moved (trtopt.quartile_shift.MAX_SHIFT)."""
+        bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
         to_fp32 = self.reference_vs_fp32
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
         found = argmax_warning(to_fp32), shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine)

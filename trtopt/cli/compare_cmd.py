@@ -1,7 +1,8 @@
 """Compare a plan with the FP32 model it was built from, on the same inputs.
 
-Per output: cosine similarity, relative error, max/mean absolute error, the quartile shift (how far the
-plan moves the bulk of the values, in FP32 interquartile ranges), top-1 agreement ([N, classes] outputs).
+Per output: cosine similarity, relative error, max/mean absolute error, the distribution shift (the largest
+share of values on the other side of some level than FP32's: how far the plan moves their bulk), top-1
+agreement ([N, classes] outputs).
 Per task (--task, chosen from the outputs by default and named in the summary):
   detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), or a
                --decoder of yours; FP32's boxes matched by the plan's at IoU >= --match-iou, per class:
@@ -189,7 +190,7 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
     from rich.table import Table
 
     table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs, per output", title_justify="left")
-    columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "quartile shift",
+    columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "distribution shift",
                "top-1 agreement"]
     positions = any(o["argmax_agreement"] is not None for o in outputs)
     for col in columns + ["argmax agreement (positions)"] * positions:
@@ -204,7 +205,7 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
             f"{o['max_abs_error']:.4g}",
             f"{o['mean_abs_error']:.4g}",
             f"{o['reference_abs_max']:.4g}",
-            "-" if o["quartile_shift"] is None else f"{o['quartile_shift']:.3f}",
+            "-" if o["distribution_shift"] is None else f"{o['distribution_shift']:.3f}",
             agree,
             *[argmax] * positions,
         )
@@ -213,16 +214,16 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
 
 def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
     """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning)
-    or whose bulk of values moved (trtopt.quartile_shift.shift_warning)."""
+    or whose bulk of values moved (trtopt.distribution_shift.shift_warning)."""
     from trtopt.agreement import Agreement, argmax_warning
-    from trtopt.quartile_shift import shift_warning
+    from trtopt.distribution_shift import shift_warning
 
     found = []
     for o in outputs:
         figures = Agreement(o["cosine"], o["rel_error"], None, o["argmax_agreement"], o["argmax_positions"])
         flips = argmax_warning(figures)
         found += [f"output {o['name']!r}: {flips}"] if flips else []
-        shift = shift_warning(o["name"], o["quartile_shift"], o["cosine"])
+        shift = shift_warning(o["name"], o["distribution_shift"], o["cosine"])
         found += [shift] if shift else []
     return found
 
