@@ -79,12 +79,13 @@ def test_large_outputs_are_measured_on_the_same_positions_of_both() -> None:
 
 def test_a_bulk_shift_under_huge_outliers_is_caught_while_cosine_stays_high() -> None:
     fp32, moved, healthy = _heat_map()
-    bad = agreement({"hm": moved}, {"hm": fp32})
+    bad = agreement({"hm": moved}, {"hm": fp32}, {})
     assert bad.cosine > REFERENCE_MIN_COSINE  # cosine, carried by the outliers, sees nothing wrong
     assert bad.shift is not None and bad.shift > MAX_SHIFT and bad.shift_output == "hm"
-    good = agreement({"hm": healthy}, {"hm": fp32})
+    good = agreement({"hm": healthy}, {"hm": fp32}, {})
+    assert agreement({"hm": moved}, {"hm": fp32}).shift is None  # no axes: the search's calls, cosine only
     assert good.shift is not None and good.shift < MAX_SHIFT / 4
-    two = agreement({"hm": healthy, "x": fp32 * 3}, {"hm": fp32, "x": fp32})
+    two = agreement({"hm": healthy, "x": fp32 * 3}, {"hm": fp32, "x": fp32}, {})
     assert two.shift_output == "x"  # the output whose values moved most decides
 
 

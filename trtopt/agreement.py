@@ -123,7 +123,8 @@ def argmax_counts(got: np.ndarray, want: np.ndarray, axis: int) -> tuple[int, in
 
 def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = None) -> Agreement:
     """Compare two runs output by output; the worst output decides each figure. `axes` (`class_axes` of the
-    target) names the outputs of per-position class scores that get an argmax agreement."""
+    target) names the outputs of per-position class scores that get an argmax agreement; None (the sensitivity
+    search's per-trial calls, which read cosine only) also leaves out the distribution shift, for its time."""
     from trtopt.compare import row_cosines, zero_padded
 
     cosines, errors, top1, shifts = [], [], [], []
@@ -131,7 +132,7 @@ def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = N
         got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
         got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines.append(float(np.mean(row_cosines(got, ref))))
-        shift = distribution_shift(got, ref)
+        shift = distribution_shift(got, ref) if axes is not None else None
         if shift is not None:
             shifts.append((shift, name))
         scale = float(np.linalg.norm(ref))

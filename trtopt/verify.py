@@ -275,6 +275,7 @@ def verify_plan(
             f"ONNX Runtime cannot run this plan's ONNX as a reference: {str(exc).strip().splitlines()[0]}",
             fix="Report it with the model: trtopt's CPU plans must always have a reference.",
         ) from None
+    axes = axes if axes is not None else {}  # {}: the distribution shift, no argmax agreement
     to_fp32 = agreement(reference, fp32, axes)
     return Verification(
         samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
