@@ -10,8 +10,16 @@ import pytest
 from trtopt.agreement import Agreement, agreement
 from trtopt.cli.compare_cmd import _outputs_table, _warnings
 from trtopt.cli.summaries import verification_text
-from trtopt.compare import compare_outputs
-from trtopt.distribution_shift import MAX_SHIFT, MIN_ELEMENTS, SAMPLE, distribution_shift, sampled, shift_warning
+from trtopt.compare import ErrorStats, compare_batches, compare_outputs
+from trtopt.distribution_shift import (
+    BATCH_SAMPLE,
+    MAX_SHIFT,
+    MIN_ELEMENTS,
+    SAMPLE,
+    distribution_shift,
+    sampled,
+    shift_warning,
+)
 from trtopt.verify import REFERENCE_MIN_COSINE, Verification
 
 
@@ -120,3 +128,14 @@ def test_compare_reports_the_figure_and_warns() -> None:
     assert shift_warning("ok", outputs[1]["distribution_shift"], 0.99) is None
     table = _outputs_table(outputs, 4, "cpu")
     assert "distribution shift" in [c.header for c in table.columns]
+
+
+def test_compare_keeps_a_bounded_sample_and_per_layer_statistics_keep_none() -> None:
+    rng = np.random.default_rng(4)
+    stats = ErrorStats("y")
+    for _ in range(SAMPLE // BATCH_SAMPLE + 1):  # one batch more than the cap holds
+        ref = rng.standard_normal(BATCH_SAMPLE + 100).astype(np.float32)
+        stats.update(ref, ref + 1.0)
+    assert sum(len(k) for k in stats.kept[1]) == SAMPLE and stats.distribution_shift == pytest.approx(0.383, abs=0.01)
+    (layer,) = compare_batches([({"y": ref}, {"y": ref + 1.0})], ["y"])
+    assert layer.distribution_shift is None and not layer.kept[1]

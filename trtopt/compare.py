@@ -59,7 +59,8 @@ class ErrorStats:
     rows: int = 0
     argmax_same: int = 0
     positions: int = 0  # untied positions of per-position class scores (trtopt.agreement.argmax_counts)
-    # the same positions of both, at most trtopt.distribution_shift.BATCH_SAMPLE per batch, for the distribution shift
+    shift: bool = True  # keep values for the distribution shift (per-layer statistics do not: their memory)
+    # the same positions of both, BATCH_SAMPLE per batch up to SAMPLE in all (trtopt.distribution_shift)
     kept: tuple[list[np.ndarray], list[np.ndarray]] = field(default_factory=lambda: ([], []), repr=False)
 
     def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None) -> None:
@@ -75,10 +76,7 @@ class ErrorStats:
         self.diff_sq += float(diff @ diff)
         self.max_abs = max(self.max_abs, float(diff.max(initial=0.0)))
         self.ref_abs_max = max(self.ref_abs_max, float(np.abs(ref64).max(initial=0.0)))
-        from trtopt.distribution_shift import BATCH_SAMPLE, sampled
-
-        for kept, values in zip(self.kept, sampled(test, ref, BATCH_SAMPLE), strict=True):
-            kept.append(values.astype(np.float32))
+        self._keep(ref, test)
         if classify and ref.ndim == 2:
             self.rows += ref.shape[0]
             self.top1_same += int((ref.argmax(axis=1) == test.argmax(axis=1)).sum())
@@ -87,6 +85,13 @@ class ErrorStats:
 
             same, untied = argmax_counts(test, ref, axis)
             self.argmax_same, self.positions = self.argmax_same + same, self.positions + untied
+
+    def _keep(self, ref: np.ndarray, test: np.ndarray) -> None:
+        from trtopt.distribution_shift import BATCH_SAMPLE, SAMPLE, sampled
+
+        if self.shift and sum(len(k) for k in self.kept[1]) < SAMPLE:
+            for kept, values in zip(self.kept, sampled(test, ref, BATCH_SAMPLE), strict=True):
+                kept.append(values.astype(np.float32))
 
     @property
     def cosine(self) -> float:
@@ -145,7 +150,7 @@ def compare_batches(
     classify: set[str] | None = None,
 ) -> list[ErrorStats]:
     """Accumulate stats over (reference outputs, test outputs) pairs for the given tensor names."""
-    stats = {n: ErrorStats(n) for n in names}
+    stats = {n: ErrorStats(n, shift=False) for n in names}  # per layer: many tensors, no distribution shift
     for ref, test in pairs:
         for n in names:
             stats[n].update(np.asarray(ref[n]), np.asarray(test[n]), classify=n in (classify or set()))
