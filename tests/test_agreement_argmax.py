@@ -15,7 +15,7 @@ from trtopt.agreement import (
     class_axes,
     class_axis,
 )
-from trtopt.cli.compare_cmd import _argmax_warnings, _outputs_table
+from trtopt.cli.compare_cmd import _outputs_table, _warnings
 from trtopt.cli.summaries import verification_text
 from trtopt.compare import compare_outputs
 from trtopt.verify import Verification
@@ -103,6 +103,6 @@ def test_compare_reports_the_figure_and_warns() -> None:
     assert stats["n"].argmax_agreement is None
     outputs = [s.to_dict() for s in stats.values()]
     assert outputs[0]["argmax_positions"] == 96
-    (warning,) = _argmax_warnings(outputs)
+    (warning,) = _warnings(outputs)
     assert warning.startswith("output 'p'") and "96.88%" in warning
-    assert len(_outputs_table(outputs, 6, "cpu").columns) == 8
+    assert len(_outputs_table(outputs, 6, "cpu").columns) == 9

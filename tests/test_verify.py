@@ -22,6 +22,7 @@ from trtopt.backend.cpu import runner as cpu_runner
 from trtopt.backend.cpu.isa import cpu_isa, isa_from_flags
 from trtopt.build import BuildConfig, build_plan
 from trtopt.data import DataConfig, PreprocessConfig
+from trtopt.distribution_shift import MIN_ELEMENTS
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.plan import read_plan, write_plan
 from trtopt.verify import (
@@ -137,6 +138,8 @@ def test_every_build_records_its_verification(workdir: Path) -> None:
     assert v.samples == 20 and v.source == "20 of the 20 calibration samples (too few to hold any back)"
     assert 0.9 < v.reference_vs_fp32.cosine <= 1.0 + 1e-9 and v.reference_vs_fp32.rel_error > 0
     assert v.kernels_vs_reference.rel_error <= v.tolerance
+    # 20 x 10 logits: too few values for a distribution shift (trtopt.distribution_shift.MIN_ELEMENTS)
+    assert MIN_ELEMENTS > 20 * 10 and v.reference_vs_fp32.shift is None and not v.warnings
     write_plan(result.plan, workdir / "tiny.engine")
     with trtopt.Engine.load(workdir / "tiny.engine") as engine:
         assert engine.verification == v  # stored in the header, read back as the same record

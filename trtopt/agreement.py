@@ -17,6 +17,10 @@ flipped their top class (FP32 margins 0.005-0.084) and a quarter of its text lin
   classes on the last axis, the largest one (ddddocr's [T, 1, classes] Gemm output). Segmentation logits
   [N, C, H, W] without a Softmax are not recognised: nothing in their values tells classes from channels.
 
+Every output of 1024 elements or more also gets a distribution shift (trtopt.distribution_shift): how far the plan
+moves the bulk of its values, which the few huge values that carry cosine cannot hide (LORE's heat map: cosine
+0.96, two thirds of the positions across the detection threshold).
+
 Positions where FP32's top two scores tie (a margin within `TIE` of the position's score range: zero-padded
 steps, saturated scores) are left out: no plan can be expected to keep either order.
 """
@@ -27,6 +31,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from trtopt.distribution_shift import distribution_shift
 
 Outputs = dict[str, np.ndarray]
 
@@ -40,11 +46,15 @@ class Agreement:
     top1: float | None  # share of samples with the same argmax, over outputs shaped [N, C] (C > 1); else None
     argmax: float | None = None  # share of untied positions with the same top class (see the module); else None
     positions: int | None = None  # the untied positions `argmax` counted, on the output it comes from
+    shift: float | None = None  # the largest distribution shift (trtopt.distribution_shift); None: no large output
+    shift_output: str | None = None  # the output `shift` comes from
 
     def describe(self) -> str:
         top1 = f", top-1 {self.top1:.1%}" if self.top1 is not None else ""
         if self.argmax is not None:
             top1 += f", argmax {self.argmax:.2%} of {self.positions} positions"
+        if self.shift is not None:
+            top1 += f", distribution shift {self.shift:.3f} ({self.shift_output})"
         return f"cosine {self.cosine:.5f}, relative error {self.rel_error:.4f}{top1}"
 
 
@@ -113,26 +123,33 @@ def argmax_counts(got: np.ndarray, want: np.ndarray, axis: int) -> tuple[int, in
 
 def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = None) -> Agreement:
     """Compare two runs output by output; the worst output decides each figure. `axes` (`class_axes` of the
-    target) names the outputs of per-position class scores that get an argmax agreement."""
+    target) names the outputs of per-position class scores that get an argmax agreement; None (the sensitivity
+    search's per-trial calls, which read cosine only) also leaves out the distribution shift, for its time."""
     from trtopt.compare import row_cosines, zero_padded
 
-    cosines, errors, top1 = [], [], []
+    cosines, errors, top1, shifts = [], [], [], []
     for name, want in target.items():
         got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
         got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines.append(float(np.mean(row_cosines(got, ref))))
+        shift = distribution_shift(got, ref) if axes is not None else None
+        if shift is not None:
+            shifts.append((shift, name))
         scale = float(np.linalg.norm(ref))
         errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
         if want.ndim == 2 and want.shape[1] > 1:
             top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
     argmax = [argmax_counts(outputs[name], target[name], axis) for name, axis in (axes or {}).items()]
     worst = min(((same / n, n) for same, n in argmax if n), default=None)
+    moved = max(shifts, key=lambda s: s[0], default=None)  # the first of equals
     return Agreement(
         cosine=_or_worst(min(cosines, default=1.0), -1.0),
         rel_error=_or_worst(max(errors, default=0.0), math.inf),
         top1=min(top1) if top1 else None,
         argmax=worst[0] if worst else None,
         positions=worst[1] if worst else None,
+        shift=moved[0] if moved else None,
+        shift_output=moved[1] if moved else None,
     )
 
 

@@ -2,17 +2,19 @@
 
 Per output: cosine similarity, relative error, max and mean absolute error, top-1 agreement (for [batch,
 classes] outputs), argmax agreement over positions (for per-position class scores: CTC time steps, softmaxed
-segmentation pixels; trtopt.agreement says which outputs qualify). Per task (`compare_outputs`,
-trtopt.metrics): box matching for detectors, binarised score-map IoU for text detectors, decoded-sequence
-agreement for CTC recognizers. Per layer: the plan's ONNX graph keeps the optimised FP32 graph's tensor names
-(Q/DQ sit on edges), so the same intermediate tensors are exposed in both and compared; the layer that adds
-the most error to what it received (`added_errors`) is the first candidate for `--exclude`.
+segmentation pixels; trtopt.agreement says which outputs qualify), and the distribution shift (how far the plan
+moves the bulk of the values, which the largest values carrying cosine cannot hide: trtopt.distribution_shift).
+Per task (`compare_outputs`, trtopt.metrics): box matching for detectors, binarised score-map IoU for text
+detectors, decoded-sequence agreement for CTC recognizers. Per layer: the plan's ONNX graph keeps the
+optimised FP32 graph's tensor names (Q/DQ sit on edges), so the same intermediate tensors are exposed in both
+and compared; the layer that adds the most error to what it received (`added_errors`) is the first candidate
+for `--exclude`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -57,6 +59,9 @@ class ErrorStats:
     rows: int = 0
     argmax_same: int = 0
     positions: int = 0  # untied positions of per-position class scores (trtopt.agreement.argmax_counts)
+    shift: bool = True  # keep values for the distribution shift (per-layer statistics do not: their memory)
+    # the same positions of both, BATCH_SAMPLE per batch up to SAMPLE in all (trtopt.distribution_shift)
+    kept: tuple[list[np.ndarray], list[np.ndarray]] = field(default_factory=lambda: ([], []), repr=False)
 
     def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None) -> None:
         """Add a batch; `axis`: the class axis of an output of per-position class scores (None: not one)."""
@@ -71,6 +76,7 @@ class ErrorStats:
         self.diff_sq += float(diff @ diff)
         self.max_abs = max(self.max_abs, float(diff.max(initial=0.0)))
         self.ref_abs_max = max(self.ref_abs_max, float(np.abs(ref64).max(initial=0.0)))
+        self._keep(ref, test)
         if classify and ref.ndim == 2:
             self.rows += ref.shape[0]
             self.top1_same += int((ref.argmax(axis=1) == test.argmax(axis=1)).sum())
@@ -79,6 +85,13 @@ class ErrorStats:
 
             same, untied = argmax_counts(test, ref, axis)
             self.argmax_same, self.positions = self.argmax_same + same, self.positions + untied
+
+    def _keep(self, ref: np.ndarray, test: np.ndarray) -> None:
+        from trtopt.distribution_shift import BATCH_SAMPLE, SAMPLE, sampled
+
+        if self.shift and sum(len(k) for k in self.kept[1]) < SAMPLE:
+            for kept, values in zip(self.kept, sampled(test, ref, BATCH_SAMPLE), strict=True):
+                kept.append(values.astype(np.float32))
 
     @property
     def cosine(self) -> float:
@@ -92,6 +105,15 @@ class ErrorStats:
         if self.ref_sq > 0:
             return float(np.sqrt(self.diff_sq / self.ref_sq))
         return 0.0 if self.diff_sq == 0 else float("inf")
+
+    @property
+    def distribution_shift(self) -> float | None:
+        """trtopt.distribution_shift over the kept values (None: too few values, or none seen)."""
+        from trtopt.distribution_shift import distribution_shift
+
+        if not self.kept[1]:
+            return None
+        return distribution_shift(np.concatenate(self.kept[0]), np.concatenate(self.kept[1]))
 
     @property
     def mean_abs(self) -> float:
@@ -117,6 +139,7 @@ class ErrorStats:
             "samples": self.rows or None,
             "argmax_agreement": self.argmax_agreement,
             "argmax_positions": self.positions or None,
+            "distribution_shift": self.distribution_shift,
         }
 
 
@@ -127,7 +150,7 @@ def compare_batches(
     classify: set[str] | None = None,
 ) -> list[ErrorStats]:
     """Accumulate stats over (reference outputs, test outputs) pairs for the given tensor names."""
-    stats = {n: ErrorStats(n) for n in names}
+    stats = {n: ErrorStats(n, shift=False) for n in names}  # per layer: many tensors, no distribution shift
     for ref, test in pairs:
         for n in names:
             stats[n].update(np.asarray(ref[n]), np.asarray(test[n]), classify=n in (classify or set()))

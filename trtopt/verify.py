@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 
 from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes
+from trtopt.distribution_shift import shift_warning
 from trtopt.errors import TrtoptError
 
 if TYPE_CHECKING:
@@ -101,11 +102,13 @@ class Verification:
 
     @property
     def warnings(self) -> list[str]:
-        """What the summary warns of: the plan's INT8 math far from FP32, and top classes that change at too
-        many positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT)."""
-        far = [reference_warning(self.reference_vs_fp32)] if self.far_from_fp32 else []
-        flips = argmax_warning(self.reference_vs_fp32)
-        return far + ([flips] if flips else [])
+        """What the summary warns of: the plan's INT8 math far from FP32, top classes that change at too many
+        positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), and an output whose
+        bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
+        to_fp32 = self.reference_vs_fp32
+        far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
+        found = argmax_warning(to_fp32), shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine)
+        return far + [w for w in found if w]
 
     @property
     def warning(self) -> str | None:
@@ -272,6 +275,7 @@ def verify_plan(
             f"ONNX Runtime cannot run this plan's ONNX as a reference: {str(exc).strip().splitlines()[0]}",
             fix="Report it with the model: trtopt's CPU plans must always have a reference.",
         ) from None
+    axes = axes if axes is not None else {}  # {}: the distribution shift, no argmax agreement
     to_fp32 = agreement(reference, fp32, axes)
     return Verification(
         samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),

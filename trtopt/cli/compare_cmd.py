@@ -1,7 +1,9 @@
 """Compare a plan with the FP32 model it was built from, on the same inputs.
 
-Per output: cosine similarity, relative error, max/mean absolute error, top-1 agreement ([N, classes]
-outputs). Per task (--task, chosen from the outputs by default and named in the summary):
+Per output: cosine similarity, relative error, max/mean absolute error, the distribution shift (the largest
+share of values on the other side of some level than FP32's: how far the plan moves their bulk), top-1
+agreement ([N, classes] outputs).
+Per task (--task, chosen from the outputs by default and named in the summary):
   detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), or a
                --decoder of yours; FP32's boxes matched by the plan's at IoU >= --match-iou, per class:
                recall of FP32's boxes, precision, F1 and the box counts
@@ -126,7 +128,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
         return 0
     outputs = [s.to_dict() for s in result.outputs]
     out.print(_outputs_table(outputs, result.samples, engine.backend))
-    for warning in _argmax_warnings(outputs):
+    for warning in _warnings(outputs):
         out.print(f"[bold red]WARNING[/] {escape(warning)}")
     if result.task is not None:
         out.print(_task_table(result.task.to_dict()))
@@ -188,7 +190,8 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
     from rich.table import Table
 
     table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs, per output", title_justify="left")
-    columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "top-1 agreement"]
+    columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "distribution shift",
+               "top-1 agreement"]
     positions = any(o["argmax_agreement"] is not None for o in outputs)
     for col in columns + ["argmax agreement (positions)"] * positions:
         table.add_column(col, justify="right" if col != "output" else "left")
@@ -202,19 +205,27 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
             f"{o['max_abs_error']:.4g}",
             f"{o['mean_abs_error']:.4g}",
             f"{o['reference_abs_max']:.4g}",
+            "-" if o["distribution_shift"] is None else f"{o['distribution_shift']:.3f}",
             agree,
             *[argmax] * positions,
         )
     return table
 
 
-def _argmax_warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
-    """The build's warning (trtopt.agreement.argmax_warning) for each output whose top classes change too often."""
+def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
+    """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning)
+    or whose bulk of values moved (trtopt.distribution_shift.shift_warning)."""
     from trtopt.agreement import Agreement, argmax_warning
+    from trtopt.distribution_shift import shift_warning
 
-    found = (argmax_warning(Agreement(o["cosine"], o["rel_error"], None, o["argmax_agreement"], o["argmax_positions"]))
-             for o in outputs)  # fmt: skip
-    return [f"output {o['name']!r}: {w}" for o, w in zip(outputs, found, strict=True) if w]
+    found = []
+    for o in outputs:
+        figures = Agreement(o["cosine"], o["rel_error"], None, o["argmax_agreement"], o["argmax_positions"])
+        flips = argmax_warning(figures)
+        found += [f"output {o['name']!r}: {flips}"] if flips else []
+        shift = shift_warning(o["name"], o["distribution_shift"], o["cosine"])
+        found += [shift] if shift else []
+    return found
 
 
 def _task_table(task: dict):  # type: ignore[no-untyped-def, type-arg]
