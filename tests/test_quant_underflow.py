@@ -21,8 +21,8 @@ from trtopt.zoo.builder import GraphBuilder
 
 
 def wide_range_head() -> onnx.ModelProto:
-    """x (16 channels) -> Conv 3x3 (INT8) -> Relu -> Conv 1x1 (channel c scaled by 10^(c/6): 5 decades) -> Relu -> Conv 1x1 to 2
-    logits (channel c's weights scaled by 10^(-c/6), so every channel counts alike; bias -1.7) -> out.
+    """x (16 channels) -> Conv 3x3 (INT8) -> Relu -> Conv 1x1 (channel c scaled by 10^(c/6): 5 decades) -> Relu
+    -> Conv 1x1 to 2 logits (channel c's weights scaled by 10^(-c/6), so every channel counts alike; bias -1.7) -> out.
     The last conv has 2 outputs (fewer than 16: float); the ReLU output it reads is the wide tensor."""
     g = GraphBuilder("wide_range_head", seed=11, opset=13)
     x = g.input("x", [-1, 16, 16, 16])
