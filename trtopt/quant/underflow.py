@@ -62,7 +62,10 @@ def underflow_share(histogram: TensorHistogram, amax: float) -> float:
 
 
 def underflowing_layers(
-    graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float], histograms: Mapping[str, TensorHistogram],
+    graph: gs.Graph,
+    plan: QuantPlan,
+    amax: Mapping[str, float],
+    histograms: Mapping[str, TensorHistogram],
     folds: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """Layer name -> why it stays float, for every quantised layer that reads (or, for an output pair,
