@@ -45,7 +45,6 @@ from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_qua
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
 from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
-from trtopt.quant.underflow import float_underflowing
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
@@ -204,11 +203,9 @@ def _quantize(
                                       progress=progress, loaded=cache, equalization=record)  # fmt: skip
     with times("quantize"):
         sensitivity = None
-        quant, qplan, wide = float_underflowing(graph, quant, qplan, calibration.amax, calibration.histograms)
         if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
             qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch,
                                                         progress, lower=measured)  # fmt: skip
-            qplan = replace(qplan, float_layers={**qplan.float_layers, **wide})  # trtopt.quant.underflow
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, calibration.amax)
