@@ -116,10 +116,15 @@ class Verification:
         return " ".join(self.warnings) or None
 
     def to_dict(self) -> dict[str, Any]:
-        """The header's record; `far_from_fp32` only when set (absent reads as False, as in older plans)."""
+        """The header's record; `far_from_fp32` only when set (absent reads as False, as in older plans), and
+        the figures older plans lack (argmax agreement, distribution shift) only where measured (absent: None)."""
         data = asdict(self) | {"rejected": list(self.rejected)}
         if not self.far_from_fp32:
             del data["far_from_fp32"]
+        for figures in (data["reference_vs_fp32"], data["kernels_vs_reference"]):
+            for key in ("argmax", "positions", "shift", "shift_output"):
+                if figures.get(key) is None:
+                    figures.pop(key, None)
         return data
 
     @classmethod

@@ -116,7 +116,8 @@ def _stale_shapes(graph: gs.Graph) -> bool:
     verification on 16 samples warned six times). Where they do contradict, dropping them gives shape
     inference the whole graph: PP-OCR's orientation classifier, whose opset 11 -> 13 conversion writes such
     value_info, folds 5 more shape nodes and quantises more residual Adds' inputs (fusion groups 24 -> 31;
-    held-out worst cosine 0.9963 -> 0.9946 in BENCHMARKS *zoo*'s setting, avx2; its own verification samples 0.99893 -> 0.99921)."""
+    held-out worst cosine 0.9963 -> 0.9946 in BENCHMARKS *zoo*'s setting, avx2; its own verification
+    samples 0.99893 -> 0.99921)."""
     model = gs.export_onnx(graph, do_type_check=False)
     if model.ByteSize() >= PROTOBUF_LIMIT:
         return False
