@@ -14,7 +14,7 @@ from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import find_fusion_groups, optimize
 from trtopt.quant import QuantConfig, plan_quantization
-from trtopt.quant.qdq import quantize_weight, shared_thresholds
+from trtopt.quant.qdq import insert_qdq, quantize_weight, shared_thresholds
 from trtopt.zoo import NAMES, GraphBuilder
 
 
@@ -251,3 +251,46 @@ def test_a_depthwise_conv_after_a_float_stem_and_a_hard_swish_written_as_nodes_s
     stem, dw = (n.name for n in graph.nodes if n.op == "Conv")
     plan = plan_quantization(graph, QuantConfig(float_leading_depthwise=True))
     assert plan.float_layers == {stem: "fewer than 16 channels", dw: "depthwise conv fed by a float layer"}
+
+
+def _wide_range_head(reads_int8: bool) -> tuple[gs.Graph, dict[str, np.ndarray]]:
+    """input ─ Conv1x1 16->16 ─ Relu ─ Conv1x1 16->2 (float: fewer than 16 channels) ─ output
+                                     └ (reads_int8) Conv1x1 16->16 ─ output2
+
+    A head like LORE's cell detector (docs/holdout.md): the Relu output spans four decades (channel 0 is
+    1e4 times the others, and the head weighs it 1e-4 times), so one per-tensor INT8 grid rounds the
+    other 15 channels, which carry the head's output, to zero."""
+    b = GraphBuilder("wide_head", seed=3)
+    x = b.input("input", [1, 16, 8, 8])
+    y = b.relu(b.conv(x, 16, 16, 1))
+    outs = [b.conv(y, 16, 2, 1, out="output")] + ([b.conv(y, 16, 16, 1, out="output2")] if reads_int8 else [])
+    graph = graph_from_onnx(b.build(outs))
+    first, head = [n for n in graph.nodes if n.op == "Conv"][:2]
+    first.inputs[1].values[0] *= 1e4
+    first.inputs[2].values[0] = abs(first.inputs[2].values[0]) * 1e4
+    head.inputs[1].values[:, 0] *= 1e-4
+    feeds = {"input": np.random.default_rng(0).standard_normal((1, 16, 8, 8)).astype(np.float32)}
+    return graph, feeds
+
+
+def test_a_layer_kept_float_reads_its_input_unrounded_on_the_cpu_form() -> None:
+    """The CPU form puts a pair on the output edges of an INT8 conv (its kernel writes INT8), but not when
+    every consumer is a layer kept float: there the pair would be the only rounding of that layer's input,
+    which TensorRT's form does not have. A consumer that is INT8 keeps every edge's pair."""
+    graph, feeds = _wide_range_head(reads_int8=False)
+    first, head = (n for n in graph.nodes if n.op == "Conv")
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    assert head.name in plan.float_layers and first.name in plan.quantized_layers
+    assert not [s for s in plan.sites if s.consumer == head.name]
+    fp32 = onnx_from_graph(graph)
+    amax = {t: float(np.abs(run_model(fp32, feeds, expose=[t])[t]).max()) for t in plan.activation_tensors}
+    work = graph.copy()
+    insert_qdq(work, plan, amax)
+    ref, out = run_model(fp32, feeds)["output"], run_model(onnx_from_graph(work), feeds, opt_level="disable")["output"]
+    assert np.median(np.abs(out - ref)) < 0.05 * np.median(np.abs(ref))  # with a pair there: about 100%
+
+    shared, _ = _wide_range_head(reads_int8=True)
+    relu = next(n for n in shared.nodes if n.op == "Relu").outputs[0].name
+    both = plan_quantization(shared, cpu_config(QuantConfig()))
+    readers = {n.name for n in shared.nodes if n.op == "Conv" and relu in [t.name for t in n.inputs]}
+    assert len(readers) == 2 and {s.consumer for s in both.sites if s.tensor == relu} == readers

@@ -24,7 +24,7 @@ from trtopt.build import BuildConfig, build_plan
 from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.distribution_shift import MIN_ELEMENTS
 from trtopt.errors import TrtoptError, UnknownNameError
-from trtopt.plan import read_plan, write_plan
+from trtopt.plan import TensorSpec, read_plan, write_plan
 from trtopt.verify import (
     KERNEL_CAP,
     KERNEL_FLOOR,
@@ -33,6 +33,7 @@ from trtopt.verify import (
     VerifyConfig,
     agreement,
     kernel_tolerance,
+    observed_outputs,
 )
 
 
@@ -74,6 +75,19 @@ def test_non_finite_outputs_never_pass() -> None:
     fine = agreement(target, target)
     assert not Verification(2, "test", "avx2", "u8u8", fine, broken, kernel_tolerance(fine)).ok
     assert not Verification(2, "test", "avx2", "u8u8", broken, fine, kernel_tolerance(broken)).ok  # NaN reference
+
+
+def test_declared_output_shapes_the_model_contradicts_become_dynamic(caplog) -> None:  # type: ignore[no-untyped-def]
+    """A batch-1 declaration run on a batch of 8 loses its batch axis only, without a warning (the batch is
+    the build's); any other contradiction makes the whole shape dynamic and says so."""
+    specs = [TensorSpec("hm", (1, 2, 4, 4), "float32"), TensorSpec("seq", (1, 25), "float32"),
+             TensorSpec("ok", (-1, 3), "float32")]  # fmt: skip
+    fp32 = {"hm": np.zeros((8, 2, 4, 4)), "seq": np.zeros((8, 1, 30)), "ok": np.zeros((8, 3))}
+    with caplog.at_level(logging.WARNING, logger="trtopt"):
+        fixed = observed_outputs(specs, fp32)
+    assert [s.shape for s in fixed] == [(-1, 2, 4, 4), (-1, -1, -1), (-1, 3)]
+    assert [r.getMessage() for r in caplog.records] == [
+        "output 'seq': the model declares shape [1, 25] but computes [8, 1, 30]; the plan records it as dynamic"]
 
 
 def test_tolerance_scales_with_the_quantisation_error() -> None:

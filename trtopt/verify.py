@@ -215,13 +215,22 @@ def observed_outputs(specs: Sequence[Any], fp32: Outputs) -> tuple[Any, ...]:
     """The output specs, with each shape the FP32 model itself contradicts made dynamic at the rank it has.
 
     Some exporters declare output shapes the model does not produce (ddddocr's recogniser declares
-    [1, seqlen] and returns [T, 1, classes]); the plan must not be refused for the model's own mistake."""
+    [1, seqlen] and returns [T, 1, classes]); the plan must not be refused for the model's own mistake.
+    Where only the batch axis differs (an export traced at batch 1, run on batches), that axis alone becomes
+    dynamic, quietly: the batch is the build's, not a mistake of the model's."""
     fixed = []
     for spec in specs:
         value = fp32.get(spec.name)
         shape = tuple(spec.shape)
-        if value is not None and (len(value.shape) != len(shape) or any(
-                e not in (-1, s) for e, s in zip(shape, value.shape, strict=True))):  # fmt: skip
+        if value is None:
+            fixed.append(spec)
+            continue
+        differ = [i for i, (e, s) in enumerate(zip(shape, value.shape, strict=False)) if e not in (-1, s)]
+        if len(value.shape) == len(shape) and differ == [0]:
+            log.debug("output %r: declared batch %s, computed %s; recorded as dynamic", spec.name, shape[0],
+                      value.shape[0])  # fmt: skip
+            shape = (-1, *shape[1:])
+        elif differ or len(value.shape) != len(shape):
             log.warning("output %r: the model declares shape %s but computes %s; the plan records it as dynamic",
                         spec.name, list(shape), list(value.shape))
             shape = (-1,) * len(value.shape)

@@ -61,7 +61,8 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
             sites.append(_site(node, mark))
     quantized = {n.name for n in layers}
     sites += _residual_sites(graph, quantized) if config.quantize_residual else []
-    sites += _output_sites(graph, layers, sites, config.output_folds) if config.quantize_outputs else []
+    if config.quantize_outputs:
+        sites += _output_sites(graph, layers, sites, config.output_folds, set(float_layers))
     concat_sites, shared = _concat_sites(graph, sites, config)
     sites += concat_sites
     return QuantPlan(
@@ -178,13 +179,20 @@ def _residual_sites(graph: gs.Graph, quantized: set[str]) -> list[QuantSite]:
 
 
 def _output_sites(
-    graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite], folds: frozenset[str]
+    graph: gs.Graph, layers: list[gs.Node], sites: list[QuantSite], folds: frozenset[str], float_layers: set[str]
 ) -> list[QuantSite]:
+    """A pair on each consumer edge of what each INT8 layer's kernel writes, unless every consumer is a layer
+    kept float: that layer was kept float to read its input unrounded, as it does in TensorRT's form, which
+    has no output pairs. (On LORE's cell detector, docs/holdout.md, an INT8 conv's ReLU output spanning five
+    decades fed a float 1x1 conv through such a pair; the pair rounded the background to zero and turned 180
+    table cells into 69,912; without it, 364.) The INT8 layer then runs as a float kernel on quantised inputs."""
     taken = {(s.tensor, s.consumer, s.index) for s in sites}
     graph_outputs = {t.name for t in graph.outputs}
     added = []
     for layer in layers:
         out = _int8_kernel_output(layer, graph_outputs, folds)
+        if out.outputs and all(consumer.name in float_layers for consumer in out.outputs):
+            continue
         for consumer in out.outputs:
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is out and (out.name, consumer.name, index) not in taken:
