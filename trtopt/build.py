@@ -122,7 +122,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
     with times("load"):
-        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch)
+        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=config.data.sources)
     with times("optimize"):
         optimized = optimize(graph, config.graph.passes)
     graph = optimized.graph

@@ -87,7 +87,8 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
     calib = groups.calib_config(args, keep_histograms=True if args.plot_dir else None)  # None: as the method needs
     preprocess = preprocess_config(args)
     model = Path(args.model)
-    graph = optimize(load_graph(model, graph_config, int8=True, batch=data.batch), graph_config.passes).graph
+    graph = load_graph(model, graph_config, int8=True, batch=data.batch, data=data.sources)
+    graph = optimize(graph, graph_config.passes).graph
     spec = preprocess_spec_for(model, graph, preprocess, data)
     with phase_progress("calibration", disable=args.json) as on_progress:
         dataset = load_samples(graph, spec, data)

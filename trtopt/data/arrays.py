@@ -93,6 +93,29 @@ def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
 _READ_LOCK = threading.Lock()
 
 
+def shapes_from_arrays(path: Path, inputs: dict[str, list[int | str | None]]) -> dict[str, tuple[int | str, ...]]:
+    """Full shapes for the inputs with dynamic dimensions past the first, read from the headers of the array
+    file at `path` (`inputs`: each model input's dimensions, a name or None where dynamic). An array feeds an
+    input as the module doc says (by name, or the only array of a single-input model); of the input's rank
+    it is a batch, of one less one sample. The first dimension stays the model's (a dynamic batch stays
+    dynamic; 1 where it has no name). An input whose array does not fit, or with none, is left out: loading
+    the data reports it, with the reason."""
+    headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
+    shapes: dict[str, tuple[int | str, ...]] = {}
+    for name, dims in inputs.items():
+        if not dims or all(isinstance(d, int) for d in dims[1:]):
+            continue
+        header = headers.get(name) or (next(iter(headers.values())) if len(inputs) == len(headers) == 1 else None)
+        if header is None:
+            continue
+        shape = header[0]
+        sample = shape[1:] if len(shape) == len(dims) else shape if len(shape) == len(dims) - 1 else None
+        if sample is None or any(isinstance(d, int) and d != s for d, s in zip(dims[1:], sample, strict=True)):
+            continue
+        shapes[name] = (1 if dims[0] is None else dims[0], *sample)
+    return shapes
+
+
 def _read(item: ArrayFile) -> dict[str, np.ndarray]:
     if item.path.suffix.lower() == ".npz":
         with np.load(item.path, allow_pickle=False) as archive:

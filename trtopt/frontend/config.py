@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.errors import TrtoptError
+from trtopt.errors import TrtoptError, format_shape
 from trtopt.frontend.loader import graph_from_onnx, load_model
 from trtopt.frontend.opset import MIN_OPSET, MIN_QDQ_OPSET
 from trtopt.frontend.shapes import Shape, require_static_shapes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,12 @@ class GraphConfig:
         return cls(shapes=parse_shapes(list(shapes) if shapes else None) or None, passes=names)
 
 
-def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int) -> gs.Graph:
+def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data: Sequence[str] = ()) -> gs.Graph:
     """The model at `path` as a graph with static shapes, ready for the passes. INT8 needs per-axis Q/DQ
     (opset 13): the front end converts older models (trtopt.frontend.opset). The memory check runs before
     anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit. An INT8
-    build of a model quantised already is refused here (trtopt.quant.prequantized)."""
+    build of a model quantised already is refused here (trtopt.quant.prequantized). Where `data` (--calib)
+    is one .npz or .npy file, dynamic input sizes that --shapes leaves open are taken from its arrays."""
     from trtopt.memory import check_graph_memory
 
     model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
@@ -58,7 +63,27 @@ def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int) -> gs
         from trtopt.quant.prequantized import refuse_prequantized
 
         refuse_prequantized(node.op_type for node in model.graph.node)
-    graph = graph_from_onnx(model, shapes=dict(config.shapes) if config.shapes else None)
+    shapes = {**_array_shapes(model, data, config.shapes or {}), **(config.shapes or {})}
+    graph = graph_from_onnx(model, shapes=shapes or None)
     require_static_shapes(graph)
     check_graph_memory(graph, batch)
     return graph
+
+
+def _array_shapes(model: onnx.ModelProto, data: Sequence[str], given: Mapping[str, Shape]) -> dict[str, Shape]:
+    """`trtopt.data.arrays.shapes_from_arrays` for the inputs --shapes does not name, when `data` is one
+    array file; said in the log (-v), since the plan is built for those sizes."""
+    from trtopt.data.arrays import ARRAY_EXTENSIONS, shapes_from_arrays
+
+    if len(data) != 1 or Path(data[0]).suffix.lower() not in ARRAY_EXTENSIONS or not Path(data[0]).is_file():
+        return {}
+    weights = {t.name for t in model.graph.initializer}
+    dims = {
+        t.name: [d.dim_value or d.dim_param or None for d in t.type.tensor_type.shape.dim]
+        for t in model.graph.input
+        if t.name not in weights and t.name not in given and t.type.tensor_type.HasField("shape")
+    }
+    found = shapes_from_arrays(Path(data[0]), dims)
+    for name, shape in found.items():
+        log.info("input %r: dynamic sizes taken from %s: %s (--shapes sets others)", name, data[0], format_shape(shape))
+    return found  # type: ignore[return-value]  # a named batch dimension stays a name: apply_shapes keeps it
