@@ -65,11 +65,11 @@ def test_the_figure_counts_untied_positions_exactly() -> None:
 
 
 def test_warning_below_the_level_names_the_fix() -> None:
-    low = Agreement(cosine=0.9957, rel_error=0.05, top1=None, argmax=0.97, positions=640)
-    text = argmax_warning(low)
-    assert text is not None and "97.00%" in text and "--calib" in text and "--exclude" in text
-    assert argmax_warning(Agreement(0.99, 0.05, None, ARGMAX_MIN_AGREEMENT, 640)) is None
-    assert argmax_warning(Agreement(0.99, 0.05, None)) is None
+    text = argmax_warning(0.97, 640, 0.9957)
+    assert text is not None and "97.00%" in text and "of 640 positions" in text and "0.9957" in text
+    assert "--calib" in text and "--exclude" in text
+    assert argmax_warning(ARGMAX_MIN_AGREEMENT, 640, 0.99) is None
+    assert argmax_warning(None, None, 0.99) is None
 
 
 def _verification(argmax: float | None) -> Verification:

@@ -153,14 +153,15 @@ def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = N
     )
 
 
-def argmax_warning(figures: Agreement) -> str | None:
-    """The warning for a plan that changes the top class at too many positions (None: it does not)."""
-    if figures.argmax is None or figures.argmax >= ARGMAX_MIN_AGREEMENT:
+def argmax_warning(argmax: float | None, positions: int | None, cosine: float) -> str | None:
+    """The warning for a plan that changes the top class at too many positions (None: it does not, or the
+    outputs hold no per-position class scores)."""
+    if argmax is None or argmax >= ARGMAX_MIN_AGREEMENT:
         return None
     return (
-        f"the INT8 plan changes the top class at {1 - figures.argmax:.1%} of {figures.positions} positions of an "
-        f"output of per-position class scores (argmax agreement with FP32 {figures.argmax:.2%}, below "
-        f"{ARGMAX_MIN_AGREEMENT:.0%}, though its cosine is {figures.cosine:.4f}): decoded results (a recogniser's "
+        f"the INT8 plan changes the top class at {1 - argmax:.1%} of {positions} positions of an "
+        f"output of per-position class scores (argmax agreement with FP32 {argmax:.2%}, below "
+        f"{ARGMAX_MIN_AGREEMENT:.0%}, though its cosine is {cosine:.4f}): decoded results (a recogniser's "
         "strings, a segmentation's labels) will differ from the float model's on some inputs. Calibrate on more "
         "samples like the model's real inputs (--calib), or keep the layers `trtopt compare --per-layer` names "
         "float (--exclude)."

@@ -107,7 +107,8 @@ class Verification:
         bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
         to_fp32 = self.reference_vs_fp32
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
-        found = argmax_warning(to_fp32), shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine)
+        found = (argmax_warning(to_fp32.argmax, to_fp32.positions, to_fp32.cosine),
+                 shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine))
         return far + [w for w in found if w]
 
     @property

@@ -215,13 +215,12 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
 def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
     """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning)
     or whose bulk of values moved (trtopt.distribution_shift.shift_warning)."""
-    from trtopt.agreement import Agreement, argmax_warning
+    from trtopt.agreement import argmax_warning
     from trtopt.distribution_shift import shift_warning
 
     found = []
     for o in outputs:
-        figures = Agreement(o["cosine"], o["rel_error"], None, o["argmax_agreement"], o["argmax_positions"])
-        flips = argmax_warning(figures)
+        flips = argmax_warning(o["argmax_agreement"], o["argmax_positions"], o["cosine"])
         found += [f"output {o['name']!r}: {flips}"] if flips else []
         shift = shift_warning(o["name"], o["distribution_shift"], o["cosine"])
         found += [shift] if shift else []
