@@ -10,6 +10,7 @@ docs/holdout.md, [batch, cells, 256] and [batch, cells, 8], needed --shapes befo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from onnx import TensorProto, helper
 
 from trtopt.cli.main import main
 from trtopt.data.arrays import shapes_from_arrays
+from trtopt.errors import DataError
 from trtopt.plan import read_plan
 
 
@@ -40,7 +42,9 @@ def test_sizes_come_from_the_arrays_headers(tmp_path: Path) -> None:
     dims: dict[str, list[int | str | None]] = {"feat": ["N", "T", 16], "box": [None, None, 4], "mask": ["N", "T"]}
     # a batch of 5 (rank 3) and one sample (rank 2) alike; a named batch stays dynamic; "mask" has no array
     assert shapes_from_arrays(tmp_path / "d.npz", dims) == {"feat": ("N", 7, 16), "box": (1, 7, 4)}
-    assert shapes_from_arrays(tmp_path / "d.npz", {"feat": [None, None, 8]}) == {}  # does not fit: left out
+    misfit = "input 'feat' has shape [5, 7, 16], which does not fit the input's [?, ?, 8]"
+    with pytest.raises(DataError, match=re.escape(misfit)):
+        shapes_from_arrays(tmp_path / "d.npz", {"feat": [None, None, 8]})
     assert shapes_from_arrays(tmp_path / "d.npz", {"feat": [3, 7, 16]}) == {}  # nothing dynamic past the batch
     np.save(tmp_path / "one.npy", np.zeros((2, 3, 9), np.float32))
     assert shapes_from_arrays(tmp_path / "one.npy", {"x": [None, 3, None]}) == {"x": (1, 3, 9)}

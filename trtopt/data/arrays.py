@@ -98,8 +98,8 @@ def shapes_from_arrays(path: Path, inputs: dict[str, list[int | str | None]]) ->
     file at `path` (`inputs`: each model input's dimensions, a name or None where dynamic). An array feeds an
     input as the module doc says (by name, or the only array of a single-input model); of the input's rank
     it is a batch, of one less one sample. The first dimension stays the model's (a dynamic batch stays
-    dynamic; 1 where it has no name). An input whose array does not fit, or with none, is left out: loading
-    the data reports it, with the reason."""
+    dynamic; 1 where it has no name). An input with no array is left out (loading the data reports it); an
+    array that does not fit its input is an error, since no size would make it fit."""
     headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
     shapes: dict[str, tuple[int | str, ...]] = {}
     for name, dims in inputs.items():
@@ -111,7 +111,11 @@ def shapes_from_arrays(path: Path, inputs: dict[str, list[int | str | None]]) ->
         shape = header[0]
         sample = shape[1:] if len(shape) == len(dims) else shape if len(shape) == len(dims) - 1 else None
         if sample is None or any(isinstance(d, int) and d != s for d, s in zip(dims[1:], sample, strict=True)):
-            continue
+            raise DataError(
+                f"{path}: the array for input {name!r} has shape {format_shape(shape)}, which does not fit the "
+                f"input's {format_shape(dims)} as a batch or as one sample.",
+                fix="Save arrays of the input's shape (a batch [N, ...] or one sample), or check the model.",
+            )
         shapes[name] = (1 if dims[0] is None else dims[0], *sample)
     return shapes
 
