@@ -92,12 +92,7 @@ def graph_from_onnx(
     if shapes or model.ByteSize() >= PROTOBUF_LIMIT:  # inference on disk moves the weights of the proto it gets
         graph = gs.import_onnx(model)
         apply_shapes(graph, shapes or {})
-        if shapes and _stale_shapes(graph):
-            declared = _forget_shapes(graph)
-            graph = _infer_shapes(graph)
-            _keep_output_ranks(graph, declared)
-        else:
-            graph = _infer_shapes(graph)
+        graph = _infer_given_shapes(graph) if shapes else _infer_shapes(graph)
     else:
         graph = gs.import_onnx(_inferred(model))
     if fold_constants:
@@ -108,24 +103,26 @@ def graph_from_onnx(
     return canonicalize(graph)
 
 
-def _stale_shapes(graph: gs.Graph) -> bool:
-    """Whether the sizes the model declares for its computed tensors contradict those inferred from the
-    inputs `--shapes` set (ONNX's strict shape inference refuses to merge them). Only then are the declared
-    shapes dropped (`_forget_shapes`): where they agree they stay as they are. Dropping them for every model
-    also dropped the symbolic batch of outputs that agree (layout-cdla's were then declared batch 1, and each
-    verification on 16 samples warned six times). Where they do contradict, dropping them gives shape
-    inference the whole graph: PP-OCR's orientation classifier, whose opset 11 -> 13 conversion writes such
-    value_info, folds 5 more shape nodes and quantises more residual Adds' inputs (fusion groups 24 -> 31;
-    held-out worst cosine 0.9963 -> 0.9946 in BENCHMARKS *zoo*'s setting, avx2; its own verification
+def _infer_given_shapes(graph: gs.Graph) -> gs.Graph:
+    """Shapes inferred from the input sizes `--shapes` set, in ONNX's strict mode, which refuses to merge them
+    with contradicting sizes the model declares for its computed tensors. Only then are the declared shapes
+    dropped (`_forget_shapes`) and inferred again: where they agree they stay as they are. Dropping them for
+    every model also dropped the symbolic batch of outputs that agree (layout-cdla's were then declared batch
+    1, and each verification on 16 samples warned six times). Where they do contradict, dropping them gives
+    shape inference the whole graph: PP-OCR's orientation classifier, whose opset 11 -> 13 conversion writes
+    such value_info, folds 5 more shape nodes and quantises more residual Adds' inputs (fusion groups 24 ->
+    31; held-out worst cosine 0.9963 -> 0.9946 in BENCHMARKS *zoo*'s setting, avx2; its own verification
     samples 0.99893 -> 0.99921)."""
     model = gs.export_onnx(graph, do_type_check=False)
     if model.ByteSize() >= PROTOBUF_LIMIT:
-        return False
+        return gs.import_onnx(_inferred(model))
     try:
-        onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        return gs.import_onnx(onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True))
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
-        return True
-    return False
+        declared = _forget_shapes(graph)
+        graph = _infer_shapes(graph)
+        _keep_output_ranks(graph, declared)
+        return graph
 
 
 def _forget_shapes(graph: gs.Graph) -> dict[str, object]:
