@@ -85,17 +85,25 @@ def test_duplicate_pairs_are_shared_for_onnx_runtime() -> None:
     assert len(set(shared)) == len(shared)
 
 
+def _kernels(name: str, exclude: str | None) -> tuple[int, int]:
+    graph = optimized_zoo_graph(name)
+    config = cpu_config(QuantConfig(min_channels=1, exclude=(exclude,) if exclude else ()))
+    report = kernel_report(lower_for_cpu(quantize(graph, config)[0]).SerializeToString())
+    return report.int8_convs, report.float_convs
+
+
 def test_excluded_layer_stays_float_between_int8_layers() -> None:
     """ONNX Runtime would quantise a float conv sitting between DQ and Q on its own; the CPU backend
-    stops it, so `--exclude` holds (one float conv more, one INT8 conv less)."""
-    graph = optimized_zoo_graph("resnet_bottleneck")
-    convs = [n.name for n in graph.nodes if n.op == "Conv"]
-    middle = convs[1]
-    base, _, _ = quantize(graph, cpu_config())
-    excluded, _, _ = quantize(graph, cpu_config(QuantConfig(min_channels=1, exclude=(middle,))))
-    before = kernel_report(lower_for_cpu(base).SerializeToString())
-    after = kernel_report(lower_for_cpu(excluded).SerializeToString())
-    assert (after.int8_convs, after.float_convs) == (before.int8_convs - 1, before.float_convs + 1)
+    stops it, so `--exclude` holds. tiny_cnn's conv_2 reads conv_1's output, which a residual Add reads too,
+    so the output pair stays: one float conv more, one INT8 conv less.
+
+    Where the excluded conv is the only reader (resnet_bottleneck's conv_2 after conv_1), the conv before it
+    gets no output pair (the float layer reads it unrounded, `trtopt.quant.placement._output_sites`) and
+    runs as a float kernel on INT8 inputs: two float convs more."""
+    int8, floats = _kernels("tiny_cnn", None)
+    assert _kernels("tiny_cnn", "conv_2") == (int8 - 1, floats + 1)
+    int8, floats = _kernels("resnet_bottleneck", None)
+    assert _kernels("resnet_bottleneck", "conv_2") == (int8 - 2, floats + 2)
 
 
 def _dequantized_weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
