@@ -21,7 +21,8 @@ class QuantConfig:
 
     `quantize_outputs` also puts Q/DQ on every consumer edge of a quantised layer's output, after the
     activations in `output_folds` that follow it (those the backend's INT8 kernel applies before it
-    quantises its output). The TensorRT form leaves outputs to TensorRT; a backend whose kernels need them
+    quantises its output), unless every consumer is a layer kept float (`placement._output_sites`). The
+    TensorRT form leaves outputs to TensorRT; a backend whose kernels need them
     says so in its `quant_config` (the CPU backend: `trtopt.backend.cpu.backend`).
 
     `float_leading_depthwise` keeps a depthwise conv float when its input comes from a float layer (or
