@@ -22,13 +22,16 @@ if TYPE_CHECKING:
     from trtopt.verify import VerifyConfig
 
 
-def add_graph_arguments(parser: argparse.ArgumentParser, *, from_data: bool = False) -> None:
-    """`from_data`: the command reads --calib, whose one .npz/.npy file sets the sizes --shapes leaves open."""
+def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("graph")
-    help_text = "concrete input shapes for dynamic dimensions, e.g. input:1x3x224x224 (repeatable)"
-    if from_data:
-        help_text += "; with --calib one .npz/.npy file, sizes not given here are taken from its arrays"
-    g.add_argument("--shapes", nargs="+", action="extend", metavar="NAME:DxDxD", help=help_text)
+    g.add_argument(
+        "--shapes",
+        nargs="+",
+        action="extend",
+        metavar="NAME:DxDxD",
+        help="concrete input shapes for dynamic dimensions, e.g. input:1x3x224x224 (repeatable); where --calib "
+        "is one .npz/.npy file, sizes left open here come from its arrays",
+    )
     g.add_argument(
         "--passes", default=None, help="comma-separated optimiser passes to run, in this order (default: all; '': none)"
     )

@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--int8", action="store_true", help="quantise to INT8 (needs --calib or --calib-cache)")
     add_calibration_arguments(parser, build=True)
     add_quant_arguments(parser)
-    add_graph_arguments(parser, from_data=True)
+    add_graph_arguments(parser)
     add_backend_arguments(parser)
     add_verify_arguments(parser)
     add_preprocess_arguments(parser)

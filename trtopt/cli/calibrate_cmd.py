@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-equalize", action="store_true", help="calibrate the graph as given (default: "
                         "equalise activations as trtopt build does and record the gains in the cache; other "
                         "formats than trtopt's are always written for the graph as given)")  # fmt: skip
-    add_graph_arguments(parser, from_data=True)
+    add_graph_arguments(parser)
     p = parser.add_argument_group("plots")
     p.add_argument("--plot-dir", type=Path, help="draw histograms with their thresholds into this folder")
     p.add_argument("--plot", nargs="+", default=[], metavar="TENSOR", help="tensors to draw (with --plot-dir)")
