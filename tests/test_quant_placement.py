@@ -287,7 +287,7 @@ def test_a_layer_kept_float_reads_its_input_unrounded_on_the_cpu_form() -> None:
     work = graph.copy()
     insert_qdq(work, plan, amax)
     ref, out = run_model(fp32, feeds)["output"], run_model(onnx_from_graph(work), feeds, opt_level="disable")["output"]
-    assert np.median(np.abs(out - ref)) < 0.05 * np.median(np.abs(ref))  # with a pair there: about 100%
+    assert np.median(np.abs(out - ref)) < 0.05 * np.median(np.abs(ref))  # with a pair there: 85%
 
     shared, _ = _wide_range_head(reads_int8=True)
     relu = next(n for n in shared.nodes if n.op == "Relu").outputs[0].name
