@@ -239,8 +239,8 @@ def trtopt_runner(model: Path, calib: Path, variant: str, preset: str | None = N
 
 
 def ort_runner(model: Path, calib: Path, workdir: Path, batch: int) -> tuple[Runner, float]:
+    from bench_setup import pre_process
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     from trtopt.execution import OrtSession
 
@@ -258,9 +258,9 @@ def ort_runner(model: Path, calib: Path, workdir: Path, batch: int) -> tuple[Run
     start = time.perf_counter()  # quant_pre_process and quantize_static: ORT's whole calibration
     pre, out = workdir / "ort_pre.onnx", workdir / "ort_q.onnx"
     try:
-        quant_pre_process(str(model), str(pre))
+        pre_process(model, pre)
     except Exception:  # noqa: BLE001 - ORT's symbolic shape inference gives up on some exports: ONNX's alone
-        quant_pre_process(str(model), str(pre), skip_symbolic_shape=True)
+        pre_process(model, pre, skip_symbolic_shape=True)
     quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     calibrate_method=CalibrationMethod.MinMax)  # fmt: skip

@@ -201,6 +201,21 @@ class DatasetReader:
         return len(self.dataset)
 
 
+def pre_process(source: Path, out: Path, **options: Any) -> None:
+    """ONNX Runtime's `quant_pre_process` from `source` to `out`, run inside `out`'s folder: its symbolic shape
+    inference writes `sym_shape_infer_temp.onnx` and an external-data file into the working directory when it
+    gives up (onnxruntime/tools/symbolic_shape_infer.py), which otherwise litter the repository root."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    source, out = Path(source).resolve(), Path(out).resolve()
+    here = os.getcwd()
+    os.chdir(out.parent)  # contextlib.chdir is Python 3.11+
+    try:
+        quant_pre_process(str(source), str(out), **options)
+    finally:
+        os.chdir(here)
+
+
 def even_batch(count: int, limit: int = 8) -> int:
     """The largest batch size <= `limit` that divides `count` (no ragged last batch)."""
     return max(b for b in range(1, limit + 1) if count % b == 0)
@@ -216,13 +231,12 @@ def ort_quantize(
     the Pads into the Convs), the step ORT's quantization guide and quantize_static's own warning recommend.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     start = time.perf_counter()
     source = model.path
     if preprocess:
         source = out_path.with_name(out_path.stem + "_preprocessed.onnx")
-        quant_pre_process(str(model.path), str(source))
+        pre_process(model.path, source)
     quantize_static(  # its augmented calibration model goes to a TemporaryDirectory of its own
         str(source),
         str(out_path),

@@ -188,9 +188,8 @@ def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
     ORT's default calibrator) on the calibration samples trtopt reads. Models with dynamic H/W get the static
     shape trtopt builds with first; if ORT's symbolic shape inference still fails, the pre-process runs
     without it, and if that fails too the model is quantised as it is (the table says which)."""
-    from bench_setup import DatasetReader, even_batch
+    from bench_setup import DatasetReader, even_batch, pre_process
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     assert subject.path is not None
     dataset = load(subject, data.calib_sources, data.calib_count)
@@ -199,11 +198,11 @@ def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         source, note = _static_copy(subject, Path(tmp)), "after quant_pre_process"
         try:
-            quant_pre_process(str(source), str(Path(tmp, "pre.onnx")))
+            pre_process(source, Path(tmp, "pre.onnx"))
             source = Path(tmp, "pre.onnx")
         except Exception as exc:  # ORT's symbolic shape inference refuses some models: try without it
             try:
-                quant_pre_process(str(source), str(Path(tmp, "pre.onnx")), skip_symbolic_shape=True)
+                pre_process(source, Path(tmp, "pre.onnx"), skip_symbolic_shape=True)
                 source, note = Path(tmp, "pre.onnx"), f"quant_pre_process without symbolic shapes ({_why(exc)})"
             except Exception as again:  # then quantise the model as it is, and say so
                 note = f"quant_pre_process failed ({_why(exc)}; {_why(again)}), model as is"
