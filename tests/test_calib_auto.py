@@ -13,8 +13,18 @@ from auto_models import heavy_tail_conv, heavy_tail_data
 from onnx import TensorProto, helper
 
 from trtopt.build import BuildConfig, build_plan
-from trtopt.calib import CalibConfig, Calibration, calibrate, histogram_from_values, load_cache, save_cache, threshold
+from trtopt.calib import (
+    CalibConfig,
+    CalibProgress,
+    Calibration,
+    calibrate,
+    histogram_from_values,
+    load_cache,
+    save_cache,
+    threshold,
+)
 from trtopt.calib.auto import SCORE_SAMPLES, choose_thresholds, fake_quantize, scoring_split
+from trtopt.calib.collect import AUTO_PHASE
 from trtopt.calib.config import CalibConfig as StageCalibConfig
 from trtopt.calib.thresholds import AUTO_CANDIDATES, candidate_thresholds
 from trtopt.data.config import DataConfig
@@ -165,7 +175,13 @@ def test_build_records_choices_in_the_plan(tmp_path: Path) -> None:
     onnx.save_model(heavy_tail_conv(), tmp_path / "m.onnx")
     np.savez(tmp_path / "calib.npz", x=heavy_tail_data(80, 0))
     data = DataConfig(sources=(str(tmp_path / "calib.npz"),))
-    result = build_plan(tmp_path / "m.onnx", BuildConfig(backend="cpu", data=data))
+    reports: list[CalibProgress] = []
+    result = build_plan(tmp_path / "m.onnx", BuildConfig(backend="cpu", data=data), progress=reports.append)
+    # auto's scoring reports tensors scored of those to score, not samples (a 1024 x 1024 model scores for
+    # minutes after its histogram pass), and the stage leaves its total alone
+    scoring = [(r.samples, r.total_samples) for r in reports if r.phase == AUTO_PHASE]
+    assert scoring == [(0, 1), (1, 1)]
+    assert {r.total_samples for r in reports if r.phase == "histogram"} == {80 - 8 - SCORE_SAMPLES}
     meta = result.plan.metadata
     assert meta["calibration"]["method"] == "auto"
     assert meta["threshold_methods"] == {"x": result.calibration.choices["x"]}

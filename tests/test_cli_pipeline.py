@@ -195,8 +195,10 @@ def test_calibration_progress_shows_images_per_second_and_the_bounding_stage(mon
     monkeypatch.setattr(console, "err", Console(file=screen, force_terminal=True, width=120))
     with console.phase_progress("calibration") as update:
         update(CalibProgress("histogram", 2, 16, 32, 4.0, {"decode": 0.5, "inference": 2.5, "counting": 0.7}))
+        update(CalibProgress("auto scoring", 3, 3, 40, 6.0))
     shown = screen.getvalue()
     assert "calibration: histogram pass" in shown and "4.0 img/s, bound by inference" in shown
+    assert "auto thresholds, tensors scored" in shown and "0.5 img/s" not in shown
 
 
 def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeypatch) -> None:
@@ -213,6 +215,8 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
     with console.phase_progress("calibration") as update:
         for done in (8, 16, 24, 32):
             update(CalibProgress("histogram", done // 8, done, 32, done / 4.0))
+        update(CalibProgress("auto scoring", 0, 0, 40, 0.5))  # tensors, not images: no rate on a bar
+        update(CalibProgress("auto scoring", 40, 40, 40, 9.5))
         update(CalibProgress("sensitivity", 1, 1, None, 3.0))
         update(CalibProgress("verify", 4, 4, 4))  # a report without seconds: no "in 0.0s"
     lines = screen.getvalue().splitlines()
@@ -221,6 +225,8 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
                      "calibration: histogram pass: 16 of 32 done after 4.0s",
                      "calibration: histogram pass: 24 of 32 done after 6.0s",
                      "calibration: histogram pass: 32 done in 8.0s",
+                     "calibration: auto thresholds, tensors scored: started (0 of 40 done)",
+                     "calibration: auto thresholds, tensors scored: 40 done in 9.5s",
                      "calibration: sensitivity analysis, trials: started (1 done)",
                      "calibration: verify pass: started (4 of 4 done)", "calibration: verify pass: 4 done"]  # fmt: skip
     screen.truncate(0)

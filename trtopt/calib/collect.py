@@ -85,6 +85,7 @@ class CalibProgress:
 
 
 ProgressFn = Callable[[CalibProgress], None]
+AUTO_PHASE = "auto scoring"  # the phase of `--method auto`'s reports: tensors scored, of those to score
 
 
 class Collected(Mapping[str, T], Generic[T]):
@@ -147,7 +148,8 @@ def calibrate(
         start = time.perf_counter()
         with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:
             if config.method == "auto":
-                amax, choices = _auto_thresholds(model, histograms, config, score_batches, pool.map, at_max)
+                amax, choices = _auto_thresholds(model, histograms, config, score_batches, pool.map, at_max,
+                                                 progress=progress)  # fmt: skip
             else:
                 amax = compute_thresholds(histograms, config, map_fn=pool.map)
         threshold_s = time.perf_counter() - start
@@ -177,9 +179,11 @@ def _auto_thresholds(
     score_batches: Iterable[tuple[Feeds, int]] | None,
     map_fn: Callable[..., Iterable[dict[str, float]]],
     at_max: Collection[str] = (),
+    *,
+    progress: ProgressFn | None = None,
 ) -> tuple[dict[str, float], dict[str, str]]:
     """`auto`: every candidate threshold of every tensor (max alone for `at_max`), then the one
-    `choose_thresholds` scores best."""
+    `choose_thresholds` scores best; `progress` hears an `AUTO_PHASE` report per tensor scored."""
     from trtopt.calib.auto import choose_thresholds
     from trtopt.frontend.loader import onnx_from_graph
 
@@ -194,7 +198,10 @@ def _auto_thresholds(
         kept = {n: "mse" if "mse" in options[n] else "max" for n in names}
         return {n: options[n][m] for n, m in kept.items()}, kept
     proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else model
-    chosen = choose_thresholds(proto, options, score_batches, threads=config.threads)
+    start = time.perf_counter()
+    report = (lambda done, total: progress(CalibProgress(AUTO_PHASE, done, done, total, time.perf_counter() - start))
+              ) if progress is not None else None  # fmt: skip
+    chosen = choose_thresholds(proto, options, score_batches, threads=config.threads, on_tensor=report)
     return {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}
 
 

@@ -66,16 +66,26 @@ def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[C
                 total = report.total_samples
                 tasks[report.phase] = bar.add_task(f"{label}: {_phase_name(report)}", total=total, rate="")
             bound = f", bound by {report.bound}" if report.bound else ""
-            rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 else ""
+            rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 and _counts_images(report) else ""
             bar.update(tasks[report.phase], completed=report.samples, rate=rate)
 
         yield update
 
 
-def _phase_name(report: CalibProgress) -> str:
+def _named_phases() -> dict[str, str]:
+    """The phases that count something other than images (trials, tensors), by what the bar calls them."""
+    from trtopt.calib.collect import AUTO_PHASE
     from trtopt.quant.sensitivity import SENSITIVITY_PHASE
 
-    return "sensitivity analysis, trials" if report.phase == SENSITIVITY_PHASE else f"{report.phase} pass"
+    return {SENSITIVITY_PHASE: "sensitivity analysis, trials", AUTO_PHASE: "auto thresholds, tensors scored"}
+
+
+def _phase_name(report: CalibProgress) -> str:
+    return _named_phases().get(report.phase, f"{report.phase} pass")
+
+
+def _counts_images(report: CalibProgress) -> bool:
+    return report.phase not in _named_phases()
 
 
 def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
