@@ -85,7 +85,51 @@ def test_choices_are_the_same_whatever_the_groups(monkeypatch: pytest.MonkeyPatc
     batches = [({"x": data[:8]}, 8)]
     whole = choose_thresholds(model, options, batches)
     monkeypatch.setattr("trtopt.calib.auto.cache_groups",
-                        lambda scored, consumers, sizes: cache_groups(scored, consumers, sizes, budget=0))  # fmt: skip
+                        lambda scored, consumers, sizes, budget: cache_groups(scored, consumers, sizes, 0))  # fmt: skip
     apart = choose_thresholds(model, options, batches)
     assert sum(1 for c in whole.values() if c.scored_by == "consumers") >= 2
     assert apart == whole
+
+
+def test_a_group_runs_only_the_nodes_it_depends_on_and_gets_the_same_values() -> None:
+    """ONNX Runtime runs every node of a session whatever a run fetches: a group of early tensors runs the
+    graph cut after them, and the tensors read from the cut are the whole graph's, bit for bit."""
+    from trtopt.calib.auto_cache import prefix_model
+    from trtopt.zoo import build_model
+
+    model = build_model("inception_pool_net", batch=2)
+    nodes = list(model.graph.node)
+    early = next(n for n in nodes if n.op_type == "Concat").input[0]  # a branch of the first block
+    cut = prefix_model(model, [early])
+    assert cut is not None and 0 < len(cut.graph.node) < len(nodes) // 2
+    kept = {n.name for n in cut.graph.node}
+    made = {o: n for n in nodes for o in n.output}
+    needed, stack = set(), [early]
+    while stack:  # the ancestors of `early`, and nothing else
+        node = made.get(stack.pop())
+        if node is not None and node.name not in needed:
+            needed.add(node.name)
+            stack.extend(node.input)
+    assert kept == needed
+    boundary = {t for n in nodes if n.name not in kept for t in n.input} & {o for n in cut.graph.node for o in n.output}
+    assert {o.name for o in cut.graph.output} == boundary  # what removed nodes read stays an output
+    hidden = [o for n in cut.graph.node for o in n.output]
+    feeds = {model.graph.input[0].name: np.random.default_rng(3).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)}  # fmt: skip
+    whole = OrtSession(model, expose=hidden).run(feeds, outputs=hidden)
+    part = OrtSession(cut, expose=hidden).run(feeds, outputs=hidden)
+    assert all(np.array_equal(whole[t], part[t]) for t in hidden)
+    assert prefix_model(model, [model.graph.output[0].name]) is None  # the whole graph: nothing to cut
+
+
+def test_a_graph_with_subgraphs_is_not_cut() -> None:
+    from trtopt.calib.auto_cache import prefix_model
+
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "body", [],
+                             [helper.make_tensor_value_info("y", 1, [1])])  # reads x from outside
+    nodes = [helper.make_node("Relu", ["a"], ["x"]), helper.make_node("Relu", ["x"], ["early"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=body, else_branch=body)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", 1, [1]),
+                                           helper.make_tensor_value_info("c", 9, [])],
+                              [helper.make_tensor_value_info("z", 1, [1])])  # fmt: skip
+    assert prefix_model(helper.make_model(graph), ["early"]) is None

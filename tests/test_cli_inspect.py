@@ -109,3 +109,17 @@ def test_subprocess_has_no_traceback(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stdout == ""
     assert result.stderr.startswith("error: ") and "truncated" in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "severity"), [((), [3]), (("-v",), [3]), (("-vv",), [])])
+def test_onnxruntime_warnings_are_quiet_below_debug(tiny: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...],
+                                                    severity: list[int]) -> None:
+    """Graph optimisers log through ONNX Runtime's default logger, which session options do not reach: the
+    CLI sets it to errors only unless -vv asks for debug output."""
+    import onnxruntime
+
+    set_to: list[int] = []
+    monkeypatch.setattr(onnxruntime, "set_default_logger_severity", set_to.append)
+    code = main([*flags, "inspect", str(tiny)])
+    assert code == 0 and set_to == severity

@@ -42,7 +42,8 @@ lowering stores at T / 255: that finer grid makes clipping relatively costlier t
 choice there errs, if anything, towards clipping. Memory: what scoring reads (every scored tensor and
 the inputs and outputs of the nodes reading them, for SCORE_SAMPLES samples) is 3.2 GiB on PP-OCRv4's
 detector at 640 x 640 and 6.5 GiB on the zoo's layout-cdla at 800 x 608; it is cached in groups of tensors
-whose reads fit `trtopt.calib.auto_cache.BUDGET` (1 GiB), one forward pass per group, with the same
+whose reads fit `trtopt.calib.auto_cache.scoring_budget()` (a quarter of the free memory, 1 to 4 GiB), one
+forward pass per group (as far as the group's tensors), with the same
 values as one pass for all; then one tensor's candidates at a time, and one scratch array per consumer
 output, as large as the largest stacked output so far. The exposing session has no memory arena (it
 would keep a pass's peak) and its outputs are copied out one at a time (`_released_run`).
@@ -62,7 +63,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from trtopt.calib.auto_cache import cache_groups, declared_sizes, reads, release_after
+from trtopt.calib.auto_cache import cache_groups, declared_sizes, prefix_model, reads, release_after, scoring_budget
 from trtopt.calib.auto_kernels import fake_quantize_at, quantize_stack
 from trtopt.calib.auto_nodes import NodeRunner as _NodeRunner
 from trtopt.calib.auto_nodes import quiet_run
@@ -138,17 +139,24 @@ def choose_thresholds(
     needed -= {t.name for t in model.graph.initializer}
     graph_inputs = {i.name for i in model.graph.input}
     # No arena: it would keep a run's peak (every exposed tensor) mapped beside the cache. The scored tensors
-    # go in groups whose reads fit a budget, each group from a run of this one session (the same values as
-    # one run for all: trtopt.calib.auto_cache), and each read leaves the cache after its last scoring.
-    session = OrtSession(model, expose=sorted(needed - graph_inputs), threads=threads, spin=False, arena=False)
+    # go in groups whose reads fit a budget, each group from a run of the graph cut to what it depends on,
+    # with the same tensors exposed (the same values as one run for all: trtopt.calib.auto_cache), and each
+    # read leaves the cache after its last scoring.
     batches = list(batches)
     sizes = declared_sizes(model, sum(rows for _, rows in batches))
     runner = _NodeRunner(model, threads)
     report = on_tensor or (lambda done, total: None)
     report(0, len(scored))
     done = 0
-    for group in cache_groups(scored, consumers, sizes):
-        cached = _run(session, batches, sorted({t for n in group for t in reads(n, consumers)} & needed))
+    groups = cache_groups(scored, consumers, sizes, budget=scoring_budget())
+    for group in groups:
+        wanted = sorted({t for n in group for t in reads(n, consumers)} & needed)
+        cut = prefix_model(model, wanted) if len(groups) > 1 else None  # the nodes the group depends on
+        source = cut if cut is not None else model
+        made = {o for node in source.graph.node for o in node.output}
+        session = OrtSession(source, expose=sorted((needed - graph_inputs) & made), threads=threads, spin=False,
+                             arena=False)  # fmt: skip
+        cached = _run(session, batches, wanted)
         released = release_after(group, consumers, cached)
         for index, name in enumerate(group):
             choices[name] = _choose(name, distinct[name], cached, consumers.get(name, []), runner)

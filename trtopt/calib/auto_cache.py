@@ -4,14 +4,15 @@ Scoring a tensor reads the tensor itself and every input and output of the nodes
 FP32 model over the scoring samples. Held for every scored tensor at once, that is several GB on a
 detector (6.5 GiB on the zoo's layout-cdla at 800 x 608 for 8 samples, as its shapes declare; the build
 peaked at 8.8 GB RSS). So the scored tensors are taken in groups whose reads fit `BUDGET` (estimated
-from the shapes the model declares), and each group's tensors come from one run of the same session, the
-one with every tensor any group reads exposed: the same graph as ONNX Runtime optimised it, the same
-kernels, so the same values to the last bit as one run for all (ONNX Runtime fuses differently around
-the tensors a model exposes; fetching fewer outputs of one session changes nothing of that). The price
-is one more forward pass over the scoring samples per group (layout-cdla: 9 groups, and its scoring took
-27 -> 30 s, avx2, 2 threads, on a shared machine; PP-OCRv4-det: 5 groups, 15 -> 11 s: fewer pages to
-fault). Within a group, a tensor leaves the cache once the last scoring that reads it is done
-(`release_after`).
+from the shapes the model declares), and each group's tensors come from one run of the graph cut to the
+nodes they depend on (`prefix_model`), with every tensor any group reads that the cut makes exposed: the
+same nodes as ONNX Runtime optimises them in the whole graph, the same kernels, so the same values to the
+last bit as one run for all (ONNX Runtime fuses differently around the tensors a model exposes; fetching
+fewer outputs of one session changes nothing of that, and the cut keeps as outputs what the removed nodes
+read). The price is one more forward pass over the scoring samples per group, as far as the group's
+tensors (layout-cdla: 9 groups, and its scoring took 27 -> 30 s, avx2, 2 threads, on a shared machine,
+when every pass ran the whole graph; PP-OCRv4-det: 5 groups, 15 -> 11 s: fewer pages to fault). Within a
+group, a tensor leaves the cache once the last scoring that reads it is done (`release_after`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,18 @@ import onnx
 
 # Bytes of cached tensors per group (all scoring samples together); a single tensor's reads may exceed it.
 BUDGET = 1 << 30
+MOST_BUDGET = 4 * BUDGET  # what `scoring_budget` gives at most, however much memory is free
+
+
+def scoring_budget() -> int:
+    """A group's budget on this machine: a quarter of the memory free now, from `BUDGET` to `MOST_BUDGET`.
+
+    Groups change the time, never the values. At 1024 x 1024 (wired-table-rec's line segmenter: 2.4 GB of
+    float activations per page, 8 scoring pages) 1 GiB groups meant a forward pass per one or two tensors."""
+    from trtopt.memory import available_bytes
+
+    free = available_bytes()
+    return BUDGET if free is None else min(max(BUDGET, free // 4), MOST_BUDGET)
 
 
 def reads(name: str, consumers: Mapping[str, Sequence[onnx.NodeProto]]) -> list[str]:
@@ -91,3 +104,39 @@ def declared_sizes(model: onnx.ModelProto, rows: int) -> dict[str, int]:
         per_sample = math.prod(d for d in dims[1:] if d is not None)
         sizes[info.name] = per_sample * itemsize * (rows if dims else 1)
     return sizes
+
+
+def prefix_model(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto | None:
+    """`model` cut to the nodes that `names` depend on, or None when that is the whole graph or the graph
+    has subgraphs (a Loop or If body may read any outer tensor).
+
+    ONNX Runtime runs every node of a session whatever outputs a run asks for (measured: ten 3x3 convs
+    behind a ReLU cost the same when only the ReLU's output is fetched), so a group of early tensors paid
+    the whole forward pass. Each output of the cut that a removed node read stays a graph output: a tensor
+    with a reader outside the cut is no single-reader tensor inside it either, so ONNX Runtime fuses the
+    kept nodes as it does in the whole graph, and they compute the same values."""
+    graph = model.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        return None
+    producer = {out: index for index, node in enumerate(graph.node) for out in node.output if out}
+    keep: set[int] = set()
+    stack = [producer[name] for name in names if name in producer]
+    while stack:
+        index = stack.pop()
+        if index not in keep:
+            keep.add(index)
+            stack.extend(producer[t] for t in graph.node[index].input if t in producer)
+    if len(keep) == len(graph.node):
+        return None
+    made = {out for index in keep for out in graph.node[index].output if out}
+    read_outside = {t for index, node in enumerate(graph.node) if index not in keep for t in node.input}
+    kept_outputs = {o.name for o in graph.output}
+    cut = onnx.ModelProto()
+    cut.CopyFrom(model)
+    del cut.graph.node[:]
+    cut.graph.node.extend(node for index, node in enumerate(graph.node) if index in keep)
+    del cut.graph.output[:]
+    known = {v.name: v for v in (*graph.value_info, *graph.output)}
+    for name in sorted(made & (read_outside | kept_outputs)):
+        cut.graph.output.append(known.get(name) or onnx.ValueInfoProto(name=name))  # ONNX Runtime infers it
+    return cut

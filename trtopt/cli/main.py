@@ -94,6 +94,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _interrupted(exc)
 
 
+def _quiet_onnxruntime() -> None:
+    """Errors only from ONNX Runtime's process-wide logger, below -vv. trtopt's sessions ask for that
+    already, but graph optimisers log through the default logger: a 1024 x 1024 line segmenter
+    (wired-table-rec's) printed ten `UnsqueezeElimination cannot remove node` warnings, in colour, per
+    session it opened. Set here, not on import: a library caller's own logging stays theirs."""
+    try:
+        import onnxruntime
+    except ImportError:  # `trtopt doctor` says so; nothing to quieten
+        return
+    onnxruntime.set_default_logger_severity(3)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -104,6 +116,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 1
+    if args.verbose < 2:
+        _quiet_onnxruntime()
     from trtopt.cli.console import err, print_error
     from trtopt.cli.outputs import check_cli_outputs
     from trtopt.frontend.writer import forget_written
