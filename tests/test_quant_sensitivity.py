@@ -207,7 +207,9 @@ def test_the_build_reports_its_sensitivity_trials_to_the_progress_callback(tmp_p
     reports: list[CalibProgress] = []
     build_plan(tmp_path / "m.onnx", config, progress=reports.append)
     trials = [r for r in reports if r.phase == SENSITIVITY_PHASE]
-    assert trials and trials[-1].samples == trials[-1].total_samples and trials[-1].seconds == 0
+    assert trials and trials[-1].samples == trials[-1].total_samples
+    seconds = [r.seconds for r in trials]  # how long the search has run: the log lines say it
+    assert seconds == sorted(seconds) and seconds[-1] > 0
 
 
 def _chain(weights: list[np.ndarray]) -> onnx.ModelProto:
