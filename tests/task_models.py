@@ -1,5 +1,6 @@
 """Small models built in code whose outputs look like real task heads, for the task-metric tests (see the
-sketches in tests/test_compare_tasks.py): a YOLOv8-layout detector, a DB-style text score map, a CTC head."""
+sketches in tests/test_compare_tasks.py): a YOLOv8-layout detector, a DB-style text score map, a CTC head,
+a segmenter ending in ArgMax."""
 
 from __future__ import annotations
 
@@ -35,3 +36,17 @@ def recognizer() -> onnx.ModelProto:
     y = b.conv(x, 8, 12, (32, 4), stride=4, pads=[0, 0, 0, 0])  # [1, 12, 1, 16]
     y = b.node("Transpose", [b.node("Reshape", [y, b.const("shape", np.array([1, 12, 16], np.int64))])], perm=[0, 2, 1])
     return b.build([b.node("Softmax", [y], axis=2, out="probs")])
+
+
+def segmenter() -> onnx.ModelProto:
+    """Three class scores per pixel and the graph's own ArgMax: an int64 [N, H, W] map of class ids, as
+    wired-table-rec's line segmenter ends."""
+    b = GraphBuilder("tiny_seg", seed=6, opset=13)
+    x = b.relu(b.conv(b.input("x", [1, 3, 32, 32]), 3, 8, 3))
+    b.node("ArgMax", [b.conv(x, 8, 3, 3)], axis=1, keepdims=0, out="labels")
+    graph = onnx.helper.make_graph(b.nodes, b.name, b.inputs,
+                                   [onnx.helper.make_tensor_value_info("labels", onnx.TensorProto.INT64, None)],
+                                   b.initializers)  # fmt: skip
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)

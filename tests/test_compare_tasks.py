@@ -20,11 +20,11 @@ import numpy as np
 import onnx
 import pytest
 from PIL import Image
-from task_models import detector, recognizer, text_map
+from task_models import detector, recognizer, segmenter, text_map
 
 from trtopt.cli.main import main
 
-MODELS = {"detector": detector, "text_map": text_map, "recognizer": recognizer}
+MODELS = {"detector": detector, "text_map": text_map, "recognizer": recognizer, "segmenter": segmenter}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def compare(work: Path, name: str, precision: str, capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(
     ("name", "task", "variant"), [("detector", "detect", "yolov8"), ("text_map", "text-detect", ""),
-                                  ("recognizer", "ctc", "ntc")]
+                                  ("recognizer", "ctc", "ntc"), ("segmenter", "segment", "")]
 )  # fmt: skip
 def test_auto_picks_the_task_and_an_fp32_plan_agrees_perfectly(
     work: Path, capsys: pytest.CaptureFixture[str], name: str, task: str, variant: str
@@ -69,6 +69,9 @@ def test_auto_picks_the_task_and_an_fp32_plan_agrees_perfectly(
         assert m["f1"] == 1.0
     elif task == "text-detect":
         assert m["images"] == 10 and m["reference_pixels"] > 0 and m["binary_iou"] == 1.0
+    elif task == "segment":
+        assert m["images"] == 10 and len(m["reference_pixels"]) == 3 and m["pixel_agreement"] == 1.0
+        assert m["mean_iou"] == 1.0 and set(m["class_iou"].values()) == {1.0}
     else:
         assert m["samples"] == 10 and m["exact_match"] == 1.0 and m["mean_normalized_edit_distance"] == 0.0
 
@@ -89,6 +92,18 @@ def test_int8_recognizer_and_map_report_their_agreement(work: Path, capsys: pyte
     assert ctc["outputs"][0]["rel_error"] > 0, "INT8 moves the probabilities"
     maps = compare(work, "text_map", "int8", capsys, "--map-threshold", "0.5")["task"]["metrics"]
     assert maps["threshold"] == 0.5 and 0.0 <= maps["binary_iou"] <= 1.0 and maps["min_text_image_cosine"] <= 1.0
+
+
+def test_an_int8_segmenter_reports_iou_per_class(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    result = compare(work, "segmenter", "int8", capsys)
+    m = result["task"]["metrics"]
+    assert result["task"]["task"] == "segment" and m["background"] in (0, 1, 2)
+    ious = [v for c, v in m["class_iou"].items() if int(c) != m["background"]]
+    assert ious and m["mean_iou"] == pytest.approx(sum(ious) / len(ious)) and 0 < m["pixel_agreement"] <= 1
+    capsys.readouterr()
+    args = [str(work / "segmenter.onnx"), str(work / "segmenter_int8.engine"), "--data", str(work / "images")]
+    assert main(["compare", *args]) == 0
+    assert "mean IoU, background left out" in capsys.readouterr().out
 
 
 def test_forced_task_and_readable_tables(work: Path, capsys: pytest.CaptureFixture[str]) -> None:

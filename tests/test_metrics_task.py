@@ -114,6 +114,12 @@ def test_auto_reads_real_models_output_shapes() -> None:
     assert choose({"logits": rng.normal(size=(2, 10))}, HW) == ("classify", "logits", "")
     assert choose({"feat": rng.normal(size=(2, 1, 64, 96))}, HW)[0] == "raw"  # not a probability map
     assert choose({"emb": rng.normal(size=(2, 5, 4, 4, 4))}, HW)[0] == "raw"
+    # a segmenter ending in its own ArgMax: class ids per pixel, whatever axes come first (wired-table-rec's
+    # line segmenter writes [1, N, H, W]); ids 0/1 only would pass as a [0, 1] map: the integer type decides
+    assert choose({"ids": rng.integers(0, 3, (1, 2, 64, 96))}, HW) == ("segment", "ids", "")
+    assert choose({"ids": rng.integers(0, 2, (2, 1, 64, 96))}, HW) == ("segment", "ids", "")
+    assert choose({"ids": rng.integers(0, 3, (2, 8, 8))}, HW)[0] == "raw"  # an eighth of the input: no map
+    assert choose({"count": rng.integers(0, 5, (2, 64, 96)) + 1000}, HW)[0] == "raw"  # 1000+: not class ids
 
 
 def test_a_detector_head_wins_over_other_outputs_and_task_output_picks_one() -> None:
@@ -129,7 +135,7 @@ def test_forced_task_without_a_fitting_output_is_a_user_error() -> None:
     with pytest.raises(TrtoptError, match="is not an output"):
         choose_task({"logits": np.zeros((2, 10))}, HW, TaskConfig(output="nope"), 2)
     with pytest.raises(TrtoptError, match="is not a task"):
-        choose_task({"logits": np.zeros((2, 10))}, HW, TaskConfig(task="segment"), 2)
+        choose_task({"logits": np.zeros((2, 10))}, HW, TaskConfig(task="pose"), 2)
 
 
 def test_evaluator_compares_decoded_boxes_of_both_sides() -> None:
@@ -217,3 +223,28 @@ def test_without_an_image_input_ctc_needs_per_step_probabilities() -> None:
     assert choose({"o": np.log(probs)}, None) == ("ctc", "o", "ntc")  # or its log-softmax
     assert choose({"o": logits}, None)[0] == "raw"  # raw logits: nothing tells them from other numbers
     assert choose({"o": logits}, None, task="ctc") == ("ctc", "o", "ntc")  # unless asked for
+
+
+def test_label_maps_are_compared_class_by_class() -> None:
+    from trtopt.metrics.labels import LabelAgreement
+
+    reference = np.zeros((2, 4, 5), np.int64)  # class 0 background; class 1 in image 0, class 2 in image 1
+    reference[0, 1, :] = 1
+    reference[1, :, 2] = 2
+    test = reference.copy()
+    test[0, 1, 4] = 0  # one of class 1's five pixels lost
+    test[1, 0, 0] = 2  # one background pixel taken by class 2
+    found = LabelAgreement()
+    found.update(reference[:1], test[:1])
+    found.update(reference[1:], test[1:])
+    assert found.images == 2 and found.background == 0
+    assert found.class_iou() == {0: pytest.approx(30 / 32), 1: pytest.approx(4 / 5), 2: pytest.approx(4 / 5)}
+    assert found.mean_iou == pytest.approx(0.8) and found.agreement == pytest.approx(38 / 40)
+    assert found.to_dict()["reference_pixels"] == {"0": 31, "1": 5, "2": 4}
+    same = LabelAgreement()
+    same.update(np.zeros((1, 4, 4), np.int64), np.zeros((1, 4, 4), np.int64))
+    assert same.mean_iou == 1.0 and same.agreement == 1.0  # all background on both sides
+    evaluator = TaskEvaluator(choose_task({"ids": reference}, (4, 5), TaskConfig(), 2), TaskConfig(), (4, 5))
+    evaluator.update({"ids": reference}, {"ids": test})
+    assert evaluator.headline() == ("mean IoU", pytest.approx(0.8))
+    assert evaluator.to_dict()["metrics"]["class_iou"]["1"] == pytest.approx(0.8)

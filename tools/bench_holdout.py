@@ -143,7 +143,7 @@ HOLDOUT = (
         wheel_sha256="50e4f171d0eda2b13b3ba89bfe9260c7ac5f38d6669390d7e4e3b3beafd0e7ae",
         member="wired_table_rec/models/cycle_center_net_v2.onnx",
         sha256="0ea48d3a17e35ef5c2e498a5e799566073234d39b1079ca21d9f4fafe73c6d20",
-        task="raw",
+        task="segment",
         preprocess=("--resize-mode", "letterbox", "--pad-align", "top-left", "--pad-value", "0", "--color", "RGB",
                     "--scale", "255", "--mean", "0.485", "0.456", "0.406", "--std", "0.229", "0.224", "0.225"),
         calib="pages",

@@ -213,6 +213,8 @@ def _counts(task: dict[str, Any]) -> str:
         return f"(boxes FP32 {m['reference_boxes']}, INT8 {m['test_boxes']}, matched {m['matched']})"
     if task["task"] == "text-detect":
         return f"(pixels > {m['threshold']:g}: FP32 {m['reference_pixels']}, INT8 {m['test_pixels']})"
+    if task["task"] == "segment":
+        return f"(pixels with FP32's label {m['pixel_agreement']:.2%})"
     if task["task"] == "ctc":
         return f"(edit distance {m['mean_normalized_edit_distance']:.3f}; {m['empty_reference']} FP32 empty)"
     return ""

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TASKS = ("classify", "detect-yolov8", "detect-yolox", "detect-yolov5", "text-detect", "ctc", "orientation",
-         "layout", "raw")
+         "layout", "segment", "raw")
 CALIB_KINDS = ("photos", "text", "pages")  # or a path to an .npz, relative to the repository root
 
 

@@ -269,6 +269,7 @@ def task_config(task: str, input_hw: tuple[int, int] | None = None) -> Any:
         "detect-yolox": TaskConfig(task="detect"),  # raw (grid decoding) or decoded: chosen from FP32's boxes
         "layout": TaskConfig(task="auto"),
         "text-detect": TaskConfig(task="text-detect"),
+        "segment": TaskConfig(task="segment"),
         "ctc": TaskConfig(task="ctc"),
     }
     return configs.get(task, TaskConfig(task="raw"))

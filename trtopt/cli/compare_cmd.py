@@ -7,13 +7,16 @@ Per task (--task, chosen from the outputs by default and named in the summary):
   detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), or a
                --decoder of yours; FP32's boxes matched by the plan's at IoU >= --match-iou, per class:
                recall of FP32's boxes, precision, F1 and the box counts
+  segment      maps of class ids (a segmenter ending in its own ArgMax): per-class IoU, their mean without
+               the background (FP32's most common class), and the share of pixels with FP32's label
   text-detect  score maps (DB): per-image cosine, and IoU of the maps binarised at --map-threshold (0.3)
   ctc          greedy CTC decoding (argmax, merge repeats, drop --blank): exact-match rate, mean normalised
                edit distance
   classify     top-1 agreement
   raw          the per-output numbers only
 auto picks the first that fits: a rank-3 output over the input's YOLO grid (strides 8/16/32[/64]) is a
-detector; a rank-4 map of at most 4 channels in [0, 1], at >= 1/4 of the input's size, a text detector;
+detector; an integer map at >= 1/4 of the input's size, a segmenter's labels; a rank-4 map of at most 4
+channels in [0, 1], at >= 1/4 of the input's size, a text detector;
 another rank-3 output, on an input at least twice as wide as high and with no more time steps than it has
 columns, a CTC recognizer; [N, classes] a classifier. With --per-layer, the same
 intermediate tensors are read from both (the plan's graph keeps the FP32 tensor names) and listed in
@@ -58,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("task metrics (see the description above)")
-    t.add_argument("--task", default="auto", choices=("auto", "classify", "detect", "text-detect", "ctc", "raw"),
+    t.add_argument("--task", default="auto", choices=("auto", "classify", "detect", "segment", "text-detect", "ctc",
+                                                      "raw"),  # fmt: skip
                    help="what the model does, for its fidelity metric (default auto: chosen from the outputs)")
     t.add_argument("--task-output", metavar="NAME", help="the output the task metric reads (default: chosen)")
     t.add_argument("--box-format", default="auto", choices=("auto", "yolov8", "yolov5", "yolox"),
@@ -253,6 +257,14 @@ def _task_rows(task: str, m: dict) -> list[tuple[str, str]]:  # type: ignore[typ
             ("precision", pct(m["precision"])),
             ("F1", pct(m["f1"])),
         ]  # fmt: skip
+    if task == "segment":
+        ious = ", ".join(f"{c} {iou:.1%}" for c, iou in m["class_iou"].items())
+        return [
+            ("images", str(m["images"])),
+            ("pixels with FP32's label", pct(m["pixel_agreement"])),
+            (f"IoU per class (background: {m['background']})", ious or "-"),
+            ("mean IoU, background left out", pct(m["mean_iou"])),
+        ]
     if task == "text-detect":
         return [
             ("images (with FP32 text pixels)", f"{m['images']} ({m['images_with_text']})"),

@@ -8,16 +8,18 @@ declare wrong or symbolic ones) and the image input's height and width. The rule
    anchors per cell of the stride 8/16/32 or 8/16/32/64 grids, `yolo.yolo_grid_match`) -> **detect**:
    anchors last ([N, 4 + C, A]) is YOLOv8; anchors first ([N, A, 5 + C]) is YOLOX when the boxes are still
    raw (`yolo.is_raw_yolox`), else YOLOv5;
-3. a rank-4 output [N, C, H, W] with at most 4 channels, at least a quarter of the input's height and width,
+3. an integer output of rank 3 or more whose last two axes are at least a quarter of the input's height and
+   width (a segmenter that ends in its own ArgMax: class ids per pixel, `trtopt.metrics.labels`) -> **segment**;
+4. a rank-4 output [N, C, H, W] with at most 4 channels, at least a quarter of the input's height and width,
    and every value in [0, 1] (a probability map) -> **text-detect**;
-4. any other rank-3 output with at least 2 classes on its last axis, on an input at least twice as wide as
+5. any other rank-3 output with at least 2 classes on its last axis, on an input at least twice as wide as
    high, with no more time steps than the input has columns (a recognizer reads a text line left to right,
    downsampling its width; without an image input, such as audio or arrays, where that cannot be told:
    each step's scores a probability distribution or log-probabilities, `trtopt.agreement.is_distribution`) -> **ctc**:
    [N, T, C] when its first axis is the batch size and its second is not, [T, N, C] in the opposite case
    (ambiguous: [N, T, C]);
-5. a rank-2 output [N, C] with C >= 2 -> **classify**;
-6. otherwise **raw** (per-output cosine and relative error only, which every task reports anyway).
+6. a rank-2 output [N, C] with C >= 2 -> **classify**;
+7. otherwise **raw** (per-output cosine and relative error only, which every task reports anyway).
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ from trtopt.agreement import is_distribution
 from trtopt.errors import TrtoptError
 from trtopt.metrics.boxes import BoxAgreement, Detections
 from trtopt.metrics.ctc import CTC_LAYOUTS, SequenceAgreement, decode_batch
+from trtopt.metrics.labels import LabelAgreement, is_label_map
 from trtopt.metrics.maps import DB_THRESHOLD, MapAgreement
 from trtopt.metrics.yolo import BOX_FORMATS, DecodeConfig, decode, is_raw_yolox, yolo_grid_match
 
-TASKS = ("auto", "classify", "detect", "text-detect", "ctc", "raw")
+TASKS = ("auto", "classify", "detect", "segment", "text-detect", "ctc", "raw")
 Decoder = Callable[[dict[str, np.ndarray]], Sequence[Any]]  # one batch's outputs -> (boxes, scores, classes)s
 
 
@@ -77,7 +80,8 @@ def choose_task(outputs: Mapping[str, np.ndarray], input_hw: tuple[int, int] | N
         return TaskChoice("raw", None, "", "asked for (--task raw)")
     if config.decoder is not None and wanted in ("auto", "detect"):
         return TaskChoice("detect", None, "decoder", f"user decoder {config.decoder_name}")
-    checks = {"detect": _detector, "text-detect": _score_map, "ctc": _ctc, "classify": _classifier}
+    checks = {"detect": _detector, "segment": _label_map, "text-detect": _score_map, "ctc": _ctc,
+              "classify": _classifier}  # fmt: skip
     for task, check in checks.items():
         if wanted not in ("auto", task):
             continue
@@ -118,6 +122,12 @@ def _detector(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskCon
     if forced is not None and out.shape[1 if forced == "yolov8" else 2] >= 5:
         return forced, f"{list(out.shape)}: --box-format {forced}"
     return None
+
+
+def _label_map(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
+    if not is_label_map(out, input_hw):
+        return None
+    return "", f"{list(out.shape)}: a map of class ids (integer {out.dtype}), compared class by class"
 
 
 def _score_map(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
@@ -166,6 +176,7 @@ class TaskEvaluator:
         self.boxes = BoxAgreement(config.match_iou)
         self.maps = MapAgreement(config.map_threshold)
         self.sequences = SequenceAgreement()
+        self.labels = LabelAgreement()
         self.top1 = [0, 0]  # same, rows
 
     def update(self, reference: Mapping[str, np.ndarray], test: Mapping[str, np.ndarray]) -> None:
@@ -173,6 +184,8 @@ class TaskEvaluator:
         if task == "detect":
             for ref, tst in zip(self._detections(reference), self._detections(test), strict=True):
                 self.boxes.update(ref, tst)
+        elif task == "segment" and name is not None:
+            self.labels.update(reference[name], test[name])
         elif task == "text-detect" and name is not None:
             self.maps.update(reference[name], test[name])
         elif task == "ctc" and name is not None:
@@ -195,10 +208,12 @@ class TaskEvaluator:
             ) from None
 
     def headline(self) -> tuple[str, float | None]:
-        """The task's one number (higher is better): F1, map IoU, exact-match rate or top-1 agreement."""
+        """The task's one number (higher is better): F1, mean or map IoU, exact-match rate or top-1 agreement."""
         task = self.choice.task
         if task == "detect":
             return "box F1", self.boxes.f1
+        if task == "segment":
+            return "mean IoU", self.labels.mean_iou
         if task == "text-detect":
             return "map IoU", self.maps.iou
         if task == "ctc":
@@ -212,6 +227,8 @@ class TaskEvaluator:
         if self.choice.task == "detect":
             metrics = self.boxes.to_dict() | {"score_threshold": self.config.decode.score_threshold,
                                               "nms_iou": self.config.decode.nms_iou}  # fmt: skip
+        elif self.choice.task == "segment":
+            metrics = self.labels.to_dict()
         elif self.choice.task == "text-detect":
             metrics = self.maps.to_dict()
         elif self.choice.task == "ctc":

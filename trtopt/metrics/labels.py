@@ -1,0 +1,86 @@
+"""Agreement of label maps: segmentation outputs whose graph ends in its own ArgMax (integer class ids).
+
+A segmenter exported with its ArgMax inside the graph (wired-table-rec's line segmenter writes an int64
+[1, N, H, W] map of 0 background, 1 row line, 2 column line) has no scores left to compare: the cosine of
+class ids weighs class 2 twice class 1 and is set by the background, and binarising at 0.3 merges the
+classes. What a user reads from such a map is each class's region, so the figure is the standard one of
+semantic segmentation: per class, IoU = |ref = c and test = c| / |ref = c or test = c| summed over all
+pixels of all images, and the mean over the classes other than the background (the class FP32 gives most
+pixels), beside the share of pixels whose label is unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MOST_CLASSES = 256  # more distinct values than this is not a label map (a count, an index into boxes)
+
+
+def is_label_map(out: np.ndarray, input_hw: tuple[int, int] | None) -> bool:
+    """Integer values of rank 3 or more whose last two axes are at least a quarter of the input's height and
+    width (or, without an image input, at least 8 each), with at most `MOST_CLASSES` non-negative ids."""
+    if out.ndim < 3 or not (np.issubdtype(out.dtype, np.integer) or out.dtype == np.bool_) or not out.size:
+        return False
+    height, width = out.shape[-2:]
+    least = (input_hw[0] / 4, input_hw[1] / 4) if input_hw is not None else (8, 8)
+    if height < least[0] or width < least[1]:
+        return False
+    return int(out.min()) >= 0 and int(out.max()) < MOST_CLASSES
+
+
+@dataclass
+class LabelAgreement:
+    """Per-class pixel counts summed over images (FP32 map = reference)."""
+
+    images: int = 0
+    pixels: int = 0
+    same: int = 0
+    intersection: dict[int, int] = field(default_factory=dict)
+    union: dict[int, int] = field(default_factory=dict)
+    reference_pixels: dict[int, int] = field(default_factory=dict)
+
+    def update(self, reference: np.ndarray, test: np.ndarray) -> None:
+        """One batch of maps, [..., H, W] (every axis before the last two counts images: [N, H, W],
+        [N, 1, H, W] and wired-table-rec's [1, N, H, W] alike)."""
+        self.images += int(np.prod(np.shape(reference)[:-2]))
+        ref, tst = np.asarray(reference).ravel(), np.asarray(test).ravel()
+        self.pixels += ref.size
+        self.same += int(np.count_nonzero(ref == tst))
+        for label in np.union1d(np.unique(ref), np.unique(tst)).tolist():
+            in_ref, in_test = ref == label, tst == label
+            self.intersection[label] = self.intersection.get(label, 0) + int(np.count_nonzero(in_ref & in_test))
+            self.union[label] = self.union.get(label, 0) + int(np.count_nonzero(in_ref | in_test))
+            self.reference_pixels[label] = self.reference_pixels.get(label, 0) + int(np.count_nonzero(in_ref))
+
+    @property
+    def background(self) -> int | None:
+        """The class FP32 gives most pixels (the lower id of a tie)."""
+        counts = self.reference_pixels
+        return max(counts, key=lambda c: (counts[c], -c)) if counts else None
+
+    def class_iou(self) -> dict[int, float]:
+        return {c: self.intersection[c] / self.union[c] for c in sorted(self.union) if self.union[c]}
+
+    @property
+    def mean_iou(self) -> float | None:
+        """Mean IoU over the classes other than the background; 1.0 when neither map has any (all background)."""
+        if not self.images:
+            return None
+        found = [iou for c, iou in self.class_iou().items() if c != self.background]
+        return float(np.mean(found)) if found else 1.0
+
+    @property
+    def agreement(self) -> float | None:
+        return self.same / self.pixels if self.pixels else None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "images": self.images,
+            "pixel_agreement": self.agreement,
+            "background": self.background,
+            "mean_iou": self.mean_iou,
+            "class_iou": {str(c): iou for c, iou in self.class_iou().items()},
+            "reference_pixels": {str(c): n for c, n in sorted(self.reference_pixels.items())},
+        }
