@@ -321,3 +321,16 @@ def test_bench_sparsity_measures_a_classifier_on_its_logits() -> None:
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
     np.testing.assert_allclose(e / e.sum(axis=1, keepdims=True), probs, rtol=1e-5, atol=1e-7)
     assert logits_model(cut) is cut  # no final Softmax: unchanged
+
+
+@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
+def test_bench_auto_groups_times_both_scorings_and_checks_they_agree(tmp_path: Path) -> None:
+    out = tmp_path / "groups.md"
+    stdout = run_tool("tools/bench_auto_groups.py", str(DEMO), "--out", str(out), "--",
+                      "--calib", "calib_data/", "--calib-count", "16")  # fmt: skip
+    assert out.read_text() == stdout
+    check_header(stdout, "tools/bench_auto_groups.py")
+    rows = table_rows(stdout, "| run | wall s | scoring s |")
+    assert [r[0] for r in rows] == ["before", "now"]
+    assert all(v > 0 for r in rows for v in numbers(r[1:]))
+    assert "Same thresholds and methods: yes." in stdout
