@@ -326,8 +326,8 @@ def test_bench_sparsity_measures_a_classifier_on_its_logits() -> None:
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
 def test_bench_auto_groups_times_both_scorings_and_checks_they_agree(tmp_path: Path) -> None:
     out = tmp_path / "groups.md"
-    stdout = run_tool("tools/bench_auto_groups.py", str(DEMO), "--out", str(out), "--",
-                      "--calib", "calib_data/", "--calib-count", "16")  # fmt: skip
+    stdout = run_tool("tools/bench_auto_groups.py", str(DEMO), "--calib", "calib_data/", "--calib-count", "16",
+                      "--out", str(out))  # fmt: skip
     assert out.read_text() == stdout
     check_header(stdout, "tools/bench_auto_groups.py")
     rows = table_rows(stdout, "| run | wall s | scoring s |")

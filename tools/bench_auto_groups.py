@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """`--method auto`'s scoring as it ran before and as it runs now, side by side in one process.
 
-    python tools/bench_auto_groups.py MODEL.onnx [--out FILE.md] -- [trtopt calibrate flags: --calib ... --shapes ...]
+    python tools/bench_auto_groups.py holdout:lore-detect [--out FILE.md]     # a cached zoo / hold-out model
+    python tools/bench_auto_groups.py MODEL.onnx [--out FILE.md] [trtopt calibrate flags: --calib DIR --shapes ...]
 
 Before: every cache group ran the whole graph, and groups held 1 GiB of tensors. Now: each group runs the graph
 cut to the nodes its tensors depend on (`trtopt.calib.auto_cache.prefix_model`), and groups hold a quarter of
 the free memory, 1 to 4 GiB (`scoring_budget`). Both run `trtopt calibrate` in this process, in turns (before,
 now), and the table gives each one's wall time, its scoring's time (from the progress lines) and whether the
 two wrote the same thresholds and methods (they must: the groups change the time, never the values).
+`zoo:NAME` / `holdout:NAME` take the model from the zoo's cache (tools/zoo.py, tools/bench_holdout.py fetch)
+with its catalog's data, preprocessing and static shape; the section says "skipped" when it is not cached.
 """
 
 from __future__ import annotations
@@ -49,21 +52,47 @@ def calibrate(model: str, flags: list[str], out: Path, before: bool) -> tuple[fl
     return wall, float(found.group(2)) if found else None, json.loads(out.read_text())
 
 
+def cached_model(name: str) -> tuple[str, list[str]] | None:
+    """The cached .onnx of `zoo:NAME` / `holdout:NAME` and the calibrate flags its catalog entry implies, or
+    None when it is not cached."""
+    import bench_holdout
+    import zoo
+
+    kind, _, short = name.partition(":")
+    models = bench_holdout.HOLDOUT if kind == "holdout" else zoo.catalog()
+    model = next((m for m in models if m.name == short), None)
+    if model is None:
+        raise SystemExit(f"{name}: no such model (names: {', '.join(m.name for m in models)})")
+    path = bench_holdout.cached(model) if kind == "holdout" else zoo.cached_path(short)
+    if path is None:
+        return None
+    return str(path), ["--calib", str(zoo.calib_path(model)), *model.preprocess, *model.shapes_flag]
+
+
 def main(argv: list[str]) -> int:
-    ours, flags = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model")
+    parser.add_argument("model", help="an .onnx file, or zoo:NAME / holdout:NAME from the zoo's cache")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args(ours)
+    args, flags = parser.parse_known_args(argv)
+    flags = [f for f in flags if f != "--"]
+    title = ["## auto's scoring: cut graphs and memory-sized groups", "",
+             *header_lines("tools/bench_auto_groups.py", argv)]  # fmt: skip
+    model = args.model
+    if ":" in model and not Path(model).exists():
+        found = cached_model(model)
+        if found is None:
+            emit("\n".join([*title, "", f"Skipped: {model} is not in the cache (`python tools/bench_holdout.py "
+                                       "fetch`, `python tools/zoo.py fetch`).", ""]), args.out)  # fmt: skip
+            return 0
+        model, flags = found[0], [*found[1], *flags]
     load = load_average()
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {label: calibrate(args.model, flags, Path(tmp, f"{label}.json"), label == "before")
+        rows = {label: calibrate(model, flags, Path(tmp, f"{label}.json"), label == "before")
                 for label in ("before", "now")}  # fmt: skip
     same = all(rows["before"][2][key] == rows["now"][2][key] for key in ("thresholds", "methods"))
     lines = [
-        "## auto's scoring: cut graphs and memory-sized groups",
-        "",
-        *header_lines("tools/bench_auto_groups.py", argv),
+        *title,
+        f"- model: `{model}`, `trtopt calibrate` flags: `{' '.join(flags)}`",
         f"- 1-minute load average {load} before, {load_average()} after (more than ~2 on 2 cores: noisy)",
         "",
         "| run | wall s | scoring s |",

@@ -134,6 +134,9 @@ SECTIONS = (
         ("--models", "demo", "--repeats", "1", "--calib-count", "16"),
         False,
     ),
+    # auto's scoring before and after cut graphs and memory-sized groups, on a 768 x 768 model (hold-out cache).
+    Section("auto-scoring-groups", "tools/bench_auto_groups.py", ("holdout:lore-detect",),
+            ("models/efficientnet_lite0.onnx", "--calib", "calib_data/", "--calib-count", "16"), False),
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.
