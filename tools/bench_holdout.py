@@ -149,8 +149,8 @@ HOLDOUT = (
         calib="pages",
         input_shape=(1, 3, 1024, 1024),
         input_name="input",
-        notes="wired-table line segmenter (the package's default `v2`): a ResNet-style encoder, Resize/ConvTranspose "
-        "decoder, softmax as Exp/ReduceSum/Div and an ArgMax: its one output is an int64 map of labels "
+        notes="wired-table line segmenter (the package's default `v2`): an encoder with residual Adds, a Resize/"
+        "ConvTranspose decoder, softmax as Exp/ReduceSum/Div and an ArgMax: its one output is an int64 map of labels "
         "(0 background, 1 row line, 2 column line)",
     ),
 )

@@ -115,9 +115,10 @@ def prefix_model(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProt
 
     ONNX Runtime runs every node of a session whatever outputs a run asks for (measured: ten 3x3 convs
     behind a ReLU cost the same when only the ReLU's output is fetched), so a group of early tensors paid
-    the whole forward pass. Each output of the cut that a removed node read stays a graph output: a tensor
-    with a reader outside the cut is no single-reader tensor inside it either, so ONNX Runtime fuses the
-    kept nodes as it does in the whole graph, and they compute the same values."""
+    the whole forward pass. Each output of the cut that a removed node read stays a graph output, so no
+    kept tensor looks single-reader in the cut that was not single-reader in the whole graph (a kept tensor
+    read by removed nodes alone is one the group wants: exposed in both), ONNX Runtime fuses the kept nodes
+    as it does in the whole graph, and they compute the same values (tests/test_calib_auto_memory.py)."""
     graph = model.graph
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
         return None

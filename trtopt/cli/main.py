@@ -101,7 +101,7 @@ def _quiet_onnxruntime() -> None:
     session it opened. Set here, not on import: a library caller's own logging stays theirs."""
     try:
         import onnxruntime
-    except ImportError:  # `trtopt doctor` says so; nothing to quieten
+    except ImportError:  # a broken install: the command that needs it says so; nothing to quieten
         return
     onnxruntime.set_default_logger_severity(3)
 

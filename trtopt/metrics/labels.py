@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MOST_CLASSES = 256  # more distinct values than this is not a label map (a count, an index into boxes)
+MOST_CLASSES = 256  # an id this large or larger is no class id of a label map (a count, an index, a size)
 
 
 def is_label_map(out: np.ndarray, input_hw: tuple[int, int] | None) -> bool:
