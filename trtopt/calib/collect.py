@@ -88,6 +88,16 @@ ProgressFn = Callable[[CalibProgress], None]
 AUTO_PHASE = "auto scoring"  # the phase of `--method auto`'s reports: tensors scored, of those to score
 
 
+def count_reporter(progress: ProgressFn | None, phase: str) -> Callable[[int, int], None] | None:
+    """(done, total) counts of something other than images (tensors scored, the search's trials) as
+    progress reports of `phase`, with the seconds since the reporter was made (a 1024 x 1024 model spends
+    minutes in each: the log lines say how long it has run)."""
+    if progress is None:
+        return None
+    start = time.perf_counter()
+    return lambda done, total: progress(CalibProgress(phase, done, done, total, time.perf_counter() - start))
+
+
 class Collected(Mapping[str, T], Generic[T]):
     """Per-tensor results by name (a read-only mapping), with the samples, batches and seconds of the pass."""
 
@@ -198,10 +208,8 @@ def _auto_thresholds(
         kept = {n: "mse" if "mse" in options[n] else "max" for n in names}
         return {n: options[n][m] for n, m in kept.items()}, kept
     proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else model
-    start = time.perf_counter()
-    report = (lambda done, total: progress(CalibProgress(AUTO_PHASE, done, done, total, time.perf_counter() - start))
-              ) if progress is not None else None  # fmt: skip
-    chosen = choose_thresholds(proto, options, score_batches, threads=config.threads, on_tensor=report)
+    chosen = choose_thresholds(proto, options, score_batches, threads=config.threads,
+                               on_tensor=count_reporter(progress, AUTO_PHASE))  # fmt: skip
     return {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}
 
 

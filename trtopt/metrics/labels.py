@@ -45,14 +45,20 @@ class LabelAgreement:
         """One batch of maps, [..., H, W] (every axis before the last two counts images: [N, H, W],
         [N, 1, H, W] and wired-table-rec's [1, N, H, W] alike)."""
         self.images += int(np.prod(np.shape(reference)[:-2]))
-        ref, tst = np.asarray(reference).ravel(), np.asarray(test).ravel()
+        ref, tst = np.asarray(reference, np.int64).ravel(), np.asarray(test, np.int64).ravel()
+        low = int(min(ref.min(initial=0), tst.min(initial=0)))  # ids from 0 (a later batch may hold a -1)
+        ref, tst = ref - low, tst - low
+        classes = int(max(ref.max(initial=0), tst.max(initial=0))) + 1
+        # one pass: pixels per (FP32 label, plan label)
+        confusion = np.bincount(ref * classes + tst, minlength=classes * classes).reshape(classes, classes)
         self.pixels += ref.size
-        self.same += int(np.count_nonzero(ref == tst))
-        for label in np.union1d(np.unique(ref), np.unique(tst)).tolist():
-            in_ref, in_test = ref == label, tst == label
-            self.intersection[label] = self.intersection.get(label, 0) + int(np.count_nonzero(in_ref & in_test))
-            self.union[label] = self.union.get(label, 0) + int(np.count_nonzero(in_ref | in_test))
-            self.reference_pixels[label] = self.reference_pixels.get(label, 0) + int(np.count_nonzero(in_ref))
+        same, in_ref, in_test = np.diag(confusion), confusion.sum(axis=1), confusion.sum(axis=0)
+        self.same += int(same.sum())
+        for index in np.flatnonzero(in_ref + in_test).tolist():
+            label = index + low
+            self.intersection[label] = self.intersection.get(label, 0) + int(same[index])
+            self.union[label] = self.union.get(label, 0) + int(in_ref[index] + in_test[index] - same[index])
+            self.reference_pixels[label] = self.reference_pixels.get(label, 0) + int(in_ref[index])
 
     @property
     def background(self) -> int | None:

@@ -110,7 +110,7 @@ from trtopt.quant.ceiling import Ceiling, ceiling
 from trtopt.quant.config import QuantConfig
 from trtopt.quant.objective import Cosines, Figures, figures, gain, refuted, shortfall, worst, worst_mean
 from trtopt.quant.ranking import rank_by_added_error
-from trtopt.quant.trial_count import TrialCount, memo, trial_reporter
+from trtopt.quant.trial_count import TrialCount, memo
 from trtopt.quant.trials import output_figures
 
 log = logging.getLogger(__name__)
@@ -361,6 +361,7 @@ def float_sensitive_layers(
     verification samples), each trial measured in the form `lower` gives it (the backend's
     `measured_form`: the plan as the backend builds it). `progress`
     (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
+    from trtopt.calib.collect import count_reporter
     from trtopt.quant.placement import plan_quantization
 
     if not plan.quantized_layers:
@@ -372,7 +373,7 @@ def float_sensitive_layers(
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
     try:
         found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
-                                  trial_reporter(progress, SENSITIVITY_PHASE), confirm, lower)  # fmt: skip
+                                  count_reporter(progress, SENSITIVITY_PHASE), confirm, lower)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None

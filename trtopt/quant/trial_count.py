@@ -1,10 +1,10 @@
 """Bookkeeping of the sensitivity search's trials (trtopt.quant.sensitivity): each trial run once, and
-counted for the build's progress bar."""
+counted for the build's progress bar (`trtopt.calib.collect.count_reporter` makes the reports)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")  # what a trial measures: a cosine, or per-sample cosines
 
@@ -43,16 +43,3 @@ class TrialCount:
     def finish(self) -> None:
         if self.on_trial is not None:
             self.on_trial(self.most, self.most)  # stopped early: the bar ends full
-
-
-def trial_reporter(progress: Callable[[Any], None] | None, phase: str) -> Callable[[int, int], None] | None:
-    """Trials as calibration progress reports of `phase`, with the seconds since the first (a search at
-    1024 x 1024 takes about 15 s a trial: the log line says how long it has run), for the build's bar."""
-    if progress is None:
-        return None
-    import time
-
-    from trtopt.calib.collect import CalibProgress
-
-    start = time.perf_counter()
-    return lambda done, most: progress(CalibProgress(phase, done, done, most, time.perf_counter() - start))
