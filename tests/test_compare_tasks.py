@@ -138,3 +138,17 @@ def test_recognizer_plans_record_and_compare_argmax_agreement(work: Path, capsys
     assert checked.reference_vs_fp32.positions is not None and checked.reference_vs_fp32.positions > 0
     detector = read_plan(work / "detector_int8.engine").metadata.verification
     assert detector is not None and detector.reference_vs_fp32.argmax is None
+
+
+
+def test_segmenter_plans_record_label_map_figures(work: Path) -> None:
+    from trtopt.plan import read_plan
+
+    fp32 = read_plan(work / "segmenter_fp32.engine").metadata.verification
+    assert fp32 is not None and fp32.reference_vs_fp32.labels == 1.0 and fp32.reference_vs_fp32.label_pixels == 1.0
+    checked = read_plan(work / "segmenter_int8.engine").metadata.verification
+    assert checked is not None and checked.reference_vs_fp32.labels_output == "labels"
+    assert checked.reference_vs_fp32.labels is not None and 0.0 <= checked.reference_vs_fp32.labels <= 1.0
+    assert checked.kernels_vs_reference.labels is not None
+    detector = read_plan(work / "detector_int8.engine").metadata.verification
+    assert detector is not None and detector.reference_vs_fp32.labels is None

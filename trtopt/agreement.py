@@ -17,6 +17,12 @@ flipped their top class (FP32 margins 0.005-0.084) and a quarter of its text lin
   classes on the last axis, the largest one (ddddocr's [T, 1, classes] Gemm output). Segmentation logits
   [N, C, H, W] without a Softmax are not recognised: nothing in their values tells classes from channels.
 
+**Label maps** (integer class ids, a segmenter whose graph ends in its own ArgMax: `trtopt.metrics.labels`) get
+the figures of semantic segmentation instead of a reading of their cosine, which weighs class 2 twice class 1
+and is set by the background (wired-table-rec's line segmenter: cosine 0.986 with 99.93% of its pixels keeping
+FP32's label, docs/holdout.md): the mean IoU of the classes other than the background and the share of pixels
+whose label is unchanged.
+
 Every output of 1024 elements or more also gets a distribution shift (trtopt.distribution_shift): how far the plan
 moves the bulk of its values, which the few huge values that carry cosine cannot hide (LORE's heat map: cosine
 0.96, two thirds of the positions across the detection threshold).
@@ -28,6 +34,7 @@ steps, saturated scores) are left out: no plan can be expected to keep either or
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,11 +55,17 @@ class Agreement:
     positions: int | None = None  # the untied positions `argmax` counted, on the output it comes from
     shift: float | None = None  # the largest distribution shift (trtopt.distribution_shift); None: no large output
     shift_output: str | None = None  # the output `shift` comes from
+    labels: float | None = None  # label maps: the lowest output's mean IoU of its non-background classes
+    label_pixels: float | None = None  # that output's share of pixels with an unchanged label
+    labels_output: str | None = None  # the output `labels` comes from
 
     def describe(self) -> str:
         top1 = f", top-1 {self.top1:.1%}" if self.top1 is not None else ""
         if self.argmax is not None:
             top1 += f", argmax {self.argmax:.2%} of {self.positions} positions"
+        if self.labels is not None:
+            top1 += (f", label map {self.labels_output}: mean IoU {self.labels:.2%} (non-background classes), "
+                     f"{self.label_pixels:.2%} of pixels unchanged")
         if self.shift is not None:
             top1 += f", distribution shift {self.shift:.3f} ({self.shift_output})"
         return f"cosine {self.cosine:.5f}, relative error {self.rel_error:.4f}{top1}"
@@ -62,6 +75,11 @@ class Agreement:
 # 25-40 steps, 0.99 of steps means a flipped step on about one line in three (PP-OCRv3-rec at 0.97: 25% of
 # lines changed); a plan meeting it changes few decoded strings.
 ARGMAX_MIN_AGREEMENT = 0.99
+# Below this mean IoU of a label map's non-background classes, the build warns (`label_warning`). Thin classes
+# (table lines a few pixels wide) lose IoU at their borders first: wired-table-rec's line segmenter keeps 96.8%
+# on held-out pages with its default plan and 99.93% of its pixels (docs/holdout.md), while a plan that has lost
+# a tenth of a class's pixels, or drawn a tenth more, is at or under 0.9 for that class.
+LABEL_MIN_IOU = 0.95
 TIE = 1e-5  # a top-2 margin at most this share of the position's score range counts as a tie
 _SUM_TOLERANCE = 1e-3  # how far a probability vector's sum may be from 1 (float32 Softmax rounding)
 
@@ -121,10 +139,13 @@ def argmax_counts(got: np.ndarray, want: np.ndarray, axis: int) -> tuple[int, in
     return int(np.sum(same & untied)), int(np.sum(untied))
 
 
-def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = None) -> Agreement:
+def agreement(
+    outputs: Outputs, target: Outputs, axes: dict[str, int] | None = None, label_maps: Sequence[str] = ()
+) -> Agreement:
     """Compare two runs output by output; the worst output decides each figure. `axes` (`class_axes` of the
     target) names the outputs of per-position class scores that get an argmax agreement; None (the sensitivity
-    search's per-trial calls, which read cosine only) also leaves out the distribution shift, for its time."""
+    search's per-trial calls, which read cosine only) also leaves out the distribution shift, for its time.
+    `label_maps` (`trtopt.metrics.labels.label_map_outputs` of the target) get the label-map figures."""
     from trtopt.compare import row_cosines, zero_padded
 
     cosines, errors, top1, shifts = [], [], [], []
@@ -142,6 +163,7 @@ def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = N
     argmax = [argmax_counts(outputs[name], target[name], axis) for name, axis in (axes or {}).items()]
     worst = min(((same / n, n) for same, n in argmax if n), default=None)
     moved = max(shifts, key=lambda s: s[0], default=None)  # the first of equals
+    labels = _worst_label_map(outputs, target, label_maps)
     return Agreement(
         cosine=_or_worst(min(cosines, default=1.0), -1.0),
         rel_error=_or_worst(max(errors, default=0.0), math.inf),
@@ -150,7 +172,25 @@ def agreement(outputs: Outputs, target: Outputs, axes: dict[str, int] | None = N
         positions=worst[1] if worst else None,
         shift=moved[0] if moved else None,
         shift_output=moved[1] if moved else None,
+        labels=labels[0] if labels else None,
+        label_pixels=labels[1] if labels else None,
+        labels_output=labels[2] if labels else None,
     )
+
+
+def _worst_label_map(outputs: Outputs, target: Outputs, names: Sequence[str]) -> tuple[float, float, str] | None:
+    """(mean IoU, pixel agreement, name) of the label map with the lowest mean IoU; None: no label maps."""
+    from trtopt.compare import zero_padded
+    from trtopt.metrics.labels import LabelAgreement
+
+    found = []
+    for name in names:
+        got, want = zero_padded([np.asarray(outputs[name]), np.asarray(target[name])])
+        labels = LabelAgreement()
+        labels.update(want, got)
+        if labels.mean_iou is not None and labels.agreement is not None:
+            found.append((labels.mean_iou, labels.agreement, name))
+    return min(found, default=None)
 
 
 def argmax_warning(argmax: float | None, positions: int | None, cosine: float) -> str | None:
@@ -165,6 +205,19 @@ def argmax_warning(argmax: float | None, positions: int | None, cosine: float) -
         "strings, a segmentation's labels) will differ from the float model's on some inputs. Calibrate on more "
         "samples like the model's real inputs (--calib), or keep the layers `trtopt compare --per-layer` names "
         "float (--exclude)."
+    )
+
+
+def label_warning(iou: float | None, pixels: float | None, output: str | None, cosine: float) -> str | None:
+    """The warning for a plan whose label map loses too much of its classes' regions (None: it does not, or the
+    outputs hold no label map)."""
+    if iou is None or iou >= LABEL_MIN_IOU:
+        return None
+    return (
+        f"the INT8 plan's label map {output} keeps a mean IoU of only {iou:.1%} with FP32's over its "
+        f"non-background classes (below {LABEL_MIN_IOU:.0%}; {pixels:.2%} of its pixels keep their label, cosine of "
+        f"the class ids {cosine:.4f}): the regions a user reads from it differ. Calibrate on more samples like the "
+        "model's real inputs (--calib), or keep the layers `trtopt compare --per-layer` names float (--exclude)."
     )
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import onnx
 
-from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes
+from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes, label_warning
 from trtopt.distribution_shift import shift_warning
 from trtopt.errors import TrtoptError
 
@@ -103,11 +103,13 @@ class Verification:
     @property
     def warnings(self) -> list[str]:
         """What the summary warns of: the plan's INT8 math far from FP32, top classes that change at too many
-        positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), and an output whose
-        bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
+        positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses
+        its classes' regions (trtopt.agreement.LABEL_MIN_IOU), and an output whose bulk of values moved
+        (trtopt.distribution_shift.MAX_SHIFT)."""
         to_fp32 = self.reference_vs_fp32
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
         found = (argmax_warning(to_fp32.argmax, to_fp32.positions, to_fp32.cosine),
+                 label_warning(to_fp32.labels, to_fp32.label_pixels, to_fp32.labels_output, to_fp32.cosine),
                  shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine))
         return far + [w for w in found if w]
 
@@ -118,12 +120,12 @@ class Verification:
 
     def to_dict(self) -> dict[str, Any]:
         """The header's record; `far_from_fp32` only when set (absent reads as False, as in older plans), and
-        the figures older plans lack (argmax agreement, distribution shift) only where measured (absent: None)."""
+        the figures older plans lack (argmax, label maps, distribution shift) only where measured (absent: None)."""
         data = asdict(self) | {"rejected": list(self.rejected)}
         if not self.far_from_fp32:
             del data["far_from_fp32"]
         for figures in (data["reference_vs_fp32"], data["kernels_vs_reference"]):
-            for key in ("argmax", "positions", "shift", "shift_output"):
+            for key in ("argmax", "positions", "shift", "shift_output", "labels", "label_pixels", "labels_output"):
                 if figures.get(key) is None:
                     figures.pop(key, None)
         return data
@@ -259,10 +261,11 @@ def verify_plan(
     rejected: Sequence[dict[str, Any]] = (),
     samples: int | None = None,
     axes: dict[str, int] | None = None,
+    label_maps: Sequence[str] = (),
 ) -> Verification:
     """Check that `plan` is valid (ONNX checker, loads in its backend, produces every output with the right
     shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs);
-    `axes` (trtopt.agreement.class_axes) names the outputs of per-position class scores.
+    `axes` (trtopt.agreement.class_axes) names the outputs of per-position class scores, `label_maps` those of ids.
 
     Raises TrtoptError for an invalid plan; a kernel mismatch is returned (`ok` False) for the caller to act.
     """
@@ -291,14 +294,14 @@ def verify_plan(
             fix="Report it with the model: trtopt's CPU plans must always have a reference.",
         ) from None
     axes = axes if axes is not None else {}  # {}: the distribution shift, no argmax agreement
-    to_fp32 = agreement(reference, fp32, axes)
+    to_fp32 = agreement(reference, fp32, axes, label_maps)
     return Verification(
         samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
         source=source,
         isa=isa,
         variant=variant,
         reference_vs_fp32=to_fp32,
-        kernels_vs_reference=agreement(kernels, reference, axes),
+        kernels_vs_reference=agreement(kernels, reference, axes, label_maps),
         tolerance=kernel_tolerance(to_fp32),
         rejected=tuple(rejected),
         far_from_fp32=to_fp32.cosine < REFERENCE_MIN_COSINE,
@@ -320,11 +323,13 @@ def build_verified(
     from trtopt.backend.cpu.isa import cpu_isa
     from trtopt.compare import image_hw
     from trtopt.execution import OrtSession
+    from trtopt.metrics.labels import label_map_outputs
     from trtopt.plan import Plan
 
     expected = collect(OrtSession(fp32).run, checks.batches)
     io = (io[0], observed_outputs(io[1], expected))
-    axes = class_axes(expected, image_hw(checks.batches[0][0]) if checks.batches else None)
+    hw = image_hw(checks.batches[0][0]) if checks.batches else None
+    axes, label_maps = class_axes(expected, hw), label_map_outputs(expected, hw)
     strict = backend.strict_verification
     rejected: list[dict[str, Any]] = []
     for label, variant in backend.variants(options):
@@ -332,7 +337,8 @@ def build_verified(
         plan = Plan(backend.name, *io, sections=sections, versions={"trtopt": __version__, **versions})
         try:
             result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(),
-                                 variant=label, rejected=rejected, samples=checks.samples, axes=axes)  # fmt: skip
+                                 variant=label, rejected=rejected, samples=checks.samples, axes=axes,
+                                 label_maps=label_maps)  # fmt: skip
         except ReferenceUnavailable as exc:
             if strict:
                 raise

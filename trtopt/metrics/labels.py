@@ -30,6 +30,11 @@ def is_label_map(out: np.ndarray, input_hw: tuple[int, int] | None) -> bool:
     return int(out.min()) >= 0 and int(out.max()) < MOST_CLASSES
 
 
+def label_map_outputs(outputs: dict[str, np.ndarray], input_hw: tuple[int, int] | None) -> list[str]:
+    """The names of `outputs` that are label maps (`is_label_map`)."""
+    return [name for name, value in outputs.items() if is_label_map(np.asarray(value), input_hw)]
+
+
 @dataclass
 class LabelAgreement:
     """Per-class pixel counts summed over images (FP32 map = reference)."""

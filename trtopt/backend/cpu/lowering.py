@@ -10,6 +10,8 @@ uint8 activations every quantised Conv becomes a QLinearConv (measured in issue 
 - optionally, dense convs with a long reduction (`gemm_min_k`) get their int8 weights stored as q - 1
   with zero point -1: the same values, exactly, but ONNX Runtime then skips its symmetric-conv kernel
   and runs im2col + its u8s8 GEMM, which uses AMX tiles where the CPU has them (see `route_to_gemm`).
+- GELU (erf form) and SiLU become ONNX Runtime's fused Gelu / QuickGelu kernels, which it stops choosing
+  by itself once their input comes from a DequantizeLinear (`trtopt.backend.cpu.activations`).
 
 Which of these grids the integer kernels compute exactly depends on the CPU (trtopt.backend.cpu.isa):
 an `Encoding` says how wide the non-negative grid is and which weights are stored as uint8, so that a
@@ -24,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from trtopt.backend.cpu.activations import fuse_activations
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.passes.edit import stable_topological_order
@@ -84,6 +87,7 @@ def lower_for_cpu(
         store_unsigned_weights(lowered)
     elif gemm_min_k is not None:
         route_to_gemm(graph, inits, producers, gemm_min_k)
+    fuse_activations(lowered)  # GELU and SiLU, which ONNX Runtime cannot fuse once they read a DequantizeLinear
     _drop_unused_initializers(graph)
     return lowered
 

@@ -1,0 +1,75 @@
+"""Label maps (integer class ids from a graph's own ArgMax) in the build's self-check (trtopt.agreement): the
+mean IoU of the non-background classes and the share of unchanged pixels, computed exactly, recorded in the
+plan, warned of below `LABEL_MIN_IOU`, and left out for outputs that are not label maps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtopt.agreement import LABEL_MIN_IOU, Agreement, agreement, label_warning
+from trtopt.cli.summaries import verification_text
+from trtopt.metrics.labels import label_map_outputs
+from trtopt.verify import Verification
+
+
+def _maps() -> tuple[np.ndarray, np.ndarray]:
+    """Two 1 x 10 x 10 maps: background 0, a row line (1) and a column line (2); the test map draws the row
+    line one pixel short and the column line one pixel too long."""
+    ref = np.zeros((1, 10, 10), np.int64)
+    ref[0, 4, :] = 1  # 10 pixels
+    ref[0, :4, 7] = 2  # 4 pixels
+    test = ref.copy()
+    test[0, 4, 0] = 0  # class 1: intersection 9, union 10
+    test[0, 5, 7] = 2  # class 2: intersection 4, union 5
+    return ref, test
+
+
+def test_figures_are_the_per_class_counts() -> None:
+    ref, test = _maps()
+    scores = np.zeros((1, 3, 10, 10), np.float32)  # a float output beside it is not a label map
+    found = agreement({"labels": test, "scores": scores}, {"labels": ref, "scores": scores}, {}, ["labels"])
+    assert found.labels == pytest.approx((9 / 10 + 4 / 5) / 2) and found.labels_output == "labels"
+    assert found.label_pixels == pytest.approx(98 / 100)
+    assert "label map labels: mean IoU 85.00% (non-background classes), 98.00% of pixels unchanged" in found.describe()
+    same = agreement({"labels": ref}, {"labels": ref}, {}, ["labels"])
+    assert same.labels == 1.0 and same.label_pixels == 1.0
+    assert agreement({"labels": test}, {"labels": ref}).labels is None  # not asked: no figure
+
+
+def test_the_worst_label_map_is_reported() -> None:
+    ref, test = _maps()
+    found = agreement({"a": ref, "b": test}, {"a": ref, "b": ref}, {}, ["a", "b"])
+    assert found.labels_output == "b" and found.labels == pytest.approx(0.85)
+
+
+def test_which_outputs_are_label_maps() -> None:
+    ref, _ = _maps()
+    outputs = {"ids": ref, "scores": ref.astype(np.float32), "count": np.array([[3]], np.int64),
+               "small": ref[:, :2, :2]}  # fmt: skip
+    assert label_map_outputs(outputs, (32, 32)) == ["ids"]  # "small" is under a quarter of the input's side
+    assert label_map_outputs({"big": ref + 300}, (32, 32)) == []  # ids past MOST_CLASSES: not class ids
+
+
+def test_warning_below_the_level_names_the_fix() -> None:
+    text = label_warning(0.85, 0.98, "labels", 0.97)
+    assert text is not None and "85.0%" in text and "98.00%" in text and "labels" in text
+    assert "--calib" in text and "--exclude" in text
+    assert label_warning(LABEL_MIN_IOU, 0.999, "labels", 0.99) is None and label_warning(None, None, None, 1.0) is None
+
+
+def _verification(labels: float | None) -> Verification:
+    ref = Agreement(0.98, 0.1, None, labels=labels, label_pixels=0.999 if labels is not None else None,
+                    labels_output="labels" if labels is not None else None)  # fmt: skip
+    return Verification(samples=8, source="held back", isa="avx2", variant="u8u8", reference_vs_fp32=ref,
+                        kernels_vs_reference=Agreement(0.9999, 0.01, None), tolerance=0.2)  # fmt: skip
+
+
+def test_verification_record_warns_and_round_trips() -> None:
+    lost = _verification(0.9)
+    assert len(lost.warnings) == 1 and "label map labels" in lost.warnings[0]
+    record = lost.to_dict()
+    assert Verification.from_dict(record) == lost
+    assert "mean IoU 90.00%" in verification_text(record)
+    assert _verification(0.97).warnings == [] and _verification(None).warning is None
+    assert "labels" not in _verification(None).to_dict()["reference_vs_fp32"]  # older readers see what they knew
