@@ -73,3 +73,18 @@ def test_verification_record_warns_and_round_trips() -> None:
     assert "mean IoU 90.00%" in verification_text(record)
     assert _verification(0.97).warnings == [] and _verification(None).warning is None
     assert "labels" not in _verification(None).to_dict()["reference_vs_fp32"]  # older readers see what they knew
+
+
+def test_build_summary_shows_warnings_as_text_not_markup(capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary's console reads no markup (file and tensor names carry brackets): a warning row is styled text,
+    and a bracket in a row is shown as it is."""
+    from trtopt.cli.summaries import print_build_summary
+
+    lost = _verification(0.9)
+    summary = {"plan": "seg.engine", "precision": "int8", "file_bytes": 2**20, "int8_layers": 3,
+               "bias_corrected_layers": 3, "float_layers": {}, "equalization": "1 tensor rescaled [conv_1]",
+               "verification": lost.to_dict(), "warnings": lost.warnings, "stage_seconds": {"build": 1.0}}  # fmt: skip
+    print_build_summary(summary, "cpu")
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "WARNING the INT8 plan's label map labels keeps a mean IoU of only 90.0%" in text
+    assert "[bold" not in text and "[/]" not in text and "rescaled [conv_1]" in text

@@ -334,3 +334,27 @@ def test_bench_auto_groups_times_both_scorings_and_checks_they_agree(tmp_path: P
     assert [r[0] for r in rows] == ["before", "now"]
     assert all(v > 0 for r in rows for v in numbers(r[1:]))
     assert "Same thresholds and methods: yes." in stdout
+
+
+def test_bench_cpu_activations_times_plans_with_and_without_the_fused_kernels(tmp_path: Path) -> None:
+    import numpy as np
+    import onnx
+
+    from trtopt.zoo.builder import GraphBuilder
+
+    b = GraphBuilder("gelu_silu", seed=11, opset=13)
+    x = b.silu(b.conv(b.input("x", [1, 3, 32, 32]), 3, 16, 3))
+    y = b.conv(x, 16, 16, 3)
+    erf = b.node("Erf", [b.node("Div", [y, b.const("r2", np.array(2**0.5, np.float32))])])
+    one, half = b.const("one", np.array(1, np.float32)), b.const("half", np.array(0.5, np.float32))
+    y = b.mul(b.mul(y, b.add(erf, one)), half)
+    onnx.save_model(b.build([b.conv(y, 16, 8, 3, out="out")]), tmp_path / "acts.onnx")
+    out = tmp_path / "acts.md"
+    build = ("--calib", "calib_data/", "--calib-count", "8", "--preset", "imagenet")
+    stdout = run_tool("tools/bench_cpu_activations.py", str(tmp_path / "acts.onnx"), "--iterations", "3",
+                      "--out", str(out), *build)  # fmt: skip
+    assert out.read_text() == stdout
+    check_header(stdout, "tools/bench_cpu_activations.py")
+    (row,) = table_rows(stdout, "| model | fused in the plan |")
+    assert row[1] == "1 Gelu, 1 QuickGelu"
+    assert all(v > 0 for v in numbers(row[2:6])) and float(row[6]) < 1e-3  # the same values, rounding aside

@@ -137,6 +137,10 @@ SECTIONS = (
     # auto's scoring before and after cut graphs and memory-sized groups, on a 768 x 768 model (hold-out cache).
     Section("auto-scoring-groups", "tools/bench_auto_groups.py", ("holdout:lore-detect",),
             ("models/efficientnet_lite0.onnx", "--calib", "calib_data/", "--calib-count", "16"), False),
+    # GELU / SiLU as ONNX Runtime's fused kernels in CPU plans, with and without (zoo and hold-out caches).
+    Section("cpu-activations", "tools/bench_cpu_activations.py",
+            ("zoo:ddddocr-det", "zoo:ddddocr-ocr", "holdout:ppocr-v6-det", "holdout:ppocr-v6-rec"),
+            ("zoo:ddddocr-ocr", "--iterations", "3"), False),  # fmt: skip
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.

@@ -133,7 +133,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     outputs = [s.to_dict() for s in result.outputs]
     out.print(_outputs_table(outputs, result.samples, engine.backend))
     for warning in _warnings(outputs):
-        out.print(f"[bold red]WARNING[/] {escape(warning)}")
+        out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:
         out.print(_task_table(result.task.to_dict()))
     if layers is not None:

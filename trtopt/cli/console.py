@@ -88,9 +88,15 @@ def _counts_images(report: CalibProgress) -> bool:
     return report.phase not in _named_phases()
 
 
+# A phase's intermediate lines (each tenth done) start once it has run this long: a phase of a second or two
+# then prints its start and its end only (the demo build's auto scoring, 1.6 s, printed 11 lines).
+QUIET_SECONDS = 5.0
+
+
 def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
     """Progress for a stderr that is no terminal (redirected to a file, CI): a line when a phase starts, at
-    each tenth of its known total, and when it is done, so a long build does not look hung."""
+    each tenth of its known total once it has run `QUIET_SECONDS`, and when it is done, so a long build does
+    not look hung and a short one does not fill the log."""
     tenths: dict[str, int] = {}
 
     def update(report: CalibProgress) -> None:
@@ -99,7 +105,7 @@ def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
             tenths[report.phase] = 0
             err.print(f"{name}: started ({report.samples}{f' of {total}' if total else ''} done)")
         tenth = min(10, report.samples * 10 // total) if total else 0
-        if tenth > tenths[report.phase]:
+        if tenth > tenths[report.phase] and (tenth == 10 or report.seconds >= QUIET_SECONDS):
             tenths[report.phase] = tenth
             done = "done" if tenth == 10 else f"of {total} done"
             took = f" {'in' if tenth == 10 else 'after'} {report.seconds:.1f}s" if report.seconds > 0 else ""

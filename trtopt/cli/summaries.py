@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from trtopt.cli.console import out
 
@@ -59,7 +59,7 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
         per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
         table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{per_method}")
     if summary.get("equalization"):
-        table.add_row("equalisation", escape(summary["equalization"]))
+        table.add_row("equalisation", summary["equalization"])
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     floats = summary["float_layers"]
     if floats:
@@ -75,7 +75,7 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
     if summary.get("sparsity"):
         table.add_row("2:4 sparsity", sparsity_text(summary["sparsity"]))
     for warning in summary.get("warnings", []):
-        table.add_row("[bold red]WARNING[/]", f"[bold red]{escape(warning)}[/]")
+        table.add_row(Text("WARNING", style="bold red"), Text(warning, style="bold red"))
     times = summary["stage_seconds"]
     table.add_row(
         "time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)"
