@@ -112,6 +112,7 @@ class BuildResult:
     verification: Verification | None = None
     report: BackendReport | None = None  # what the backend made of the plan (kernels, profiles)
     equalization: str | None = None  # what activation equalisation did (or why not), for the summary
+    speed: BackendReport | None = None  # the plan's time against FP32's where the backend can compare them
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
@@ -141,8 +142,12 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
     calibration, bias, qdq, _, equalization = quantized
+    speed = None
+    if checks.batches and verification is not None:
+        with times("speed check"):
+            speed = backend.speed(plan, fp32, checks.batches[0][0])
     return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
-                       backend.report(plan, options), equalization)  # fmt: skip
+                       backend.report(plan, options), equalization, speed)  # fmt: skip
 
 
 class Quantized(NamedTuple):

@@ -207,6 +207,11 @@ class Backend(ABC, Generic[BuildSettings]):
         """What this backend made of the plan, for the build summary (None: nothing to say)."""
         return None
 
+    def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> BackendReport | None:
+        """How fast `plan` runs against `fp32` on `feeds` (one batch of the check samples), for the build
+        summary; None (the default) where the two cannot be compared on one machine."""
+        return None
+
     def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
         """What a user must know to serve `plan` as `model` in Triton (none by default)."""
         return []

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print_build_summary(summary, result.backend_reason, result.report)
+        print_build_summary(summary, result.backend_reason, result.report, result.speed)
     return 0
 
 

@@ -32,8 +32,9 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "equalization": result.equalization,
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
     }
-    if result.report is not None:
-        summary[result.report.key] = result.report.to_dict()
+    for report in (result.report, result.speed):
+        if report is not None:
+            summary[report.key] = report.to_dict()
     if result.verification is not None:
         summary["verification"] = result.verification.to_dict()
         if quant is None:  # no INT8 from this build: the reference is the FP16 model, or the model as given
@@ -45,8 +46,12 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
     return summary
 
 
-def print_build_summary(summary: dict[str, Any], backend_reason: str, report: BackendReport | None = None) -> None:
-    """The summary as a table; `report` adds what the backend made of the plan (`BuildResult.report`)."""
+def print_build_summary(
+    summary: dict[str, Any], backend_reason: str, report: BackendReport | None = None,
+    speed: BackendReport | None = None,
+) -> None:  # fmt: skip
+    """The summary as a table; `report` adds what the backend made of the plan (`BuildResult.report`), `speed`
+    its time against FP32's (`BuildResult.speed`)."""
     table = Table(title=f"built {summary['plan']}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -72,6 +77,8 @@ def print_build_summary(summary: dict[str, Any], backend_reason: str, report: Ba
     verification = summary.get("verification")
     if verification:
         table.add_row("verified", verification_text(verification))
+    for label, text in speed.rows() if speed is not None else []:
+        table.add_row(label, text)
     if summary.get("sparsity"):
         table.add_row("2:4 sparsity", sparsity_text(summary["sparsity"]))
     for warning in summary.get("warnings", []):

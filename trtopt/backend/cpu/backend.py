@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtopt.backend import BACKENDS
 from trtopt.backend.base import Backend, BackendStatus, RunOptions, TritonModel, TritonServing
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
     from trtopt.backend.base import Runner, Sections, Versions
     from trtopt.backend.cpu.builder import KernelReport
+    from trtopt.backend.cpu.speed import Speed
     from trtopt.build import BuildConfig
     from trtopt.plan import Plan
     from trtopt.quant import QuantConfig
@@ -145,6 +147,18 @@ class CpuBackend(Backend[CpuOptions]):
                 fix="This is a bug in trtopt's CPU lowering: please report it with the model; meanwhile try "
                 "--passes ''.",
             ) from None
+
+    def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
+        """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""
+        from trtopt.backend.cpu.speed import measure_speed
+
+        if not plan.metadata.int8:
+            return None
+        runner = self.create_runner(plan, RunOptions(threads=1))
+        try:
+            return measure_speed(fp32, runner.infer, feeds, self.machine())
+        finally:
+            runner.close()
 
     def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
         verification = plan.metadata.get("verification") or {}

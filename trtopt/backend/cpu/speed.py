@@ -1,0 +1,85 @@
+"""How fast a CPU plan runs against its FP32 model on this CPU: a few interleaved calls at the end of a build.
+
+INT8 does not pay everywhere. ONNX Runtime's exact INT8 kernels on a CPU without VNNI or AMX (u8u8 on avx2)
+gain little over its float convs, and float ops between Q/DQ cost extra passes: PP-OCRv6's small text
+detector's plan ran at 1.19x FP32's time on an avx2 EPYC (docs/holdout.md). The build says so instead of
+leaving the user to assume a speed-up. One call of each per round (FP32 model, plan), alternating which goes
+first, on one intra-op thread (the figures BENCHMARKS.md gives), after one warm-up call each; rounds until
+`BUDGET_S` has passed, at least `MIN_ROUNDS` and at most `MAX_ROUNDS`; medians. A rough figure on a machine
+that may be busy, and labelled as such; `tools/bench_latency.py` measures properly.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+
+BUDGET_S = 1.0
+MIN_ROUNDS = 3
+MAX_ROUNDS = 10
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Median milliseconds per call of the FP32 model and of the plan, on one batch of the check samples (a
+    `trtopt.backend.BackendReport`: the build summary's "speed" row and its `--json` key)."""
+
+    key: ClassVar[str] = "speed"
+    fp32_ms: float
+    plan_ms: float
+    rounds: int
+    batch: int
+    machine: str  # where it ran, for the text ("this avx2 CPU")
+    threads: int = 1
+
+    @property
+    def ratio(self) -> float:
+        """The plan's time as a multiple of FP32's (below 1: faster)."""
+        return self.plan_ms / self.fp32_ms if self.fp32_ms > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ratio": self.ratio}
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [("speed", self.text())]
+
+    def text(self) -> str:
+        what = (f"INT8 plan {self.ratio:.2f}x FP32's time on {self.machine} ({self.plan_ms:.1f} vs "
+                f"{self.fp32_ms:.1f} ms, batch {self.batch}, {self.threads} thread, median of {self.rounds} "
+                "interleaved calls; a rough figure: `trtopt bench` measures properly)")  # fmt: skip
+        if self.ratio > 1.0:
+            what += (". It is slower than FP32 here: ONNX Runtime's exact INT8 kernels gain little on CPUs without "
+                     "VNNI or AMX, so on this machine the float model may serve better (build without --int8), "
+                     "while CPUs with them run this plan faster")  # fmt: skip
+        return what
+
+
+def measure_speed(
+    fp32: onnx.ModelProto,
+    plan_call: Callable[[Mapping[str, np.ndarray]], object],
+    feeds: Mapping[str, np.ndarray],
+    machine: str,
+) -> Speed:
+    """Time `plan_call(feeds)` against the FP32 model on one thread (see the module)."""
+    from trtopt.execution import OrtSession
+
+    session = OrtSession(fp32, threads=1, spin=False)
+    calls = (lambda: session.run(dict(feeds)), lambda: plan_call(feeds))
+    for call in calls:
+        call()  # warm-up: the first call allocates
+    times: tuple[list[float], list[float]] = ([], [])
+    start = time.perf_counter()
+    while len(times[0]) < MAX_ROUNDS and (len(times[0]) < MIN_ROUNDS or time.perf_counter() - start < BUDGET_S):
+        order = (0, 1) if len(times[0]) % 2 == 0 else (1, 0)
+        for index in order:
+            began = time.perf_counter()
+            calls[index]()
+            times[index].append((time.perf_counter() - began) * 1e3)
+    batch = int(next(iter(feeds.values())).shape[0]) if feeds and np.ndim(next(iter(feeds.values()))) else 1
+    return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine)
