@@ -59,3 +59,4 @@ def test_int8_builds_report_it_and_fp32_builds_do_not(workdir: Path, capsys: pyt
     fp32 = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", int8=False))
     write_plan(fp32.plan, workdir / "fp32.engine")
     assert fp32.speed is None and "speed" not in build_summary(fp32, workdir / "fp32.engine")
+    assert "speed check" not in fp32.stage_seconds

@@ -142,10 +142,10 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
     calibration, bias, qdq, _, equalization = quantized
-    speed = None
-    if checks.batches and verification is not None:
-        with times("speed check"):
-            speed = backend.speed(plan, fp32, checks.batches[0][0])
+    with times("speed check"):
+        speed = backend.speed(plan, fp32, checks.batches[0][0]) if checks.batches and verification else None
+    if speed is None:
+        del times.seconds["speed check"]  # nothing measured: no stage
     return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
                        backend.report(plan, options), equalization, speed)  # fmt: skip
 
