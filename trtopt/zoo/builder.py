@@ -172,6 +172,12 @@ class GraphBuilder:
         """x * sigmoid(x), as PyTorch exports nn.SiLU before opset 24 (no Swish op)."""
         return self.mul(x, self.node("Sigmoid", [x]), out=out)
 
+    def gelu(self, x: str, *, out: str | None = None) -> str:
+        """x * 0.5 * (1 + erf(x / sqrt 2)), as PyTorch exports nn.GELU before opset 20 (no Gelu op)."""
+        scaled = self.node("Div", [x, self.const("sqrt2", np.array(np.sqrt(2.0), np.float32))])
+        gate = self.add(self.node("Erf", [scaled]), self.const("one", np.array(1.0, np.float32)))
+        return self.mul(self.mul(x, gate), self.const("half", np.array(0.5, np.float32)), out=out)
+
     def hard_swish(self, x: str, *, out: str | None = None) -> str:
         """HardSwish exists from opset 14; older opsets get x * HardSigmoid(x, 1/6, 0.5)."""
         if self.opset >= 14:

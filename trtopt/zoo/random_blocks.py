@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 ACTIVATIONS = (
     "none", "relu", "relu6", "relu6_node", "clip_pm1", "clip_min", "leaky_relu", "sigmoid", "silu",
-    "hard_swish", "tanh",
+    "hard_swish", "tanh", "gelu",
 )  # fmt: skip
 
 
@@ -83,6 +83,7 @@ class Generator:
             "silu": lambda: b.silu(x),
             "hard_swish": lambda: b.hard_swish(x),
             "tanh": lambda: b.node("Tanh", [x]),
+            "gelu": lambda: b.gelu(x),
         }
         return simple[act]()
 

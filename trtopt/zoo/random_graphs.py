@@ -8,7 +8,7 @@ second. The blocks (trtopt/zoo/random_blocks.py) cover what the passes and the q
 
     conv        Conv (dense, grouped or depthwise; 1x1 or 3x3; stride 1 or 2), BatchNorm kept or not, and an
                 activation: Relu, Clip(0,6) with initializer or Constant-node bounds, Clip(-1,1), Clip with
-                only a min, LeakyRelu, Sigmoid, SiLU (Sigmoid*Mul), HardSwish, Tanh, or none
+                only a min, LeakyRelu, Sigmoid, SiLU (Sigmoid*Mul), HardSwish, Tanh, GELU (Div/Erf/Add/Mul/Mul), or none
     residual    conv-act-conv + identity Add (+ Relu)
     inception   2-4 branches on one tensor (1x1, 1x1-3x3, 1x1-MaxPool, MaxPool-1x1, the input itself),
                 one Concat or nested Concats
