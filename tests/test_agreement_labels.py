@@ -88,3 +88,19 @@ def test_build_summary_shows_warnings_as_text_not_markup(capsys: pytest.CaptureF
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "WARNING the INT8 plan's label map labels keeps a mean IoU of only 90.0%" in text
     assert "[bold" not in text and "[/]" not in text and "rescaled [conv_1]" in text
+
+
+def test_the_search_weighs_label_maps_by_their_mean_iou() -> None:
+    """The sensitivity search's figures (trtopt.quant.trials) for a label map: the mean IoU per sample and
+    pooled, not the cosine of class ids; other outputs keep their cosine."""
+    from trtopt.quant.trials import cosine_figures, sample_cosines
+
+    ref, test = _maps()
+    refs, tests = np.concatenate([ref, ref]), np.concatenate([test, ref])  # two samples: one changed, one not
+    scores = np.linspace(1, 2, 20, dtype=np.float32).reshape(2, 10)
+    figures = cosine_figures({"labels": tests, "scores": scores}, {"labels": refs, "scores": scores})
+    pooled = (19 / 20 + 8 / 9) / 2  # class 1: 19 of 20 pixels over both samples, class 2: 8 of 9
+    assert figures[0] == pytest.approx(min((0.85 + 1.0) / 2, pooled)) and figures[1] == pytest.approx(1.0)
+    rows = sample_cosines([{"labels": tests, "scores": scores}], [({}, 2)], {"labels": refs, "scores": scores})
+    np.testing.assert_allclose(rows[0], [0.85, 1.0])
+    np.testing.assert_allclose(rows[1], [1.0, 1.0])

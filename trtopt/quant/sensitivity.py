@@ -10,8 +10,8 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
    arithmetic exactly) against FP32; if every output keeps a cosine of at least `MIN_COSINE` on the search
    samples and on the confirmation samples, stop. The cosine is the lower of the two figures the project
    reports, output by output (`trials.cosine_figures`): the mean of per-sample cosines (the build's
-   verification) and the cosine over all elements (`trtopt compare`, the zoo benchmark); the
-   confirmation samples' is the first;
+   verification) and the cosine over all elements (`trtopt compare`, the zoo benchmark), or a label map's
+   mean IoU (`trials.label_ious`) in its place; the confirmation samples' is the first;
 2. sensitivity: for each of the `CANDIDATES` INT8 layers that add the most error (one run of the Q/DQ graph
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), every output's
    cosine with that layer alone kept float; a layer that alone lifts the worst to `MIN_COSINE` (on the

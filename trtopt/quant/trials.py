@@ -31,6 +31,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from trtopt.metrics.labels import is_label_map
+
 log = logging.getLogger(__name__)
 
 BUDGET = 1 << 30  # bytes of kept tensors (for all samples together)
@@ -233,10 +235,28 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     for name, want in expected.items():
         parts = [np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)]
         got, ref = zero_padded([np.concatenate(zero_padded(parts, from_axis=1)), want])
+        if is_label_map(np.asarray(want), None):
+            found.append(label_ious(got.reshape(len(want), -1), ref.reshape(len(want), -1)))
+            continue
         got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
         cosines = row_cosines(got, ref)
         found.append(np.where(np.isfinite(cosines), cosines, -1.0))
     return np.array(found) if found else np.ones((1, 1))
+
+
+def label_ious(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """A label map's figure in place of its cosine, per row (sample): the mean IoU of its non-background classes
+    (`trtopt.metrics.labels`). The cosine of class ids weighs class 2 twice class 1 and is carried by the
+    background: wired-table-rec's line segmenter kept 99.55% of its pixels' labels and a cosine of 0.894 with
+    a mean IoU of 83.2% for its two line classes (all-INT8 plan, 16 calibration pages, avx2)."""
+    from trtopt.metrics.labels import LabelAgreement
+
+    rows = []
+    for test, ref in zip(got, want, strict=True):
+        labels = LabelAgreement()
+        labels.update(ref[np.newaxis], test[np.newaxis])
+        rows.append(labels.mean_iou if labels.mean_iou is not None else 1.0)
+    return np.array(rows, np.float64)
 
 
 def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str, np.ndarray]) -> float:
@@ -269,12 +289,19 @@ def cosine_figures(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.
     per-sample cosines (the build's verification, `trtopt.verify.agreement`) and the cosine over all
     elements (`trtopt compare`, the zoo benchmark); -1 where either is not finite. They part most on small
     outputs: on table-cls's 2 logits, 0.992 per sample against 0.982 over all elements on the same
-    calibration pages (avx2), so aiming at the first alone let a plan stop short of the second."""
+    calibration pages (avx2), so aiming at the first alone let a plan stop short of the second. A label map
+    (`trtopt.metrics.labels.is_label_map`) is weighed by its mean IoU instead (`label_ious`), both ways."""
     from trtopt.compare import ErrorStats
     from trtopt.verify import agreement
 
     found = []
     for name, want in expected.items():
+        if is_label_map(np.asarray(want), None):  # the mean IoU per sample and over all of them (`label_ious`)
+            pooled = agreement({name: outputs[name]}, {name: want}, label_maps=[name]).labels
+            rows = len(want)
+            per_sample = label_ious(np.asarray(outputs[name]).reshape(rows, -1), np.asarray(want).reshape(rows, -1))
+            found.append(min(float(np.mean(per_sample)), 1.0 if pooled is None else pooled))
+            continue
         stats = ErrorStats(name)
         stats.update(np.asarray(want), np.asarray(outputs[name]))
         pair = (agreement({name: outputs[name]}, {name: want}).cosine, stats.cosine)
