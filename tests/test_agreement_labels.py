@@ -104,3 +104,16 @@ def test_the_search_weighs_label_maps_by_their_mean_iou() -> None:
     rows = sample_cosines([{"labels": tests, "scores": scores}], [({}, 2)], {"labels": refs, "scores": scores})
     np.testing.assert_allclose(rows[0], [0.85, 1.0])
     np.testing.assert_allclose(rows[1], [1.0, 1.0])
+
+
+def test_a_label_map_is_not_judged_far_from_fp32_by_its_cosine() -> None:
+    """`far_from_fp32` reads the outputs that are not label maps; a label map has its own figure and warning."""
+    from trtopt.agreement import unlabelled_cosine
+
+    ref, test = _maps()
+    scores = np.linspace(1, 2, 10, dtype=np.float32)[np.newaxis]
+    moved = np.where(ref == 1, 2, np.where(ref == 2, 1, ref))  # the two line classes swapped: cosine 0.83
+    assert agreement({"labels": moved}, {"labels": ref}).cosine < 0.95
+    assert unlabelled_cosine({"labels": moved}, {"labels": ref}, ["labels"]) == 1.0  # nothing else to judge
+    both = unlabelled_cosine({"labels": test, "s": -scores}, {"labels": ref, "s": scores}, ["labels"])
+    assert both == pytest.approx(-1.0)  # the other output still counts

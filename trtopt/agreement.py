@@ -178,6 +178,13 @@ def agreement(
     )
 
 
+def unlabelled_cosine(outputs: Outputs, target: Outputs, label_maps: Sequence[str]) -> float:
+    """The worst output cosine over the outputs that are not label maps (1.0: there are none): what says a plan
+    is far from FP32 (trtopt.verify.REFERENCE_MIN_COSINE), while a label map has its mean IoU and warning."""
+    others = [name for name in target if name not in label_maps]
+    return agreement({n: outputs[n] for n in others}, {n: target[n] for n in others}).cosine if others else 1.0
+
+
 def _worst_label_map(outputs: Outputs, target: Outputs, names: Sequence[str]) -> tuple[float, float, str] | None:
     """(mean IoU, pixel agreement, name) of the label map with the lowest mean IoU; None: no label maps."""
     from trtopt.compare import zero_padded

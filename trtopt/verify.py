@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import onnx
 
-from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes, label_warning
+from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes, label_warning, unlabelled_cosine
 from trtopt.distribution_shift import shift_warning
 from trtopt.errors import TrtoptError
 
@@ -102,10 +102,9 @@ class Verification:
 
     @property
     def warnings(self) -> list[str]:
-        """What the summary warns of: the plan's INT8 math far from FP32, top classes that change at too many
-        positions of per-position class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses
-        its classes' regions (trtopt.agreement.LABEL_MIN_IOU), and an output whose bulk of values moved
-        (trtopt.distribution_shift.MAX_SHIFT)."""
+        """What the summary warns of: INT8 math far from FP32, top classes changed at too many positions of per-position
+        class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses its classes' regions
+        (LABEL_MIN_IOU there), and an output whose bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
         to_fp32 = self.reference_vs_fp32
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
         found = (argmax_warning(to_fp32.argmax, to_fp32.positions, to_fp32.cosine),
@@ -304,7 +303,7 @@ def verify_plan(
         kernels_vs_reference=agreement(kernels, reference, axes, label_maps),
         tolerance=kernel_tolerance(to_fp32),
         rejected=tuple(rejected),
-        far_from_fp32=to_fp32.cosine < REFERENCE_MIN_COSINE,
+        far_from_fp32=unlabelled_cosine(reference, fp32, label_maps) < REFERENCE_MIN_COSINE,
     )
 
 
