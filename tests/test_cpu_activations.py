@@ -134,6 +134,20 @@ def test_chains_that_are_not_the_activation_are_left_alone() -> None:
     assert fuse_activations(_model(gate, {}, qdq=True)) == {}  # a gate on another tensor (squeeze-excite)
 
 
+def test_mul_by_the_root_either_way_and_no_fusion_in_float16_graphs() -> None:
+    body, consts = _gelu("Mul", "x*a then half", False)
+    body[0] = helper.make_node("Mul", ["r2", "x"], ["d"])  # the constant first
+    x = np.random.default_rng(2).normal(0, 3, SHAPE).astype(np.float32)
+    model = _model(body, consts, qdq=True)
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    assert fuse_activations(fused) == {"Gelu": 1}
+    np.testing.assert_allclose(_run(fused, x), _run(model, x), rtol=1e-5, atol=1e-6)
+    half = _model(body, consts, qdq=True)
+    half.graph.value_info.append(helper.make_tensor_value_info("d", TensorProto.FLOAT16, SHAPE))
+    assert fuse_activations(half) == {}
+
+
 def test_cpu_plans_carry_the_fused_kernels(tmp_path: Path) -> None:
     """An INT8 CPU build of a conv with GELU: the plan's ONNX holds the fused Gelu and verifies."""
     from trtopt.backend.cpu.lowering import lower_for_cpu

@@ -37,6 +37,8 @@ def fuse_activations(model: onnx.ModelProto) -> dict[str, int]:
     """Rewrite erf-GELU and SiLU as com.microsoft Gelu / QuickGelu in `model` (in place); how many of each.
     Only chains whose intermediate tensors have one consumer and are no graph output are rewritten."""
     graph = model.graph
+    if _has_float16(graph):  # ONNX Runtime's CPU Gelu / QuickGelu kernels are float32 only
+        return {}
     consts = _scalars(graph)
     nodes = list(graph.node)  # one set of node objects for the maps below and the identities kept
     producers = {out: node for node in nodes for out in node.output}
@@ -86,6 +88,8 @@ def _gelu(
     if scale is None or scale.op_type not in ("Div", "Mul") or only(erf.input[0]) is None:
         return None
     x, factor = scale.input[0], consts.get(scale.input[1])
+    if scale.op_type == "Mul" and factor is None:  # Mul(1/sqrt 2, x)
+        x, factor = scale.input[1], consts.get(scale.input[0])
     root2 = factor if scale.op_type == "Div" else (1 / factor if factor else None)
     if root2 is None or abs(root2 / math.sqrt(2) - 1) > _SQRT2_TOLERANCE:
         return None
@@ -137,6 +141,14 @@ def _reads(node: onnx.NodeProto, tensor: str, other: str | float, consts: dict[s
     if rest is None:
         return False
     return rest == other if isinstance(other, str) else consts.get(rest) == other
+
+
+def _has_float16(graph: onnx.GraphProto) -> bool:
+    half = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    typed = [*graph.input, *graph.output, *graph.value_info]
+    return any(t.data_type in half for t in graph.initializer) or any(
+        v.type.tensor_type.elem_type in half for v in typed
+    )
 
 
 def _scalars(graph: onnx.GraphProto) -> dict[str, float]:
