@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from trtopt.metrics.labels import is_label_map
+from trtopt.metrics.labels import LabelAgreement, is_label_map
 
 log = logging.getLogger(__name__)
 
@@ -249,8 +249,6 @@ def label_ious(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     (`trtopt.metrics.labels`). The cosine of class ids weighs class 2 twice class 1 and is carried by the
     background: wired-table-rec's line segmenter kept 99.55% of its pixels' labels and a cosine of 0.894 with
     a mean IoU of 83.2% for its two line classes (all-INT8 plan, 16 calibration pages, avx2)."""
-    from trtopt.metrics.labels import LabelAgreement
-
     rows = []
     for test, ref in zip(got, want, strict=True):
         labels = LabelAgreement()
