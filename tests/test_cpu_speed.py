@@ -60,3 +60,17 @@ def test_int8_builds_report_it_and_fp32_builds_do_not(workdir: Path, capsys: pyt
     write_plan(fp32.plan, workdir / "fp32.engine")
     assert fp32.speed is None and "speed" not in build_summary(fp32, workdir / "fp32.engine")
     assert "speed check" not in fp32.stage_seconds
+
+
+def test_a_failed_timing_is_a_warning_not_a_failed_build(workdir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    from trtopt.errors import TrtoptError
+
+    def broken(*args: object) -> Speed:
+        raise TrtoptError("ONNX Runtime rejected the inputs")
+
+    monkeypatch.setattr(speed_module, "measure_speed", broken)
+    data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
+    result = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", data=data, preprocess=preset))
+    assert result.speed is None and "speed check" not in result.stage_seconds
+    assert "no speed figure: timing the plan against FP32 failed (ONNX Runtime rejected the inputs)" in caplog.text
