@@ -4,7 +4,7 @@ INT8 does not pay everywhere. ONNX Runtime's exact INT8 kernels on a CPU without
 gain little over its float convs, and float ops between Q/DQ cost extra passes: PP-OCRv6's small text
 detector's plan ran at 1.19x FP32's time on an avx2 EPYC (docs/holdout.md). The build says so instead of
 leaving the user to assume a speed-up. One call of each per round (FP32 model, plan), alternating which goes
-first, on one intra-op thread (the figures BENCHMARKS.md gives), after one warm-up call each; rounds until
+first, on one intra-op thread (the figures BENCHMARKS.md gives), after `WARMUP` calls each; rounds until
 `BUDGET_S` has passed, at least `MIN_ROUNDS` and at most `MAX_ROUNDS`; medians. A rough figure on a machine
 that may be busy, and labelled as such; `tools/bench_latency.py` measures properly.
 """
@@ -20,7 +20,8 @@ from typing import Any, ClassVar
 import numpy as np
 import onnx
 
-BUDGET_S = 1.0
+BUDGET_S = 2.0
+WARMUP = 2  # calls each before timing: a fresh session's first calls allocate and fill caches
 MIN_ROUNDS = 3
 MAX_ROUNDS = 10
 
@@ -71,8 +72,9 @@ def measure_speed(
 
     session = OrtSession(fp32, threads=1, spin=False)
     calls = (lambda: session.run(dict(feeds)), lambda: plan_call(feeds))
-    for call in calls:
-        call()  # warm-up: the first call allocates
+    for _ in range(WARMUP):
+        for call in calls:
+            call()
     times: tuple[list[float], list[float]] = ([], [])
     start = time.perf_counter()
     while len(times[0]) < MAX_ROUNDS and (len(times[0]) < MIN_ROUNDS or time.perf_counter() - start < BUDGET_S):
