@@ -140,7 +140,6 @@ def test_recognizer_plans_record_and_compare_argmax_agreement(work: Path, capsys
     assert detector is not None and detector.reference_vs_fp32.argmax is None
 
 
-
 def test_segmenter_plans_record_label_map_figures(work: Path) -> None:
     from trtopt.plan import read_plan
 
