@@ -153,6 +153,7 @@ class CpuBackend(Backend[CpuOptions]):
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""
+        from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
         from trtopt.backend.cpu.speed import measure_speed
         from trtopt.verify import plan_errors
 
@@ -161,7 +162,7 @@ class CpuBackend(Backend[CpuOptions]):
         failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
         runner = self.create_runner(plan, RunOptions(threads=1))
         try:
-            return measure_speed(fp32, runner.infer, feeds, self.machine())
+            return measure_speed(fp32, runner.infer, feeds, self.machine(), cpu_isa() in EXACT_U8S8)
         except failures as exc:  # a figure for the summary: never a reason to fail the build
             log.warning("no speed figure: timing the plan against FP32 failed (%s)", str(exc).strip().splitlines()[0])
             return None

@@ -38,6 +38,7 @@ class Speed:
     batch: int
     machine: str  # where it ran, for the text ("this avx2 CPU")
     threads: int = 1
+    int8_dot_products: bool = False  # the CPU has VNNI or AMX (trtopt.backend.cpu.isa.EXACT_U8S8): its reason differs
 
     @property
     def ratio(self) -> float:
@@ -54,11 +55,15 @@ class Speed:
         what = (f"INT8 plan {self.ratio:.2f}x FP32's time on {self.machine} ({self.plan_ms:.1f} vs "
                 f"{self.fp32_ms:.1f} ms, batch {self.batch}, {self.threads} thread, median of {self.rounds} "
                 "interleaved calls; a rough figure: `trtopt bench` measures properly)")  # fmt: skip
-        if self.ratio > 1.0:
-            what += (". It is slower than FP32 here: ONNX Runtime's exact INT8 kernels gain little on CPUs without "
-                     "VNNI or AMX, so on this machine the float model may serve better (build without --int8), "
-                     "while CPUs with them run this plan faster")  # fmt: skip
-        return what
+        if self.ratio <= 1.0:
+            return what
+        if not self.int8_dot_products:
+            return what + (". It is slower than FP32 here: ONNX Runtime's exact INT8 kernels gain little on CPUs "
+                           "without VNNI or AMX, so on this machine the float model may serve better (build without "
+                           "--int8), while CPUs with them run this plan faster")  # fmt: skip
+        return what + (". It is slower than FP32 here, where INT8 kernels are fast: the float layers between its INT8 "
+                       "ones and their Q/DQ likely cost more than INT8 saves; ONNX Runtime's profiler says where the "
+                       "time goes, and the float model may serve better (build without --int8)")  # fmt: skip
 
 
 def measure_speed(
@@ -66,6 +71,7 @@ def measure_speed(
     plan_call: Callable[[Mapping[str, np.ndarray]], object],
     feeds: Mapping[str, np.ndarray],
     machine: str,
+    int8_dot_products: bool = False,
 ) -> Speed:
     """Time `plan_call(feeds)` against the FP32 model on one thread (see the module)."""
     from trtopt.execution import OrtSession
@@ -84,4 +90,5 @@ def measure_speed(
             calls[index]()
             times[index].append((time.perf_counter() - began) * 1e3)
     batch = int(next(iter(feeds.values())).shape[0]) if feeds and np.ndim(next(iter(feeds.values()))) else 1
-    return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine)
+    return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine,
+                 int8_dot_products=int8_dot_products)
