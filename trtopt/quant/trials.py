@@ -295,10 +295,11 @@ def cosine_figures(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.
     found = []
     for name, want in expected.items():
         if is_label_map(np.asarray(want), None):  # the mean IoU per sample and over all of them (`label_ious`)
-            pooled = agreement({name: outputs[name]}, {name: want}, label_maps=[name]).labels
+            pooled = LabelAgreement()  # the labels alone: no cosine or error of the class ids to compute per trial
+            pooled.update(np.asarray(want), np.asarray(outputs[name]))
             rows = len(want)
             per_sample = label_ious(np.asarray(outputs[name]).reshape(rows, -1), np.asarray(want).reshape(rows, -1))
-            found.append(min(float(np.mean(per_sample)), 1.0 if pooled is None else pooled))
+            found.append(min(float(np.mean(per_sample)), 1.0 if pooled.mean_iou is None else pooled.mean_iou))
             continue
         stats = ErrorStats(name)
         stats.update(np.asarray(want), np.asarray(outputs[name]))

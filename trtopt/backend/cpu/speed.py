@@ -89,6 +89,7 @@ def measure_speed(
             began = time.perf_counter()
             calls[index]()
             times[index].append((time.perf_counter() - began) * 1e3)
-    batch = int(next(iter(feeds.values())).shape[0]) if feeds and np.ndim(next(iter(feeds.values()))) else 1
+    first = next(iter(feeds.values()), None)
+    batch = int(first.shape[0]) if first is not None and np.ndim(first) else 1
     return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine,
                  int8_dot_products=int8_dot_products)
