@@ -198,3 +198,58 @@ def test_the_cli_offers_every_encoding() -> None:
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     flag = next(a for a in sub.choices["build"]._actions if "--cpu-encoding" in a.option_strings)
     assert list(flag.choices) == ["auto", *ENCODINGS]
+
+
+def _optimized_by_onnx_runtime(model: onnx.ModelProto, disabled: list[str], path: str) -> onnx.ModelProto:
+    import onnxruntime as ort
+
+    from trtopt.execution.ort_session import session_options
+
+    options = session_options(threads=1, opt_level="extended", optimized_model_path=path)
+    ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                         disabled_optimizers=disabled)  # fmt: skip
+    return onnx.load(path)
+
+
+def test_a_float_stem_keeps_its_relu_and_pool_in_float(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A stem conv with 3 input channels stays float (fewer than 16 channels), and its pool feeds the first
+    INT8 conv::
+
+        input (3ch) ─ Conv3x3 (float) ─ BN ─ Relu ─ MaxPool3x3/2 ─ Q/DQ ─ Conv3x3 (INT8) ─ Relu ─ GAP ─ Gemm
+
+    ONNX Runtime's QDQPropagationTransformer would move that Q above the MaxPool, drop the Relu, and run the
+    pool on uint8 in its slow NCHW integer kernel (trtopt.backend.cpu.builder.DISABLED_OPTIMIZERS). With the
+    CPU backend's sessions the stem runs as one fused float Conv + Relu and the pool in float, and the outputs
+    are the same bit for bit."""
+    from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
+    from trtopt.frontend import graph_from_onnx
+    from trtopt.passes import optimize
+    from trtopt.zoo import GraphBuilder
+
+    b = GraphBuilder("float_stem", seed=0)
+    x = b.maxpool(b.conv_bn(b.input("input", [1, 3, 32, 32]), 3, 16, 3), 3, stride=2)
+    model = b.build([b.gemm(b.pool_flatten(b.conv_bn(x, 16, 32, 3)), 32, 10, out="logits")])
+    graph = optimize(graph_from_onnx(model)).graph
+    lowered = lower_for_cpu(quantize(graph, cpu_config(QuantConfig()))[0])
+
+    def pool_reads(disabled: list[str], name: str) -> str:
+        optimized = _optimized_by_onnx_runtime(lowered, disabled, str(tmp_path / name))
+        producers = {out: n.op_type for n in optimized.graph.node for out in n.output}
+        (pool,) = [n for n in optimized.graph.node if n.op_type.endswith("MaxPool")]
+        return producers[pool.input[0]]
+
+    assert pool_reads(DISABLED_OPTIMIZERS, "ours.onnx") == "FusedConv"
+    assert pool_reads(["WeightBiasQuantization"], "propagated.onnx") == "QuantizeLinear"  # what it avoids
+    feeds = feeds_for(graph, seed=5)
+    ours, propagated = (_run(lowered, feeds, d) for d in (DISABLED_OPTIMIZERS, ["WeightBiasQuantization"]))
+    assert np.array_equal(ours, propagated)
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], disabled: list[str]) -> np.ndarray:
+    import onnxruntime as ort
+
+    from trtopt.execution.ort_session import session_options
+
+    session = ort.InferenceSession(model.SerializeToString(), session_options(threads=1),
+                                   providers=["CPUExecutionProvider"], disabled_optimizers=disabled)  # fmt: skip
+    return session.run(None, feeds)[0]

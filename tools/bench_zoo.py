@@ -96,14 +96,14 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
     for v in [*trtopt, ort]:
         try:
             if not v.error:
-                v.scores = {"kernels": score(fp32, session(v.kernels), batches, subject.task),
+                v.scores = {"kernels": score(fp32, session(v.kernels, engine=v is not ort), batches, subject.task),
                             "reference": score(fp32, session(v.reference, reference=True), batches, subject.task)}
         except (TrtoptError, RuntimeError) as exc:  # ONNX Runtime refused the quantised model: a row, not a crash
             v.error = f"cannot run it: {str(exc).splitlines()[0][:200]}"
     timed = {"fp32": session(subject.path, threads=1)}
     for key, v in (("trtopt", trtopt[0]), ("ort", ort)):
         if not v.error:
-            timed[f"{key} kernels"] = session(v.kernels, threads=1)
+            timed[f"{key} kernels"] = session(v.kernels, threads=1, engine=key == "trtopt")
             timed[f"{key} reference"] = session(v.reference, threads=1, reference=True)
     first = batches[0][0]
     rows = len(next(iter(first.values())))  # trim the batch axis only (a model's state input has none)

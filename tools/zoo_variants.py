@@ -275,11 +275,16 @@ def task_config(task: str, input_hw: tuple[int, int] | None = None) -> Any:
     return configs.get(task, TaskConfig(task="raw"))
 
 
-def session(model: bytes | Path, *, threads: int | None = None, reference: bool = False) -> Any:
+def session(model: bytes | Path, *, threads: int | None = None, reference: bool = False, engine: bool = False) -> Any:
+    """An ONNX Runtime session over `model`; `engine`: with the session settings `trtopt.Engine` runs a CPU plan
+    with (`trtopt.backend.cpu.builder.DISABLED_OPTIMIZERS`), so that trtopt's kernels are timed and scored as
+    they run; ONNX Runtime's own quantised models get its defaults."""
+    from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
     from trtopt.execution.ort_session import OrtSession
 
     proto = onnx.load(str(model)) if isinstance(model, Path) else onnx.load_from_string(model)
-    return OrtSession(proto, threads=threads, opt_level="disable" if reference else "all")
+    return OrtSession(proto, threads=threads, opt_level="disable" if reference else "all",
+                      disabled_optimizers=DISABLED_OPTIMIZERS if engine else ())  # fmt: skip
 
 
 def score(fp32: Any, test: Any, batches: list[tuple[dict[str, np.ndarray], int]], task: str) -> Any:

@@ -75,12 +75,13 @@ class OrtSession:
         opt_level: OptLevel = "all",
         spin: bool = True,
         arena: bool = True,
+        disabled_optimizers: Sequence[str] = (),
     ) -> None:
         proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else with_supported_ir(model)
         if expose:
             proto = with_exposed_tensors(proto, expose)
         options = session_options(threads=threads, opt_level=opt_level, spin=spin, arena=arena)
-        self.session = _make_session(proto, options)
+        self.session = _make_session(proto, options, disabled_optimizers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.exposed = list(expose)
@@ -212,10 +213,12 @@ def with_exposed_tensors(model: onnx.ModelProto, names: Sequence[str]) -> onnx.M
     return exposed
 
 
-def _make_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
+def _make_session(
+    proto: onnx.ModelProto, options: ort.SessionOptions, disabled: Sequence[str] = ()
+) -> ort.InferenceSession:
     state = ort.capi.onnxruntime_pybind11_state
     try:
-        return _new_session(proto, options)
+        return _new_session(proto, options, disabled)
     except (state.Fail, state.InvalidGraph, state.InvalidArgument, state.NotImplemented) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TrtoptError(
@@ -225,10 +228,13 @@ def _make_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.In
         ) from None
 
 
-def _new_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.InferenceSession:
+def _new_session(
+    proto: onnx.ModelProto, options: ort.SessionOptions, disabled: Sequence[str] = ()
+) -> ort.InferenceSession:
     providers = ["CPUExecutionProvider"]
     if proto.ByteSize() < PROTOBUF_LIMIT:
-        return ort.InferenceSession(proto.SerializeToString(), options, providers=providers)
+        return ort.InferenceSession(proto.SerializeToString(), options, providers=providers,
+                                    disabled_optimizers=list(disabled))  # fmt: skip
     # Over 2 GiB: ONNX Runtime must read the weights from files.
     # onnx.save_model moves the weights out of the message it is given: save a copy, not the caller's.
     copy = onnx.ModelProto()
@@ -236,4 +242,4 @@ def _new_session(proto: onnx.ModelProto, options: ort.SessionOptions) -> ort.Inf
     with tempfile.TemporaryDirectory(prefix="trtopt-ort-") as tmp:
         path = Path(tmp, "model.onnx")
         onnx.save_model(copy, path, save_as_external_data=True, location="model.data")
-        return ort.InferenceSession(str(path), options, providers=providers)
+        return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(disabled))

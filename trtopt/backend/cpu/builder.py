@@ -24,7 +24,15 @@ FLOAT_CONV_OPS = {"Conv", "FusedConv", "NchwcConv"}
 # whose input comes from a DequantizeLinear and whose output goes to a QuantizeLinear. trtopt quantises
 # every weight it means to itself, so that transformer only ever overrides a user's `--exclude` (an
 # excluded layer between two INT8 layers); it is switched off for every CPU session.
-DISABLED_OPTIMIZERS = ["WeightBiasQuantization"]
+# QDQPropagationTransformer moves a QuantizeLinear up across MaxPool, Reshape, Transpose and the like. trtopt
+# already puts each pair where its INT8 layer reads it, so the move only ever undoes a placement: where a float
+# layer (a stem conv with 3 input channels) feeds Relu -> MaxPool -> Q, the Q lands before the MaxPool, the Relu
+# before it is dropped, Conv + Relu no longer fuse, and the MaxPool runs on uint8 in ONNX Runtime's slow NCHW
+# integer pooling (5.3 ms of 12.5 on squeezenet1_1, against 0.6 ms for all of FP32's pools). Measured with it
+# off on 11 zoo plans and 12 torchvision architectures (avx2, ONNX Runtime 1.32.0, 1 thread, medians of
+# interleaved runs; docs/holdout.md, round 4): outputs bit-identical on every plan; squeezenet1_1 0.67x the time,
+# googlenet, open-nsfw, resnet18 and maxvit_t 0.87-0.89x, alexnet 0.90x, resnet50 0.92x; the rest within noise.
+DISABLED_OPTIMIZERS = ["WeightBiasQuantization", "QDQPropagationTransformer"]
 
 
 # Dense INT8 convs with at least this reduction length go to ONNX Runtime's GEMM kernel when routing is on
