@@ -358,3 +358,45 @@ def test_bench_cpu_activations_times_plans_with_and_without_the_fused_kernels(tm
     (row,) = table_rows(stdout, "| model | fused in the plan |")
     assert row[1] == "1 Gelu, 1 QuickGelu"
     assert all(v > 0 for v in numbers(row[2:6])) and float(row[6]) < 1e-3  # the same values, rounding aside
+
+
+def test_bench_cpu_sessions_times_plans_with_and_without_qdq_propagation(tmp_path: Path) -> None:
+    """A float stem (3 input channels) before a MaxPool, as in tests/test_cpu_lowering.py: the row names the ops
+    the propagation would have changed and finds the outputs equal."""
+    import onnx
+
+    from trtopt.zoo.builder import GraphBuilder
+
+    b = GraphBuilder("float_stem", seed=3, opset=13)
+    x = b.maxpool(b.conv_bn(b.input("x", [1, 3, 32, 32]), 3, 16, 3), 3, stride=2)
+    onnx.save_model(b.build([b.conv(b.conv_bn(x, 16, 16, 3), 16, 8, 3, out="out")]), tmp_path / "stem.onnx")
+    build = ("--calib", "calib_data/", "--calib-count", "8", "--preset", "imagenet")
+    stdout = run_tool("tools/bench_cpu_sessions.py", str(tmp_path / "stem.onnx"), "--iterations", "3", *build)
+    check_header(stdout, "tools/bench_cpu_sessions.py")
+    (row,) = table_rows(stdout, "| model | FP32 ms |")
+    assert all(v > 0 for v in numbers(row[1:5]))
+    assert "FusedConv +1" in row[5] and float(row[6]) == 0.0
+
+
+def test_bench_architectures_records_builds_and_reports_them(tmp_path: Path) -> None:
+    """`run` on a folder holding one small model records its FP32 and INT8 builds once (a second run adds
+    nothing); `report` turns the record into the table, one row per model."""
+    import onnx
+
+    from trtopt.zoo import build_model
+
+    folder = tmp_path / "models" / "given"
+    folder.mkdir(parents=True)
+    onnx.save_model(build_model("tiny_cnn", seed=1), folder / "tiny.onnx")
+    env = {**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "zoo")}
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "tools/bench_architectures.py", "run", "--folder", str(folder)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    records = (tmp_path / "zoo" / "architectures" / "results.jsonl").read_text().splitlines()
+    assert len(records) == 1 and not list((tmp_path / "zoo" / "architectures" / "plans").iterdir())
+    done = subprocess.run([sys.executable, "tools/bench_architectures.py", "report"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env=env)  # fmt: skip
+    (row,) = table_rows(done.stdout, "| model | exporter |")
+    assert row[:2] == ["tiny", "given"] and float(row[2]) > 0.99999 and row[3].startswith("ok, ")
+    assert 0.9 < float(row[4]) <= 1.0 and 0.9 < float(row[5]) <= 1.0

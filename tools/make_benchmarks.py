@@ -141,6 +141,11 @@ SECTIONS = (
     Section("cpu-activations", "tools/bench_cpu_activations.py",
             ("zoo:ddddocr-det", "zoo:ddddocr-ocr", "holdout:ppocr-v6-det", "holdout:ppocr-v6-rec"),
             ("zoo:ddddocr-ocr", "--iterations", "3"), False),  # fmt: skip
+    # ONNX Runtime's QDQ propagation off in CPU plan sessions, against on (zoo cache, torchvision exports).
+    Section("cpu-sessions", "tools/bench_cpu_sessions.py",
+            ("zoo:open-nsfw", "zoo:table-cls", "zoo:ppocr-v4-det", "zoo:ddddocr-det", "arch:dynamo/squeezenet1_1",
+             "arch:dynamo/resnet18", "arch:dynamo/googlenet", "arch:legacy/resnet50", "arch:dynamo/mobilenet_v2"),
+            ("zoo:ppocr-cls", "--iterations", "3"), False),  # fmt: skip
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.
