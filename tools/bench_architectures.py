@@ -11,7 +11,8 @@ opset 18) and with the TorchScript one (`legacy`, opset 13), into $TRTOPT_ZOO_DI
 (~/.cache/trtopt/zoo/architectures). Pretrained weights cannot be had here (torchvision downloads them), so
 the weights are torchvision's random initialisation, with every BatchNorm's statistics set on 32
 `calib_data/` photos (train-mode passes with cumulative averages), so that activations have trained-like
-scales. Fidelity figures on such weights say little about trained models (several of them amplify small
+scales, and zero-initialised linear layers (ViT's head) drawn from N(0, 0.01²), so that outputs depend on the
+input. Fidelity figures on such weights say little about trained models (several of them amplify small
 changes far more than trained ones do; docs/holdout.md, round 4); what this run checks is the rest:
 - every FP32 build (the graph passes alone) computes what the model does, to float rounding;
 - every INT8 build (`trtopt build X --int8 --calib calib_data/`, defaults: auto method, sensitivity search)
@@ -55,7 +56,6 @@ def export(names: list[str], exporters: list[str]) -> int:
     import torchvision
     from PIL import Image
 
-    torch.manual_seed(0)
     photos = sorted(p for p in CALIB.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:32]
     mean, std = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
 
@@ -78,6 +78,7 @@ def export(names: list[str], exporters: list[str]) -> int:
             start, out = time.perf_counter(), CACHE / exporter / f"{name}.onnx"
             out.parent.mkdir(parents=True, exist_ok=True)
             try:
+                torch.manual_seed(0)  # per model: the same weights whatever else is exported with it
                 kwargs: dict[str, Any] = {"weights": None}
                 if name in ("inception_v3", "googlenet"):
                     kwargs |= {"aux_logits": False, "init_weights": True}
@@ -85,6 +86,9 @@ def export(names: list[str], exporters: list[str]) -> int:
                     kwargs["weights_backbone"] = None
                 model = torchvision.models.get_model(name, **kwargs)
                 x = batch(299 if name == "inception_v3" else 224)
+                for module in model.modules():  # ViT's head starts at zero: its logits would be 0 whatever the input
+                    if isinstance(module, torch.nn.Linear) and not module.weight.any():
+                        torch.nn.init.normal_(module.weight, std=0.01)
                 for module in model.modules():  # BatchNorm statistics from the photos, not 0 / 1
                     if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
                         module.reset_running_stats()

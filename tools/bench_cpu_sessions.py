@@ -5,14 +5,15 @@
     python tools/bench_cpu_sessions.py MODEL.onnx [--out FILE.md] [trtopt build flags: --calib DIR --shapes ...]
 
 trtopt switches ONNX Runtime's QDQPropagationTransformer off in every session that runs a CPU plan
-(`trtopt.backend.cpu.builder.DISABLED_OPTIMIZERS` says why). For each model this builds its INT8 plan once with
-`trtopt build --no-auto-exclude`, then times FP32 (the original model), the plan as `trtopt.Engine` runs it and the
-same plan in a session that leaves the propagation on, at batch 1 on one intra-op thread, one call of each per
-round in a rotating order (tools/bench_latency.py's `interleaved`), and reports medians, the ratios, the ops
-whose counts differ between the two optimised graphs and the largest difference between the two outputs on
-one random input. `zoo:NAME` / `holdout:NAME` take the model from the zoo's cache with its catalog's data,
-preprocessing and static shape; `arch:EXPORTER/NAME` a torchvision export of tools/bench_architectures.py,
-calibrated on `calib_data/`; a model not in a cache gets a "not cached" row.
+(`trtopt.backend.cpu.builder.DISABLED_OPTIMIZERS` says why). For each model this builds its INT8 plan once
+with `trtopt build --no-auto-exclude`, then times FP32 (the original model), the plan in a session with the
+optimisers `trtopt.Engine` switches off, and the same plan in a session that leaves the propagation on, at
+batch 1 on one intra-op thread, one call of each per round in a rotating order (tools/bench_latency.py's
+`interleaved`). It reports medians, the ratios, the ops whose counts differ between the two optimised graphs,
+and the largest difference between the two outputs on one random input. `zoo:NAME` / `holdout:NAME` take the
+model from the zoo's cache with its catalog's data, preprocessing and static shape; `arch:EXPORTER/NAME` a
+torchvision export of tools/bench_architectures.py, calibrated on `calib_data/`; a model not in a cache gets a
+"not cached" row.
 """
 
 from __future__ import annotations
@@ -77,20 +78,24 @@ def measure(model: str, flags: list[str], iterations: int, tmp: Path) -> list[st
         code = main(["build", model, "--int8", "--backend", "cpu", "--no-auto-exclude", "-o", str(path), *flags])
     if code != 0:
         raise SystemExit(f"trtopt build failed ({code}):\n{log.getvalue()[-2000:]}")
-    engine = Engine.load(path, threads=1)
-    kernels = model_for_this_cpu(read_plan(path))
+    spec = Engine.load(path).inputs[0]
+    kernels = onnx.load_from_string(model_for_this_cpu(read_plan(path)))
     others = [o for o in DISABLED_OPTIMIZERS if o != PROPAGATION]
-    propagated = OrtSession(onnx.load_from_string(kernels), threads=1, disabled_optimizers=others)
-    spec = engine.inputs[0]
+    # Both plan sessions are plain OrtSessions, so that only the optimiser list differs between them
+    # (trtopt.Engine's runner adds its own checks per call, which would weigh on small models).
+    ours_session = OrtSession(kernels, threads=1, disabled_optimizers=DISABLED_OPTIMIZERS)
+    propagated = OrtSession(kernels, threads=1, disabled_optimizers=others)
     shape = [d if isinstance(d, int) and d > 0 else 1 for d in spec.shape]
     feed = {spec.name: np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
     fp32 = OrtSession(onnx.load(model), threads=1)
-    calls = {"fp32": lambda: fp32.run(feed), "trtopt": lambda: engine.infer(feed), "on": lambda: propagated.run(feed)}
+    calls = {"fp32": lambda: fp32.run(feed), "trtopt": lambda: ours_session.run(feed),
+             "on": lambda: propagated.run(feed)}  # fmt: skip
     t = interleaved(calls, 1, 3, iterations)
-    ours, theirs = engine.infer(feed), propagated.run(feed)
+    ours, theirs = ours_session.run(feed), propagated.run(feed)
     diff = max(float(np.max(np.abs(np.asarray(ours[n], np.float64) - np.asarray(theirs[n], np.float64))))
                for n in ours)  # fmt: skip
-    a, b = optimised_ops(kernels, DISABLED_OPTIMIZERS, tmp), optimised_ops(kernels, others, tmp)
+    data = kernels.SerializeToString()
+    a, b = optimised_ops(data, DISABLED_OPTIMIZERS, tmp), optimised_ops(data, others, tmp)
     moved = ", ".join(f"{op} {a[op] - b[op]:+d}" for op in sorted(set(a) | set(b)) if a[op] != b[op]) or "none"
     ms = {k: t.p50(k) for k in calls}
     return [f"{ms['fp32']:.1f}", f"{ms['on'] / ms['fp32']:.2f}", f"{ms['trtopt'] / ms['fp32']:.2f}",
@@ -118,11 +123,12 @@ def main(argv: list[str]) -> int:
         "## CPU plans: ONNX Runtime's QDQ propagation off", "",
         *header_lines("tools/bench_cpu_sessions.py", argv),
         f"- 1-minute load average {load} before, {load_average()} after (more than ~2 on 2 cores: noisy)",
-        f"- each model: one INT8 plan (`--no-auto-exclude`), run as `trtopt.Engine` runs it (propagation off) and "
-        f"in a session with it on; batch 1, 1 thread, 3 warm-up + {args.iterations} interleaved rounds, medians; "
+        f"- each model: one INT8 plan (`--no-auto-exclude`), in an ONNX Runtime session with `trtopt.Engine`'s "
+        f"optimiser settings (propagation off) and in one with it on; batch 1, 1 thread, 3 warm-up + "
+        f"{args.iterations} interleaved rounds, medians; "
         "`arch:` models have random weights (tools/bench_architectures.py)",
         "",
-        "| model | FP32 ms | INT8, propagation on / FP32 | INT8 as trtopt runs it / FP32 | trtopt / on | "
+        "| model | FP32 ms | INT8, propagation on / FP32 | INT8, trtopt's settings / FP32 | trtopt / on | "
         "ops that differ (trtopt's graph minus on's) | largest output difference |",
         "|---|---:|---:|---:|---:|---|---:|",
         *rows,
