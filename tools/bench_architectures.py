@@ -52,9 +52,14 @@ BUILD_TIMEOUT_S = 900
 def export(names: list[str], exporters: list[str]) -> int:
     """Write every (architecture, exporter) pair; a failed export prints its reason and the rest go on."""
     import numpy as np
-    import torch
-    import torchvision
     from PIL import Image
+
+    try:
+        import torch
+        import torchvision
+    except ImportError as exc:
+        print(f"export needs torch and torchvision ({exc}): pip install torch torchvision onnxscript", file=sys.stderr)
+        return 2
 
     photos = sorted(p for p in CALIB.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:32]
     mean, std = np.array([0.485, 0.456, 0.406], np.float32), np.array([0.229, 0.224, 0.225], np.float32)
@@ -164,7 +169,11 @@ def _cell(value: float | None, digits: int = 5) -> str:
 
 
 def report(out: Path | None) -> int:
-    rows = [json.loads(line) for line in (CACHE / "results.jsonl").read_text().splitlines()]
+    results = CACHE / "results.jsonl"
+    if not results.exists():
+        print(f"no results in {results}: run `python tools/bench_architectures.py run` first", file=sys.stderr)
+        return 1
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
     lines = [
         "| model | exporter | FP32 build: plan vs model (cos) | INT8 build | INT8 reference vs FP32 (cos) | "
         "kernels vs reference (cos) | INT8 / float convs | float layers (search) | plan / FP32 time |",
