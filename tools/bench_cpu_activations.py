@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-import tempfile
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -31,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_auto_groups import cached_model  # noqa: E402
 from bench_latency import interleaved  # noqa: E402
-from bench_setup import emit, header_lines, load_average  # noqa: E402
+from bench_setup import emit, header_lines, load_average, rows_per_model  # noqa: E402
 
 FUSED_OPS = ("Gelu", "QuickGelu")
 
@@ -90,15 +89,12 @@ def main(argv: list[str]) -> int:
     args, flags = parser.parse_known_args(argv)
     flags = [f for f in flags if f != "--"]  # build flags for .onnx files given by path
     load = load_average()
-    rows = []
-    for name in args.models:
-        found = cached_model(name) if ":" in name and not Path(name).exists() else (name, flags)
-        if found is None:
-            rows.append(f"| {name} | not cached (`python tools/zoo.py fetch`, `python tools/bench_holdout.py fetch`) |"
-                        + " |" * 5)  # fmt: skip
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append("| " + " | ".join([name, *measure(found[0], found[1], args.iterations, Path(tmp))]) + " |")
+
+    def locate(name: str) -> tuple[str, list[str]] | None:
+        return cached_model(name) if ":" in name and not Path(name).exists() else (name, flags)
+
+    rows = rows_per_model(args.models, locate, lambda path, build, tmp: measure(path, build, args.iterations, tmp),
+                          columns=6, fetch_hint="`python tools/zoo.py fetch`, `python tools/bench_holdout.py fetch`")
     lines = [
         "## CPU plans: GELU and SiLU as ONNX Runtime's fused kernels", "",
         *header_lines("tools/bench_cpu_activations.py", argv),

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-import tempfile
 from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -35,7 +34,7 @@ from bench_architectures import CACHE as ARCHITECTURES  # noqa: E402
 from bench_architectures import CALIB  # noqa: E402
 from bench_auto_groups import cached_model  # noqa: E402
 from bench_latency import interleaved  # noqa: E402
-from bench_setup import emit, header_lines, load_average  # noqa: E402
+from bench_setup import emit, header_lines, load_average, rows_per_model  # noqa: E402
 
 PROPAGATION = "QDQPropagationTransformer"
 
@@ -110,15 +109,10 @@ def main(argv: list[str]) -> int:
     args, flags = parser.parse_known_args(argv)
     flags = [f for f in flags if f != "--"]  # build flags for .onnx files given by path
     load = load_average()
-    rows = []
-    for name in args.models:
-        found = located(name, flags)
-        if found is None:
-            rows.append(f"| {name} | not cached (`python tools/zoo.py fetch`, `python tools/bench_holdout.py fetch`, "
-                        "`python tools/bench_architectures.py export`) |" + " |" * 5)  # fmt: skip
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            rows.append("| " + " | ".join([name, *measure(found[0], found[1], args.iterations, Path(tmp))]) + " |")
+    rows = rows_per_model(args.models, lambda name: located(name, flags),
+                          lambda path, build, tmp: measure(path, build, args.iterations, tmp), columns=6,
+                          fetch_hint="`python tools/zoo.py fetch`, `python tools/bench_holdout.py fetch`, "
+                          "`python tools/bench_architectures.py export`")  # fmt: skip
     lines = [
         "## CPU plans: ONNX Runtime's QDQ propagation off", "",
         *header_lines("tools/bench_cpu_sessions.py", argv),

@@ -101,6 +101,28 @@ def header_lines(script: str, argv: Sequence[str]) -> list[str]:
     ]
 
 
+def rows_per_model(
+    names: Sequence[str],
+    locate: Callable[[str], tuple[str, list[str]] | None],
+    measure: Callable[[str, list[str], Path], list[str]],
+    *,
+    columns: int,
+    fetch_hint: str,
+) -> list[str]:
+    """One markdown row per model: `measure(path, build_flags, tmp)`'s cells after the name, each model in its own
+    temporary folder; a model `locate` cannot find gets a "not cached" row saying how to fetch it (`columns`: the
+    cells after the name)."""
+    rows = []
+    for name in names:
+        found = locate(name)
+        if found is None:
+            rows.append(f"| {name} | not cached ({fetch_hint}) |" + " |" * (columns - 1))
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append("| " + " | ".join([name, *measure(found[0], found[1], Path(tmp))]) + " |")
+    return rows
+
+
 # --- the model and its data --------------------------------------------------------------------------
 
 
