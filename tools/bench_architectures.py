@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,25 +84,7 @@ def export(names: list[str], exporters: list[str]) -> int:
             start, out = time.perf_counter(), CACHE / exporter / f"{name}.onnx"
             out.parent.mkdir(parents=True, exist_ok=True)
             try:
-                torch.manual_seed(0)  # per model: the same weights whatever else is exported with it
-                kwargs: dict[str, Any] = {"weights": None}
-                if name in ("inception_v3", "googlenet"):
-                    kwargs |= {"aux_logits": False, "init_weights": True}
-                if name.startswith(SEGMENTERS):
-                    kwargs["weights_backbone"] = None
-                model = torchvision.models.get_model(name, **kwargs)
-                x = batch(299 if name == "inception_v3" else 224)
-                for module in model.modules():  # ViT's head starts at zero: its logits would be 0 whatever the input
-                    if isinstance(module, torch.nn.Linear) and not module.weight.any():
-                        torch.nn.init.normal_(module.weight, std=0.01)
-                for module in model.modules():  # BatchNorm statistics from the photos, not 0 / 1
-                    if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-                        module.reset_running_stats()
-                        module.momentum = None
-                model.train()
-                with torch.no_grad():
-                    for i in range(0, len(x), 8):
-                        model(x[i : i + 8])
+                model, x = _prepared(torch, torchvision, name, batch)
                 model = FirstOutput(model.eval()) if name.startswith(SEGMENTERS) else model.eval()
                 with torch.no_grad():
                     if exporter == "dynamo":
@@ -114,6 +97,31 @@ def export(names: list[str], exporters: list[str]) -> int:
                 failed += 1
                 print(f"not exported {exporter}/{name}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
     return 1 if failed == len(names) * len(exporters) else 0
+
+
+def _prepared(torch: Any, torchvision: Any, name: str, batch: Callable[[int], Any]) -> tuple[Any, Any]:
+    """Architecture `name` with seeded random weights, ready to export, and its photo batch: zero-initialised
+    linear layers redrawn, BatchNorm statistics taken from the photos (train-mode passes, cumulative averages)."""
+    torch.manual_seed(0)  # per model: the same weights whatever else is exported with it
+    kwargs: dict[str, Any] = {"weights": None}
+    if name in ("inception_v3", "googlenet"):
+        kwargs |= {"aux_logits": False, "init_weights": True}
+    if name.startswith(SEGMENTERS):
+        kwargs["weights_backbone"] = None
+    model = torchvision.models.get_model(name, **kwargs)
+    x = batch(299 if name == "inception_v3" else 224)
+    for module in model.modules():  # ViT's head starts at zero: its logits would be 0 whatever the input
+        if isinstance(module, torch.nn.Linear) and not module.weight.any():
+            torch.nn.init.normal_(module.weight, std=0.01)
+    for module in model.modules():  # BatchNorm statistics from the photos, not 0 / 1
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None
+    model.train()
+    with torch.no_grad():
+        for i in range(0, len(x), 8):
+            model(x[i : i + 8])
+    return model, x
 
 
 def build(model: Path, precision: str, plans: Path) -> dict[str, Any]:
