@@ -149,7 +149,6 @@ def build(model: Path, precision: str, plans: Path) -> dict[str, Any]:
         "float_layers": len(summary.get("float_layers") or {}),
         "searched": len((summary.get("sensitivity") or {}).get("layers") or {}),
         "speed": (summary.get("speed") or {}).get("ratio"),
-        "file_bytes": summary.get("file_bytes"),
     }
 
 

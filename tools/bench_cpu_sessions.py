@@ -65,7 +65,6 @@ def measure(model: str, flags: list[str], iterations: int, tmp: Path) -> list[st
     """One row: FP32 ms, the plan's ratio to FP32 each way, trtopt's / propagated, ops that differ, output diff."""
     import onnx
 
-    from trtopt import Engine
     from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
     from trtopt.backend.cpu.runner import model_for_this_cpu
     from trtopt.cli.main import main
@@ -77,8 +76,9 @@ def measure(model: str, flags: list[str], iterations: int, tmp: Path) -> list[st
         code = main(["build", model, "--int8", "--backend", "cpu", "--no-auto-exclude", "-o", str(path), *flags])
     if code != 0:
         raise SystemExit(f"trtopt build failed ({code}):\n{log.getvalue()[-2000:]}")
-    spec = Engine.load(path).inputs[0]
-    kernels = onnx.load_from_string(model_for_this_cpu(read_plan(path)))
+    plan = read_plan(path)
+    spec = plan.inputs[0]
+    kernels = onnx.load_from_string(model_for_this_cpu(plan))
     others = [o for o in DISABLED_OPTIMIZERS if o != PROPAGATION]
     # Both plan sessions are plain OrtSessions, so that only the optimiser list differs between them
     # (trtopt.Engine's runner adds its own checks per call, which would weigh on small models).
