@@ -71,6 +71,8 @@ def _light_case(graph: gs.Graph, name: str) -> None:
     reports = {r.name: r.counts() for r in optimize(graph).reports if r.changed}
     assert reports == EXPECTED_LIGHT[name]
     assert "BatchNormalization" not in {n.op for n in optimised.nodes} or name == "densenet121"
+    if not reports:  # the pipeline ran each pass on this graph and none changed it: each alone would see the
+        return  # same graph and do the same (on VGG-19 the checks below took 50 of the test's 105 s)
     for name_ in DEFAULT_ORDER:
         check(graph, (name_,), reference)
 

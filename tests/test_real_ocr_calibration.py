@@ -52,11 +52,16 @@ def test_ppocr_recognizer_keeps_its_strings_with_auto(tmp_path: Path) -> None:
     from trtopt.data.config import DataConfig
     from trtopt.engine import Engine
     from trtopt.execution import OrtSession
+    from trtopt.quant.config import QuantConfig
 
     model = bench.static_copy(bench.Case("rec", path, "ctc", "ppocr-rec", (1, 3, 48, 320)), tmp_path)
     np.savez(tmp_path / "calib.npz", x=text_lines.samples("ppocr-rec", 48, seed=0))
     held = text_lines.samples("ppocr-rec", 16, seed=1)
-    result = build_plan(model, BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npz"),))))
+    # The method `auto` picks is under test, not the sensitivity search (tests/test_zoo_models.py builds this model
+    # with it): without the search the build takes 10 s instead of 73 s, and keeps 12 of 16 strings instead of 13.
+    quant = QuantConfig(auto_exclude=False)
+    data = DataConfig(sources=(str(tmp_path / "calib.npz"),))
+    result = build_plan(model, BuildConfig(backend="cpu", data=data, quant=quant))
     early = "p2o.Add.103"  # the input of p2o.Conv.14
     assert result.calibration.choices[early] != "entropy"
     assert result.calibration.amax[early] > 0.5 * result.calibration.ranges[early]
