@@ -266,7 +266,7 @@ def test_run_on_a_sequence_output_describes_it_instead_of_naming_classes(
 @pytest.mark.parametrize(
     ("shape", "scores"),
     [((2, 1000), True), ((2, 1000, 1, 1), True), ((1, 1, 5), True), ((2, 40, 6625), False), ((2, 1, 8, 8), False),
-     ((2,), False)],
+     ((2,), False), ((2, 1), False), ((2, 1, 1, 1), False)],
 )  # fmt: skip
 def test_run_top_ks_one_score_vector_per_sample_unit_axes_included(shape: tuple[int, ...], scores: bool) -> None:
     """A classifier ending in a 1x1 conv and global pooling gives [N, classes, 1, 1]: still top-k'd."""

@@ -66,7 +66,9 @@ def calibrate_graph(
         at_max=bounded if config.method == "auto" else set(),  # bounded_at_max gives them their maximum anyway
     )
     calibration = bounded_at_max(graph, calibration, bounded=bounded) if config.bounded_max else calibration
-    calibration = replace(calibration, equalization=equalization)
+    # Samples as the data set counts them: the collector counts rows of the first input, which a padded fixed
+    # batch inflates and a model fed whole feeds (silero-vad's [chunks, 576] audio) multiplies.
+    calibration = replace(calibration, equalization=equalization, num_samples=len(dataset))
     if config.save_cache is not None:
         save_cache(config.save_cache, calibration)
     return calibration

@@ -51,9 +51,11 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.cli.console import err, markup_safe, out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
+    from trtopt.data.arrays import has_batch_axis
 
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
     output = engine.outputs[0].name
+    feeds = not has_batch_axis(dataset.inputs)
     results = []
     started = time.perf_counter()
     compute = 0.0
@@ -61,7 +63,9 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         t0 = time.perf_counter()
         scores = engine.infer(batch.feeds)[output]
         compute += time.perf_counter() - t0
-        if not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
+        if feeds:  # whole feeds (inputs with no shared batch axis, silero-vad): the output is one sample's
+            rows = [_described(output, scores)]
+        elif not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
             rows = [_described(output, row) for row in scores]
         else:
             rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
@@ -95,9 +99,10 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
 
 def _class_scores(scores: np.ndarray) -> bool:
     """Whether an output is one score vector per sample: [N, classes], or with unit axes ([N, classes, 1, 1]
-    of a classifier ending in a 1x1 conv and global pooling)."""
+    of a classifier ending in a 1x1 conv and global pooling). One value per sample ([N, 1], a detector of one
+    thing's probability) is no vector to rank."""
     shape = np.shape(scores)
-    return len(shape) >= 2 and sum(size != 1 for size in shape[1:]) <= 1
+    return len(shape) >= 2 and sum(size != 1 for size in shape[1:]) == 1
 
 
 def _described(name: str, row: np.ndarray) -> dict[str, Any]:
@@ -106,6 +111,8 @@ def _described(name: str, row: np.ndarray) -> dict[str, Any]:
     row = np.asarray(row)
     stats = {"output": name, "shape": list(row.shape), "min": float(row.min(initial=np.inf)),
              "max": float(row.max(initial=-np.inf)), "mean": float(row.mean()) if row.size else 0.0}  # fmt: skip
+    if row.size == 1:
+        return {"described": stats, "text": f"output {name!r}: {stats['max']:.4g}"}
     shape = "x".join(map(str, row.shape))
     text = f"output {name!r} [{shape}]: min {stats['min']:.4g}, max {stats['max']:.4g}, mean {stats['mean']:.4g}"
     return {"described": stats, "text": text + " (not [N, classes] scores: no top-k; use trtopt.Engine for the values)"}

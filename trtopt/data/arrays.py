@@ -93,30 +93,43 @@ def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
 _READ_LOCK = threading.Lock()
 
 
-def shapes_from_arrays(path: Path, inputs: dict[str, list[int | str | None]]) -> dict[str, tuple[int | str, ...]]:
-    """Full shapes for the inputs with dynamic dimensions past the first, read from the headers of the array
-    file at `path` (`inputs`: each model input's dimensions, a name or None where dynamic). An array feeds an
-    input as the module doc says (by name, or the only array of a single-input model); of the input's rank
-    it is a batch, of one less one sample. The first dimension stays the model's (a dynamic batch stays
-    dynamic; 1 where it has no name). An input with no array is left out (loading the data reports it); an
-    array that does not fit its input is an error, since no size would make it fit."""
+def shapes_from_arrays(
+    path: Path, inputs: dict[str, list[int | str | None]], *, feeds: bool = False
+) -> dict[str, tuple[int | str, ...]]:
+    """Full shapes for the inputs with dynamic dimensions, read from the headers of the array file at `path`
+    (`inputs`: each model input's dimensions, a name or None where dynamic). An array feeds an input as the
+    module doc says (by name, or the only array of a single-input model). Where the inputs share a batch
+    dimension, an array of the input's rank is a batch and one of one less is one sample; the first dimension
+    stays the model's (a dynamic batch stays dynamic; 1 where it has no name), and only dynamic dimensions past
+    it are read. `feeds` (the inputs share no batch dimension, `has_batch_axis`): an array of the input's rank
+    is one whole feed and one of one more a stack of feeds, and every dynamic dimension is read, the first too
+    (silero-vad's [batch, sequence] audio beside its [2, batch, 128] state). An input with no array is left
+    out (loading the data reports it); an array that does not fit its input is an error, since no size would
+    make it fit."""
     headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
     shapes: dict[str, tuple[int | str, ...]] = {}
     for name, dims in inputs.items():
-        if not dims or all(isinstance(d, int) for d in dims[1:]):
+        if not dims or all(isinstance(d, int) for d in (dims if feeds else dims[1:])):
             continue
         header = headers.get(name) or (next(iter(headers.values())) if len(inputs) == len(headers) == 1 else None)
         if header is None:
             continue
         shape = header[0]
-        sample = shape[1:] if len(shape) == len(dims) else shape if len(shape) == len(dims) - 1 else None
-        if sample is None or any(isinstance(d, int) and d != s for d, s in zip(dims[1:], sample, strict=True)):
+        if feeds:
+            unit = shape[1:] if len(shape) == len(dims) + 1 else shape if len(shape) == len(dims) else None
+            fixed = dims
+        else:
+            unit = shape[1:] if len(shape) == len(dims) else shape if len(shape) == len(dims) - 1 else None
+            fixed = dims[1:]
+        if unit is None or any(isinstance(d, int) and d != s for d, s in zip(fixed, unit, strict=True)):
+            what = "as one feed or a stack of feeds" if feeds else "as a batch or as one sample"
             raise DataError(
                 f"{path}: the array for input {name!r} has shape {format_shape(shape)}, which does not fit the "
-                f"input's {format_shape(dims)} as a batch or as one sample.",
-                fix="Save arrays of the input's shape (a batch [N, ...] or one sample), or check the model.",
+                f"input's {format_shape(dims)} {what}.",
+                fix="Save arrays of the input's shape (a batch [N, ...] or one sample), or check the model."
+                if not feeds else "Save arrays of the input's shape (one feed) or stacks of them [N, ...].",
             )
-        shapes[name] = (1 if dims[0] is None else dims[0], *sample)
+        shapes[name] = tuple(unit) if feeds else (1 if dims[0] is None else dims[0], *unit)
     return shapes
 
 

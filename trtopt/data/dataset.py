@@ -205,7 +205,8 @@ class Dataset:
                         continue
                     take = item.samples - offset if limit is None else min(item.samples - offset, limit - produced)
                     for i in range(offset, offset + take):
-                        yield {name: array[i] for name, array in arrays.items()}, self._source(item, i)
+                        # [i, ...]: a scalar input's samples stay 0-d arrays (a bare numpy scalar is no feed)
+                        yield {name: array[i, ...] for name, array in arrays.items()}, self._source(item, i)
                         produced += 1
             finally:
                 for *_, pending_future in pending:

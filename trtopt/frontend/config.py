@@ -73,7 +73,8 @@ def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data:
 def _array_shapes(model: onnx.ModelProto, data: Sequence[str], given: Mapping[str, Shape]) -> dict[str, Shape]:
     """`trtopt.data.arrays.shapes_from_arrays` for the inputs --shapes does not name, when `data` is one
     array file; said in the log (-v), since the plan is built for those sizes."""
-    from trtopt.data.arrays import ARRAY_EXTENSIONS, shapes_from_arrays
+    from trtopt.data.arrays import ARRAY_EXTENSIONS, has_batch_axis, shapes_from_arrays
+    from trtopt.data.inputs import InputInfo
 
     if len(data) != 1 or Path(data[0]).suffix.lower() not in ARRAY_EXTENSIONS or not Path(data[0]).is_file():
         return {}
@@ -81,9 +82,11 @@ def _array_shapes(model: onnx.ModelProto, data: Sequence[str], given: Mapping[st
     dims = {
         t.name: [d.dim_value or d.dim_param or None for d in t.type.tensor_type.shape.dim]
         for t in model.graph.input
-        if t.name not in weights and t.name not in given and t.type.tensor_type.HasField("shape")
+        if t.name not in weights and t.type.tensor_type.HasField("shape")
     }
-    found = shapes_from_arrays(Path(data[0]), dims)
+    feeds = not has_batch_axis([InputInfo(name, given.get(name, shape), "float32") for name, shape in dims.items()])
+    unset = {name: shape for name, shape in dims.items() if name not in given}
+    found = shapes_from_arrays(Path(data[0]), unset, feeds=feeds)
     for name, shape in found.items():
         log.info("input %r: dynamic sizes taken from %s: %s (--shapes sets others)", name, data[0], format_shape(shape))
     return found  # type: ignore[return-value]  # a named batch dimension stays a name: apply_shapes keeps it

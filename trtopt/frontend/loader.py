@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
+from trtopt.frontend.conditionals import flatten_constant_ifs
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
@@ -97,7 +98,7 @@ def graph_from_onnx(
         graph = gs.import_onnx(_inferred(model))
     if fold_constants:
         before = _folding_state(graph)
-        graph.fold_constants(error_ok=True).cleanup()
+        _fold(graph)
         if _folding_state(graph) != before:
             graph = _infer_shapes(graph)
     return canonicalize(graph)
@@ -146,6 +147,16 @@ def _keep_output_ranks(graph: gs.Graph, declared: dict[str, object]) -> None:
         shape = declared.get(tensor.name)
         if tensor.shape is None and isinstance(shape, (list, tuple)):
             tensor.shape = [d if isinstance(d, str) else None for d in shape]
+
+
+def _fold(graph: gs.Graph, rounds: int = 3) -> None:
+    """Constant folding, then the branch each decided `If` takes in its place (`trtopt.frontend.conditionals`:
+    onnx-graphsurgeon's own flattening loses all but an `If`'s first output), and folding again over what the
+    branches brought in."""
+    for _ in range(rounds):
+        graph.fold_constants(error_ok=True, flatten_subgraphs=False).cleanup()
+        if not flatten_constant_ifs(graph):
+            return
 
 
 def _folding_state(graph: gs.Graph) -> tuple[int, frozenset[str]]:

@@ -14,11 +14,17 @@ MAX_RANK = 8
 
 
 def example_shape(dims: object) -> str:
-    """A `--shapes` value the parser accepts for `dims`: dynamic sizes become 1 (batch) or 224."""
+    """A `--shapes` value the parser accepts for `dims`: dynamic sizes become 1 (the first, or one named like a
+    batch: silero-vad's state is [2, batch, 128]) or 224."""
     sizes = list(dims) if dims is not None else []  # type: ignore[call-overload]
-    return "x".join(
-        str(d) if isinstance(d, int) and d > 0 else ("1" if i == 0 else "224") for i, d in enumerate(sizes)
-    )
+    return "x".join(_example_size(i, d) for i, d in enumerate(sizes))
+
+
+def _example_size(index: int, dim: object) -> str:
+    if isinstance(dim, int) and dim > 0:
+        return str(dim)
+    batch = isinstance(dim, str) and ("batch" in dim.lower() or dim in ("N", "n"))
+    return "1" if index == 0 or batch else "224"
 
 
 def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
@@ -47,8 +53,11 @@ def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
 
 
 def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
-    """Set the given graph inputs' shapes; every named input must exist and keep its rank."""
+    """Set the given graph inputs' shapes; every named input must exist and keep its rank. A named dynamic size
+    (ONNX's dim_param) set here is set in the other inputs that name it too: the same name is the same size
+    (silero-vad: `--shapes input:1x576` sets the `batch` of its [2, batch, 128] state)."""
     inputs = {t.name: t for t in graph.inputs}
+    named: dict[str, int] = {}
     for name, shape in shapes.items():
         if name not in inputs:
             raise ShapeError(
@@ -70,25 +79,33 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                     f"but the model fixes it at {have}.",
                     fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
+        named.update({d: size for d, size in zip(old or (), shape, strict=True) if isinstance(d, str) and d})
         tensor.shape = list(shape)
+    for tensor in graph.inputs:
+        if tensor.name not in shapes and tensor.shape is not None and any(d in named for d in tensor.shape):
+            tensor.shape = [named.get(d, d) if isinstance(d, str) else d for d in tensor.shape]
 
 
 def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) -> None:
-    """Raise if any input dimension is unknown (the leading batch dimension may stay dynamic)."""
+    """Raise if any input dimension is unknown (the leading batch dimension may stay dynamic), naming every
+    such input at once, with one `--shapes` value that sets them all."""
+    start = 1 if allow_dynamic_batch else 0
+    problems, examples = [], []
     for tensor in graph.inputs:
         dims = list(tensor.shape or [])
-        if tensor.shape is None:
-            raise ShapeError(
-                f"Input {tensor.name!r} has no shape in the model.",
-                fix=f"Pass it with --shapes {tensor.name}:1x3x224x224 (your real sizes).",
-            )
-        start = 1 if allow_dynamic_batch else 0
         dynamic = [i for i, d in enumerate(dims) if i >= start and not (isinstance(d, int) and d > 0)]
-        if dynamic:
-            raise ShapeError(
-                f"Input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {format_shape(dims)}); "
-                f"trtopt needs concrete sizes there to preprocess data and build the plan.",
-                fix=f"Pass them with --shapes, e.g. --shapes {tensor.name}:{example_shape(dims)} "
-                "(with your real sizes in place of the dynamic ones).",
-            )
-
+        if tensor.shape is None:
+            problems.append(f"input {tensor.name!r} has no shape in the model")
+            examples.append(f"{tensor.name}:1x3x224x224")
+        elif dynamic:
+            problems.append(f"input {tensor.name!r} has dynamic dimension(s) {dynamic} (shape {format_shape(dims)})")
+            examples.append(f"{tensor.name}:{example_shape(dims)}")
+    if problems:
+        text = "; ".join(problems)
+        named = any(isinstance(d, str) for t in graph.inputs for d in t.shape or ())
+        shared = "; inputs that name a size alike share it: setting it in one sets it in all" if named else ""
+        raise ShapeError(
+            f"{text[0].upper()}{text[1:]}: trtopt needs concrete sizes there to preprocess data and build the plan.",
+            fix=f"Pass them with --shapes, e.g. --shapes {','.join(examples)} (with your real sizes in place of the "
+            f"dynamic ones{shared}).",
+        )

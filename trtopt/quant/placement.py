@@ -199,12 +199,13 @@ def _output_sites(
     F1 93.4% -> 94.1%, ppocr-cls and ddddocr-ocr unchanged; float kernels for nothing."""
     taken = {(s.tensor, s.consumer, s.index) for s in sites}
     graph_outputs = {t.name for t in graph.outputs}
+    top = {id(n) for n in graph.nodes}  # a node in an If/Loop body also reads outer tensors: it gets no pair
     added = []
     for layer in layers:
         out = _int8_kernel_output(layer, graph_outputs, folds)
         if out.outputs and all(consumer.name in float_layers for consumer in out.outputs):
             continue
-        for consumer in out.outputs:
+        for consumer in (c for c in out.outputs if id(c) in top):
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is out and (out.name, consumer.name, index) not in taken:
                     added.append(QuantSite(out.name, consumer.name, index, "activation", "output"))
