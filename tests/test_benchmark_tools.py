@@ -400,3 +400,20 @@ def test_bench_architectures_records_builds_and_reports_them(tmp_path: Path) -> 
     (row,) = table_rows(done.stdout, "| model | exporter |")
     assert row[:2] == ["tiny", "given"] and float(row[2]) > 0.99999 and row[3].startswith("ok, ")
     assert 0.9 < float(row[4]) <= 1.0 and 0.9 < float(row[5]) <= 1.0
+
+
+def test_bench_vad_windows_follow_silero_and_an_empty_cache_says_what_to_fetch(tmp_path: Path) -> None:
+    """Each call reads the 64 samples before its 512 (zeros before the first), as silero-vad's OnnxWrapper;
+    without the fetched models and speech the run stops with the command that fetches them."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_vad
+
+    rows = bench_vad.chunks(np.arange(1100, dtype=np.float32))
+    assert rows.shape == (2, 576) and not rows[0, :65].any() and rows[0, -1] == 511
+    assert rows[1, 0] == 448 and rows[1, -1] == 1023
+    env = {**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "zoo")}
+    done = subprocess.run([sys.executable, "tools/bench_vad.py", "run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 2 and "python tools/bench_vad.py fetch" in done.stderr
