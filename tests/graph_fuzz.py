@@ -63,8 +63,8 @@ class DrawChoices:
 
 
 @st.composite
-def random_graphs(draw: Callable[[st.SearchStrategy[Any]], Any]) -> RandomGraph:
-    return random_graph(DrawChoices(draw))
+def random_graphs(draw: Callable[[st.SearchStrategy[Any]], Any], blocks: tuple[str, ...] | None = None) -> RandomGraph:
+    return random_graph(DrawChoices(draw), blocks=blocks)
 
 
 @dataclass(frozen=True)

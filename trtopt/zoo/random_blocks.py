@@ -335,6 +335,38 @@ def _pooling(gen: Generator, x: Feature) -> Feature:
     return gen.conv(x)
 
 
+def _conditional(gen: Generator, x: Feature) -> Feature:
+    """An `If` with two outputs whose branches read a conv's output from the outer graph, as exporters write a
+    Python branch: decided by a constant (a sample rate the export fixed, as in silero-vad; folding takes the
+    branch) or by the data (the sign of the map's sum; it stays an `If`)."""
+    b = gen.b
+    y = gen.conv(x)
+    if gen.c.choice(("data", "constant")) == "constant":
+        taken = gen.c.choice((True, False))
+        cond, how = b.constant_node("cond", np.array(taken)), f"constant {taken}"
+    else:
+        total = b.node("ReduceSum", [y.name], keepdims=0)
+        cond, how = b.node("Greater", [total, b.const("zero", np.zeros((), np.float32))]), "data"
+    two = b.const("two", np.full((), 2.0, np.float32))
+    branches = [_body(b, "then", [("Relu", [y.name]), ("Mul", [y.name, two])]),
+                _body(b, "else", [("Sigmoid", [y.name]), ("Add", [y.name, two])])]  # fmt: skip
+    outs = [b.unique("if_out"), b.unique("if_out")]
+    b.nodes.append(onnx.helper.make_node("If", [cond], outs, name=b.unique("if"), then_branch=branches[0],
+                                         else_branch=branches[1]))  # fmt: skip
+    gen.note(f"conditional ({how})")
+    return gen.conv(Feature(b.add(*outs), y.channels, y.height, y.width))
+
+
+def _body(b: GraphBuilder, kind: str, ops: list[tuple[str, list[str]]]) -> onnx.GraphProto:
+    """A branch of one node per output, each reading outer tensors."""
+    nodes, outputs = [], []
+    for op, inputs in ops:
+        name = b.unique(f"{kind}_{op.lower()}")
+        nodes.append(onnx.helper.make_node(op, inputs, [f"{name}_out"], name=name))
+        outputs.append(onnx.helper.make_tensor_value_info(f"{name}_out", onnx.TensorProto.FLOAT, None))
+    return onnx.helper.make_graph(nodes, b.unique(kind), [], outputs)
+
+
 BLOCKS: dict[str, Callable[[Generator, Feature], Feature]] = {
     "conv": _conv_block,
     "residual": _residual,
@@ -351,4 +383,5 @@ BLOCKS: dict[str, Callable[[Generator, Feature], Feature]] = {
     "siblings": _siblings,
     "upsample": _upsample,
     "pooling": _pooling,
+    "conditional": _conditional,
 }

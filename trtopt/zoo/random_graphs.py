@@ -23,6 +23,8 @@ second. The blocks (trtopt/zoo/random_blocks.py) cover what the passes and the q
     concat_axes the same tensor twice in a Concat, a Concat on the height axis (negative too), nested
     siblings    1x1 siblings where one must stay apart (graph output, other activation, residual Add)
     upsample    ConvTranspose 2x2/2 (+ BN); pooling: AveragePool, a dilated conv, a GlobalMaxPool output
+    conditional an `If` with two outputs whose branches read a conv's output: a constant condition (folded
+                away) or one the data decides (kept)
     heads       GlobalAveragePool-Flatten-Gemm (transB 0 or 1), GlobalAveragePool-Reshape-MatMul+Add,
                 Flatten-Gemm, or the feature map itself
 """
@@ -74,8 +76,9 @@ class RandomGraph:
     blocks: list[str] = field(default_factory=list)
 
 
-def random_graph(choices: Choices, *, name: str = "random_graph") -> RandomGraph:
-    """A valid ONNX model with one input named ``input`` and one or more float outputs."""
+def random_graph(choices: Choices, *, name: str = "random_graph", blocks: Sequence[str] | None = None) -> RandomGraph:
+    """A valid ONNX model with one input named ``input`` and one or more float outputs; `blocks` limits the
+    blocks drawn to those names (a test aimed at one kind of graph)."""
     opset = choices.choice(OPSETS)
     b = GraphBuilder(name, seed=choices.integer(0, 2**16), opset=opset)
     gen = Generator(b, choices, blocks=[f"opset {opset}"])
@@ -83,7 +86,7 @@ def random_graph(choices: Choices, *, name: str = "random_graph") -> RandomGraph
     x = Feature(b.input("input", [1, channels, size, size]), channels, size, size)
     x = gen.conv(x, stem=True)
     for _ in range(choices.integer(1, MAX_BLOCKS)):
-        block = choices.choice(tuple(BLOCKS))
+        block = choices.choice(tuple(blocks or BLOCKS))
         x = BLOCKS[block](gen, x)
     gen.heads(x)
     return RandomGraph(b.build(gen.outputs), gen.blocks)
