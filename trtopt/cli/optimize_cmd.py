@@ -24,25 +24,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="input ONNX model")
     parser.add_argument("-o", "--output", required=True, help="where to write the optimised ONNX model")
     add_graph_arguments(parser)
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="write without checking that ONNX Runtime loads the optimised model and that it computes what the "
+        "model does on a random feed (a second or two, more on large models)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
 
 
 def run(args: argparse.Namespace) -> int:
     from trtopt.frontend import graph_from_onnx, onnx_from_graph, save_onnx
     from trtopt.passes import optimize, record_metadata
+    from trtopt.passes.check import check_optimized, reference
 
     config = graph_config(args)  # unknown pass names fail here, before any work
     graph = graph_from_onnx(args.model, shapes=dict(config.shapes) if config.shapes else None)
+    ref = reference(graph) if args.check else None
     result = optimize(graph, config.passes)
     model = onnx_from_graph(result.graph)
     record_metadata(model, result)
+    check = check_optimized(model, ref) if ref is not None else None  # raises before anything is written
     save_onnx(model, args.output)
     if args.json:
         from trtopt.cli.console import print_json
 
-        print_json(report_dict(result, args.model, args.output))
+        print_json(report_dict(result, args.model, args.output) | {"check": check.to_dict() if check else None})
     else:
         _print_tables(result, args.output)
+        if check is not None:
+            from trtopt.cli.console import out
+
+            out.print(f"checked: {check.note}", soft_wrap=True)
     return 0
 
 

@@ -1,0 +1,77 @@
+"""`trtopt optimize` checks the model before writing it (trtopt.passes.check): ONNX Runtime must load it, and on a
+random feed it must compute what the model does. A pass that breaks the graph is an error with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import trtopt.passes
+from trtopt.cli.main import main
+from trtopt.passes import OptimizeResult
+from trtopt.zoo import build_model
+
+
+def _optimize_then(monkeypatch: pytest.MonkeyPatch, damage) -> None:  # type: ignore[no-untyped-def]
+    real = trtopt.passes.optimize
+
+    def broken(graph, passes=None):  # type: ignore[no-untyped-def]
+        result: OptimizeResult = real(graph, passes)
+        damage(result.graph)
+        return result
+
+    monkeypatch.setattr(trtopt.passes, "optimize", broken)
+
+
+def test_a_faithful_optimisation_is_written_with_its_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    onnx.save(build_model("tiny_cnn"), tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "--json"]) == 0
+    check = json.loads(capsys.readouterr().out)["check"]
+    assert check["max_relative_error"] < 1e-5 and "equal the model's on 1 random feed" in check["note"]
+    assert (tmp_path / "o.onnx").is_file()
+
+
+def test_an_optimisation_that_changes_the_numbers_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def shift_a_bias(graph) -> None:  # type: ignore[no-untyped-def]
+        conv = next(n for n in graph.nodes if n.op == "Conv" and len(n.inputs) == 3)
+        conv.inputs[2].values = conv.inputs[2].values + np.float32(0.5)
+
+    onnx.save(build_model("tiny_cnn"), tmp_path / "m.onnx")
+    _optimize_then(monkeypatch, shift_a_bias)
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "computes something else" in err and "nothing written" in err and "trtopt bug" in err
+    assert not (tmp_path / "o.onnx").exists()
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "--no-check"]) == 0
+
+
+def test_an_optimised_model_that_does_not_load_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def orphan_an_input(graph) -> None:  # type: ignore[no-untyped-def]
+        node = graph.nodes[-1]
+        node.inputs[0] = type(node.inputs[0])("produced_by_nothing", dtype=np.float32)
+
+    onnx.save(build_model("tiny_cnn"), tmp_path / "m.onnx")
+    _optimize_then(monkeypatch, orphan_an_input)
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "does not load in ONNX Runtime" in err and "produced_by_nothing" in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_dynamic_sizes_are_loaded_but_not_compared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = build_model("tiny_cnn")
+    for dim in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        dim.Clear()
+        dim.dim_param = "side"
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "checked: loads in ONNX Runtime; outputs not compared" in shown and "--shapes" in shown

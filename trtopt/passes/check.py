@@ -1,0 +1,108 @@
+"""`trtopt optimize` checks the model it is about to write: ONNX Runtime must load it, and on one random feed it
+must compute what the model computes. Where that fails nothing is written.
+
+Silero VAD's 16 kHz export is why: the loader's constant folding once left an `If` output without a producer,
+and `trtopt optimize` wrote a model nothing could load, with a report saying all was well. The passes' tests
+check every transform on the zoo and on random graphs; this check covers the model in hand.
+
+The comparison runs both models with ONNX Runtime's optimisations off, so that only trtopt's rewrites differ,
+and allows `RTOL` of each output's largest value: BatchNorm folding moves outputs by about 1e-6 of it, a wrong
+rewrite (a dropped bias, a lost branch) by 1e-2 and more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt.errors import ModelError
+
+RTOL = 1e-3
+
+
+@dataclass(frozen=True)
+class OptimizeCheck:
+    """What the check did: `error` is the largest relative output error, None where it did not compare."""
+
+    error: float | None
+    note: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"max_relative_error": self.error, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The model's outputs on one random feed, or why there are none."""
+
+    feeds: dict[str, np.ndarray] | None
+    outputs: dict[str, np.ndarray] | None
+    why_not: str = ""
+
+
+def reference(graph: gs.Graph) -> Reference:
+    """Run the loaded, not yet optimised `graph` on one random feed (standard normal floats, zeros for integers;
+    a dynamic first dimension of 1). Dynamic sizes past it cannot be guessed: then nothing runs."""
+    from trtopt.data.inputs import input_infos_from_graph
+    from trtopt.execution.ort_session import run_model
+
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for info in input_infos_from_graph(graph):
+        if any(d is None for d in info.shape[1:]):
+            return Reference(None, None, f"input {info.name!r} has dynamic sizes (set them with --shapes to check)")
+        shape = [d or 1 for d in info.shape]  # only the first can be None here
+        floats = np.issubdtype(info.dtype, np.floating)
+        feeds[info.name] = (rng.standard_normal(shape) if floats else np.zeros(shape)).astype(info.dtype)
+    try:
+        return Reference(feeds, run_model(graph, feeds, opt_level="disable"))
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors have many types; the model is not trtopt's
+        return Reference(None, None, f"ONNX Runtime cannot run the model as given ({_first_line(exc)})")
+
+
+def check_optimized(model: onnx.ModelProto, ref: Reference) -> OptimizeCheck:
+    """Load `model` in ONNX Runtime and compare it with `ref`; raise `ModelError` where it is wrong."""
+    from trtopt.execution.ort_session import OrtSession
+
+    fix = ("This is a trtopt bug: please report it with the model. Meanwhile leave out the pass that breaks it "
+           "(--passes with the others; `trtopt inspect` lists them).")  # fmt: skip
+    try:
+        session = OrtSession(model, opt_level="disable")
+    except Exception as exc:  # noqa: BLE001
+        raise ModelError(f"The optimised model does not load in ONNX Runtime: {_first_line(exc)}; nothing written.",
+                         fix=fix) from None  # fmt: skip
+    if ref.feeds is None or ref.outputs is None:
+        return OptimizeCheck(None, f"loads in ONNX Runtime; outputs not compared: {ref.why_not}")
+    got = session.run(ref.feeds)
+    error = 0.0
+    for name, want in ref.outputs.items():
+        have = got.get(name)
+        if have is None or np.shape(have) != np.shape(want):
+            shape = np.shape(have) if have is not None else "none"
+            raise ModelError(f"The optimised model's output {name!r} is missing or has another shape ({shape} vs "
+                             f"{np.shape(want)}); nothing written.", fix=fix)  # fmt: skip
+        error = max(error, _relative_error(np.asarray(want), np.asarray(have)))
+    if not error <= RTOL:
+        raise ModelError(f"The optimised model computes something else: on a random feed its outputs differ from "
+                         f"the model's by {error:.2e} of their largest value (allowed {RTOL:g}); nothing written.",
+                         fix=fix)  # fmt: skip
+    return OptimizeCheck(error, f"outputs equal the model's on 1 random feed (max relative error {error:.1e})")
+
+
+def _relative_error(want: np.ndarray, have: np.ndarray) -> float:
+    if want.dtype.kind not in "fc":
+        return 0.0 if np.array_equal(want, have) else float("inf")
+    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    diff = np.abs(want.astype(np.float64) - have.astype(np.float64))
+    if not np.isfinite(diff).all():  # inf - inf: equal only where both are the same non-finite value
+        same = np.array_equal(want, have, equal_nan=True)
+        return 0.0 if same else float("inf")
+    return float(diff.max() / scale) if scale > 0 else float(diff.max()) if diff.size else 0.0
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "what", None) or exc).strip()  # a TrtoptError's message without its fix
+    return text.splitlines()[0][:300] if text else type(exc).__name__
