@@ -108,7 +108,7 @@ def _class_scores(scores: np.ndarray) -> bool:
 def _described(name: str, row: np.ndarray) -> dict[str, Any]:
     """One sample's output that is no [classes] score vector: its shape and range, not top-k "classes"
     (a CTC recogniser's [T, C] flattened would name class T*C indices)."""
-    row = np.asarray(row)
+    row = np.asarray(row).astype(np.float64)  # an int64 class id too (skl2onnx's `label`): min's inf initial
     stats = {"output": name, "shape": list(row.shape), "min": float(row.min(initial=np.inf)),
              "max": float(row.max(initial=-np.inf)), "mean": float(row.mean()) if row.size else 0.0}  # fmt: skip
     if row.size == 1:

@@ -25,6 +25,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
 from trtopt.frontend.conditionals import flatten_constant_ifs
+from trtopt.frontend.io_types import check_tensor_io
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
@@ -36,6 +37,7 @@ MAX_IR_VERSION = 10
 DEFAULT_DOMAINS = ("", "ai.onnx")
 # Contrib ops that ONNX Runtime runs and trtopt itself emits for the CPU backend.
 KNOWN_EXTRA_DOMAINS = ("com.microsoft",)
+ML_DOMAIN = "ai.onnx.ml"  # ONNX's classical-ML ops (Scaler, ZipMap, tree ensembles): ONNX Runtime runs them
 
 G_LOGGER.severity = G_LOGGER.ERROR
 
@@ -71,6 +73,7 @@ def load_model(source: str | os.PathLike[str] | bytes, *, min_opset: int = MIN_O
     opset = _default_opset(model, where)
     check_opset_known(opset, where)
     _check_ops(model, where)
+    check_tensor_io(model, where)
     _check_valid(model, where)
     converted = model_at_opset(model, opset, where, min_opset=min_opset)
     return LoadedModel(model=converted, path=path, opset=_default_opset(converted, where), source_opset=opset)
@@ -313,6 +316,8 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
         if node.domain in KNOWN_EXTRA_DOMAINS and (contrib is None or node.op_type in contrib):
             continue
         if node.domain in DEFAULT_DOMAINS and onnx.defs.has(node.op_type, ""):
+            continue
+        if node.domain == ML_DOMAIN and onnx.defs.has(node.op_type, ML_DOMAIN):
             continue
         domain = node.domain or "ai.onnx"
         close = difflib.get_close_matches(node.op_type, _standard_op_names(), n=1)

@@ -96,6 +96,7 @@ class TensorRTBackend(Backend["EngineOptions"]):
         input from the graph, --shapes and --batch (checked here, before calibration)."""
         from trtopt.backend.tensorrt.builder import EngineOptions, profiles_for
 
+        _refuse_ml_ops(graph)
         options = config.options_for(TensorRTOptions)
         return EngineOptions(
             profiles=profiles_for(graph.inputs, config.graph.shapes, options.batch) or None,
@@ -150,3 +151,20 @@ class TensorRTBackend(Backend["EngineOptions"]):
 
 
 BACKENDS.add(TensorRTBackend.name, TensorRTBackend())
+
+
+def _refuse_ml_ops(graph: gs.Graph) -> None:
+    """ONNX's classical-ML ops (domain ai.onnx.ml: Scaler, ArrayFeatureExtractor, tree ensembles, as skl2onnx
+    writes them) have no TensorRT layer, and its ONNX parser would refuse them after calibration: say so first."""
+    from trtopt.errors import ModelError
+    from trtopt.frontend.loader import ML_DOMAIN
+
+    found = [n for n in graph.nodes if n.domain == ML_DOMAIN]
+    if found:
+        names = ", ".join(f"{n.name} ({n.op})" for n in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise ModelError(
+            f"The model has {len(found)} op(s) of ONNX's classical-ML domain {ML_DOMAIN!r} ({names}); TensorRT has "
+            "no layers for them.",
+            fix="Build it for ONNX Runtime (--backend cpu), which runs them, or convert the network without its "
+            "classical-ML pre- and post-processing.",
+        )
