@@ -77,3 +77,28 @@ def test_a_zipmap_output_is_refused_with_the_converter_option(
     err = " ".join(capsys.readouterr().err.split())
     assert "graph output 'output_probability' is a sequence of maps, written by ZipMap node" in err
     assert "'zipmap': False" in err and not (tmp_path / "z.engine").exists()
+
+
+def test_int8_on_a_model_with_nothing_to_quantise_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tree ensemble (skl2onnx's RandomForestClassifier writes one TreeEnsembleClassifier node): nothing for
+    INT8, said as such rather than as a calibration API's "No tensors to calibrate"."""
+    tree = helper.make_node(
+        "TreeEnsembleClassifier", ["X"], ["label", "probabilities"], domain="ai.onnx.ml",
+        nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[3, 0, 0], nodes_values=[0.5, 0.0, 0.0],
+        nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"], nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+        class_treeids=[0, 0], class_nodeids=[1, 2], class_ids=[0, 1], class_weights=[1.0, 1.0],
+        classlabels_int64s=[0, 1],
+    )  # fmt: skip
+    outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+               helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 2])]  # fmt: skip
+    graph = helper.make_graph([tree], "forest", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 16])],
+                              outputs)  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), ML]), tmp_path / "f.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).uniform(0, 1, (16, 16)).astype(np.float32))
+    argv = ["build", str(tmp_path / "f.onnx"), "--backend", "cpu", "-o", str(tmp_path / "f.engine")]
+    assert main([*argv, "--int8", "--calib", str(tmp_path / "x.npy")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Nothing in this model can run in INT8" in err and "TreeEnsembleClassifier" in err
+    assert "without --int8" in err
+    assert not (tmp_path / "f.engine").exists()
+    assert main(argv) == 0  # the float plan builds and verifies

@@ -203,6 +203,13 @@ def _quantize(
     cache, record, note, fp32 = _equalize(graph, fp32, quant, data, config)  # trtopt.quant.equalize_cache
     qplan = plan_quantization(graph, quant)
     tensors = quantizable_tensors(graph)
+    if not tensors:  # a tree ensemble, an elementwise graph: say so, not "No tensors to calibrate" from below
+        ops = ", ".join(sorted({n.op for n in graph.nodes})) or "none"
+        raise TrtoptError(
+            f"Nothing in this model can run in INT8: it has no layer trtopt quantises (Conv, ConvTranspose, MatMul, "
+            f"Gemm with activations to quantise); its ops: {ops}.",
+            fix="Build it without --int8 (the float plan is what an INT8 build would give).",
+        )
     with times("calibrate"):
         calibration = calibrate_graph(graph, fp32, tensors, config.calib, dataset=data, data=config.data,
                                       progress=progress, loaded=cache, equalization=record)  # fmt: skip
