@@ -75,3 +75,27 @@ def test_dynamic_sizes_are_loaded_but_not_compared(tmp_path: Path, capsys: pytes
     assert main(["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx")]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "checked: loads in ONNX Runtime; outputs not compared" in shown and "--shapes" in shown
+
+
+def test_a_build_checks_its_graph_against_the_model_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`trtopt build` compares the graph it quantises and verifies against (loaded and optimised) with the model
+    file itself: a pass that changed the numbers would otherwise pass verification, which compares the plan
+    with that same graph."""
+    onnx.save(build_model("tiny_cnn"), tmp_path / "m.onnx")
+    argv = ["build", str(tmp_path / "m.onnx"), "--backend", "cpu", "-o", str(tmp_path / "m.engine"), "--json"]
+    assert main(argv) == 0
+    check = json.loads(capsys.readouterr().out)["graph_check"]
+    assert check["max_relative_error"] < 1e-5 and "equals the model file on 1 verification input(s)" in check["note"]
+
+    def shift_a_bias(graph) -> None:  # type: ignore[no-untyped-def]
+        conv = next(n for n in graph.nodes if n.op == "Conv" and len(n.inputs) == 3)
+        conv.inputs[2].values = conv.inputs[2].values + np.float32(0.5)
+
+    _optimize_then(monkeypatch, shift_a_bias)
+    (tmp_path / "m.engine").unlink()
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "The graph trtopt builds from the model computes something else" in err
+    assert not (tmp_path / "m.engine").exists()

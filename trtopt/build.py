@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from trtopt.calib.equalization import EqualizationRecord
     from trtopt.data import Dataset, PreprocessSpec
     from trtopt.passes import OptimizeResult
+    from trtopt.passes.check import OptimizeCheck
 
 log = logging.getLogger(__name__)
 Options = TypeVar("Options", bound=BackendOptions)
@@ -113,12 +114,14 @@ class BuildResult:
     report: BackendReport | None = None  # what the backend made of the plan (kernels, profiles)
     equalization: str | None = None  # what activation equalisation did (or why not), for the summary
     speed: BackendReport | None = None  # the plan's time against FP32's where the backend can compare them
+    graph_check: OptimizeCheck | None = None  # the graph before quantisation against the model file
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt.data.samples import preprocess_spec_for
     from trtopt.passes import optimize
+    from trtopt.passes.check import check_against_file
 
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
@@ -133,6 +136,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     spec = preprocess_spec_for(path, graph, config.preprocess, config.data)
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
+    with times("graph check"):  # loading and the passes against the model file (trtopt.passes.check)
+        graph_check = check_against_file(path, fp32, checks.batches[0][0]) if checks.batches else None
     quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
     measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
     quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
@@ -147,7 +152,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     if speed is None:
         del times.seconds["speed check"]  # nothing measured: no stage
     return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
-                       backend.report(plan, options), equalization, speed)  # fmt: skip
+                       backend.report(plan, options), equalization, speed, graph_check)  # fmt: skip
 
 
 class Quantized(NamedTuple):

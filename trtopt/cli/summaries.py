@@ -31,6 +31,7 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "sensitivity": quant.sensitivity if quant else None,
         "equalization": result.equalization,
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
+        "graph_check": result.graph_check.to_dict() if result.graph_check else None,
     }
     for report in (result.report, result.speed):
         if report is not None:
@@ -74,6 +75,8 @@ def print_build_summary(
         table.add_row(*row)
     for label, text in report.rows() if report is not None else []:
         table.add_row(label, text)
+    if summary.get("graph_check"):  # the optimised graph against the model file (trtopt.passes.check)
+        table.add_row("graph", f"optimised graph {summary['graph_check']['note']}")
     verification = summary.get("verification")
     if verification:
         table.add_row("verified", verification_text(verification))
