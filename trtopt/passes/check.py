@@ -27,6 +27,8 @@ from trtopt.errors import ModelError
 
 RTOL = 1e-3
 INT_SHARE = 0.01  # integer outputs (class ids): the share of values allowed to differ
+RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})  # fmt: skip
 _FIX = ("This is a trtopt bug: please report it with the model. Meanwhile leave out the pass that breaks it "
         "(--passes with the others; `trtopt inspect` lists them).")  # fmt: skip
 
@@ -57,6 +59,9 @@ def reference(graph: gs.Graph) -> Reference:
     from trtopt.data.inputs import input_infos_from_graph
     from trtopt.execution.ort_session import run_model
 
+    drawn = sorted({n.op for n in graph.nodes} & RANDOM_OPS)
+    if drawn:
+        return Reference(None, None, f"the model draws random numbers ({', '.join(drawn)})")
     rng = np.random.default_rng(0)
     feeds = {}
     for info in input_infos_from_graph(graph):
@@ -127,7 +132,11 @@ def check_against_file(path: Path, graph_model: onnx.ModelProto, feeds: dict[str
     from trtopt.frontend.loader import with_supported_ir
 
     try:
-        original = OrtSession(with_supported_ir(onnx.load(str(path))), opt_level="disable")
+        model = onnx.load(str(path))
+        drawn = sorted({n.op_type for n in model.graph.node} & RANDOM_OPS)
+        if drawn:  # two runs draw different numbers: nothing to compare
+            return OptimizeCheck(None, f"not compared: the model draws random numbers ({', '.join(drawn)})")
+        original = OrtSession(with_supported_ir(model), opt_level="disable")
         wanted = original.run(feeds)
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors have many types; the file is not trtopt's
         why = _first_line(exc)
