@@ -48,7 +48,9 @@ def test_build_summary_json(work: Path, capsys: pytest.CaptureFixture[str]) -> N
     summary = _json(capsys)
     assert summary["backend"] == "cpu" and summary["precision"] == "int8"
     assert summary["onnxruntime_kernels"]["float_convs"] == 0 and summary["int8_layers"] >= 10
-    assert set(summary["stage_seconds"]) == {"load", "optimize", "calibrate", "quantize", "build", "speed check"}
+    stages = {"load", "optimize", "graph check", "calibrate", "quantize", "build", "speed check"}
+    assert set(summary["stage_seconds"]) == stages
+    assert summary["graph_check"]["max_relative_error"] < 1e-4  # the demo model, folded, against its file
     assert summary["speed"]["fp32_ms"] > 0 and summary["speed"]["plan_ms"] > 0
     assert summary["file_bytes"] == (work / "again.engine").stat().st_size
 
