@@ -26,6 +26,10 @@ import onnx_graphsurgeon as gs
 from trtopt.errors import ModelError
 
 RTOL = 1e-3
+# A sigmoid map saturated near 0 (PP-OCRv4-det on noise: largest value 5.9e-5) differs by float rounding alone
+# (1.5e-7 where ONNX Runtime flushes one value to 0): 2.5e-3 of its largest value. Outputs whose values are all
+# below SCALE_FLOOR are measured against it instead, allowing RTOL * SCALE_FLOOR (1e-5) absolute.
+SCALE_FLOOR = 1e-2
 INT_SHARE = 0.01  # integer outputs (class ids): the share of values allowed to differ
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})  # fmt: skip
@@ -149,12 +153,14 @@ def check_against_file(path: Path, graph_model: onnx.ModelProto, feeds: dict[str
 
 
 def _relative_error(want: np.ndarray, have: np.ndarray) -> float:
-    scale = float(np.max(np.abs(want))) if want.size else 0.0
+    """Largest difference over the output's largest value, or over `SCALE_FLOOR` where all are smaller."""
+    if not want.size:
+        return 0.0
     diff = np.abs(want.astype(np.float64) - have.astype(np.float64))
     if not np.isfinite(diff).all():  # inf - inf: equal only where both are the same non-finite value
         same = np.array_equal(want, have, equal_nan=True)
         return 0.0 if same else float("inf")
-    return float(diff.max() / scale) if scale > 0 else float(diff.max()) if diff.size else 0.0
+    return float(diff.max() / max(float(np.max(np.abs(want))), SCALE_FLOOR))
 
 
 def _first_line(exc: BaseException) -> str:
