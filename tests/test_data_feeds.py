@@ -173,5 +173,8 @@ def test_dynamic_inputs_are_named_at_once_and_a_named_size_is_set_everywhere(
     err = " ".join(capsys.readouterr().err.split())
     assert "'audio' has dynamic dimension(s) [1]" in err and "'state' has dynamic dimension(s) [1]" in err
     assert "--shapes audio:1x224,state:2x1x8" in err and not (tmp_path / "m.engine").exists()
+    assert main([*argv, "--shapes", "audio:2x64,state:2x3x8"]) == 2  # `batch` twice, two sizes
+    err = " ".join(capsys.readouterr().err.split())
+    assert "names 'batch' to 2 in input 'audio' and to 3 in input 'state'" in err
     assert main([*argv, "--shapes", "audio:1x64", "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["verification"]["kernels_vs_reference"]["cosine"] > 0.9999

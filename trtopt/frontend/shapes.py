@@ -57,7 +57,7 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
     (ONNX's dim_param) set here is set in the other inputs that name it too: the same name is the same size
     (silero-vad: `--shapes input:1x576` sets the `batch` of its [2, batch, 128] state)."""
     inputs = {t.name: t for t in graph.inputs}
-    named: dict[str, int] = {}
+    named: dict[str, tuple[int, str]] = {}  # a named size -> (its size, the input that set it)
     for name, shape in shapes.items():
         if name not in inputs:
             raise ShapeError(
@@ -79,11 +79,17 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                     f"but the model fixes it at {have}.",
                     fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
-        named.update({d: size for d, size in zip(old or (), shape, strict=True) if isinstance(d, str) and d})
+        for dim, size in zip(old or (), shape, strict=True):
+            if isinstance(dim, str) and dim and named.setdefault(dim, (size, name))[0] != size:
+                raise ShapeError(
+                    f"--shapes sets the size the model names {dim!r} to {named[dim][0]} in input {named[dim][1]!r} "
+                    f"and to {size} in input {name!r}; the model uses one size for both.",
+                    fix=f"Give {dim!r} the same size in every input (or set it in one input only).",
+                )
         tensor.shape = list(shape)
     for tensor in graph.inputs:
         if tensor.name not in shapes and tensor.shape is not None and any(d in named for d in tensor.shape):
-            tensor.shape = [named.get(d, d) if isinstance(d, str) else d for d in tensor.shape]
+            tensor.shape = [named[d][0] if isinstance(d, str) and d in named else d for d in tensor.shape]
 
 
 def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) -> None:
