@@ -60,9 +60,13 @@ def test_a_build_on_an_npz_needs_no_shapes(tmp_path: Path, capsys: pytest.Captur
     assert json.loads(capsys.readouterr().out)["verification"]["reference_vs_fp32"]["cosine"] > 0.99
     inputs = {s.name: s.shape for s in read_plan(tmp_path / "m.engine").inputs}
     assert inputs == {"feat": (-1, 6, 16), "box": (-1, 6, 4)}
-    # --shapes still decides where given: the arrays then must fit it
+    # --shapes still decides where given: the arrays then must fit it (here box's T of 5 contradicts the T of 6
+    # that feat's array gives, and the model names both T)
     assert main([*argv, "-o", str(tmp_path / "x.engine"), "--shapes", "box:1x5x4"]) != 0
-    assert "array 'box' has shape [12, 6, 4]" in capsys.readouterr().err and not (tmp_path / "x.engine").exists()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "names 'T' to 6 in input 'feat' and to 5 in input 'box'" in err and not (tmp_path / "x.engine").exists()
+    assert main([*argv, "-o", str(tmp_path / "x.engine"), "--shapes", "box:1x5x4,feat:1x5x16"]) != 0
+    assert "array 'feat' has shape [12, 6, 16]" in capsys.readouterr().err and not (tmp_path / "x.engine").exists()
     # images give no sizes: the error still asks for --shapes
     (tmp_path / "imgs").mkdir()
     assert main(["build", str(tmp_path / "m.onnx"), "--int8", "--calib", str(tmp_path / "imgs"), "-o",

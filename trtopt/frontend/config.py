@@ -84,7 +84,8 @@ def _array_shapes(model: onnx.ModelProto, data: Sequence[str], given: Mapping[st
         for t in model.graph.input
         if t.name not in weights and t.type.tensor_type.HasField("shape")
     }
-    feeds = not has_batch_axis([InputInfo(name, given.get(name, shape), "float32") for name, shape in dims.items()])
+    # whole feeds or a shared batch axis, as the model declares its inputs (--shapes may fix one input's batch)
+    feeds = not has_batch_axis([InputInfo(name, shape, "float32") for name, shape in dims.items()])
     unset = {name: shape for name, shape in dims.items() if name not in given}
     found = shapes_from_arrays(Path(data[0]), unset, feeds=feeds)
     for name, shape in found.items():

@@ -80,11 +80,15 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                     fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
         for dim, size in zip(old or (), shape, strict=True):
-            if isinstance(dim, str) and dim and named.setdefault(dim, (size, name))[0] != size:
+            if not (isinstance(dim, str) and dim and isinstance(size, int)):  # a name may stay a name (from arrays)
+                continue
+            if named.setdefault(dim, (size, name))[0] != size:
                 raise ShapeError(
-                    f"--shapes sets the size the model names {dim!r} to {named[dim][0]} in input {named[dim][1]!r} "
-                    f"and to {size} in input {name!r}; the model uses one size for both.",
-                    fix=f"Give {dim!r} the same size in every input (or set it in one input only).",
+                    f"The input sizes given (--shapes, or read from the --calib arrays) set the size the model names "
+                    f"{dim!r} to {named[dim][0]} in input {named[dim][1]!r} and to {size} in input {name!r}; the "
+                    "model uses one size for both.",
+                    fix=f"Give {dim!r} the same size in every input (or set it in one input only), and save arrays "
+                    "that agree.",
                 )
         tensor.shape = list(shape)
     for tensor in graph.inputs:
