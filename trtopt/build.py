@@ -121,7 +121,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt.data.samples import preprocess_spec_for
     from trtopt.passes import optimize
-    from trtopt.passes.check import check_against_file
+    from trtopt.passes.check import RANDOM_OPS, check_against_file
 
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
@@ -143,7 +143,9 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
     with times("build"):
-        plan, verification = build_verified(backend, model, _io(graph), options, fp32, checks)
+        drawn = sorted({n.op for n in graph.nodes} & RANDOM_OPS)  # no two runs agree: nothing to verify against
+        build = partial(_unverified, drawn=drawn) if drawn else build_verified
+        plan, verification = build(backend, model, _io(graph), options, fp32, checks)
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
     calibration, bias, qdq, _, equalization = quantized
@@ -153,6 +155,24 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         del times.seconds["speed check"]  # nothing measured: no stage
     return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
                        backend.report(plan, options), equalization, speed, graph_check)  # fmt: skip
+
+
+def _unverified(backend, model, io, options, fp32, checks, *, drawn):  # type: ignore[no-untyped-def]
+    """The plan of a model that draws random numbers (Piper's VITS voices: RandomNormalLike): two runs of it differ
+    whatever the kernels do, so the backend's first variant is built and the plan carries no verification."""
+    from trtopt import __version__
+    from trtopt.execution import OrtSession
+    from trtopt.plan import Plan
+    from trtopt.verify import collect, observed_outputs
+
+    expected = collect(OrtSession(fp32).run, checks.batches[:1])
+    _, variant = backend.variants(options)[0]
+    sections, versions = backend.build(model, variant)
+    log.warning("the plan is not verified: the model draws random numbers (%s), so no two runs of it agree; "
+                "check it with your own inputs and metric", ", ".join(drawn))  # fmt: skip
+    plan = Plan(backend.name, io[0], observed_outputs(io[1], expected), sections=sections,
+                versions={"trtopt": __version__, **versions})  # fmt: skip
+    return plan, None
 
 
 class Quantized(NamedTuple):
