@@ -121,6 +121,10 @@ def test_a_model_that_draws_random_numbers_is_not_compared(
     summary = json.loads(shown.out)
     assert "verification" not in summary and "not compared: the model draws random" in summary["graph_check"]["note"]
     assert "the plan is not verified: the model draws random numbers (RandomNormalLike)" in caplog.text
+    np.save(tmp_path / "x.npy", np.ones((3, 4), np.float32))
+    compare = ["compare", str(tmp_path / "m.onnx"), str(tmp_path / "m.engine"), "--data", str(tmp_path / "x.npy")]
+    assert main(compare) == 0
+    assert "draws random numbers (RandomNormalLike)" in " ".join(capsys.readouterr().out.split())
 
 
 def test_outputs_saturated_near_zero_are_measured_against_a_floor() -> None:

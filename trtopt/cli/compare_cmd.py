@@ -121,7 +121,8 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.frontend import load_model
 
     config = task_config_from_args(args)
-    reference = OrtSession(load_model(args.model).model)
+    model = load_model(args.model).model
+    reference = OrtSession(model)
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count, overrides=overrides_from_args(args))
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
     batches = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
@@ -132,7 +133,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
         return 0
     outputs = [s.to_dict() for s in result.outputs]
     out.print(_outputs_table(outputs, result.samples, engine.backend))
-    for warning in _warnings(outputs):
+    for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:
         out.print(_task_table(result.task.to_dict()))
@@ -232,6 +233,14 @@ def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
         shift = shift_warning(o["name"], o["distribution_shift"], o["cosine"])
         found += [shift] if shift else []
     return found
+
+
+def _random_warning(model) -> list[str]:  # type: ignore[no-untyped-def]
+    from trtopt.passes.check import RANDOM_OPS
+
+    drawn = sorted({n.op_type for n in model.graph.node} & RANDOM_OPS)
+    return [f"the model draws random numbers ({', '.join(drawn)}): two runs of it differ whatever the plan does, "
+            "so these figures mix quantisation error with that noise"] if drawn else []  # fmt: skip
 
 
 def _task_table(task: dict):  # type: ignore[no-untyped-def, type-arg]
