@@ -178,3 +178,20 @@ def test_dynamic_inputs_are_named_at_once_and_a_named_size_is_set_everywhere(
     assert "names 'batch' to 2 in input 'audio' and to 3 in input 'state'" in err
     assert main([*argv, "--shapes", "audio:1x64", "--json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["verification"]["kernels_vs_reference"]["cosine"] > 0.9999
+
+
+def test_placeholder_size_names_are_no_shared_size() -> None:
+    """paddle2onnx names every dynamic size '?' (PP-OCR's classifier: [?, 3, ?, ?]): setting H and W to 48 and 192
+    is no contradiction, and nothing is copied to another input from such a name."""
+    import onnx_graphsurgeon as gs
+
+    from trtopt.frontend.shapes import apply_shapes
+
+    x = gs.Variable("x", np.float32, ["?", 3, "?", "?"])
+    y = gs.Variable("y", np.float32, ["?", 8])
+    graph = gs.Graph(inputs=[x, y], outputs=[])
+    apply_shapes(graph, {"x": (1, 3, 48, 192)})
+    assert x.shape == [1, 3, 48, 192] and y.shape == ["?", 8]
+    z = gs.Variable("z", np.float32, ["n", "t", "t"])  # one input repeating a name with two sizes: no shared size
+    apply_shapes(gs.Graph(inputs=[z], outputs=[]), {"z": (1, 4, 5)})
+    assert z.shape == [1, 4, 5]

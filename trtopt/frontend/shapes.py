@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import onnx_graphsurgeon as gs
 
 from trtopt.errors import ShapeError, format_shape
@@ -11,6 +14,7 @@ Shape = tuple[int, ...]
 # Largest size of one dimension (ONNX Runtime and TensorRT index with 32-bit sizes) and highest rank.
 MAX_DIM = 2**31 - 1
 MAX_RANK = 8
+_UNKNOWN = {"none", "unknown", "dynamic", "unk"}  # dim_param spellings of "any size", not of a shared one
 
 
 def example_shape(dims: object) -> str:
@@ -79,9 +83,7 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                     f"but the model fixes it at {have}.",
                     fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
-        for dim, size in zip(old or (), shape, strict=True):
-            if not (isinstance(dim, str) and dim and isinstance(size, int)):  # a name may stay a name (from arrays)
-                continue
+        for dim, size in _named_sizes(old or (), shape):
             if named.setdefault(dim, (size, name))[0] != size:
                 raise ShapeError(
                     f"The input sizes given (--shapes, or read from the --calib arrays) set the size the model names "
@@ -93,7 +95,17 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
         tensor.shape = list(shape)
     for tensor in graph.inputs:
         if tensor.name not in shapes and tensor.shape is not None and any(d in named for d in tensor.shape):
-            tensor.shape = [named[d][0] if isinstance(d, str) and d in named else d for d in tensor.shape]
+            tensor.shape = [named[d][0] if d in named else d for d in tensor.shape]
+
+
+def _named_sizes(dims: Sequence[object], sizes: Sequence[object]) -> list[tuple[str, int]]:
+    """(name, size) for each dimension the model names and `sizes` sets to a number. A name that stands for "unknown"
+    (paddle2onnx writes '?' for every dynamic size: PP-OCR's [?, 3, ?, ?]) or that one input repeats with two sizes
+    names no shared size, and is left out."""
+    pairs = [(d, z) for d, z in zip(dims, sizes, strict=True) if isinstance(d, str) and isinstance(z, int)]
+    pairs = [(d, z) for d, z in pairs if re.fullmatch(r"[A-Za-z_][\w.]*", d) and d.lower() not in _UNKNOWN]
+    repeated = {d for d, z in pairs if any(d == e and z != y for e, y in pairs)}
+    return [(d, z) for d, z in pairs if d not in repeated]
 
 
 def require_static_shapes(graph: gs.Graph, *, allow_dynamic_batch: bool = True) -> None:
