@@ -55,10 +55,10 @@ def _taken(tag: str) -> onnx.GraphProto:
 def _skipped() -> onnx.GraphProto:
     names = ["a_s", "b_s", "c_s", "d_s", "e_s"]
     shapes = [[1, 2], [1, 2], [1, 4], [1], [1, 4]]
-    nodes = [helper.make_node("Neg", ["x"], ["neg"]), helper.make_node("Split", ["neg", "halves_s"], names[:2], axis=1),
-             _constant("halves_s", np.array([2, 2], np.int64)), helper.make_node("Identity", ["neg"], ["c_s"]),
-             _constant("d_s", np.array([7.0], np.float32)), helper.make_node("Identity", ["neg"], ["e_s"])]  # fmt: skip
-    nodes.insert(0, nodes.pop(2))
+    nodes = [_constant("halves_s", np.array([2, 2], np.int64)), helper.make_node("Neg", ["x"], ["neg"]),
+             helper.make_node("Split", ["neg", "halves_s"], names[:2], axis=1),
+             helper.make_node("Identity", ["neg"], ["c_s"]), _constant("d_s", np.array([7.0], np.float32)),
+             helper.make_node("Identity", ["neg"], ["e_s"])]  # fmt: skip
     return helper.make_graph(nodes, "skipped", [], [_value(n, s) for n, s in zip(names, shapes, strict=True)])
 
 
