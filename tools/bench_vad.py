@@ -34,6 +34,7 @@ import time
 import wave
 import zipfile
 from collections.abc import Callable
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -215,8 +216,6 @@ def run_one(name: str, workdir: Path) -> dict[str, Any]:
     plan = workdir / f"{name}.engine"
     out = io.StringIO()
     started = time.perf_counter()
-    from contextlib import redirect_stdout
-
     with redirect_stdout(out):
         code = trtopt_main(["build", str(model), "--int8", "--calib", str(workdir / f"{name}-calib.npz"),
                             "-o", str(plan), "--json"])  # fmt: skip
