@@ -121,7 +121,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt.data.samples import preprocess_spec_for
     from trtopt.passes import optimize
-    from trtopt.passes.check import RANDOM_OPS, check_against_file
+    from trtopt.passes.check import check_against_file, random_ops
 
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
@@ -143,7 +143,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
     with times("build"):
-        drawn = sorted({n.op for n in graph.nodes} & RANDOM_OPS)  # no two runs agree: nothing to verify against
+        drawn = random_ops(n.op for n in graph.nodes)  # no two runs agree: nothing to verify against
         build = partial(_unverified, drawn=drawn) if drawn else build_verified
         plan, verification = build(backend, model, _io(graph), options, fp32, checks)
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)

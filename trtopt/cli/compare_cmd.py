@@ -236,9 +236,9 @@ def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
 
 
 def _random_warning(model) -> list[str]:  # type: ignore[no-untyped-def]
-    from trtopt.passes.check import RANDOM_OPS
+    from trtopt.passes.check import random_ops
 
-    drawn = sorted({n.op_type for n in model.graph.node} & RANDOM_OPS)
+    drawn = random_ops(n.op_type for n in model.graph.node)
     return [f"the model draws random numbers ({', '.join(drawn)}): two runs of it differ whatever the plan does, "
             "so these figures mix quantisation error with that noise"] if drawn else []  # fmt: skip
 

@@ -15,6 +15,7 @@ rewrite (a dropped bias, a lost branch) by 1e-2 and more.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "Ra
                         "Bernoulli"})  # fmt: skip
 _FIX = ("This is a trtopt bug: please report it with the model. Meanwhile leave out the pass that breaks it "
         "(--passes with the others; `trtopt inspect` lists them).")  # fmt: skip
+
+
+def random_ops(ops: Iterable[str]) -> list[str]:
+    """The ops among `ops` that draw random numbers (two runs of the model then differ), sorted, once each."""
+    return sorted(set(ops) & RANDOM_OPS)
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,7 @@ def reference(graph: gs.Graph) -> Reference:
     from trtopt.data.inputs import input_infos_from_graph
     from trtopt.execution.ort_session import run_model
 
-    drawn = sorted({n.op for n in graph.nodes} & RANDOM_OPS)
+    drawn = random_ops(n.op for n in graph.nodes)
     if drawn:
         return Reference(None, None, f"the model draws random numbers ({', '.join(drawn)})")
     rng = np.random.default_rng(0)
@@ -137,7 +143,7 @@ def check_against_file(path: Path, graph_model: onnx.ModelProto, feeds: dict[str
 
     try:
         model = onnx.load(str(path))
-        drawn = sorted({n.op_type for n in model.graph.node} & RANDOM_OPS)
+        drawn = random_ops(n.op_type for n in model.graph.node)
         if drawn:  # two runs draw different numbers: nothing to compare
             return OptimizeCheck(None, f"not compared: the model draws random numbers ({', '.join(drawn)})")
         original = OrtSession(with_supported_ir(model), opt_level="disable")
