@@ -82,15 +82,23 @@ def test_run_flags_override_the_plans_spec(work: Path, capsys: pytest.CaptureFix
     assert "--std [0.0] is not accepted" in capsys.readouterr().err
 
 
-def test_without_flags_the_preset_resizes_to_32_and_the_grey_error_is_true(
-    work: Path, capsys: pytest.CaptureFixture[str]
+def test_a_grey_model_builds_without_flags_and_the_grey_error_is_true(
+    work: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """ImageNet's per-channel mean cannot feed a grey input; the message's advice is a real command line."""
-    assert main(["build", str(work / "grey.onnx"), "-o", str(work / "x.engine")]) == 2
+    """ImageNet's per-channel mean cannot feed a grey input. An FP32 build without data needs no recipe: it
+    stores none and says so; `run` on an image then asks for a grey mean and std, and its advice is a real
+    command line, on `run` and on `build`."""
+    plan = build(work)
+    assert read_plan(plan).preprocess is None
+    assert "the plan stores none" in caplog.text
+    capsys.readouterr()
+    assert main(["run", str(plan), str(work / "wide.png")]) == 2
     err = capsys.readouterr().err
     assert "(e.g. --mean 0.5 --std 0.5)" in err
     advised = re.search(r"e\.g\. (--mean [\d.]+ --std [\d.]+)", err)
     assert advised is not None
+    assert main(["run", str(plan), str(work / "wide.png"), "--crop", "28", "--resize", "28",
+                 *advised.group(1).split(), "--json"]) == 0  # fmt: skip
     spec = stored(build(work, *advised.group(1).split()))
     assert (spec["resize"], spec["mean"], spec["std"], spec["scale"]) == (None, [0.5], [0.5], 255.0)
 

@@ -126,3 +126,66 @@ def test_cli_unconvertible_model_is_a_clean_error(
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert re.match(r"error: .*opset 8; .*could not convert it to opset 13.*\nfix: Re-export", err, re.S), err
+
+
+def _legacy_net(opset: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """A small 2017-style network at `opset` (3 or 6) and the same one spelt at opset 13 (the reference):
+    Conv, BatchNormalization, a per-channel bias added with the old `broadcast=1, axis=1`, Relu, MaxPool,
+    Dropout, Reshape, Gemm, Softmax. At opset 3 BatchNormalization has `consumed_inputs` and Reshape its shape
+    as an attribute, as the first ONNX model zoo's files did."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    arrays = {"W1": rng.standard_normal((16, 3, 3, 3)) * 0.1, "b1": rng.standard_normal(16) * 0.1,
+              "s": np.abs(rng.standard_normal(16)) + 0.5, "bb": rng.standard_normal(16) * 0.1,
+              "m": rng.standard_normal(16) * 0.1, "v": np.abs(rng.standard_normal(16)) + 0.5,
+              "W2": rng.standard_normal((10, 1024)) * 0.05, "b2": rng.standard_normal(10) * 0.1,
+              "bias": rng.standard_normal(16)}  # fmt: skip
+    weights = [numpy_helper.from_array(a.astype(np.float32), n) for n, a in arrays.items()]
+    bn = {"consumed_inputs": [0, 0, 0, 1, 1], "is_test": 1} if opset < 6 else {"is_test": 1}
+    shape = [numpy_helper.from_array(np.array([1, -1], np.int64), "shape")] if opset >= 5 else []
+    reshape = (helper.make_node("Reshape", ["d", "shape"], ["f"]) if opset >= 5
+               else helper.make_node("Reshape", ["d"], ["f"], shape=[1, -1]))  # fmt: skip
+    nodes = [helper.make_node("Conv", ["data", "W1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1] * 4, strides=[2, 2]),
+             helper.make_node("BatchNormalization", ["c1", "s", "bb", "m", "v"], ["bn"], epsilon=1e-5, **bn),
+             helper.make_node("Add", ["bn", "bias"], ["a"], broadcast=1, axis=1),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Dropout", ["p"], ["d"], is_test=1, ratio=0.5), reshape,
+             helper.make_node("Gemm", ["f", "W2", "b2"], ["g"], transB=1, broadcast=1),
+             helper.make_node("Softmax", ["g"], ["prob"])]  # fmt: skip
+    data = helper.make_tensor_value_info("data", TensorProto.FLOAT, [1, 3, 32, 32])
+    prob = helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10])
+    listed = [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in weights + shape]  # IR 3
+    old = helper.make_model(helper.make_graph(nodes, "legacy", [data, *listed], [prob], weights + shape),
+                            opset_imports=[helper.make_opsetid("", opset)], ir_version=3)  # fmt: skip
+    per_channel = numpy_helper.from_array(arrays["bias"].astype(np.float32).reshape(16, 1, 1), "bias")
+    new_nodes = [onnx.NodeProto() for _ in nodes]
+    for new, node in zip(new_nodes, nodes, strict=True):
+        new.CopyFrom(node)
+        del new.attribute[:]
+        new.attribute.extend(a for a in node.attribute if a.name not in ("consumed_inputs", "is_test", "broadcast",
+                                                                          "axis", "shape", "ratio"))  # fmt: skip
+    new_nodes[6] = helper.make_node("Reshape", ["d", "shape"], ["f"])
+    new_weights = [w for w in weights if w.name != "bias"] + [per_channel, numpy_helper.from_array(
+        np.array([1, -1], np.int64), "shape")]  # fmt: skip
+    new = helper.make_model(helper.make_graph(new_nodes, "opset13", [data], [prob], new_weights),
+                            opset_imports=[helper.make_opsetid("", 13)])  # fmt: skip
+    return old, new
+
+
+@pytest.mark.parametrize("opset", [3, 6])
+def test_legacy_broadcasting_keeps_its_meaning(opset: int, tmp_path: Path) -> None:
+    """onnx's converter alone turns the axis-1 bias into [16, 1, 1, 1] (the sum comes out [16, 16, 8, 8] and the
+    Gemm refuses it); at opset 3 it cannot convert at all ("Shape of input 0 is not available"). The plan must
+    compute what the opset-13 spelling of the same network computes."""
+    old, new = _legacy_net(opset)
+    onnx.checker.check_model(old)
+    onnx.save(old, tmp_path / "legacy.onnx")
+    assert main(["build", str(tmp_path / "legacy.onnx"), "-o", str(tmp_path / "plan.engine")]) == 0
+    feeds = image_feed("data")
+    feeds["data"] = feeds["data"][:, :, :32, :32].copy()
+    want = ort_outputs(new, feeds)["prob"]
+    got = Engine.load(tmp_path / "plan.engine")(feeds["data"])
+    assert got.shape == want.shape
+    assert max_relative_error({"prob": want}, {"prob": got}) < RTOL

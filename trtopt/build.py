@@ -37,7 +37,7 @@ from trtopt.backend import (
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
 from trtopt.data.config import DataConfig, PreprocessConfig
-from trtopt.errors import TrtoptError
+from trtopt.errors import InputsRejected, TrtoptError
 from trtopt.frontend import onnx_from_graph
 from trtopt.frontend.config import GraphConfig, load_graph
 from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, TensorSpec
@@ -119,14 +119,15 @@ class BuildResult:
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
-    from trtopt.data.samples import preprocess_spec_for
+    from trtopt.data.samples import preprocess_spec_for, refused_random_inputs
     from trtopt.passes import optimize
     from trtopt.passes.check import check_against_file, random_ops
 
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
+    shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
     with times("load"):
-        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=config.data.sources)
+        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=shaping)
     with times("optimize"):
         optimized = optimize(graph, config.graph.passes)
     graph = optimized.graph
@@ -145,7 +146,10 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     with times("build"):
         drawn = random_ops(n.op for n in graph.nodes)  # no two runs agree: nothing to verify against
         build = partial(_unverified, drawn=drawn) if drawn else build_verified
-        plan, verification = build(backend, model, _io(graph), options, fp32, checks)
+        try:
+            plan, verification = build(backend, model, _io(graph), options, fp32, checks)
+        except InputsRejected as exc:
+            raise refused_random_inputs(exc, checks, graph) from None
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
     calibration, bias, qdq, _, equalization = quantized

@@ -35,6 +35,15 @@ def zero_padded(arrays: Sequence[np.ndarray], *, from_axis: int = 0) -> list[np.
             for a in arrays]  # fmt: skip
 
 
+def joined_batches(values: Sequence[np.ndarray]) -> np.ndarray:
+    """One output's values from several batches as one array: concatenated along the batch axis, zero-padded
+    where their length depends on the data (`zero_padded`). A 0-d output (a count, a loss) stays 0-d from one
+    batch and becomes one value per batch from several."""
+    if len(values) == 1 and not np.ndim(values[0]):
+        return np.asarray(values[0])
+    return np.concatenate(zero_padded([np.atleast_1d(v) for v in values], from_axis=1))
+
+
 def row_cosines(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """The cosine of each row of `got` with the same row of `ref` (two all-zero rows agree)."""
     norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)

@@ -71,13 +71,17 @@ class BackendUnavailableError(TrtoptError):
     exit_code = 3
 
 
+class InputsRejected(TrtoptError):
+    """ONNX Runtime refused to run a model on the inputs it was given (values, not shapes or dtypes)."""
+
+
 class UnknownNameError(TrtoptError):
     """A registry lookup (pass, method, backend, preset) named something that does not exist."""
 
     def __init__(self, kind: str, name: str, valid: list[str] | tuple[str, ...]) -> None:
         super().__init__(
             f"Unknown {kind} {name!r}.",
-            fix=f"Valid {kind}s: {', '.join(sorted(valid))}.",
+            fix=f"Valid {kind}{'es' if kind.endswith('s') else 's'}: {', '.join(sorted(valid))}.",
         )
         self.kind = kind
         self.name = name

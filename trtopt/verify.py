@@ -177,14 +177,14 @@ class ReferenceUnavailable(TrtoptError):
 
 def collect(run: Runner, batches: Sequence[tuple[Feeds, int | None]]) -> Outputs:
     """Run every batch and keep the first `n` rows of each output (fixed-batch models pad the last; None
-    keeps all: a whole feed of a model without a batch dimension)."""
+    keeps all: a whole feed of a model without a batch dimension). A 0-d output stays 0-d from one batch
+    (as the plan declares it), and stacks to one value per batch from several."""
     parts: dict[str, list[np.ndarray]] = {}
     for feeds, n in batches:
         for name, value in run(feeds).items():
-            parts.setdefault(name, []).append(np.asarray(value)[:n])
-    from trtopt.compare import zero_padded  # outputs of a data-dependent length stack zero-padded
-
-    return {name: np.concatenate(zero_padded(values, from_axis=1)) for name, values in parts.items()}
+            parts.setdefault(name, []).append(np.asarray(value)[:n] if np.ndim(value) else np.asarray(value))
+    from trtopt.compare import joined_batches
+    return {name: joined_batches(values) for name, values in parts.items()}
 
 
 def reference_runner(model_bytes: bytes) -> Runner:
@@ -397,3 +397,4 @@ class Checks:
     batches: list[tuple[dict[str, Any], int | None]]  # (feeds, real rows of each output; None: all)
     source: str
     samples: int | None = None  # None: counted from the batches' rows
+    random: bool = False  # random inputs, made up where no data was given (trtopt.data.samples.random_checks)

@@ -77,7 +77,7 @@ def data_config(args: argparse.Namespace) -> DataConfig:
     from trtopt.data.config import DataConfig
 
     return DataConfig(**_given(sources=args.calib, count=args.calib_count, batch=args.calib_batch,
-                               workers=args.workers))  # fmt: skip
+                               workers=args.workers, verify_sources=getattr(args, "verify_data", None)))  # fmt: skip
 
 
 def calib_config(args: argparse.Namespace, *, keep_histograms: bool | None = None) -> CalibConfig:
@@ -167,6 +167,14 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"check the plan on N samples through FP32, the INT8 reference and the kernels (default "
         f"{VerifyConfig.samples}: held back from calibration when it has 8*N or more, else up to "
         f"{SHARED_CHECKS}*N shared with it; random inputs without --calib)",
+    )
+    v.add_argument(
+        "--verify-data",
+        nargs="+",
+        metavar="PATH",
+        help="check the plan on these images / .npy / .npz instead (the first N samples; nothing is held back "
+        "from --calib). Also for FP32 builds, whose random inputs a model with integer size or index inputs "
+        "may refuse",
     )
 
 

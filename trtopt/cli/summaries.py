@@ -154,10 +154,11 @@ def verification_text(record: dict[str, Any]) -> str:
         if record.get("reference") == AS_GIVEN
         else f"{record.get('reference', 'INT8')} reference vs FP32: {v.reference_vs_fp32.describe()}"
     )
+    variant = "" if record.get("reference") == AS_GIVEN else f" ({v.variant})"  # no INT8 encoding to name
     lines = [
         f"on {v.samples} samples ({v.source}), {v.isa} CPU",
         cost,
-        f"kernels ({v.variant}) vs reference: {v.kernels_vs_reference.describe()} "
+        f"kernels{variant} vs reference: {v.kernels_vs_reference.describe()} "
         f"({'within' if v.ok else 'OVER'} tolerance {v.tolerance:.3g})",
     ]
     lines += [f"rejected {r['variant']}: relative error {r['rel_error']:.3g}" for r in v.rejected]

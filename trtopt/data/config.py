@@ -25,22 +25,20 @@ class DataConfig:
     """Calibration data: `sources` (--calib) are folders or files of images, .npy or .npz; `count`
     (--calib-count) uses the first N samples (None: all); `batch` (--calib-batch) samples per batch;
     `workers` (--workers) threads that decode and preprocess ahead of inference (None: up to 4, at most
-    the CPUs). A single path may be given as a string."""
+    the CPUs); `verify_sources` (--verify-data) the samples a build checks its plan on instead (an FP32 build
+    too: a model whose integer inputs are sizes or indices refuses the random inputs it checks on otherwise).
+    A single path may be given as a string."""
 
     sources: tuple[str, ...] = ()
     count: int | None = None
     batch: int = DEFAULT_BATCH
     workers: int | None = None
+    verify_sources: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        given: object = self.sources
-        paths = (given,) if isinstance(given, (str, os.PathLike)) else given
-        if not isinstance(paths, Sequence) or not all(isinstance(s, (str, os.PathLike)) for s in paths):
-            raise TrtoptError(
-                f"--calib (DataConfig.sources) is {given!r}; expected paths of folders or files.",
-                fix="Pass e.g. DataConfig(sources=('calib_data/',)).",
-            )
-        object.__setattr__(self, "sources", tuple(str(s) for s in paths))
+        object.__setattr__(self, "sources", _paths(self.sources, "--calib", "sources", "calib_data/"))
+        object.__setattr__(self, "verify_sources", _paths(self.verify_sources, "--verify-data", "verify_sources",
+                                                          "feeds.npz"))  # fmt: skip
         check_int(self.count, "--calib-count", 1, 2**31 - 1, example="500")
         check_int(self.batch, "--calib-batch", 1, MAX_CALIB_BATCH, optional=False, example="8")
         if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
@@ -51,6 +49,16 @@ class DataConfig:
     def source(self) -> str | list[str]:
         """`sources` as `trtopt.data.load_dataset` takes them: one path, or a list of several."""
         return list(self.sources) if len(self.sources) > 1 else self.sources[0]
+
+
+def _paths(given: object, flag: str, name: str, example: str) -> tuple[str, ...]:
+    paths = (given,) if isinstance(given, (str, os.PathLike)) else given
+    if not isinstance(paths, Sequence) or not all(isinstance(s, (str, os.PathLike)) for s in paths):
+        raise TrtoptError(
+            f"{flag} (DataConfig.{name}) is {given!r}; expected paths of folders or files.",
+            fix=f"Pass e.g. DataConfig({name}=({example!r},)).",
+        )
+    return tuple(str(s) for s in paths)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from trtopt.data.dataset import Dataset, holds_only_arrays, load_dataset
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import input_infos_from_graph
 from trtopt.data.preprocess import PreprocessSpec
-from trtopt.errors import DataError, ShapeError
+from trtopt.errors import DataError, InputsRejected, ShapeError, TrtoptError
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
@@ -31,10 +31,10 @@ def preprocess_spec_for(
     """Preprocessing for image data: `config.preset`, else the model's sidecar `<model>.json`, else
     ImageNet's; then the fields given one by one (`config.overrides`: --mean, --std, ...) over it. None for
     a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none), and
-    when `data` is arrays only and the default recipe does not fit the input (a grey input against
-    ImageNet's per-channel mean): arrays are fed as they are, and the default was only a guess for images,
-    so it is neither applied nor checked. Without data, or with images, that misfit is an error that says
-    what to pass."""
+    when the default recipe does not fit the input (a grey input against ImageNet's per-channel mean) and no
+    images are read: arrays are fed as they are, and the default was only a guess for images, so it is
+    neither applied nor checked (an FP32 build without data stores none and says so). With images, that
+    misfit is an error that says what to pass."""
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
     if len(graph.inputs) != 1 and (config.overrides or config.preset is not None):
         from trtopt.data.overrides import refuse_for_multi_input
@@ -57,10 +57,16 @@ def preprocess_spec_for(
             raise
         return None
     except DataError as exc:
-        if config.preset is not None or overrides or not (data and data.sources and holds_only_arrays(data.source)):
+        if config.preset is not None or overrides or (data and not _arrays_only(data)):
             raise
-        log.info("input %r: the default preprocessing does not fit (%s); the plan stores none", tensor.name, exc.what)
+        log.warning("input %r: the default preprocessing does not fit (%s); the plan stores none, so `trtopt run` "
+                    "takes .npy/.npz for it, or images with --mean and --std", tensor.name, exc.what)  # fmt: skip
         return None
+
+
+def _arrays_only(data: DataConfig) -> bool:
+    """Whether every sample the build reads (--calib, --verify-data) is a .npy/.npz array (none: True)."""
+    return all(holds_only_arrays(source) for source in (*data.sources, *data.verify_sources))
 
 
 def load_samples(graph: gs.Graph, spec: PreprocessSpec | None, data: DataConfig, count: int | None = None) -> Dataset:
@@ -80,7 +86,8 @@ def calibration_and_checks(
     """(calibration data or None, the verification samples). When the build calibrates on a large enough set
     (8 x `checks` or more), its last `checks` samples are held back for verification; a smaller set shares
     up to SHARED_CHECKS x `checks` of its samples, which cost no held-back data; a build without data
-    verifies on random inputs.
+    verifies on random inputs. `data.verify_sources` (--verify-data) replace all that: the first `checks` of
+    them, and calibration keeps every sample.
 
     Why more when shared: the kernels-vs-reference rule compares two small errors, and one requantisation
     tie (the reference's float32 sum on one side of half a step, the kernel's exact integer sum on the
@@ -90,6 +97,12 @@ def calibration_and_checks(
     32 (kernels 0.034 and 0.028 from the reference, tolerances 0.128 and 0.100; avx2, u8u8)."""
     from trtopt.verify import SHARED_CHECKS, Checks
 
+    if data.verify_sources:
+        given = data.verify_sources if len(data.verify_sources) > 1 else data.verify_sources[0]
+        held = load_dataset(given, input_infos_from_graph(graph), spec, count=checks)
+        batches = [(b.feeds, b.rows) for b in held.batches(data.batch)]
+        source = "--verify-data " + " ".join(Path(p).name for p in data.verify_sources)
+        return (load_samples(graph, spec, data) if data.sources else None), Checks(batches, source, len(held))
     if not data.sources:
         return None, random_checks(graph, spec, checks, data.batch)
     dataset = load_samples(graph, spec, data)
@@ -116,7 +129,8 @@ def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batc
     infos = input_infos_from_graph(graph)
     if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
         whole = {info.name: _random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
-        return Checks([(whole, None)], "1 random feed (no data given: checks the kernels, not accuracy)", 1)
+        source = "1 random feed (no data given: checks the kernels, not accuracy)"
+        return Checks([(whole, None)], source, 1, random=True)
     fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
     rows = fixed.pop() if len(fixed) == 1 else min(count, batch)
     feeds: dict[str, Any] = {}
@@ -127,7 +141,23 @@ def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batc
             continue
         shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
         feeds[info.name] = _random_array(rng, shape, info.dtype)
-    return Checks([(feeds, None)], f"{rows} random inputs (no data given: checks the kernels, not accuracy)", rows)
+    source = f"{rows} random inputs (no data given: checks the kernels, not accuracy)"
+    return Checks([(feeds, None)], source, rows, random=True)
+
+
+def refused_random_inputs(exc: InputsRejected, checks: Checks, graph: gs.Graph) -> TrtoptError:
+    """`exc`, or where the model refused the random inputs a build without data checks on (integer inputs
+    are zeros: a zero size for `Expand`, zero splits for `SplitToSequence`), an error that says so and how
+    to give real ones."""
+    integers = [i.name for i in input_infos_from_graph(graph) if not np.issubdtype(i.dtype, np.floating)]
+    if not checks.random or not integers:  # random floats of the input's shape: any model should take them
+        return exc
+    return TrtoptError(
+        f"The model refused the random inputs the build checks its plan on (its integer inputs {integers} were "
+        f"zeros): {exc.what}",
+        fix="Give inputs it accepts with --verify-data (a .npz with one array per input, or .npy for one "
+        "input; --int8 builds take them from --calib).",
+    )
 
 
 def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:

@@ -16,7 +16,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
-from trtopt.errors import ShapeError, TrtoptError
+from trtopt.errors import InputsRejected, ShapeError, TrtoptError
 from trtopt.frontend.loader import onnx_from_graph, with_supported_ir
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
@@ -101,7 +101,7 @@ class OrtSession:
             ort.capi.onnxruntime_pybind11_state.InvalidArgument,
             ort.capi.onnxruntime_pybind11_state.Fail,
         ) as e:
-            raise TrtoptError(
+            raise InputsRejected(
                 f"ONNX Runtime rejected the inputs: {str(e).splitlines()[0]}",
                 fix="Check the input shapes and dtypes against `trtopt inspect`.",
             ) from None

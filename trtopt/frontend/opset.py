@@ -22,6 +22,7 @@ import logging
 import onnx
 
 from trtopt.errors import ModelError
+from trtopt.frontend.legacy_opsets import at_opset_7, stepwise
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,11 @@ def check_opset_known(opset: int, where: str) -> None:
 def _convert(model: onnx.ModelProto, opset: int, target: int, where: str) -> onnx.ModelProto:
     source = _without_initializer_inputs(model) if model.ir_version < 4 else model
     try:
-        converted = onnx.version_converter.convert_version(source, target)
+        if opset < 7 <= target:  # explicit broadcasting (trtopt.frontend.legacy_opsets)
+            source, start = at_opset_7(source, opset), 7
+        else:
+            start = opset
+        converted = stepwise(source, start, target) if start != target else source
         converted.ir_version = _ir_version_for(converted, target)
         onnx.checker.check_model(converted)
     except (RuntimeError, ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:

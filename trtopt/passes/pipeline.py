@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.copying import copy_graph
 from trtopt.passes.base import PASSES, PassReport
 from trtopt.passes.cost import GraphCost, estimate_cost
 from trtopt.passes.edit import canonicalize
@@ -89,7 +90,7 @@ def optimize(graph: gs.Graph, passes: Sequence[str] | None = None) -> OptimizeRe
     start = time.perf_counter()
     names = DEFAULT_ORDER if passes is None else tuple(passes)
     functions = [PASSES.get(name) for name in names]
-    work = canonicalize(graph.copy())
+    work = canonicalize(copy_graph(graph))
     before = estimate_cost(work)
     reports = tuple(fn(work) for fn in functions)
     fusion_groups = find_fusion_groups(work)

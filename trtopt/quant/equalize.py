@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.copying import copy_graph
 from trtopt.passes.query import constant_array
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ def channel_ranges(
     only C numbers per tensor leave ONNX Runtime, not the full activations."""
     from trtopt.execution import OrtSession
 
-    probe = graph.copy()
+    probe = copy_graph(graph)
     tensors = probe.tensors()
     outputs = {}
     for name, rank in names.items():

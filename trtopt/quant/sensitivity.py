@@ -165,13 +165,13 @@ def quantized_model(
 ) -> onnx.ModelProto:  # fmt: skip
     """The Q/DQ model `trtopt.build` would make of `graph` with `exclude` kept float (the graph is untouched),
     in the form `lower` gives it (the backend's `measured_form`)."""
-    from trtopt.frontend import onnx_from_graph
+    from trtopt.frontend import copy_graph, onnx_from_graph
     from trtopt.quant.bias import correct_biases
     from trtopt.quant.concat_ranges import float_unlike_concats
     from trtopt.quant.placement import plan_quantization
     from trtopt.quant.qdq import insert_qdq
 
-    copy = graph.copy()
+    copy = copy_graph(graph)
     plan = plan_quantization(copy, replace(quant, exclude=(*quant.exclude, *exclude)))
     plan = float_unlike_concats(copy, plan, calibration.ranges)
     if bias_correction and calibration.channel_means:

@@ -1,0 +1,86 @@
+"""Models older than opset 7 (the 2017 exports of the first ONNX model zoo, PyTorch 0.3-0.4, Caffe2), brought to
+opset 7 with the semantics they were written for, where onnx's version converter alone changes them.
+
+Up to opset 6 broadcasting was explicit and not numpy's: an elementwise op (`Add`, `Mul`, ...) with
+`broadcast=1` and `axis=a` lines the second input up with the first from axis `a` (a [C] bias added to
+[N, C, H, W] at axis 1), and a `PRelu` slope of C values applies per channel. From opset 7 on both broadcast
+like numpy, against the trailing axes. onnx 1.23's converter keeps a PRelu slope as it is, and unsqueezes an
+axis-aligned operand by one axis too many ([C] to [C, 1, 1, 1] against [N, C, H, W], so the sum comes out
+[C, C, H, W]); and it needs shapes that its shape inference cannot give through opset-1 `BatchNormalization`
+(`consumed_inputs`). So an opset < 7 model is converted to opset 6 first (one opset at a time where a step needs
+shapes), its shapes are inferred there, both broadcasts are rewritten into numpy's form with explicit trailing
+axes, and only then does it go to opset 7. Found on the opset-6 PReLU models inside the onnx wheel
+(docs/holdout.md, round 6) and an opset-3 model of the old model zoo's kind (tests/test_frontend_opset.py).
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+# The ops that took `broadcast` / `axis` attributes up to opset 6 (onnx's Changelog, version 7 of each).
+BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"})
+
+
+def at_opset_7(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`model`, of default-domain `opset` < 7, converted to opset 7 with its own broadcasting semantics."""
+    at_6 = stepwise(model, opset, 6) if opset < 6 else model
+    inferred = onnx.shape_inference.infer_shapes(at_6)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+             if v.type.tensor_type.HasField("shape")}  # fmt: skip
+    ranks.update({t.name: len(t.dims) for t in at_6.graph.initializer})
+    return onnx.version_converter.convert_version(_numpy_broadcasting(at_6, ranks), 7)
+
+
+def stepwise(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
+    """onnx's conversion to `target`; where it fails for want of a shape, one opset at a time with shapes
+    inferred before each step."""
+    try:
+        return onnx.version_converter.convert_version(model, target)
+    except RuntimeError as exc:
+        if "has_sizes" not in str(exc) or abs(target - opset) < 2:
+            raise
+    step = 1 if target > opset else -1
+    for version in range(opset + step, target + step, step):
+        model = onnx.version_converter.convert_version(onnx.shape_inference.infer_shapes(model), version)
+    return model
+
+
+def _numpy_broadcasting(model: onnx.ModelProto, ranks: dict[str, int]) -> onnx.ModelProto:
+    """A copy of the opset-6 `model` whose axis-aligned broadcasts and per-channel PRelu slopes are spelt with
+    an `Unsqueeze` to the trailing axes numpy broadcasting needs; the `axis` attributes go. A node whose
+    ranks shape inference cannot say is left to the converter."""
+    clone = onnx.ModelProto()
+    clone.CopyFrom(model)
+    nodes = []
+    for node in clone.graph.node:
+        axis = _aligned_at(node, ranks)
+        if axis is not None:
+            first, second = ranks[node.input[0]], ranks[node.input[1]]
+            trailing = first - axis - second
+            if trailing > 0:
+                name = f"{node.input[1]}_aligned_{node.output[0]}"
+                nodes.append(helper.make_node("Unsqueeze", [node.input[1]], [name],
+                                              axes=list(range(second, second + trailing))))  # fmt: skip
+                node.input[1] = name
+            kept = [a for a in node.attribute if a.name != "axis"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+        nodes.append(node)
+    del clone.graph.node[:]
+    clone.graph.node.extend(nodes)
+    return clone
+
+
+def _aligned_at(node: onnx.NodeProto, ranks: dict[str, int]) -> int | None:
+    """The axis the second input lines up with, for a node whose broadcast numpy's rules would read otherwise."""
+    if len(node.input) != 2 or node.input[0] not in ranks or node.input[1] not in ranks:
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "PRelu":  # a slope of C values: per channel, axis 1
+        return 1 if ranks[node.input[0]] > 2 and ranks[node.input[1]] == 1 else None
+    if node.op_type not in BROADCASTING or attrs.get("broadcast") != 1 or "axis" not in attrs:
+        return None
+    axis = int(attrs["axis"])
+    return axis + ranks[node.input[0]] if axis < 0 else axis
