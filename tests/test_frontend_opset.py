@@ -129,7 +129,7 @@ def test_cli_unconvertible_model_is_a_clean_error(
 
 
 def _legacy_net(opset: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """A small 2017-style network at `opset` (3 or 6) and the same one spelt at opset 13 (the reference):
+    """A small 2017-style network at `opset` (1 to 6) and the same one spelt at opset 13 (the reference):
     Conv, BatchNormalization, a per-channel bias added with the old `broadcast=1, axis=1`, Relu, MaxPool,
     Dropout, Reshape, Gemm, Softmax. At opset 3 BatchNormalization has `consumed_inputs` and Reshape its shape
     as an attribute, as the first ONNX model zoo's files did."""
@@ -174,7 +174,7 @@ def _legacy_net(opset: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return old, new
 
 
-@pytest.mark.parametrize("opset", [3, 6])
+@pytest.mark.parametrize("opset", [1, 3, 6])
 def test_legacy_broadcasting_keeps_its_meaning(opset: int, tmp_path: Path) -> None:
     """onnx's converter alone turns the axis-1 bias into [16, 1, 1, 1] (the sum comes out [16, 16, 8, 8] and the
     Gemm refuses it); at opset 3 it cannot convert at all ("Shape of input 0 is not available"). The plan must
@@ -189,3 +189,33 @@ def test_legacy_broadcasting_keeps_its_meaning(opset: int, tmp_path: Path) -> No
     got = Engine.load(tmp_path / "plan.engine")(feeds["data"])
     assert got.shape == want.shape
     assert max_relative_error({"prob": want}, {"prob": got}) < RTOL
+
+
+@pytest.mark.parametrize("opset", [6, 8])
+def test_experimental_ops_are_spelt_with_standard_ones(opset: int, tmp_path: Path) -> None:
+    """ImageScaler, Scale, Affine, ScaledTanh and ParametricSoftplus (ONNX's experimental ops, dropped in opset 10;
+    ImageScaler is Tiny YOLOv2's first node in the old model zoo) were refused as custom ops. Built now, the plan
+    computes their definitions, checked against numpy."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((4, 3, 1, 1)).astype(np.float32)
+    nodes = [helper.make_node("ImageScaler", ["x"], ["a"], scale=1 / 255, bias=[-0.5, -0.25, 0.5]),
+             helper.make_node("Conv", ["a", "w"], ["b"], kernel_shape=[1, 1]),
+             helper.make_node("Scale", ["b"], ["c"], scale=2.0),
+             helper.make_node("Affine", ["c"], ["d"], alpha=0.5, beta=0.1),
+             helper.make_node("ScaledTanh", ["d"], ["e"], alpha=1.5, beta=0.7),
+             helper.make_node("ParametricSoftplus", ["e"], ["y"], alpha=0.8, beta=1.2)]  # fmt: skip
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    w_info = helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3, 1, 1])
+    graph = helper.make_graph(nodes, "experimental", [x_info, w_info],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+                              [numpy_helper.from_array(weight, "w")])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=3),
+              tmp_path / "old.onnx")  # fmt: skip
+    assert main(["build", str(tmp_path / "old.onnx"), "-o", str(tmp_path / "plan.engine")]) == 0
+    x = np.random.default_rng(1).uniform(0, 255, (1, 3, 8, 8)).astype(np.float32)
+    a = x / 255 + np.array([-0.5, -0.25, 0.5], np.float32).reshape(3, 1, 1)
+    d = 0.5 * (2.0 * np.einsum("oc,nchw->nohw", weight[:, :, 0, 0], a)) + 0.1
+    want = 0.8 * np.log1p(np.exp(1.2 * (1.5 * np.tanh(0.7 * d))))
+    got = Engine.load(tmp_path / "plan.engine")(x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

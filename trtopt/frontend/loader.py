@@ -25,6 +25,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
 from trtopt.frontend.conditionals import flatten_constant_ifs
+from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
 from trtopt.frontend.io_types import check_tensor_io
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shapes import Shape, apply_shapes
@@ -72,6 +73,7 @@ def load_model(source: str | os.PathLike[str] | bytes, *, min_opset: int = MIN_O
     _check_has_graph(model, where)
     opset = _default_opset(model, where)
     check_opset_known(opset, where)
+    model = without_experimental_ops(model, opset)  # ImageScaler and the like (trtopt.frontend.experimental_ops)
     _check_ops(model, where)
     check_tensor_io(model, where)
     _check_valid(model, where)
@@ -322,6 +324,7 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
         domain = node.domain or "ai.onnx"
         close = difflib.get_close_matches(node.op_type, _standard_op_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close and node.domain in DEFAULT_DOMAINS else ""
+        hint = DROPPED_HINT if node.op_type in DROPPED and node.domain in DEFAULT_DOMAINS else hint
         inside = f" inside subgraph {graph_name!r}" if graph_name != model.graph.name else ""
         raise ModelError(
             f"{where}: node {node.name or f'#{index}'!r}{inside} uses op {node.op_type!r} from domain {domain!r}, "
