@@ -154,12 +154,14 @@ def agreement(
         got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
         rows = len(want) if want.ndim else 1  # a 0-d output (a count, a loss) is one row
         got, ref = comparable(got.astype(np.float64).reshape(rows, -1), ref.astype(np.float64).reshape(rows, -1))
-        cosines.append(float(np.mean(row_cosines(got, ref))))
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN is the worst agreement (`_or_worst`)
+            cosines.append(float(np.mean(row_cosines(got, ref))))
         shift = distribution_shift(got, ref) if axes is not None else None
         if shift is not None:
             shifts.append((shift, name))
-        scale = float(np.linalg.norm(ref))
-        errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN is the worst agreement (`_or_worst`)
+            scale = float(np.linalg.norm(ref))
+            errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
         if want.ndim == 2 and want.shape[1] > 1:
             top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
     argmax = [argmax_counts(outputs[name], target[name], axis) for name, axis in (axes or {}).items()]
