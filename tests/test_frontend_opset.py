@@ -219,3 +219,47 @@ def test_experimental_ops_are_spelt_with_standard_ones(opset: int, tmp_path: Pat
     want = 0.8 * np.log1p(np.exp(1.2 * (1.5 * np.tanh(0.7 * d))))
     got = Engine.load(tmp_path / "plan.engine")(x)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _one_op(op: str, opset: int, out: list[int] | None, *inputs: np.ndarray, **attrs: object) -> onnx.ModelProto:
+    """x [2, 3, 4, 5] -> `op` -> y at `opset`; `inputs` are its further inputs, as initializers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    extra = [numpy_helper.from_array(a, f"c{i}") for i, a in enumerate(inputs)]
+    node = helper.make_node(op, ["x", *(t.name for t in extra)], ["y"], **attrs)
+    graph = helper.make_graph([node], op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], extra)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+UP2 = np.array([1, 1, 2, 2], np.float32)
+CHANGED_MEANING = {  # op whose semantics changed at some opset, as written at its old opset
+    "Softmax axis 1 (flattened until 13)": _one_op("Softmax", 11, [2, 3, 4, 5], axis=1),
+    "Hardmax axis 1 (flattened until 13)": _one_op("Hardmax", 11, [2, 3, 4, 5], axis=1),
+    "Hardmax default axis": _one_op("Hardmax", 12, [2, 3, 4, 5]),
+    "Resize-10 linear (asymmetric until 11)": _one_op("Resize", 10, [2, 3, 8, 10], UP2, mode="linear"),
+    "Resize-10 nearest x1.5": _one_op("Resize", 10, None, np.array([1, 1, 1.5, 1.5], np.float32), mode="nearest"),
+    "Resize-10 nearest down": _one_op("Resize", 10, None, np.array([1, 1, 0.5, 0.6], np.float32), mode="nearest"),
+    "Upsample-9 linear": _one_op("Upsample", 9, [2, 3, 8, 10], UP2, mode="linear"),
+    "Upsample-7 nearest": _one_op("Upsample", 7, [2, 3, 8, 10], mode="nearest", scales=[1.0, 1.0, 2.0, 2.0]),
+    "PRelu-6 per-channel slope": _one_op("PRelu", 6, [2, 3, 4, 5], np.array([0.1, 0.2, 0.3], np.float32)),
+}
+
+
+@pytest.mark.parametrize("name", list(CHANGED_MEANING))
+def test_conversion_keeps_what_changed_meaning(name: str) -> None:
+    """onnx's converter alone changes every case here but Softmax (Hardmax keeps a flattened axis; Resize-10's
+    pixels move by half; a PRelu slope meets the last axis). ONNX Runtime runs the original at its own opset
+    (PRelu-6 has no kernel: numpy gives its meaning); the converted model must compute the same."""
+    from trtopt.frontend.opset import model_at_opset
+
+    model = CHANGED_MEANING[name]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 5)).astype(np.float32)
+    if name.startswith("PRelu"):
+        want = np.where(x < 0, x * np.array([0.1, 0.2, 0.3], np.float32).reshape(3, 1, 1), x)
+    else:
+        want = ort_outputs(model, {"x": x})["y"]
+    converted = model_at_opset(model, model.opset_import[0].version, name, min_opset=13)
+    got = ort_outputs(converted, {"x": x})["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

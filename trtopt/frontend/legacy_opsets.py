@@ -15,8 +15,9 @@ axes, and only then does it go to opset 7. Found on the opset-6 PReLU models ins
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 # The ops that took `broadcast` / `axis` attributes up to opset 6 (onnx's Changelog, version 7 of each).
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"})
@@ -31,6 +32,63 @@ def at_opset_7(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
              if v.type.tensor_type.HasField("shape")}  # fmt: skip
     ranks.update({t.name: len(t.dims) for t in at_6.graph.initializer})
     return onnx.version_converter.convert_version(_numpy_broadcasting(at_6, ranks), 7)
+
+
+def at_opset_11(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """`model`, of default-domain `opset` <= 10, converted to opset 11 with its resizes' meaning.
+
+    `Resize`-10 (and `Upsample`, which onnx's converter turns into it) maps output pixels to input ones the
+    "asymmetric" way (x_in = x_out / scale); opset 11 added `coordinate_transformation_mode`, whose default is
+    "half_pixel", and the converter leaves it out, so every linear upsampling of an opset 7-10 model moved by
+    half a pixel (largest difference 1.29 on a [0, 1)-scaled test ramp). Each resize is given "asymmetric"
+    here, and nearest ones the rounding ONNX Runtime's opset-10 kernel uses: down for scales of at least 1,
+    up for scales below 1 (where an input mixes both, it is left to the build's graph check)."""
+    at_10 = stepwise(model, opset, 10) if opset < 10 else model
+    converted = onnx.version_converter.convert_version(at_10, 11)
+    constants = {t.name: numpy_helper.to_array(t) for t in converted.graph.initializer}
+    constants.update({n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in converted.graph.node
+                      if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"})  # fmt: skip
+    for node in (n for n in converted.graph.node if n.op_type == "Resize"):
+        kept = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
+        kept.append(helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+        mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "mode"), b"nearest")
+        scales = constants.get(node.input[2]) if len(node.input) > 2 else None
+        if mode == b"nearest" and scales is not None and (np.all(scales >= 1) or np.all(scales <= 1)):
+            kept.append(helper.make_attribute("nearest_mode", "floor" if np.all(scales >= 1) else "ceil"))
+        elif mode == b"nearest":
+            kept.append(helper.make_attribute("nearest_mode", "floor"))  # upsampling: the common case
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    return converted
+
+
+def single_axis_hardmax(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (opset 11 or 12) with each `Hardmax` over more than its last axis spelt Flatten -> Hardmax ->
+    Reshape. Up to opset 12 Hardmax (like Softmax) flattens everything from `axis` on into one; from 13 it
+    works along `axis` alone. onnx's converter rewrites Softmax and LogSoftmax for that and not Hardmax, whose
+    one-hot then lands along one axis only (every value wrong on a [2, 3, 4, 5] input at axis 1)."""
+    if not any(n.op_type == "Hardmax" for n in model.graph.node):
+        return model
+    inferred = onnx.shape_inference.infer_shapes(model)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
+             if v.type.tensor_type.HasField("shape")}  # fmt: skip
+    clone = onnx.ModelProto()
+    clone.CopyFrom(model)
+    nodes = []
+    for node in clone.graph.node:
+        rank = ranks.get(node.input[0]) if node.op_type == "Hardmax" else None
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 1)
+        if rank is None or (axis % rank if rank else 0) >= rank - 1:
+            nodes.append(node)
+            continue
+        x, y = node.input[0], node.output[0]
+        flat, hard, shape = f"{y}_flat", f"{y}_2d", f"{y}_shape"
+        nodes += [helper.make_node("Flatten", [x], [flat], axis=axis % rank),
+                  helper.make_node("Hardmax", [flat], [hard], axis=1),
+                  helper.make_node("Shape", [x], [shape]), helper.make_node("Reshape", [hard, shape], [y])]  # fmt: skip
+    del clone.graph.node[:]
+    clone.graph.node.extend(nodes)
+    return clone
 
 
 def stepwise(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:

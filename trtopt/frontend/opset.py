@@ -22,7 +22,7 @@ import logging
 import onnx
 
 from trtopt.errors import ModelError
-from trtopt.frontend.legacy_opsets import at_opset_7, stepwise
+from trtopt.frontend.legacy_opsets import at_opset_7, at_opset_11, single_axis_hardmax, stepwise
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,7 @@ def check_opset_known(opset: int, where: str) -> None:
 def _convert(model: onnx.ModelProto, opset: int, target: int, where: str) -> onnx.ModelProto:
     source = _without_initializer_inputs(model) if model.ir_version < 4 else model
     try:
-        if opset < 7 <= target:  # explicit broadcasting (trtopt.frontend.legacy_opsets)
-            source, start = at_opset_7(source, opset), 7
-        else:
-            start = opset
-        converted = stepwise(source, start, target) if start != target else source
+        converted = _upgraded(source, opset, target) if opset < target else stepwise(source, opset, target)
         converted.ir_version = _ir_version_for(converted, target)
         onnx.checker.check_model(converted)
     except (RuntimeError, ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
@@ -92,6 +88,18 @@ def _convert(model: onnx.ModelProto, opset: int, target: int, where: str) -> onn
             fix=f"Re-export the model with an opset from {UPGRADE_OPSET} to {MAX_OPSET} ({_EXPORT_FIX}).",
         ) from None
     return converted
+
+
+def _upgraded(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
+    """onnx's conversion up to `target`, keeping the meaning where an op's semantics changed and the converter
+    alone does not (trtopt.frontend.legacy_opsets): broadcasting at opset 7, resizes at 11, Hardmax at 13."""
+    if opset < 7 <= target:
+        model, opset = at_opset_7(model, opset), 7
+    if opset <= 10 < target:
+        model, opset = at_opset_11(model, opset), 11
+    if opset <= 12 < target:
+        model = single_axis_hardmax(model)
+    return stepwise(model, opset, target) if opset != target else model
 
 
 def _without_initializer_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
