@@ -1,7 +1,10 @@
-"""Models older than opset 7 (the 2017 exports of the first ONNX model zoo, PyTorch 0.3-0.4, Caffe2), brought to
-opset 7 with the semantics they were written for, where onnx's version converter alone changes them.
+"""Old models brought up to a newer opset with the semantics they were written for, where onnx's version
+converter alone changes them: at opset 7 (broadcasting, below), at 11 (`at_opset_11`: resizes) and at 13
+(`single_axis_hardmax`). Each was found by running the old form in ONNX Runtime beside the converted one
+(docs/holdout.md, round 6; tests/test_frontend_opset.py, `test_conversion_keeps_what_changed_meaning`).
 
-Up to opset 6 broadcasting was explicit and not numpy's: an elementwise op (`Add`, `Mul`, ...) with
+Models older than opset 7 are the 2017 exports of the first ONNX model zoo, PyTorch 0.3-0.4 and Caffe2. Up to
+opset 6 broadcasting was explicit and not numpy's: an elementwise op (`Add`, `Mul`, ...) with
 `broadcast=1` and `axis=a` lines the second input up with the first from axis `a` (a [C] bias added to
 [N, C, H, W] at axis 1), and a `PRelu` slope of C values applies per channel. From opset 7 on both broadcast
 like numpy, against the trailing axes. onnx 1.23's converter keeps a PRelu slope as it is, and unsqueezes an
@@ -42,7 +45,8 @@ def at_opset_11(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     "half_pixel", and the converter leaves it out, so every linear upsampling of an opset 7-10 model moved by
     half a pixel (largest difference 1.29 on a [0, 1)-scaled test ramp). Each resize is given "asymmetric"
     here, and nearest ones the rounding ONNX Runtime's opset-10 kernel uses: down for scales of at least 1,
-    up for scales below 1 (where an input mixes both, it is left to the build's graph check)."""
+    up for scales below 1. Where one resize mixes both, or its scales are computed, it rounds down (upsampling,
+    the common case); were that wrong, the build's graph check against the model file says so."""
     at_10 = stepwise(model, opset, 10) if opset < 10 else model
     converted = onnx.version_converter.convert_version(at_10, 11)
     constants = {t.name: numpy_helper.to_array(t) for t in converted.graph.initializer}
