@@ -5,9 +5,11 @@ Q/DQ-friendly semantics (Clip and Pad take their bounds as inputs), 22 the newes
 parser documents. Models outside that range are converted with onnx's own version converter
 (`onnx.version_converter.convert_version`), the same adapters TensorRT's and ONNX Runtime's users rely on:
 
-- older models (opset 7-10, e.g. the Caffe2 exports shipped inside the onnx package) go up to
+- older models (opset 1-10, e.g. the Caffe2 exports shipped inside the onnx package) go up to
   `UPGRADE_OPSET` = 13, the first opset with per-axis QuantizeLinear/DequantizeLinear, so the converted
-  model serves FP32 and per-channel INT8 builds alike and is converted once;
+  model serves FP32 and per-channel INT8 builds alike and is converted once. Where an op's meaning changed
+  on the way and the converter alone does not keep it (broadcasting at 7, Resize at 11, Hardmax at 13),
+  `trtopt.frontend.legacy_opsets` does;
 - newer models that this onnx release knows (opset 23 and up) go down to 22; the converter refuses
   (and trtopt reports it) where an op has no exact older form;
 - an INT8 build asks for at least `MIN_QDQ_OPSET`, so opset 11-12 models are converted to 13 there too.
