@@ -47,3 +47,9 @@ def test_huge_values_give_finite_figures() -> None:
 def test_opposite_infinities_disagree() -> None:
     found = agreement({"y": np.array([[1.0, -np.inf]])}, {"y": np.array([[1.0, np.inf]])})
     assert found.cosine == -1.0 and found.rel_error == math.inf
+
+
+def test_empty_outputs_agree() -> None:
+    """A zero-size output (Split with a zero-size part, ConstantOfShape of shape [0]) in both runs."""
+    found = agreement({"y": np.zeros((0, 3)), "z": np.ones((2, 2))}, {"y": np.zeros((0, 3)), "z": np.ones((2, 2))})
+    assert found.cosine >= 1 - 1e-12 and found.rel_error == 0.0

@@ -28,6 +28,7 @@ from trtopt.frontend.conditionals import flatten_constant_ifs
 from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
 from trtopt.frontend.io_types import check_tensor_io
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
+from trtopt.frontend.shape_slices import spell_shape_slices
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 from trtopt.passes.edit import canonicalize
@@ -158,6 +159,7 @@ def _fold(graph: gs.Graph, rounds: int = 3) -> None:
     """Constant folding, then the branch each decided `If` takes in its place (`trtopt.frontend.conditionals`:
     onnx-graphsurgeon's own flattening loses all but an `If`'s first output), and folding again over what the
     branches brought in."""
+    spell_shape_slices(graph)  # onnx-graphsurgeon folds Shape(start, end) as the whole shape
     for _ in range(rounds):
         graph.fold_constants(error_ok=True, flatten_subgraphs=False).cleanup()
         if not flatten_constant_ifs(graph):

@@ -1,0 +1,42 @@
+"""`Shape` with `start` / `end` (opset 15+) survives constant folding (trtopt.frontend.shape_slices):
+onnx-graphsurgeon 0.6.1 folded it as the input's whole shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from trtopt.frontend.loader import graph_from_onnx, onnx_from_graph
+
+
+def _model(attrs: dict[str, int], static: bool) -> onnx.ModelProto:
+    """x [2, 3, 4, 5] -> Shape(attrs) -> ReduceProd -> Reshape y [120] to [product, -1]: the output's shape is
+    the sliced shape's product, so a wrong slice shows."""
+    dims: list[int | str] = [2, 3, 4, 5] if static else ["n", 3, 4, 5]
+    nodes = [helper.make_node("Shape", ["x"], ["s"], **attrs),
+             helper.make_node("ReduceProd", ["s"], ["p"], keepdims=1),
+             helper.make_node("Concat", ["p", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["y", "target"], ["z"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "shape_slice",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [120])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [helper.make_tensor("minus_one", TensorProto.INT64, [1], [-1])],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("attrs", [{"start": 1, "end": 3}, {"start": -2}, {"end": 1}, {"start": 2, "end": -1}, {}])
+@pytest.mark.parametrize("static", [True, False])
+def test_folded_graph_computes_the_sliced_shape(attrs: dict[str, int], static: bool) -> None:
+    model = _model(attrs, static)
+    feeds = {"x": np.zeros((2, 3, 4, 5), np.float32), "y": np.arange(120, dtype=np.float32)}
+    want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+    folded = onnx_from_graph(graph_from_onnx(model))
+    got = ort.InferenceSession(folded.SerializeToString()).run(None, feeds)[0]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
