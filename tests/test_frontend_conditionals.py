@@ -96,3 +96,26 @@ def test_every_output_of_a_decided_if_comes_from_the_branch_taken(condition: boo
     assert ops.count("If") == 1, ops  # only the one whose condition is an input stays
     for want, got in zip(_run(model, feeds), _run(onnx_from_graph(graph), feeds), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_branch_output_its_own_nodes_also_read() -> None:
+    """then: half = x / 2 (returned) and start = half + 1 (returned too, reading half inside the branch), as in
+    ONNX's expanded AffineGrid function. Flattened, `start` must still find `half`'s producer."""
+    then = helper.make_graph(
+        [_constant("two", np.full(1, 2, np.float32)), _constant("one", np.ones(1, np.float32)),
+         helper.make_node("Div", ["x", "two"], ["half_then"]),
+         helper.make_node("Add", ["half_then", "one"], ["start_then"])],
+        "then", [], [_value("half_then", [1, 4]), _value("start_then", [1, 4])])  # fmt: skip
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["half_else"]), helper.make_node("Identity", ["x"], ["start_else"])],
+        "else", [], [_value("half_else", [1, 4]), _value("start_else", [1, 4])])  # fmt: skip
+    nodes = [_constant("cond", np.array(True)),
+             helper.make_node("If", ["cond"], ["half", "start"], then_branch=then, else_branch=other),
+             helper.make_node("Mul", ["half", "start"], ["y"])]  # fmt: skip
+    model = helper.make_model(helper.make_graph(nodes, "g", [_value("x", [1, 4])], [_value("y", [1, 4])]),
+                              opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    loaded = onnx_from_graph(graph_from_onnx(model))
+    assert not any(n.op_type == "If" for n in loaded.graph.node)
+    got = ort.InferenceSession(loaded.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, (x / 2) * (x / 2 + 1))

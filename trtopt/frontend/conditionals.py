@@ -7,7 +7,8 @@ walk ends after one, and every later output is left with no producer. ONNX Runti
 (silero-vad 6.2.3, `silero_vad_16k_op15.onnx`) has such an `If` with two outputs around its decoder's LSTM cell;
 with that flattening `trtopt optimize` wrote a model nothing could load. The loader therefore folds with
 flattening off and flattens here, every output, including outputs a branch passes through from the outer
-graph or a constant (an `Identity` carries those).
+graph or a constant (an `Identity` carries those), and outputs the branch's own nodes also read (ONNX's
+expanded AffineGrid function: `step_d_then` is returned and halved inside the branch).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def _inlined(graph: gs.Graph, node: gs.Node, branch: gs.Graph) -> list[gs.Node]:
         producer = next((n for n in result.inputs if id(n) in own), None)
         if producer is not None and id(result) not in moved:
             position = next(i for i, t in enumerate(producer.outputs) if t is result)
+            for consumer in list(result.outputs):  # the branch's own nodes that read it read the target now
+                for slot in [i for i, t in enumerate(consumer.inputs) if t is result]:
+                    consumer.inputs[slot] = target
             producer.outputs[position] = target
             moved[id(result)] = target
         else:  # passed through from the outer graph, a constant, or an output the branch returns twice

@@ -1,0 +1,113 @@
+"""FP32 builds of ONNX's own conformance models: every node test case that the installed onnx generates in memory
+(`onnx.backend.test.case.node.collect_testcases`, about 1,900 one-op models at opsets 1-27 with the inputs and
+the outputs they must give), built as `trtopt build model.onnx --verify-data inputs.npz` would build them.
+
+    python tools/onnx_conformance.py [--workers 2] [--out results.jsonl]
+
+Each case ends in one of: `ok` (the plan gives the expected outputs), `wrong` (a plan was written whose outputs
+differ: a trtopt bug), `bug` (an exception that is not a TrtoptError: a traceback for the user), `refused` (a
+TrtoptError, which says why), `skipped` (inputs or outputs that are not tensors: sequences, optionals, strings)
+or `not_ort` (ONNX Runtime itself does not give the expected outputs on the model as it is, so trtopt cannot be
+judged there). The counts and the refusals' first lines are printed; `bug` and `wrong` cases are listed.
+Nothing is downloaded: the cases come with onnx. docs/holdout.md (round 6) has the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import traceback
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import numpy as np
+
+
+def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> bool:
+    if want.dtype.kind in "fc":
+        return bool(np.allclose(got, want, rtol=max(rtol, 1e-4), atol=max(atol, 1e-5), equal_nan=True))
+    return bool(np.array_equal(got, want))
+
+
+def _run_case(case: Any) -> dict[str, Any]:
+    import onnx
+    import onnxruntime as ort
+
+    import trtopt
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.data.config import DataConfig
+    from trtopt.errors import TrtoptError
+    from trtopt.plan import write_plan
+
+    inputs, outputs = case.data_sets[0]
+    weights = {t.name for t in case.model.graph.initializer}
+    names = [i.name for i in case.model.graph.input if i.name not in weights]
+    tensors = all(isinstance(a, np.ndarray) and a.dtype.kind in "fiub" for a in inputs)
+    if len(inputs) != len(names) or not tensors or not all(isinstance(o, np.ndarray) for o in outputs):
+        return {"name": case.name, "result": "skipped"}
+    feeds = dict(zip(names, inputs, strict=True))
+    try:
+        session = ort.InferenceSession(case.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        reference = session.run(None, feeds)
+        if not all(_close(np.asarray(r), o, case.rtol, case.atol) for r, o in zip(reference, outputs, strict=True)):
+            return {"name": case.name, "result": "not_ort"}
+    except Exception:  # noqa: BLE001 - ONNX Runtime's own refusal
+        return {"name": case.name, "result": "not_ort"}
+    with tempfile.TemporaryDirectory() as folder:
+        model, data, plan = (os.path.join(folder, f) for f in ("model.onnx", "inputs.npz", "plan.engine"))
+        onnx.save(case.model, model)
+        np.savez(data, **feeds)
+        try:
+            result = build_plan(model, BuildConfig(int8=False, data=DataConfig(verify_sources=(data,))))
+            write_plan(result.plan, plan)
+            got = list(trtopt.Engine.load(plan).infer(feeds).values())
+        except TrtoptError as exc:
+            return {"name": case.name, "result": "refused", "why": str(exc).splitlines()[0][:200]}
+        except Exception:  # noqa: BLE001 - what the campaign looks for
+            return {"name": case.name, "result": "bug", "why": traceback.format_exc()[-600:]}
+    same = len(got) == len(outputs) and all(
+        g.shape == o.shape and _close(g, o, case.rtol, case.atol) for g, o in zip(got, outputs, strict=True)
+    )
+    return {"name": case.name, "result": "ok" if same else "wrong"}
+
+
+def _quiet() -> None:
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=None, help="also write one JSON line per case here")
+    args = parser.parse_args(argv)
+    _quiet()
+    from onnx.backend.test.case import node
+
+    cases = node.collect_testcases(None)
+    with ProcessPoolExecutor(args.workers, initializer=_quiet) as pool:
+        records = list(pool.map(_run_case, cases, chunksize=8))
+    if args.out:
+        with open(args.out, "w") as out:
+            out.writelines(json.dumps(r) + "\n" for r in records)
+    counts = collections.Counter(r["result"] for r in records)
+    print(f"{len(records)} cases: " + ", ".join(f"{k} {v}" for k, v in counts.most_common()))
+    reasons = collections.Counter(re.sub(r"'[^']*'|/\S+|\d+", "_", r["why"])[:110] for r in records
+                                  if r["result"] == "refused")  # fmt: skip
+    for reason, n in reasons.most_common(8):
+        print(f"  refused {n:4d}: {reason}")
+    for r in records:
+        if r["result"] in ("bug", "wrong"):
+            print(f"{r['result'].upper()} {r['name']}: {r.get('why', '')}")
+    return 1 if counts["bug"] or counts["wrong"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
