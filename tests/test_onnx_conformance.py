@@ -30,3 +30,26 @@ def test_conformance_cases_build_right_or_refuse_cleanly(tmp_path: Path) -> None
     judged = [r for r in records if r["result"] in ("ok", "refused")]
     assert sum(r["result"] == "ok" for r in judged) >= 0.7 * len(judged)
     assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_int8_build_of_a_vector_dot_product(tmp_path: Path) -> None:
+    """MatMul of two 1-D inputs gives a 0-d output; the sensitivity search's per-sample cosines sliced it by
+    rows and raised IndexError (a traceback on `test_matmul_1d_1d`)."""
+    import numpy as np
+    import onnx
+    from onnx.backend.test.case import node
+
+    from trtopt.cli.main import main
+
+    case = next(c for c in node.collect_testcases("MatMul") if c.name == "test_matmul_1d_1d")
+    onnx.save(case.model, tmp_path / "model.onnx")
+    inputs, _ = case.data_sets[0]
+    names = [i.name for i in case.model.graph.input]
+    rng = np.random.default_rng(0)
+    feeds = dict(zip(names, inputs, strict=True))
+    np.savez(tmp_path / "calib.npz", **{n: np.concatenate([a + rng.normal(0, 0.1, a.shape).astype(a.dtype)
+                                                           for _ in range(8)]) for n, a in feeds.items()})  # fmt: skip
+    np.savez(tmp_path / "inputs.npz", **feeds)  # checked on the case's own vectors: one dot product, one 0-d output
+    code = main(["build", str(tmp_path / "model.onnx"), "--int8", "--calib", str(tmp_path / "calib.npz"),
+                 "--verify-data", str(tmp_path / "inputs.npz"), "-o", str(tmp_path / "plan.engine")])  # fmt: skip
+    assert code == 0

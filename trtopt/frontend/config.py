@@ -60,9 +60,11 @@ def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data:
 
     model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
     if int8:  # a graph quantised already has nothing to calibrate: say so before any work
+        from trtopt.quant.float_types import refuse_other_floats
         from trtopt.quant.prequantized import refuse_prequantized
 
         refuse_prequantized(node.op_type for node in model.graph.node)
+        refuse_other_floats(model, str(path))
     shapes = {**_array_shapes(model, data, config.shapes or {}), **(config.shapes or {})}
     graph = graph_from_onnx(model, shapes=shapes or None)
     require_static_shapes(graph)

@@ -229,16 +229,18 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     """Each output's per-sample cosines to `expected`, a row per output in `expected`'s order
     (`trtopt.verify.agreement`'s figure, sample by sample: two zero samples agree, a non-finite one scores
     -1), from `outputs`, one mapping per batch of `batches`, trimmed to each batch's rows."""
-    from trtopt.compare import row_cosines, zero_padded
+    from trtopt.compare import joined_batches, row_cosines, zero_padded
 
     found = []
     for name, want in expected.items():
-        parts = [np.asarray(o[name])[:rows] for o, (_f, rows) in zip(outputs, batches, strict=True)]
-        got, ref = zero_padded([np.concatenate(zero_padded(parts, from_axis=1)), want])
+        parts = [np.asarray(o[name])[:rows] if np.ndim(o[name]) else np.asarray(o[name])
+                 for o, (_f, rows) in zip(outputs, batches, strict=True)]  # fmt: skip
+        got, ref = zero_padded([joined_batches(parts), want])
+        n = len(want) if np.ndim(want) else 1  # a 0-d output (MatMul of two vectors) is one sample
         if is_label_map(np.asarray(want), None):
-            found.append(label_ious(got.reshape(len(want), -1), ref.reshape(len(want), -1)))
+            found.append(label_ious(got.reshape(n, -1), ref.reshape(n, -1)))
             continue
-        got, ref = got.astype(np.float64).reshape(len(want), -1), ref.astype(np.float64).reshape(len(want), -1)
+        got, ref = got.astype(np.float64).reshape(n, -1), ref.astype(np.float64).reshape(n, -1)
         cosines = row_cosines(got, ref)
         found.append(np.where(np.isfinite(cosines), cosines, -1.0))
     return np.array(found) if found else np.ones((1, 1))
