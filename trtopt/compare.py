@@ -35,12 +35,14 @@ def zero_padded(arrays: Sequence[np.ndarray], *, from_axis: int = 0) -> list[np.
             for a in arrays]  # fmt: skip
 
 
-def joined_batches(values: Sequence[np.ndarray]) -> np.ndarray:
-    """One output's values from several batches as one array: concatenated along the batch axis, zero-padded
-    where their length depends on the data (`zero_padded`). A 0-d output (a count, a loss) stays 0-d from one
-    batch and becomes one value per batch from several."""
-    if len(values) == 1 and not np.ndim(values[0]):
-        return np.asarray(values[0])
+def joined_batches(batches: Sequence[tuple[np.ndarray, int | None]]) -> np.ndarray:
+    """One output's values from several batches, each (value, its real rows: None for all), as one array: the
+    rows kept, concatenated along the batch axis, zero-padded where their length depends on the data
+    (`zero_padded`). A 0-d output (a count, a loss) has no rows to trim: it stays 0-d from one batch and becomes
+    one value per batch from several."""
+    values = [np.asarray(v)[:rows] if np.ndim(v) else np.asarray(v) for v, rows in batches]
+    if len(values) == 1 and not values[0].ndim:
+        return values[0]
     return np.concatenate(zero_padded([np.atleast_1d(v) for v in values], from_axis=1))
 
 

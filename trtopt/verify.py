@@ -179,10 +179,10 @@ def collect(run: Runner, batches: Sequence[tuple[Feeds, int | None]]) -> Outputs
     """Run every batch and keep the first `n` rows of each output (fixed-batch models pad the last; None
     keeps all: a whole feed of a model without a batch dimension). A 0-d output stays 0-d from one batch
     (as the plan declares it), and stacks to one value per batch from several."""
-    parts: dict[str, list[np.ndarray]] = {}
+    parts: dict[str, list[tuple[np.ndarray, int | None]]] = {}
     for feeds, n in batches:
         for name, value in run(feeds).items():
-            parts.setdefault(name, []).append(np.asarray(value)[:n] if np.ndim(value) else np.asarray(value))
+            parts.setdefault(name, []).append((value, n))
     from trtopt.compare import joined_batches
     return {name: joined_batches(values) for name, values in parts.items()}
 

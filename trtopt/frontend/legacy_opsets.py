@@ -29,12 +29,7 @@ BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor",
 def at_opset_7(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """`model`, of default-domain `opset` < 7, converted to opset 7 with its own broadcasting semantics."""
     at_6 = stepwise(model, opset, 6) if opset < 6 else model
-    inferred = onnx.shape_inference.infer_shapes(at_6)
-    ranks = {v.name: len(v.type.tensor_type.shape.dim)
-             for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-             if v.type.tensor_type.HasField("shape")}  # fmt: skip
-    ranks.update({t.name: len(t.dims) for t in at_6.graph.initializer})
-    return onnx.version_converter.convert_version(_numpy_broadcasting(at_6, ranks), 7)
+    return onnx.version_converter.convert_version(_numpy_broadcasting(at_6, _ranks(at_6)), 7)
 
 
 def at_opset_11(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
@@ -73,9 +68,7 @@ def single_axis_hardmax(model: onnx.ModelProto) -> onnx.ModelProto:
     one-hot then lands along one axis only (every value wrong on a [2, 3, 4, 5] input at axis 1)."""
     if not any(n.op_type == "Hardmax" for n in model.graph.node):
         return model
-    inferred = onnx.shape_inference.infer_shapes(model)
-    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in [*inferred.graph.input, *inferred.graph.value_info]
-             if v.type.tensor_type.HasField("shape")}  # fmt: skip
+    ranks = _ranks(model)
     clone = onnx.ModelProto()
     clone.CopyFrom(model)
     nodes = []
@@ -107,6 +100,16 @@ def stepwise(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto
     for version in range(opset + step, target + step, step):
         model = onnx.version_converter.convert_version(onnx.shape_inference.infer_shapes(model), version)
     return model
+
+
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """The rank of every value of `model`'s main graph that onnx's shape inference can say, and of its weights."""
+    inferred = onnx.shape_inference.infer_shapes(model)
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+             if v.type.tensor_type.HasField("shape")}  # fmt: skip
+    ranks.update({t.name: len(t.dims) for t in model.graph.initializer})
+    return ranks
 
 
 def _numpy_broadcasting(model: onnx.ModelProto, ranks: dict[str, int]) -> onnx.ModelProto:

@@ -97,8 +97,8 @@ def _upgraded(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProt
     alone does not (trtopt.frontend.legacy_opsets): broadcasting at opset 7, resizes at 11, Hardmax at 13."""
     if opset < 7 <= target:
         model, opset = at_opset_7(model, opset), 7
-    if opset <= 10 < target:
-        model, opset = at_opset_11(model, opset), 11
+    if opset <= 10 < target and any(n.op_type in ("Resize", "Upsample") for n in model.graph.node):
+        model, opset = at_opset_11(model, opset), 11  # without a resize, one conversion less (weights copied)
     if opset <= 12 < target:
         model = single_axis_hardmax(model)
     return stepwise(model, opset, target) if opset != target else model

@@ -233,8 +233,7 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
 
     found = []
     for name, want in expected.items():
-        parts = [np.asarray(o[name])[:rows] if np.ndim(o[name]) else np.asarray(o[name])
-                 for o, (_f, rows) in zip(outputs, batches, strict=True)]  # fmt: skip
+        parts = [(o[name], rows) for o, (_f, rows) in zip(outputs, batches, strict=True)]
         got, ref = zero_padded([joined_batches(parts), want])
         n = len(want) if np.ndim(want) else 1  # a 0-d output (MatMul of two vectors) is one sample
         if is_label_map(np.asarray(want), None):
