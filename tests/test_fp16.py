@@ -265,3 +265,33 @@ def test_resize_scales_stay_fp32_and_constants_convert() -> None:
     assert _node(converted, "Constant").attribute[0].t.data_type == FLOAT16
     x = RNG.normal(size=(1, 1, 2, 2)).astype(np.float32)
     assert _rel_err(_run(model, {"x": x})[0], _run(converted, {"x": x})[0]) < 3e-3
+
+
+@pytest.mark.parametrize("flag", [1.0, -1.0], ids=["then", "else"])
+def test_branches_read_a_float32_copy_of_outer_values(flag: float) -> None:
+    """x -> Conv -> c -> If(flag > 0; then: Relu(c), else: c * w) -> y   (the branches read c and w by name)
+
+    `If` stays FP32 and its branches are not descended into, so they must read float32: a Cast of the FP16 conv's
+    output, and the weight `w` left float32. Found by tests/test_int8_float_types.py's random graphs: the
+    converted model did not load ("Type (tensor(float)) of output arg ... does not match expected type
+    (tensor(float16))")."""
+    c_info = helper.make_tensor_value_info("b", FLOAT, [1, 4, 3, 3])
+    then = helper.make_graph([helper.make_node("Relu", ["c"], ["b"])], "then", [], [c_info])
+    other = helper.make_graph([helper.make_node("Mul", ["c", "w"], ["b"])], "else", [], [c_info])
+    nodes = [
+        helper.make_node("Conv", ["x", "k"], ["c"], kernel_shape=[1, 1]),
+        helper.make_node("Greater", ["flag", "zero"], ["cond"]),
+        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [1, 2, 3, 3]), helper.make_tensor_value_info("flag", FLOAT, [])],
+        [helper.make_tensor_value_info("y", FLOAT, [1, 4, 3, 3])],
+        [_f32("k", 4, 2, 1, 1), _f32("w", 1, 4, 1, 1), numpy_helper.from_array(np.array(0, np.float32), "zero")],
+    )
+    converted = convert_to_fp16(model)
+    onnx.checker.check_model(converted, full_check=True)
+    assert next(i for i in converted.graph.initializer if i.name == "k").data_type == FLOAT16
+    assert next(i for i in converted.graph.initializer if i.name == "w").data_type == FLOAT
+    feeds = {"x": RNG.normal(size=(1, 2, 3, 3)).astype(np.float32), "flag": np.array(flag, np.float32)}
+    assert _rel_err(_run(model, feeds)[0], _run(converted, feeds)[0]) < 3e-3

@@ -138,7 +138,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
     with times("graph check"):  # loading and the passes against the model file (trtopt.passes.check)
-        graph_check = check_against_file(path, fp32, checks.batches[0][0]) if checks.batches else None
+        first = checks.batches[0][0] if checks.batches else None
+        graph_check = check_against_file(path, fp32, first, lifted=config.int8) if first is not None else None
     quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
     measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
     quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()

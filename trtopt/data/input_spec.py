@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import onnx
 
 from trtopt.data.overrides import PreprocessOverrides, check_channel_values
 from trtopt.data.preprocess import DTYPES, LAYOUTS, PRESETS, PreprocessSpec
@@ -135,8 +136,8 @@ def _spatial_size(dims: list[Dim], layout: str, name: str) -> tuple[int, int]:
 def _image_dtype(dtype: npt.DTypeLike, name: str) -> str:
     try:
         dtype_name = np.dtype(dtype).name
-    except TypeError:
-        dtype_name = str(dtype)
+    except TypeError:  # onnx-graphsurgeon keeps ONNX's enum for types numpy lacks: 16 is bfloat16
+        dtype_name = onnx.helper.tensor_dtype_to_string(dtype) if isinstance(dtype, int) else str(dtype)
     if dtype_name not in DTYPES:
         raise DataError(
             f"Input {name!r} has dtype {dtype_name}; images can be preprocessed to {', '.join(DTYPES)} only.",

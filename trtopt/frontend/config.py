@@ -54,17 +54,20 @@ def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data:
     """The model at `path` as a graph with static shapes, ready for the passes. INT8 needs per-axis Q/DQ
     (opset 13): the front end converts older models (trtopt.frontend.opset). The memory check runs before
     anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit. An INT8
-    build of a model quantised already is refused here (trtopt.quant.prequantized). Where `data` (--calib)
+    build of a model quantised already is refused here (trtopt.quant.prequantized); one that computes in float16 is
+    lifted to float32 (trtopt.quant.float_types). Where `data` (--calib)
     is one .npz or .npy file, dynamic input sizes that --shapes leaves open are taken from its arrays."""
     from trtopt.memory import check_graph_memory
 
     model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
     if int8:  # a graph quantised already has nothing to calibrate: say so before any work
-        from trtopt.quant.float_types import refuse_other_floats
+        from trtopt.quant.float_types import lifted_to_float32, low_float_uses, refuse_float64
         from trtopt.quant.prequantized import refuse_prequantized
 
         refuse_prequantized(node.op_type for node in model.graph.node)
-        refuse_other_floats(model, str(path))
+        refuse_float64(model, str(path))
+        if low_float_uses(model):  # calibrated and quantised on a float32 copy (trtopt.quant.float_types)
+            model = lifted_to_float32(model)
     shapes = {**_array_shapes(model, data, config.shapes or {}), **(config.shapes or {})}
     graph = graph_from_onnx(model, shapes=shapes or None)
     require_static_shapes(graph)

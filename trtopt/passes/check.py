@@ -25,15 +25,23 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.errors import ModelError
+from trtopt.quant.float_types import lifted_to_float32, low_float_uses
 
 RTOL = 1e-3
 # A sigmoid map saturated near 0 (PP-OCRv4-det on noise: largest value 5.9e-5) differs by float rounding alone
 # (1.5e-7 where ONNX Runtime flushes one value to 0): 2.5e-3 of its largest value. Outputs whose values are all
 # below SCALE_FLOOR are measured against it instead, allowing RTOL * SCALE_FLOOR (1e-5) absolute.
 SCALE_FLOOR = 1e-2
+# A float16 model against its float32 copy (trtopt.quant.float_types): float16 keeps 11 bits, and its rounding
+# between layers adds up to about 1e-3 of an output's largest value in the zoo's models; a lost constant or
+# a broken Cast moves outputs by far more.
+LOW_RTOL = 2e-2
 INT_SHARE = 0.01  # integer outputs (class ids): the share of values allowed to differ
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})  # fmt: skip
+_LOW_FIX = ("The model's own float16 rounding or overflow changes its outputs this much, so INT8 calibrated on "
+            "float32 would quantise another function. Build from the model's float32 export (torch: export "
+            "without .half()), or build without --int8 to take the model as it is.")
 _FIX = ("This is a trtopt bug: please report it with the model. Meanwhile leave out the pass that breaks it "
         "(--passes with the others; `trtopt inspect` lists them).")  # fmt: skip
 
@@ -96,25 +104,27 @@ def check_optimized(model: onnx.ModelProto, ref: Reference, what: str = "optimis
     return OptimizeCheck(error, f"outputs equal the model's on 1 random feed ({_found(error, flipped)})")
 
 
-def _compared(wanted: dict[str, np.ndarray], got: dict[str, np.ndarray], what: str) -> tuple[float, float]:
+def _compared(
+    wanted: dict[str, np.ndarray], got: dict[str, np.ndarray], what: str, rtol: float = RTOL, fix: str = _FIX
+) -> tuple[float, float]:
     """(largest relative error of the float outputs, largest share of differing values of the integer ones);
-    `ModelError` where an output is missing or past `RTOL` / `INT_SHARE`."""
+    `ModelError` where an output is missing or past `rtol` / `INT_SHARE`."""
     error = flipped = 0.0
     for name, want in wanted.items():
         have = got.get(name)
         if have is None or np.shape(have) != np.shape(want):
             shape = np.shape(have) if have is not None else "none"
             raise ModelError(f"The {what}'s output {name!r} is missing or has another shape ({shape} vs "
-                             f"{np.shape(want)}); nothing written.", fix=_FIX)  # fmt: skip
+                             f"{np.shape(want)}); nothing written.", fix=fix)  # fmt: skip
         want, have = np.asarray(want), np.asarray(have)
         if want.dtype.kind in "fc":
             error = max(error, _relative_error(want, have))
         elif want.size:  # ids from an ArgMax: float rounding may flip a near-tie, not a share of them
             flipped = max(flipped, float(np.mean(want != have)))
-    if not error <= RTOL or flipped > INT_SHARE:
+    if not error <= rtol or flipped > INT_SHARE:
         raise ModelError(f"The {what} computes something else: its outputs differ from the model's by {error:.2e} "
-                         f"of their largest value (allowed {RTOL:g}), its integer outputs at {flipped:.2%} of their "
-                         f"values (allowed {INT_SHARE:.0%}); nothing written.", fix=_FIX)  # fmt: skip
+                         f"of their largest value (allowed {rtol:g}), its integer outputs at {flipped:.2%} of their "
+                         f"values (allowed {INT_SHARE:.0%}); nothing written.", fix=fix)  # fmt: skip
     return error, flipped
 
 
@@ -133,11 +143,17 @@ def _found(error: float, flipped: float) -> str:
     return f"max relative error {error:.1e}{ints}"
 
 
-def check_against_file(path: Path, graph_model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> OptimizeCheck:
+def check_against_file(
+    path: Path, graph_model: onnx.ModelProto, feeds: dict[str, np.ndarray], *, lifted: bool = False
+) -> OptimizeCheck:
     """`trtopt build`'s check of everything before quantisation (loading: opset conversion, shapes, constant
     folding, `If` flattening; then the graph passes): the model file as given and the optimised graph, both with
     ONNX Runtime's optimisations off, on `feeds` (the first verification batch). Raises `ModelError` where they
-    differ; where ONNX Runtime cannot run the file itself, says so and compares nothing."""
+    differ; where ONNX Runtime cannot run the file itself, says so and compares nothing.
+
+    `lifted`: an INT8 build, whose graph computes a float16 model in float32 (`trtopt.quant.float_types`). The
+    file's float32 copy is then checked against the file within float16's rounding (`LOW_RTOL`), and the graph
+    against the copy as closely as ever (`RTOL`)."""
     from trtopt.execution.ort_session import OrtSession
     from trtopt.frontend.loader import with_supported_ir
 
@@ -151,11 +167,28 @@ def check_against_file(path: Path, graph_model: onnx.ModelProto, feeds: dict[str
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors have many types; the file is not trtopt's
         why = _first_line(exc)
         return OptimizeCheck(None, f"not compared: ONNX Runtime cannot run the model file as given ({why})")
+    copy = ""
+    if lifted and low_float_uses(model):
+        wanted, copy = _float32_copy(model, wanted, feeds)
     what = "graph trtopt builds from the model"
     session = _session(graph_model, what)
     error, flipped = _compared(wanted, session.run(feeds), what)
     rows = len(next(iter(feeds.values()))) if feeds and np.ndim(next(iter(feeds.values()))) else 1
-    return OptimizeCheck(error, f"equals the model file on {rows} verification input(s) ({_found(error, flipped)})")
+    found = f"equals the model file{copy} on {rows} verification input(s) ({_found(error, flipped)})"
+    return OptimizeCheck(error, found)
+
+
+def _float32_copy(
+    model: onnx.ModelProto, wanted: dict[str, np.ndarray], feeds: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], str]:
+    """The outputs of the float16 `model`'s float32 copy on `feeds`, checked against the file's (`wanted`), and
+    the words for the build's summary."""
+    from trtopt.frontend.loader import with_supported_ir
+
+    what = "float32 copy of this float16 model (INT8 calibrates and verifies on it)"
+    outputs = _session(lifted_to_float32(with_supported_ir(model)), what).run(feeds)
+    error, _ = _compared(wanted, outputs, what, rtol=LOW_RTOL, fix=_LOW_FIX)
+    return outputs, f"'s float32 copy (the copy differs from the float16 file by {error:.1e}: float16 rounding)"
 
 
 def _relative_error(want: np.ndarray, have: np.ndarray) -> float:

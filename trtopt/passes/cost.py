@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, find_fusion_groups
@@ -80,4 +81,6 @@ def _bytes(tensor: gs.Tensor) -> int | None:
         shape = [1, *shape[1:]]
     if shape is None or dtype is None or not all(isinstance(d, int) and d >= 0 for d in shape):
         return None
+    if isinstance(dtype, int):  # onnx-graphsurgeon keeps ONNX's enum for types numpy lacks (bfloat16)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)  # ml_dtypes' types, which have sizes
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize

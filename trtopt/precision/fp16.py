@@ -64,6 +64,7 @@ _ALWAYS_FP32 = frozenset(
     }
 )  # fmt: skip
 _FP32_SLOTS = {"Resize": {2}, "Upsample": {1}}  # input slots the ONNX spec types tensor(float)
+_IMPLICIT = -1  # the "slot" of an outer value that a subgraph reads by name
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
@@ -87,6 +88,8 @@ class _Graph:
             for slot, name in enumerate(node.input):
                 if name:
                     self.consumers[name].append((i, slot))
+            for name in _outer_reads(node):  # a branch or loop body reads it by name: in its own type, float32
+                self.consumers[name].append((i, _IMPLICIT))
             value = _constant_value(node)
             if value is not None:
                 self.consts[node.output[0]] = value
@@ -177,7 +180,7 @@ def _scale_fits_fp16(index: _Graph, node: onnx.NodeProto, opset: int) -> bool:
 
 def _wants(index: _Graph, fp16: dict[int, bool], node_index: int, slot: int) -> int:
     node = index.model.graph.node[node_index]
-    if slot in _FP32_SLOTS.get(node.op_type, ()):
+    if slot == _IMPLICIT or slot in _FP32_SLOTS.get(node.op_type, ()):
         return FLOAT
     return FLOAT16 if fp16[node_index] else FLOAT
 
@@ -224,6 +227,15 @@ def _rewrite(index: _Graph, fp16: dict[int, bool], home: dict[str, int], keep_io
                 node.input[slot] = cast_of[key]
             elif name in renamed:
                 node.input[slot] = renamed[name]
+        for name in _outer_reads(node):  # subgraphs keep float32 (`_ALWAYS_FP32`): they read a float32 copy
+            if name in home and home[name] != FLOAT:
+                key = (name, FLOAT)
+                if key not in cast_of:
+                    cast_of[key] = unique(f"{name}_{_suffix(FLOAT)}")
+                    new_nodes.append(_cast(renamed.get(name, name), cast_of[key], FLOAT))
+                _rename_outer_reads(node, name, cast_of[key])
+            elif name in renamed:
+                _rename_outer_reads(node, name, renamed[name])
         _retag(node, home, fp16[i])
         for j, name in enumerate(node.output):
             if name in renamed:
@@ -274,6 +286,28 @@ def _retag(node: onnx.NodeProto, home: dict[str, int], is_fp16: bool) -> None:
             attr.i = FLOAT16
         elif node.op_type == "ConstantOfShape" and attr.name == "value" and attr.t.data_type == FLOAT:
             attr.t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(attr.t).astype(np.float16)))
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    return [g for a in node.attribute for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs)]
+
+
+def _outer_reads(node: onnx.NodeProto) -> list[str]:
+    """The names `node`'s subgraphs (and theirs) read from outside themselves, once each, in order."""
+    reads: dict[str, None] = {}
+    for graph in _subgraphs(node):
+        inner = {v.name for v in [*graph.input, *graph.initializer]} | {o for n in graph.node for o in n.output}
+        for sub in graph.node:
+            names = [*sub.input, *_outer_reads(sub)]
+            reads.update((name, None) for name in names if name and name not in inner)
+    return list(reads)
+
+
+def _rename_outer_reads(node: onnx.NodeProto, old: str, new: str) -> None:
+    for graph in _subgraphs(node):
+        for sub in graph.node:
+            sub.input[:] = [new if name == old else name for name in sub.input]
+            _rename_outer_reads(sub, old, new)
 
 
 def _to_fp16(values: np.ndarray, name: str) -> np.ndarray:
