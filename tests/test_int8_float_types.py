@@ -7,6 +7,7 @@ model's input and output types. They used to calibrate, then fail with "The buil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +61,10 @@ def test_int8_build_of_a_float16_model_keeps_its_types(tmp_path: Path, capsys: p
     assert got.dtype == np.float16
     cosine = float(np.dot(want.ravel(), got.ravel().astype(np.float32)) / np.linalg.norm(want) / np.linalg.norm(got))
     assert cosine > 0.99, cosine
+    capsys.readouterr()  # `compare --per-layer` measures the plan's layers against the float32 copy's (it found none)
+    assert main(["compare", str(model), str(plan), "--data", str(data), "--per-layer", "--json"]) == 0
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    assert {row["op"] for row in layers} >= {"Conv"} and all(row["cosine"] > 0.99 for row in layers)
 
 
 def test_a_float32_copy_unlike_the_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -27,6 +27,11 @@ saying so), or one ONNX file with --model. Per model:
   optimisations off, so Q/DQ run as float math);
 - latency: batch 1, 1 intra-op thread, the median of --iterations interleaved rounds, as a ratio to FP32
   (below 1 is faster), for the kernels and for the Q/DQ reference.
+
+`--float16` benchmarks float16 copies of the models instead, as an FP16 export would give them:
+`trtopt.precision.convert_to_fp16(keep_io_fp32=False)` (float16 inputs, outputs and weights; the ops of
+`DEFAULT_KEEP_OPS` stay float32 between Casts). Every variant starts from the copy and is scored against the copy
+as ONNX Runtime runs it (trtopt calibrates a float32 copy of it: trtopt.quant.float_types).
 """
 
 from __future__ import annotations
@@ -84,9 +89,26 @@ def subjects(args: argparse.Namespace) -> list[Subject]:
     ]  # fmt: skip
 
 
+def float16_copy(subject: Subject, workdir: Path) -> Subject:
+    """`subject` with its model converted to float16 (`--float16`), written under `workdir`."""
+    import dataclasses
+
+    import onnx
+
+    from trtopt.frontend import load_model
+    from trtopt.precision import convert_to_fp16
+
+    assert subject.path is not None
+    path = workdir / f"{subject.name}.float16.onnx"
+    onnx.save(convert_to_fp16(load_model(subject.path).model, keep_io_fp32=False), path)
+    return dataclasses.replace(subject, path=path)
+
+
 def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Build, evaluate and time every variant of one model."""
     assert subject.path is not None
+    if args.float16:
+        subject = float16_copy(subject, workdir)
     data = split_data(subject, args.count, args.eval_count, workdir)
     batches = eval_feeds(subject, data)
     trtopt = [built("default", _run(args, trtopt_build, subject, data, None))]
@@ -228,10 +250,15 @@ def _outputs(v: Variant) -> str:
 
 def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject, str]], args: argparse.Namespace,
            argv: list[str], minutes: float, load_before: str) -> str:  # fmt: skip
+    title = "Real-model zoo" + (", float16 copies" if args.float16 else "")
+    copies = ("- **float16 copies**: each model converted by `trtopt.precision.convert_to_fp16(keep_io_fp32=False)`, "
+              "as an FP16 export would be; every variant starts from the copy, and \"FP32\" below means the float16 "
+              "copy as ONNX Runtime runs it") if args.float16 else ""  # fmt: skip
     lines = [
-        "## Real-model zoo: task fidelity of trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
+        f"## {title}: task fidelity of trtopt INT8 vs ONNX Runtime quantize_static (CPU)",
         "",
         *header_lines(COMMAND[0], [*COMMAND[1:], *argv]),
+        *([copies] if copies else []),
         f"- took {minutes:.1f} min; 1-minute load average {load_before} before, {load_average()} after (more than "
         "~2 on 2 cores means other jobs ran and the latencies are noisy)",
         f"- per model: up to {args.count} calibration samples, {args.eval_count} held-out samples (never calibration "
@@ -297,6 +324,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 8 + 4 samples, one method, 3 rounds, builds in this process")
+    parser.add_argument("--float16", action="store_true",
+                        help="benchmark float16 copies of the models (trtopt.precision.convert_to_fp16)")
     parser.add_argument("--out", type=Path, help="also write the markdown here")
     args = parser.parse_args(argv)
     if args.quick:

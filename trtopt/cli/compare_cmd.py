@@ -148,13 +148,16 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
     from trtopt.compare import added_errors, compare_batches
     from trtopt.execution import OrtSession
-    from trtopt.frontend import graph_from_onnx, onnx_from_graph
+    from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph
     from trtopt.passes import optimize
+    from trtopt.quant.float_types import lifted_to_float32, low_float_uses
 
     optimizer = engine.plan.metadata.optimizer
     passes = optimizer.passes if optimizer is not None else None
     shapes = {t.name: tuple(t.shape) for t in engine.inputs if -1 not in t.shape}
-    reference_graph = optimize(graph_from_onnx(args.model, shapes=shapes or None), passes).graph
+    model = load_model(args.model).model
+    model = lifted_to_float32(model) if low_float_uses(model) else model  # as an INT8 build computes it
+    reference_graph = optimize(graph_from_onnx(model, shapes=shapes or None), passes).graph
     test_model = onnx.load_model_from_string(engine.plan.sections["onnx"])
     test_tensors = {o for n in test_model.graph.node for o in n.output}
     layer_ops = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Concat", "Relu", "Clip", "Mul", "Sigmoid"}
