@@ -6,7 +6,8 @@ model to mixed precision before building"). This module is trtopt's converter:
 
 1. Every node gets a region, FP16 or FP32. FP32 are: ops in `keep_ops` (range or accumulation
    sensitive: Exp/Pow overflow past 65504, reductions and normalisations sum many terms), nodes named in
-   `keep_nodes`, non-ONNX domains, ops typed by attribute or holding subgraphs (`_ALWAYS_FP32`).
+   `keep_nodes`, non-ONNX domains, ops typed by attribute or holding subgraphs (`_ALWAYS_FP32`; their
+   subgraphs read float32 Casts of outer values), nodes with a constant input past float16's range.
 2. Q/DQ pairs: ONNX allows float16 scales (and so float16 DequantizeLinear outputs) from opset 19 on,
    and ONNX Runtime runs them (tested: ORT 1.31 rejects them at opset 13). With opset >= 19 and every
    scale inside float16's normal range [2^-14, 65504], the scales become float16: DequantizeLinear then
@@ -15,7 +16,8 @@ model to mixed precision before building"). This module is trtopt's converter:
    feed (the INT8 conv keeps an FP32 output); Casts go after it. Never a Cast between DQ and its
    consumer, which would hide the INT8 pattern from TensorRT. Q and the DQs it feeds share one region.
 3. Float32 initializers and Constants become float16 when every consumer wants float16 (values beyond
-   +-65504 are clamped, with a warning); graph inputs/outputs stay float32 unless `keep_io_fp32=False`.
+   +-65504, which rule 1 keeps from FP16 consumers, would be clamped, with a warning); graph inputs/outputs stay
+   float32 unless `keep_io_fp32=False`.
 4. One Cast per (tensor, target type) wherever a tensor's type differs from what a consumer wants.
    `Resize`'s scales input is float32 by the ONNX spec and is never converted.
 """
@@ -41,20 +43,9 @@ FP16_MIN_NORMAL = 2.0**-14
 QDQ_FP16_MIN_OPSET = 19  # QuantizeLinear-19 / DequantizeLinear-19 accept float16 scales
 
 DEFAULT_KEEP_OPS: tuple[str, ...] = (
-    "Softmax",
-    "LogSoftmax",
-    "LayerNormalization",
-    "GroupNormalization",
-    "InstanceNormalization",
-    "ReduceMean",
-    "ReduceSum",
-    "ReduceSumSquare",
-    "ReduceL2",
-    "ReduceLogSumExp",
-    "Exp",
-    "Log",
-    "Pow",
-)
+    "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "ReduceMean",
+    "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "Exp", "Log", "Pow",
+)  # fmt: skip
 _ALWAYS_FP32 = frozenset(
     {
         "If", "Loop", "Scan",  # subgraphs: not descended into
@@ -143,6 +134,7 @@ def _assign_regions(index: _Graph, keep_ops: set[str], keep_nodes: set[str], ops
             or node.op_type in _ALWAYS_FP32
             or node.domain not in ("", "ai.onnx")
             or (node.op_type in _QDQ and not _scale_fits_fp16(index, node, opset))
+            or _holds_beyond_fp16(index, node)
         )
         for i, node in enumerate(nodes)
     }
@@ -166,6 +158,13 @@ def _assign_regions(index: _Graph, keep_ops: set[str], keep_nodes: set[str], ops
             if wanted != fp16[i]:
                 fp16[i], changed = wanted, True
     return fp16
+
+
+def _holds_beyond_fp16(index: _Graph, node: onnx.NodeProto) -> bool:
+    """A float constant input past float16's range: an unfolded BatchNormalization's variance (PP-OCRv4-det has
+    9.8e7) would otherwise be clamped to 65504, and the model would compute something else (cosine 0.04)."""
+    values = [index.consts[n] for n in node.input if n in index.consts and index.consts[n].dtype == np.float32]
+    return any(bool(np.any(np.isfinite(v) & (np.abs(v) > FP16_MAX))) for v in values)
 
 
 def _scale_fits_fp16(index: _Graph, node: onnx.NodeProto, opset: int) -> bool:
