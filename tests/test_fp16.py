@@ -7,8 +7,6 @@ the output's magnitude: we allow 3e-3 of max|y| (about 6u). Q/DQ models get 2e-2
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import onnx
 import onnxruntime as ort
