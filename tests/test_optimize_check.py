@@ -141,3 +141,19 @@ def test_outputs_saturated_near_zero_are_measured_against_a_floor() -> None:
     assert _relative_error(want, have) > RTOL
     big = np.full(4, 10.0, np.float32)
     assert _relative_error(big, big + np.float32(0.02)) > RTOL  # 2e-3 of the largest value
+
+
+def test_non_finite_values_follow_the_verification_rule() -> None:
+    """The graph check and the verification (trtopt.agreement.comparable) judge NaN and inf alike: the same
+    non-finite value in both is no difference and the finite values beside it are measured (float rounding
+    there used to fail the whole output); a NaN or an infinity in one of them only, or of the other sign, fails."""
+    from trtopt.passes.check import RTOL, _relative_error
+
+    want = np.array([np.nan, np.inf, -np.inf, 1.0, 2.0], np.float32)
+    have = want.copy()
+    have[3] += np.float32(1e-7)  # rounding beside the NaN
+    assert _relative_error(want, have) <= RTOL
+    for position, value in ((0, 1.0), (1, -np.inf), (3, np.nan), (4, np.inf)):
+        broken = have.copy()
+        broken[position] = value
+        assert _relative_error(want, broken) == float("inf"), (position, value)

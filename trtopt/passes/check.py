@@ -192,13 +192,18 @@ def _float32_copy(
 
 
 def _relative_error(want: np.ndarray, have: np.ndarray) -> float:
-    """Largest difference over the output's largest value, or over `SCALE_FLOOR` where all are smaller."""
+    """Largest difference over the output's largest value, or over `SCALE_FLOOR` where all are smaller. NaN and
+    infinities follow the verification's rule (`trtopt.agreement.comparable`): the same non-finite value in both
+    is no difference, and the finite values beside it are measured; one anywhere else is an infinite error."""
+    from trtopt.agreement import comparable
+
     if not want.size:
         return 0.0
-    diff = np.abs(want.astype(np.float64) - have.astype(np.float64))
-    if not np.isfinite(diff).all():  # inf - inf: equal only where both are the same non-finite value
-        same = np.array_equal(want, have, equal_nan=True)
-        return 0.0 if same else float("inf")
+    have, want = comparable(have.astype(np.float64), want.astype(np.float64))
+    with np.errstate(invalid="ignore"):  # inf - inf where only the signs differ: NaN, an infinite error below
+        diff = np.abs(want - have)
+    if not np.isfinite(diff).all():
+        return float("inf")
     return float(diff.max() / max(float(np.max(np.abs(want))), SCALE_FLOOR))
 
 
