@@ -11,7 +11,7 @@ or `not_ort` (ONNX Runtime itself does not give the expected outputs on the mode
 judged there). The counts and the refusals' first lines are printed; `bug` and `wrong` cases are listed.
 Nothing is downloaded: the cases come with onnx. docs/holdout.md (round 6) has the results.
 
-`--int8` builds the cases with a layer trtopt quantises (Conv, ConvTranspose, Gemm, MatMul) and float inputs
+`--int8` builds the cases with a layer trtopt quantises (Conv, ConvTranspose, Gemm, MatMul, Attention) and float inputs
 INT8 instead: calibrated on the case's inputs and 7 noisy copies, verified on the inputs themselves. There `ok`
 means a verified plan was written; it is not `wrong` when INT8 moves the outputs, so the printout adds the
 plans' cosine with the expected outputs (the worst output of each case).
@@ -42,7 +42,7 @@ def _close(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> bool:
     return bool(np.array_equal(got, want))
 
 
-QUANTISED = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+QUANTISED = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Attention"}  # Attention: MatMuls in its function body
 
 
 def _calibration(feeds: dict[str, np.ndarray], model: Any) -> dict[str, np.ndarray]:

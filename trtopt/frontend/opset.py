@@ -10,8 +10,9 @@ parser documents. Models outside that range are converted with onnx's own versio
   model serves FP32 and per-channel INT8 builds alike and is converted once. Where an op's meaning changed
   on the way and the converter alone does not keep it (broadcasting at 7, Resize at 11, Hardmax at 13),
   `trtopt.frontend.legacy_opsets` does;
-- newer models that this onnx release knows (opset 23 and up) go down to 22; the converter refuses
-  (and trtopt reports it) where an op has no exact older form;
+- newer models that this onnx release knows (opset 23 and up) go down to 22. An op introduced after 22 that
+  ONNX defines as a function (Attention, RMSNormalization, RotaryEmbedding...) is first replaced by its body
+  (`trtopt.frontend.function_ops`); the converter refuses (and trtopt reports it) where an op has no older form;
 - an INT8 build asks for at least `MIN_QDQ_OPSET`, so opset 11-12 models are converted to 13 there too.
 
 Each conversion is logged as one warning line; a conversion the converter cannot do is a `ModelError`.
@@ -24,6 +25,7 @@ import logging
 import onnx
 
 from trtopt.errors import ModelError
+from trtopt.frontend.function_ops import expanded_new_ops
 from trtopt.frontend.legacy_opsets import at_opset_7, at_opset_11, single_axis_hardmax, stepwise
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
@@ -79,10 +81,13 @@ def check_opset_known(opset: int, where: str) -> None:
 def _convert(model: onnx.ModelProto, opset: int, target: int, where: str) -> onnx.ModelProto:
     source = _without_initializer_inputs(model) if model.ir_version < 4 else model
     try:
+        if opset > target:  # Attention, RMSNormalization...: their function bodies (trtopt.frontend.function_ops)
+            source = expanded_new_ops(source, opset, target)
         converted = _upgraded(source, opset, target) if opset < target else stepwise(source, opset, target)
         converted.ir_version = _ir_version_for(converted, target)
         onnx.checker.check_model(converted)
-    except (RuntimeError, ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+    except (RuntimeError, ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
+            onnx.defs.SchemaError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
             f"{where} uses ONNX opset {opset}; trtopt works on opsets {MIN_OPSET} to {MAX_OPSET}, and onnx's "

@@ -1,0 +1,87 @@
+"""Ops newer than opset 22 written out as the ONNX function that defines them, so that the model converts down.
+
+trtopt works on opsets 11 to 22 (TensorRT's parser's range, `trtopt.frontend.opset`), and onnx's version converter
+cannot take an op below the opset that introduced it: a model at opset 23 or later with `Attention`,
+`RMSNormalization`, `RotaryEmbedding` (23), `Swish` (24) or `CausalConvWithState` (27) was refused ("no opset-22
+form"; 188 of ONNX's conformance cases, docs/holdout.md round 6). The ONNX specification defines each of these
+as a function of older ops (`OpSchema.has_function`, or `has_context_dependent_function` where the body depends on
+the node's attributes and input types). That body is what `_expanded` conformance cases spell out, and what an
+exporter writes for the same layer at an older opset; `onnx.inliner` puts it in the node's place, and the
+converter then takes the model down like any other. The build's graph check compares the result with the model
+file in ONNX Runtime, which runs the op itself.
+
+Only the main graph's nodes are expanded; a new op inside a `Loop` or `If` body is still refused by the converter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import onnx
+import onnx.inliner
+from onnx import defs, helper
+
+log = logging.getLogger(__name__)
+
+_DOMAIN = "trtopt.expanded"  # the local functions' domain while they are inlined
+
+
+def expanded_new_ops(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
+    """`model` (at default-domain `opset`) with every main-graph op that has no form at opset `target` replaced by
+    its ONNX function body; `model` itself when there is none. Ops without a function body are left to the
+    converter, which says which."""
+    news = [(i, node) for i, node in enumerate(model.graph.node) if _is_newer(node, target)]
+    if not news:
+        return model
+    typed = onnx.shape_inference.infer_shapes(model)  # context-dependent bodies are built for the inputs' types
+    types = {v.name: v.type for v in [*typed.graph.input, *typed.graph.value_info, *typed.graph.output]}
+    types |= {t.name: helper.make_tensor_type_proto(t.data_type, list(t.dims)) for t in typed.graph.initializer}
+    functions = []
+    for i, node in news:
+        function = _function_of(node, opset, types)
+        if function is None:
+            continue
+        function.domain, function.name = _DOMAIN, f"{node.op_type}_{i}"
+        functions.append(function)
+        typed.graph.node[i].domain, typed.graph.node[i].op_type = _DOMAIN, function.name
+    if not functions:
+        return model
+    typed.functions.extend(functions)
+    typed.opset_import.append(helper.make_opsetid(_DOMAIN, 1))
+    inlined = onnx.inliner.inline_local_functions(typed, convert_version=True)
+    kept = [o for o in inlined.opset_import if o.domain != _DOMAIN]  # the local domain, now unused
+    del inlined.opset_import[:]
+    inlined.opset_import.extend(kept)
+    counts = Counter(f.name.rsplit("_", 1)[0] for f in functions)
+    log.info("expanded %s into their ONNX function bodies (no opset-%d form)",
+             ", ".join(f"{n} {op}" for op, n in counts.items()), target)  # fmt: skip
+    return inlined
+
+
+def _is_newer(node: onnx.NodeProto, target: int) -> bool:
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    try:
+        defs.get_schema(node.op_type, target)
+    except defs.SchemaError:
+        return True
+    return False
+
+
+def _function_of(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypeProto]) -> onnx.FunctionProto | None:
+    """The FunctionProto defining `node` at `opset`, or None where the op has none (or its inputs' types are
+    unknown, which a context-dependent body needs)."""
+    try:
+        schema = defs.get_schema(node.op_type, opset)
+    except defs.SchemaError:
+        return None
+    function = onnx.FunctionProto()
+    if schema.has_function:
+        function.CopyFrom(schema.function_body)
+    elif schema.has_context_dependent_function and all(not n or n in types for n in node.input):
+        inputs = [(types[n] if n else onnx.TypeProto()).SerializeToString() for n in node.input]
+        function.ParseFromString(schema.get_context_dependent_function(node.SerializeToString(), inputs))
+    else:
+        return None
+    return function
