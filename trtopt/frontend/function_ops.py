@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import Any
 
 import onnx
 import onnx.inliner
@@ -73,7 +74,7 @@ def _function_of(node: onnx.NodeProto, opset: int, types: dict[str, onnx.TypePro
     """The FunctionProto defining `node` at `opset`, or None where the op has none (or its inputs' types are
     unknown, which a context-dependent body needs)."""
     try:
-        schema = defs.get_schema(node.op_type, opset)
+        schema: Any = defs.get_schema(node.op_type, opset)  # onnx's type stubs lack the function accessors
     except defs.SchemaError:
         return None
     function = onnx.FunctionProto()
