@@ -8,6 +8,8 @@ tools/fuzz_graphs.py. Each check raises AssertionError (or the library's own err
     qdq_reference_close         the plan's Q/DQ graph run as float math stays within a bound derived from
                                 the calibrated thresholds of FP32 (see `qdq_error_bound`)
     kernels_match_reference     ONNX Runtime's INT8 kernels (trtopt.Engine) agree with that reference
+    float16_copy_builds         the model converted to float16 (as an FP16 export) builds INT8 with float16
+                                inputs and outputs, within property 3's bound of the float16 model
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from trtopt.engine import Engine
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
 from trtopt.passes import OptimizeResult, optimize
+from trtopt.precision import convert_to_fp16
 from trtopt.quant import QuantConfig
 from trtopt.zoo.random_graphs import RandomGraph, random_graph
 
@@ -47,6 +50,9 @@ OPTIMIZE_RTOL = 1e-4
 # for outputs that are nearly exact.
 QDQ_FACTOR = 4.0
 QDQ_FLOOR = 1e-3
+# Property 6: a float16 model against the float32 model its copy computes differs by float16's rounding of weights
+# and inputs (relative 2^-11 each, a few of them across a graph), well below this.
+FLOAT16_SLACK = 1e-2
 
 
 class DrawChoices:
@@ -196,12 +202,33 @@ def check_kernels_match_reference(case: Case) -> None:
     assert error <= bound, f"INT8 kernels are {error:.3g} (relative RMS) from the Q/DQ reference; allowed {bound:.3g}"
 
 
+def check_float16_copy_builds(case: Case) -> None:
+    """The model as an FP16 export gives it (float16 inputs, outputs and weights: trtopt.precision.convert_to_fp16)
+    builds INT8 on its float32 copy (trtopt.quant.float_types). The plan takes and gives float16, and its kernels
+    stay as close to the float16 model as property 3 allows the float32 model's plan, plus float16's rounding."""
+    half = convert_to_fp16(case.model, keep_io_fp32=False)
+    samples = case.samples.astype(np.float16)
+    with tempfile.TemporaryDirectory(prefix="trtopt-fuzz-") as tmp:
+        model_path, data_path = Path(tmp, "half.onnx"), Path(tmp, "calib.npy")
+        onnx.save(half, model_path)
+        np.save(data_path, samples)
+        plan = build_plan(model_path, case.variant.config(data_path)).plan
+    assert {s.dtype for s in (*plan.inputs, *plan.outputs)} == {"float16"}, "the plan changed the model's types"
+    feeds = [{half.graph.input[0].name: samples[i : i + 1]} for i in range(len(samples))]
+    with Engine(plan, threads=1) as engine:
+        kernels = [engine.infer(f) for f in feeds]
+    error = _relative_rms_error([run_model(half, f, opt_level="disable") for f in feeds], kernels)
+    bound = QDQ_FACTOR * qdq_error_bound(case) + QDQ_FLOOR + FLOAT16_SLACK
+    assert error <= bound, f"the float16 copy's plan is {error:.3g} (relative RMS) from it; allowed {bound:.3g}"
+
+
 PROPERTIES: dict[str, Callable[[Case], None]] = {
     "optimize_preserves_outputs": check_optimize_preserves_outputs,
     "optimize_idempotent": check_optimize_idempotent,
     "int8_plan_valid": check_int8_plan_valid,
     "qdq_reference_close": check_qdq_reference_close,
     "kernels_match_reference": check_kernels_match_reference,
+    "float16_copy_builds": check_float16_copy_builds,
 }
 
 
