@@ -8,7 +8,9 @@
 
 `export` writes each architecture to ONNX twice: with torch.onnx's default exporter (`dynamo`, torch.export,
 opset 18) and with the TorchScript one (`legacy`, opset 13), into $TRTOPT_ZOO_DIR/architectures
-(~/.cache/trtopt/zoo/architectures). Pretrained weights cannot be had here (torchvision downloads them), so
+(~/.cache/trtopt/zoo/architectures)/<exporter>. `--exporter dynamo-fp16` exports `model.half()` (an FP16 export:
+float16 weights, inputs and outputs), `dynamo-opset23` exports at opset 23 (ops newer than trtopt's opset 22);
+`run --folder` takes their folders. Pretrained weights cannot be had here (torchvision downloads them), so
 the weights are torchvision's random initialisation, with every BatchNorm's statistics set on 32
 `calib_data/` photos (train-mode passes with cumulative averages), so that activations have trained-like
 scales, and zero-initialised linear layers (ViT's head) drawn from N(0, 0.01²), so that outputs depend on the
@@ -47,6 +49,7 @@ MODELS = (
     "deeplabv3_mobilenet_v3_large",
 )  # fmt: skip
 SEGMENTERS = ("lraspp", "deeplab", "fcn")
+EXPORTERS = ("dynamo", "legacy", "dynamo-fp16", "dynamo-opset23")
 BUILD_TIMEOUT_S = 900
 
 
@@ -87,8 +90,11 @@ def export(names: list[str], exporters: list[str]) -> int:
                 model, x = _prepared(torch, torchvision, name, batch)
                 model = FirstOutput(model.eval()) if name.startswith(SEGMENTERS) else model.eval()
                 with torch.no_grad():
-                    if exporter == "dynamo":
-                        torch.onnx.export(model, (x[:1],), str(out), dynamo=True, external_data=False)
+                    if exporter.startswith("dynamo"):
+                        half = exporter == "dynamo-fp16"  # an FP16 export: weights, inputs and outputs float16
+                        model, sample = (model.half(), x[:1].half()) if half else (model, x[:1])
+                        opset = {"opset_version": 23} if exporter == "dynamo-opset23" else {}
+                        torch.onnx.export(model, (sample,), str(out), dynamo=True, external_data=False, **opset)
                     else:
                         torch.onnx.export(model, (x[:1],), str(out), dynamo=False, opset_version=13,
                                           input_names=["input"], output_names=["output"])  # fmt: skip
@@ -213,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="export the architectures (needs torch, torchvision, onnxscript)")
     ex.add_argument("--models", nargs="+", default=list(MODELS), help="torchvision model names")
-    ex.add_argument("--exporter", nargs="+", choices=("dynamo", "legacy"), default=["dynamo", "legacy"])
+    ex.add_argument("--exporter", nargs="+", choices=EXPORTERS, default=["dynamo", "legacy"],
+                    help="dynamo-fp16: model.half() first; dynamo-opset23: opset_version=23")
     ru = sub.add_parser("run", help="build each exported model, FP32 and INT8, and record the summaries")
     ru.add_argument("--folder", nargs="+", type=Path, default=[CACHE / "dynamo", CACHE / "legacy"])
     rep = sub.add_parser("report", help="the results as a markdown table")

@@ -35,9 +35,11 @@ def expanded_new_ops(model: onnx.ModelProto, opset: int, target: int) -> onnx.Mo
     news = [(i, node) for i, node in enumerate(model.graph.node) if _is_newer(node, target)]
     if not news:
         return model
-    typed = onnx.shape_inference.infer_shapes(model)  # context-dependent bodies are built for the inputs' types
+    typed = onnx.shape_inference.infer_shapes(_skeleton(model))  # context-dependent bodies need the input types
     types = {v.name: v.type for v in [*typed.graph.input, *typed.graph.value_info, *typed.graph.output]}
     types |= {t.name: helper.make_tensor_type_proto(t.data_type, list(t.dims)) for t in typed.graph.initializer}
+    calling = onnx.ModelProto()  # the model whose new ops call local functions, until they are inlined
+    calling.CopyFrom(model)
     functions = []
     for i, node in news:
         function = _function_of(node, opset, types)
@@ -45,12 +47,12 @@ def expanded_new_ops(model: onnx.ModelProto, opset: int, target: int) -> onnx.Mo
             continue
         function.domain, function.name = _DOMAIN, f"{node.op_type}_{i}"
         functions.append(function)
-        typed.graph.node[i].domain, typed.graph.node[i].op_type = _DOMAIN, function.name
+        calling.graph.node[i].domain, calling.graph.node[i].op_type = _DOMAIN, function.name
     if not functions:
         return model
-    typed.functions.extend(functions)
-    typed.opset_import.append(helper.make_opsetid(_DOMAIN, 1))
-    inlined = onnx.inliner.inline_local_functions(typed, convert_version=True)
+    calling.functions.extend(functions)
+    calling.opset_import.append(helper.make_opsetid(_DOMAIN, 1))
+    inlined = onnx.inliner.inline_local_functions(calling, convert_version=True)
     kept = [o for o in inlined.opset_import if o.domain != _DOMAIN]  # the local domain, now unused
     del inlined.opset_import[:]
     inlined.opset_import.extend(kept)
@@ -58,6 +60,20 @@ def expanded_new_ops(model: onnx.ModelProto, opset: int, target: int) -> onnx.Mo
     log.info("expanded %s into their ONNX function bodies (no opset-%d form)",
              ", ".join(f"{n} {op}" for op, n in counts.items()), target)  # fmt: skip
     return inlined
+
+
+def _skeleton(model: onnx.ModelProto, small: int = 1024) -> onnx.ModelProto:
+    """`model` with its large weights as typed graph inputs: what type inference needs, without copying hundreds
+    of MB through onnx's C++ and back (ViT-B/32: 5 s of an opset-23 load). Small ones (shapes) keep their values."""
+    skeleton = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    graph = model.graph
+    large = [t for t in graph.initializer if t.ByteSize() > small]
+    skeleton.graph.CopyFrom(onnx.GraphProto(
+        name=graph.name, node=graph.node, output=graph.output, value_info=graph.value_info,
+        input=[*graph.input, *(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in large)],
+        initializer=[t for t in graph.initializer if t.ByteSize() <= small],
+    ))  # fmt: skip
+    return skeleton
 
 
 def _is_newer(node: onnx.NodeProto, target: int) -> bool:
