@@ -116,6 +116,14 @@ SECTIONS = (
         ("--quick",),
         False,
     ),
+    # The zoo's models as FP16 exports (trtopt.precision.convert_to_fp16): INT8 of float16 models, against them.
+    Section(
+        "zoo-float16",
+        "tools/bench_zoo.py",
+        ("--float16", "--count", "32", "--eval-count", "16", "--methods", "--iterations", "5"),
+        ("--float16", "--quick"),
+        False,
+    ),
     # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
     # light classifiers, with task metrics, and what auto's scoring costs.
     Section(
