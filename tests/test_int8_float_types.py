@@ -209,3 +209,18 @@ def test_bfloat16_weights_build_and_bfloat16_inputs_are_refused(tmp_path: Path, 
         err = capsys.readouterr().err
         assert "Input 'x' has ONNX type BFLOAT16" in err and "Traceback" not in err
     assert not (tmp_path / "i.engine").exists()
+
+
+def test_weights_listed_as_inputs_are_lifted_with_their_declaration() -> None:
+    """IR 3 models list every weight among the graph inputs too (and models converted since keep them): the
+    declaration follows the weight to float32, or ONNX Runtime refuses the copy for the type mismatch."""
+    weight = numpy_helper.from_array(np.array([1.5, 2.0], np.float16), "w")
+    f16 = TensorProto.FLOAT16
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "ir3_style",
+                              [helper.make_tensor_value_info("x", f16, [2]), helper.make_tensor_value_info("w", f16, [2])],
+                              [helper.make_tensor_value_info("y", f16, [2])], [weight])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    lifted = lifted_to_float32(model)
+    assert [i.type.tensor_type.elem_type for i in lifted.graph.input] == [f16, TensorProto.FLOAT]
+    x = np.array([1.0, 2.0], np.float16)
+    np.testing.assert_array_equal(run_model(lifted, {"x": x})["y"], run_model(model, {"x": x})["y"])

@@ -77,7 +77,9 @@ def lifted_to_float32(model: onnx.ModelProto) -> onnx.ModelProto:
     weights = {t.name for t in graph.initializer}
     casts_in = []
     for value in graph.input:
-        if value.name in interface and value.name not in weights:
+        if value.name in weights and value.name in interface:  # IR 3 lists weights as inputs too: lifted above
+            value.type.tensor_type.elem_type = TensorProto.FLOAT
+        elif value.name in interface:
             inner = next(names(f"{value.name}_float32"))
             _rename(graph, value.name, inner, outputs=False)
             casts_in.append(helper.make_node("Cast", [value.name], [inner], to=TensorProto.FLOAT,
