@@ -216,9 +216,9 @@ def test_weights_listed_as_inputs_are_lifted_with_their_declaration() -> None:
     declaration follows the weight to float32, or ONNX Runtime refuses the copy for the type mismatch."""
     weight = numpy_helper.from_array(np.array([1.5, 2.0], np.float16), "w")
     f16 = TensorProto.FLOAT16
-    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "ir3_style",
-                              [helper.make_tensor_value_info("x", f16, [2]), helper.make_tensor_value_info("w", f16, [2])],
-                              [helper.make_tensor_value_info("y", f16, [2])], [weight])  # fmt: skip
+    declared = [helper.make_tensor_value_info(name, f16, [2]) for name in ("x", "w", "y")]
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "ir3_style", declared[:2], declared[2:],
+                              [weight])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     lifted = lifted_to_float32(model)
     assert [i.type.tensor_type.elem_type for i in lifted.graph.input] == [f16, TensorProto.FLOAT]
