@@ -301,3 +301,18 @@ def test_plan_schema_asks_the_backend_which_section_its_runner_needs(tmp_path: P
     with pytest.raises(PlanError, match="a tensorrt plan needs an 'engine' section"):
         plan_from_bytes(sealed_plan(header, sections))
     assert onnx.load_from_string(sections[0]).graph.node  # the section itself is intact
+
+
+def test_tensorrt_says_to_add_fp16_for_a_float16_model(caplog: pytest.LogCaptureFixture) -> None:
+    """An INT8 build of a float16 model calibrates a float32 copy (trtopt.quant.float_types), so TensorRT's strongly
+    typed network would run the float layers in FP32 unless --fp16 writes FP16 back: the options say so."""
+    graph = gs.import_onnx(build_model("tiny_cnn"))
+    graph.inputs[0].dtype = np.float16
+    with caplog.at_level("WARNING", logger="trtopt.backend.tensorrt.backend"):
+        get_backend("tensorrt").options(BuildConfig(), graph)
+    assert "add --fp16" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trtopt.backend.tensorrt.backend"):
+        get_backend("tensorrt").options(BuildConfig(fp16=True), graph)
+        get_backend("tensorrt").options(BuildConfig(), gs.import_onnx(build_model("tiny_cnn")))
+    assert "add --fp16" not in caplog.text

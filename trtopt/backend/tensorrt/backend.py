@@ -8,10 +8,13 @@ and listed in `--help` on machines without them.
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from trtopt.backend import BACKENDS
 from trtopt.backend.base import Backend, BackendStatus, Profile, RunOptions, TritonModel, TritonServing
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from trtopt.plan import Plan
     from trtopt.quant import QuantConfig
 
+log = logging.getLogger(__name__)
 
 # Triton's TensorRT backend loads the serialised engine as model.plan (platform tensorrt_plan; Triton's model
 # configuration and model repository guides, triton-inference-server/server docs/user_guide/); TensorRT has no
@@ -98,6 +102,10 @@ class TensorRTBackend(Backend["EngineOptions"]):
 
         _refuse_ml_ops(graph)
         options = config.options_for(TensorRTOptions)
+        if config.int8 and not config.fp16 and any(t.dtype == np.float16 for t in [*graph.inputs, *graph.outputs]):
+            log.warning("the model takes or gives float16, and INT8 calibrates a float32 copy of it "
+                        "(trtopt.quant.float_types): the layers left float run in FP32 on TensorRT; add --fp16 to "
+                        "run them in FP16 as the model did")  # fmt: skip
         return EngineOptions(
             profiles=profiles_for(graph.inputs, config.graph.shapes, options.batch) or None,
             workspace_mib=options.workspace_mib,
