@@ -66,7 +66,10 @@ def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data:
 
         refuse_prequantized(node.op_type for node in model.graph.node)
         refuse_float64(model, str(path))
-        if low_float_uses(model):  # calibrated and quantised on a float32 copy (trtopt.quant.float_types)
+        uses = low_float_uses(model)
+        if uses:  # calibrated and quantised on a float32 copy (trtopt.quant.float_types)
+            log.info("%s computes in float16 (%s): INT8 works on a float32 copy; the plan keeps its input and "
+                     "output types", path, "; ".join(uses[:4]))  # fmt: skip
             model = lifted_to_float32(model)
     shapes = {**_array_shapes(model, data, config.shapes or {}), **(config.shapes or {})}
     graph = graph_from_onnx(model, shapes=shapes or None)

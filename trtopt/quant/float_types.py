@@ -19,7 +19,6 @@ writes FP16 back in). float64 is refused: narrowing it loses precision the model
 from __future__ import annotations
 
 import itertools
-import logging
 from collections import Counter
 from collections.abc import Iterator
 
@@ -28,8 +27,6 @@ import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from trtopt.errors import ModelError
-
-log = logging.getLogger(__name__)
 
 LOW_FLOATS: dict[int, str] = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 _TYPE_ATTRIBUTES = ("to", "dtype")  # Cast's target; EyeLike, Random*, SequenceEmpty's output type
