@@ -67,11 +67,12 @@ def _skeleton(model: onnx.ModelProto, small: int = 1024) -> onnx.ModelProto:
     of MB through onnx's C++ and back (ViT-B/32: 5 s of an opset-23 load). Small ones (shapes) keep their values."""
     skeleton = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
     graph = model.graph
-    large = [t for t in graph.initializer if t.ByteSize() > small]
+    listed = {v.name for v in graph.input}  # weights may be listed as inputs too
+    large = [t for t in graph.initializer if t.ByteSize() > small and t.name not in listed]
     skeleton.graph.CopyFrom(onnx.GraphProto(
         name=graph.name, node=graph.node, output=graph.output, value_info=graph.value_info,
         input=[*graph.input, *(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in large)],
-        initializer=[t for t in graph.initializer if t.ByteSize() <= small],
+        initializer=[t for t in graph.initializer if t.ByteSize() <= small or t.name in listed],
     ))  # fmt: skip
     return skeleton
 
