@@ -9,7 +9,7 @@ differ: a trtopt bug), `bug` (an exception that is not a TrtoptError: a tracebac
 TrtoptError, which says why), `skipped` (inputs or outputs that are not tensors: sequences, optionals, strings)
 or `not_ort` (ONNX Runtime itself does not give the expected outputs on the model as it is, so trtopt cannot be
 judged there). The counts and the refusals' first lines are printed; `bug` and `wrong` cases are listed.
-Nothing is downloaded: the cases come with onnx. docs/holdout.md (round 6) has the results.
+Nothing is downloaded: the cases come with onnx. docs/holdout.md (rounds 6 and 7) has the results.
 
 `--int8` builds the cases with a layer trtopt quantises (Conv, ConvTranspose, Gemm, MatMul, Attention) and float inputs
 INT8 instead: calibrated on the case's inputs and 7 noisy copies, verified on the inputs themselves. There `ok`
@@ -99,8 +99,10 @@ def _run_case(case: Any, int8: bool = False) -> dict[str, Any]:
         model, data, plan = (os.path.join(folder, f) for f in ("model.onnx", "inputs.npz", "plan.engine"))
         onnx.save(case.model, model)
         np.savez(data, **feeds)
-        np.savez(calib := os.path.join(folder, "calib.npz"), **_calibration(feeds, case.model))
-        sources = (calib,) if int8 else ()
+        sources: tuple[str, ...] = ()
+        if int8:
+            sources = (os.path.join(folder, "calib.npz"),)
+            np.savez(sources[0], **_calibration(feeds, case.model))
         try:
             config = BuildConfig(int8=int8, data=DataConfig(sources=sources, verify_sources=(data,)))
             result = build_plan(model, config)
