@@ -156,7 +156,8 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     passes = optimizer.passes if optimizer is not None else None
     shapes = {t.name: tuple(t.shape) for t in engine.inputs if -1 not in t.shape}
     model = load_model(args.model).model
-    model = lifted_to_float32(model) if low_float_uses(model) else model  # as an INT8 build computes it
+    int8 = (engine.plan.metadata.precision or "").startswith("int8")  # an INT8 plan computes a float16 model's
+    model = lifted_to_float32(model) if int8 and low_float_uses(model) else model  # float32 copy
     reference_graph = optimize(graph_from_onnx(model, shapes=shapes or None), passes).graph
     test_model = onnx.load_model_from_string(engine.plan.sections["onnx"])
     test_tensors = {o for n in test_model.graph.node for o in n.output}

@@ -54,9 +54,9 @@ def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data:
     """The model at `path` as a graph with static shapes, ready for the passes. INT8 needs per-axis Q/DQ
     (opset 13): the front end converts older models (trtopt.frontend.opset). The memory check runs before
     anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit. An INT8
-    build of a model quantised already is refused here (trtopt.quant.prequantized); one that computes in float16 is
-    lifted to float32 (trtopt.quant.float_types). Where `data` (--calib)
-    is one .npz or .npy file, dynamic input sizes that --shapes leaves open are taken from its arrays."""
+    build of a model quantised already is refused here (trtopt.quant.prequantized); one that computes in float16
+    works on a float32 copy (trtopt.quant.float_types). Where `data` (--calib) is one .npz or .npy file, dynamic
+    input sizes that --shapes leaves open are taken from its arrays."""
     from trtopt.memory import check_graph_memory
 
     model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
