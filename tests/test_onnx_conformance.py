@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -55,15 +57,15 @@ def test_int8_build_of_a_vector_dot_product(tmp_path: Path) -> None:
     assert code == 0
 
 
-def test_int8_builds_of_the_float16_cases() -> None:
+def test_int8_builds_of_the_float16_cases(monkeypatch: pytest.MonkeyPatch) -> None:
     """onnx's float16 Attention, CausalConv and FlexAttention cases: INT8 builds calibrated their float32 copy
     and verified (trtopt.quant.float_types). They used to fail with "The built plan is not valid: Type Error ...
-    QuantizeLinear" and blame trtopt's passes, then were refused."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    QuantizeLinear" and blame trtopt's passes, then were refused. (Not the tool's `_quiet`: it silences logging
+    for the whole process, and later tests read warnings.)"""
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
     from onnx.backend.test.case import node
-    from onnx_conformance import _quiet, _run_case
+    from onnx_conformance import _run_case
 
-    _quiet()
     cases = [c for c in node.collect_testcases(None) if "fp16" in c.name]
     records = [_run_case(c, int8=True) for c in cases]
     built = [r for r in records if r["result"] == "ok"]
