@@ -2,7 +2,7 @@
 (`onnx.backend.test.case.node.collect_testcases`, about 1,900 one-op models at opsets 1-27 with the inputs and
 the outputs they must give), built as `trtopt build model.onnx --verify-data inputs.npz` would build them.
 
-    python tools/onnx_conformance.py [--workers 2] [--out results.jsonl] [--int8]
+    python tools/onnx_conformance.py [--workers 2] [--out results.jsonl] [--int8] [--only NAME-PART]
 
 Each case ends in one of: `ok` (the plan gives the expected outputs), `wrong` (a plan was written whose outputs
 differ: a trtopt bug), `bug` (an exception that is not a TrtoptError: a traceback for the user), `refused` (a
@@ -134,11 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write one JSON line per case here")
     parser.add_argument("--int8", action="store_true", help="INT8 builds of the cases with a quantised layer")
+    parser.add_argument("--only", metavar="TEXT", help="only the cases whose name contains TEXT (e.g. fp16)")
     args = parser.parse_args(argv)
     _quiet()
     from onnx.backend.test.case import node
 
-    cases = node.collect_testcases(None)
+    cases = [c for c in node.collect_testcases(None) if not args.only or args.only in c.name]
     with ProcessPoolExecutor(args.workers, initializer=_quiet) as pool:
         records = list(pool.map(partial(_run_case, int8=args.int8), cases, chunksize=8))
     if args.out:
