@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="ONNX model")
     parser.add_argument("-o", "--output", required=True, help="plan file to write (e.g. plan.engine)")
-    parser.add_argument("--int8", action="store_true", help="quantise to INT8 (needs --calib or --calib-cache)")
+    parser.add_argument("--int8", action="store_true",
+                        help="quantise to INT8 (needs --calib or --calib-cache); a float16 model is calibrated on a "
+                        "float32 copy, and its plan keeps the model's float16 inputs and outputs")  # fmt: skip
     add_calibration_arguments(parser, build=True)
     add_quant_arguments(parser)
     add_graph_arguments(parser)
