@@ -314,7 +314,7 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
     contrib op."""
     local_functions = {(f.domain, f.name) for f in model.functions}
     contrib = _contrib_op_names()
-    for index, (node, graph_name) in enumerate(_all_nodes(model.graph)):
+    for index, (node, graph_name) in enumerate(all_nodes(model.graph)):
         if (node.domain, node.op_type) in local_functions:
             continue
         if node.domain in KNOWN_EXTRA_DOMAINS and (contrib is None or node.op_type in contrib):
@@ -336,7 +336,7 @@ def _check_ops(model: onnx.ModelProto, where: str) -> None:
         )
 
 
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, str]]:
+def all_nodes(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, str]]:
     """(node, name of the graph holding it) for the graph and all nested subgraphs, without recursion."""
     stack = [graph]
     while stack:

@@ -98,9 +98,9 @@ def lifted_to_float32(model: onnx.ModelProto) -> onnx.ModelProto:
 def _lift_body(graph: onnx.GraphProto, *, interface: bool) -> None:
     """Retype `graph` in place: weights, value types, constants, type attributes; a subgraph's own inputs and
     outputs too (`interface`), the main graph's are left to Casts."""
-    for i, tensor in enumerate(graph.initializer):
+    for tensor in graph.initializer:
         if tensor.data_type in LOW_FLOATS:
-            graph.initializer[i].CopyFrom(_float32(tensor))
+            tensor.CopyFrom(_float32(tensor))
     values = [*graph.value_info, *((*graph.input, *graph.output) if interface else ())]
     for value in values:
         if _elem(value) in LOW_FLOATS:
@@ -140,11 +140,10 @@ def _rename(graph: onnx.GraphProto, old: str, new: str, *, outputs: bool) -> Non
 
 
 def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for sub in [attribute.g] if attribute.type == AttributeProto.GRAPH else attribute.graphs:
-                yield from _nodes(sub)
+    """Every node of `graph` and of its subgraphs (`trtopt.frontend.loader.all_nodes`)."""
+    from trtopt.frontend.loader import all_nodes  # not at import: the loader imports the passes, which import this
+
+    return (node for node, _ in all_nodes(graph))
 
 
 def _unique_names(graph: onnx.GraphProto):  # type: ignore[no-untyped-def]
