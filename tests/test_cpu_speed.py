@@ -29,6 +29,8 @@ def test_the_text_says_when_int8_is_slower() -> None:
     assert "slower" not in faster.text() and "median of 5" in faster.text()
     assert "1.25x" in slower.text() and "slower than FP32 here" in slower.text() and "without --int8" in slower.text()
     assert slower.to_dict()["ratio"] == pytest.approx(1.25) and slower.rows()[0][0] == "speed"
+    same = Speed(2.80, 2.81, 10, 8, "this avx2 CPU")  # 1.00x: noise, not "slower"
+    assert "1.00x" in same.text() and "slower" not in same.text() and "about as fast as FP32" in same.text()
     vnni = Speed(10.0, 12.5, 5, 1, "this amx CPU", int8_dot_products=True)  # no "without VNNI" on such a CPU
     assert "slower than FP32 here" in vnni.text() and "VNNI" not in vnni.text() and "profiler" in vnni.text()
 

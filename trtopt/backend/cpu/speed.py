@@ -24,6 +24,10 @@ BUDGET_S = 2.0
 WARMUP = 2  # calls each before timing: a fresh session's first calls allocate and fill caches
 MIN_ROUNDS = 3
 MAX_ROUNDS = 10
+# A plan within this factor of FP32's time is "about as fast": a median of 3-10 rounds on a shared machine moves
+# by a few percent between builds, so 1.004x must not read as "slower" (arabic-name-romanizer's encoder, whose
+# GRUs stay float, measured 1.00x and was called slower; docs/holdout.md round 8).
+NOISE = 1.05
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class Speed:
                 "interleaved calls; a rough figure: `trtopt bench` measures properly)")  # fmt: skip
         if self.ratio <= 1.0:
             return what
+        if self.ratio < NOISE:
+            return what + ": about as fast as FP32, within the noise of this rough figure"
         if not self.int8_dot_products:
             return what + (". It is slower than FP32 here: ONNX Runtime's exact INT8 kernels gain little on CPUs "
                            "without VNNI or AMX, so on this machine the float model may serve better (build without "
