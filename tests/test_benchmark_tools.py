@@ -417,3 +417,37 @@ def test_bench_vad_windows_follow_silero_and_an_empty_cache_says_what_to_fetch(t
     done = subprocess.run([sys.executable, "tools/bench_vad.py", "run"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env=env)  # fmt: skip
     assert done.returncode == 2 and "python tools/bench_vad.py fetch" in done.stderr
+
+
+def test_bench_seq2seq_feeds_the_decoder_its_last_token_and_an_empty_cache_says_what_to_fetch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The package's beam search calls encode with sources padded to the batch's longest; the plans take 16
+    tokens, the padding masked, and the decoder reads only the prefix's last token (round 8). Without the
+    fetched package the run stops with the command that fetches it."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench_seq2seq
+
+    seen: dict[str, dict[str, np.ndarray]] = {}
+
+    def encoder(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen["encoder"] = feed
+        n = len(feed["src"])
+        return {"memory_out": np.zeros((n, 16, 4)), "src_mask_out": feed["src_mask"], "hidden_out": np.ones((n, 2, 4))}
+
+    def decoder(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        seen["decoder"] = feed
+        return {"logprobs": np.zeros((len(feed["prefix"]), 5)), "hidden_out": feed["hidden"] + 1}
+
+    backend = bench_seq2seq.Backend(type("Vocab", (), {"pad_id": 0})(), encoder, decoder)
+    state = backend.encode(np.array([[5, 6, 2], [7, 2, 0]]), np.array([[0, 0, 0], [0, 0, 1]], bool))
+    assert seen["encoder"]["src"].shape == (2, 16) and seen["encoder"]["src"][0, :4].tolist() == [5, 6, 2, 0]
+    assert seen["encoder"]["src_mask"][1].tolist() == [False, False] + [True] * 14
+    _, after = backend.step(np.array([[1, 9], [1, 8]]), state)
+    assert seen["decoder"]["prefix"].tolist() == [[9], [8]] and (after["hidden"] == 2).all()
+    scores = bench_seq2seq._scores(["Ali", "Omar"], ["Ali", "Umar"], [("", "ali", "", ""), ("", "Umar", "", "")])
+    assert scores == {"same_as_fp32": 0.5, "index_spelling": 0.5}
+    monkeypatch.setenv("TRTOPT_ZOO_DIR", str(tmp_path / "zoo"))
+    assert bench_seq2seq.main(["run"]) == 2 and "python tools/bench_seq2seq.py fetch" in capsys.readouterr().err
