@@ -262,3 +262,25 @@ def test_run_model_exposes_tensors_and_checks_inputs() -> None:
         run_model(model, {})
     with pytest.raises(TrtoptError, match="rejected the inputs"):
         run_model(model, feed((1, 16, 8)))
+
+
+def test_token_ids_beyond_an_embedding_get_a_fix_about_values_and_no_second_log(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A Gather index out of range (token ids beyond a vocabulary: round 8's hostile .npz) is a data error,
+    not a shape or dtype one; ONNX Runtime's own red log line is not printed beside trtopt's message."""
+    from onnx import TensorProto, helper
+
+    from trtopt.execution.ort_session import OrtSession
+
+    table = helper.make_tensor("table", TensorProto.FLOAT, [4, 2], [0.0] * 8)
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["y"])], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 2])], [table])  # fmt: skip
+    session = OrtSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert session.run({"ids": np.array([[0, 3, 1]])})["y"].shape == (1, 3, 2)
+    capfd.readouterr()
+    with pytest.raises(TrtoptError, match="out of data bounds") as caught:
+        session.run({"ids": np.array([[0, 1000, 1]])})
+    assert "token ids are below the vocabulary size" in str(caught.value.fix)
+    assert "ExecuteKernel" not in capfd.readouterr().err

@@ -280,7 +280,8 @@ def _require_thresholds(config: BuildConfig) -> None:
     if config.int8 and not (config.data.sources or config.calib.cache):
         raise TrtoptError(
             "--int8 needs calibration data or a calibration cache.",
-            fix="Add --calib DIR (a folder of representative images) or --calib-cache FILE.",
+            fix="Add --calib DIR (a folder of representative images), --calib FILE.npz (arrays named after the "
+            "model's inputs, for token ids, audio or several inputs) or --calib-cache FILE.",
         )
 
 

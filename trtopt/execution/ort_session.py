@@ -95,17 +95,25 @@ class OrtSession:
             raise ShapeError(
                 f"Missing input(s) {missing} for the model.", fix=f"The model takes {self.input_names}."
             )
-        try:
-            values = self.session.run(names, {k: v for k, v in feeds.items() if k in self.input_names})
+        try:  # quiet: a failure is raised below with its message, not logged a second time in red
+            values = self.session.run(names, {k: v for k, v in feeds.items() if k in self.input_names}, _QUIET)
         except (
             ort.capi.onnxruntime_pybind11_state.InvalidArgument,
             ort.capi.onnxruntime_pybind11_state.Fail,
         ) as e:
-            raise InputsRejected(
-                f"ONNX Runtime rejected the inputs: {str(e).splitlines()[0]}",
-                fix="Check the input shapes and dtypes against `trtopt inspect`.",
-            ) from None
+            first = str(e).splitlines()[0]
+            raise InputsRejected(f"ONNX Runtime rejected the inputs: {first}", fix=_fix(str(e))) from None
         return dict(zip(names, values, strict=True))
+
+
+def _fix(message: str) -> str:
+    """What to check for ONNX Runtime's error `message`: values for an index out of range (a Gather's
+    "indices element out of data bounds": token ids beyond a vocabulary), else shapes and dtypes."""
+    if "out of data bounds" in message or "out of bounds" in message:
+        return ("An input's values index a table in the model (token ids into an embedding, class ids, positions) "
+                "and some lie outside it: check the data's values, e.g. that token ids are below the vocabulary "
+                "size.")  # fmt: skip
+    return "Check the input shapes and dtypes against `trtopt inspect`."
 
 
 # A bound output of the wrong shape is expected (see ReusedOutputs): no ONNX Runtime error log for it.
