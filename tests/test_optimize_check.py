@@ -157,3 +157,31 @@ def test_non_finite_values_follow_the_verification_rule() -> None:
         broken = have.copy()
         broken[position] = value
         assert _relative_error(want, broken) == float("inf"), (position, value)
+
+
+def test_a_model_that_runs_one_sample_per_call_is_told_to_calibrate_one_at_a_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dynamic batch declared but a batch of 1 written into a Reshape (khmersm's torch export, docs/holdout.md
+    round 8): the build says so and how to build it, instead of stopping in calibration at "ONNX Runtime rejected
+    the inputs" with a fix about shapes and dtypes; with --calib-batch 1 the plan builds and verifies."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w")
+    one = numpy_helper.from_array(np.array([1, 16], np.int64), "one_row")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Reshape", ["h", "one_row"], ["r"]),
+         helper.make_node("Relu", ["r"], ["y"])],
+        "batch_of_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [weights, one],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((24, 16)).astype(np.float32))
+    argv = ["build", str(tmp_path / "m.onnx"), "--int8", "--calib", str(tmp_path / "calib.npz"), "--backend", "cpu",
+            "-o", str(tmp_path / "m.engine")]  # fmt: skip
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "runs only one sample per call" in err and "fails on a batch of 8 (at Reshape" in err
+    assert "--calib-batch 1" in err and not (tmp_path / "m.engine").exists()
+    assert main([*argv, "--calib-batch", "1"]) == 0 and (tmp_path / "m.engine").is_file()

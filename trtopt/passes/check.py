@@ -15,6 +15,7 @@ rewrite (a dropped bias, a lost branch) by 1e-2 and more.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,7 @@ def check_against_file(
     from trtopt.execution.ort_session import OrtSession
     from trtopt.frontend.loader import with_supported_ir
 
+    model = None
     try:
         model = onnx.load(str(path))
         drawn = random_ops(n.op_type for n in model.graph.node)
@@ -166,6 +168,8 @@ def check_against_file(
         wanted = original.run(feeds)
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors have many types; the file is not trtopt's
         why = _first_line(exc)
+        if model is not None:
+            refuse_batch_of_one(model, graph_model, feeds, str(exc))
         return OptimizeCheck(None, f"not compared: ONNX Runtime cannot run the model file as given ({why})")
     copy = ""
     if lifted and low_float_uses(model):
@@ -176,6 +180,39 @@ def check_against_file(
     rows = len(next(iter(feeds.values()))) if feeds and np.ndim(next(iter(feeds.values()))) else 1
     found = f"equals the model file{copy} on {rows} verification input(s) ({_found(error, flipped)})"
     return OptimizeCheck(error, found)
+
+
+def refuse_batch_of_one(model: onnx.ModelProto, graph_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                        error: str) -> None:
+    """Raise a `ShapeError` when `model` fails on `feeds`, a batch of several samples along the dynamic leading
+    axis its inputs declare, but runs their first sample alone: an export that fixed the batch inside the graph
+    (khmersm's `Reshape` to [seq, 1, heads, dim] after a torch `view`; docs/holdout.md round 8). Without this,
+    the build stopped later at "ONNX Runtime rejected the inputs" with a fix about shapes and dtypes."""
+    from trtopt.errors import ShapeError
+    from trtopt.execution.ort_session import OrtSession
+    from trtopt.frontend.loader import with_supported_ir
+
+    declared = [v for v in graph_model.graph.input if v.name in feeds]
+    leading = [v.type.tensor_type.shape.dim[0] for v in declared if len(v.type.tensor_type.shape.dim)]
+    rows = {np.shape(feeds[v.name])[0] for v in declared if np.ndim(feeds[v.name])}
+    if not leading or any(d.HasField("dim_value") for d in leading) or len(rows) != 1 or rows.pop() < 2:
+        return  # no dynamic batch axis shared by every input, or one sample already
+    try:
+        OrtSession(with_supported_ir(model), opt_level="disable").run({k: v[:1] for k, v in feeds.items()})
+    except Exception:  # noqa: BLE001 - it fails on one sample too: not a batch problem
+        return
+    node = re.search(r"running (\w+) node\. Name:'([^']*)'", error)
+    shapes = re.search(r"Input shape:\{[^}]*\}, requested shape:\{[^}]*\}", error)
+    at = f"at {node[1]} {node[2]!r}" if node else error.strip().splitlines()[0][:200]
+    at += f": {shapes[0]}" if shapes else ""
+    raise ShapeError(
+        f"The model declares a dynamic batch but runs only one sample per call: ONNX Runtime runs it on one sample "
+        f"and fails on a batch of {len(next(iter(feeds.values())))} ({at}). Its export fixed the batch inside the "
+        "graph (a Reshape or view to 1 where the batch goes).",
+        fix="Build with --calib-batch 1: calibration and verification then run one sample per call. Call the plan "
+        "the same way (trtopt run --batch 1; engine(x[i:i + 1])). Or re-export the model with a batch it can vary "
+        "(torch: no view/reshape with the batch written as 1).",
+    )
 
 
 def _float32_copy(
