@@ -106,3 +106,26 @@ def test_compare_reports_the_figure_and_warns() -> None:
     (warning,) = _warnings(outputs)
     assert warning.startswith("output 'p'") and "96.88%" in warning
     assert len(_outputs_table(outputs, 6, "cpu").columns) == 9
+
+
+def test_the_sensitivity_search_aims_at_the_top_class_agreement_too() -> None:
+    """A tagger's [N, T, C] probabilities can keep a cosine above 0.99 while the top class changes at 5% of the
+    positions (slovorez, docs/holdout.md round 8): the search's figures (trtopt.quant.trials) take the agreement
+    where it is lower, pooled and per sample; outputs that are no class scores keep their cosine."""
+    from trtopt.quant.trials import cosine_figures, sample_cosines
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 25, 6)) * 3
+    logits[..., 0] += 8  # a clear winner at every position...
+    logits[:, :5, 1] = logits[:, :5, 0] - 0.05  # ...but a near tie at the first 5 of 25 positions of each sample
+    want = _softmax(logits, axis=2)
+    swapped = logits.copy()
+    swapped[0, :5, 1] += 0.1  # sample 0: the runner-up wins at those 5 positions, the values barely move
+    got = _softmax(swapped, axis=2)
+    scores = rng.normal(size=(4, 10)).astype(np.float32)
+    figures = cosine_figures({"p": got, "s": scores}, {"p": want, "s": scores})
+    assert figures[0] == pytest.approx(95 / 100) and figures[1] == pytest.approx(1.0)
+    assert agreement({"p": got}, {"p": want}).cosine > 0.99  # what the search read before: nothing to mend
+    rows = sample_cosines([{"p": got, "s": scores}], [({}, 4)], {"p": want, "s": scores})
+    np.testing.assert_allclose(rows[0], [20 / 25, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(rows[1], [1.0, 1.0, 1.0, 1.0])

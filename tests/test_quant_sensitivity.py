@@ -446,7 +446,7 @@ def test_the_build_summary_counts_the_searchs_float_layers_as_one_reason() -> No
     from trtopt.cli.summaries import float_reasons
 
     floats = {"a": "fewer than 16 channels", "b": "fewer than 16 channels",
-              "c": "kept float by sensitivity analysis (alone it lifts the worst output cosine 0.9 -> 0.95)",
+              "c": "kept float by sensitivity analysis (alone it lifts the worst output score 0.9 -> 0.95)",
               "d": "kept float by sensitivity analysis (beside the 1 kept float before it, it lifts ...)"}  # fmt: skip
     assert float_reasons(floats) == "2 (fewer than 16 channels), 2 (kept float by sensitivity analysis)"
 

@@ -125,16 +125,17 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
     short = min(after, float(confirmed["after"]) if confirmed else after) < MIN_COSINE
     if not layers and not short:
         return None
-    text = (f"{', '.join(layers)}: worst output cosine on calibration samples {record['before']:.4f} -> {after:.4f}"
-            if layers else f"no layer kept float lifts the worst output cosine on calibration samples ({after:.4f})")
+    text = (f"{', '.join(layers)}: worst output score on calibration samples {record['before']:.4f} -> {after:.4f}"
+            if layers else f"no layer kept float lifts the worst output score on calibration samples ({after:.4f})")
     if confirmed:
         text += f" ({confirmed['before']:.4f} -> {confirmed['after']:.4f} on the confirmation samples)"
-    text += f", {record['trials']} trial builds"
+    text += f", {record['trials']} trial builds (an output's score: its cosine, or its top-class agreement or mean " \
+            "IoU where lower)"
     top = record.get("ceiling") or {}
     if top.get("hopeless"):  # the search stopped at its first test (trtopt.quant.ceiling)
         return "sensitivity analysis", (
             f"{text}; stopped there, short of the {MIN_COSINE} aim: with the {top['layers']} layers adding the most "
-            f"error kept float at once the worst output cosine is only {top['worst']:.4f}, so no few layers kept "
+            f"error kept float at once the worst output score is only {top['worst']:.4f}, so no few layers kept "
             "float can mend it: calibrate on more samples like the model's real inputs (--calib), or keep the "
             "part of the model INT8 harms float by hand (--exclude; `trtopt compare --per-layer`)")  # fmt: skip
     if short:

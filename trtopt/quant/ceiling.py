@@ -45,7 +45,7 @@ class Ceiling:
         return {"layers": self.layers, "worst": self.worst, "hopeless": self.hopeless}
 
     def describe(self, before: float, aim: float) -> str:
-        return (f"with the {self.layers} layers adding the most error kept float at once the worst output cosine "
+        return (f"with the {self.layers} layers adding the most error kept float at once the worst output score "
                 f"on calibration samples is {self.worst:.4f} (INT8 plan: {before:.4f}), below {FLOOR}: no set of "
                 f"layers the search can keep float reaches its {aim} aim")  # fmt: skip
 

@@ -278,7 +278,7 @@ def _greedy(
                 continue
             found.checked = again
         beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
-        found.chosen[layer] = f"{REASON} ({beside} it lifts the worst output cosine " \
+        found.chosen[layer] = f"{REASON} ({beside} it lifts the worst output score " \
                               f"{worst(found.current):.4f} -> {worst(trial):.4f}{_summed(found, trial)})"  # fmt: skip
         found.current = trial
         if found.reached():
