@@ -16,6 +16,7 @@ from trtopt.passes import (  # noqa: F401 (register)
     fold_pad,
     fuse_cbr,
     fuse_parallel_convs,
+    sink_squeeze,
 )
 from trtopt.passes.base import PASSES, GraphPass, Match, PassReport, Rewrite
 from trtopt.passes.cost import GraphCost, estimate_cost

@@ -15,10 +15,11 @@ from trtopt.passes.cost import GraphCost, estimate_cost
 from trtopt.passes.edit import canonicalize
 from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, find_fusion_groups
 
-# Pad and BN first (they hide the conv's input and its conv-activation adjacency); horizontal fusion
+# Squeezes first (tf2onnx's Conv1D: they hide a conv's bias and activation), then Pad and BN (they hide the
+# conv's input and its conv-activation adjacency); horizontal fusion
 # before concat elimination (it creates Split->Concat round trips); CBR last, so it records groups on
 # the final graph.
-DEFAULT_ORDER = ("fold_pad", "fold_batchnorm", "fuse_parallel_convs", "eliminate_concat", "fuse_cbr")
+DEFAULT_ORDER = ("sink_squeeze", "fold_pad", "fold_batchnorm", "fuse_parallel_convs", "eliminate_concat", "fuse_cbr")
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,8 @@ from trtopt.zoo.builder import GraphBuilder
 if TYPE_CHECKING:
     from trtopt.zoo.random_graphs import Choices
 
-ACTIVATIONS = (
-    "none", "relu", "relu6", "relu6_node", "clip_pm1", "clip_min", "leaky_relu", "sigmoid", "silu",
-    "hard_swish", "tanh", "gelu",
-)  # fmt: skip
+ACTIVATIONS = ("none", "relu", "relu6", "relu6_node", "clip_pm1", "clip_min", "leaky_relu", "sigmoid", "silu",
+               "hard_swish", "tanh", "gelu")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -367,6 +365,19 @@ def _body(b: GraphBuilder, kind: str, ops: list[tuple[str, list[str]]]) -> onnx.
     return onnx.helper.make_graph(nodes, b.unique(kind), [], outputs)
 
 
+def _conv1d(gen: Generator, x: Feature) -> Feature:
+    """tf2onnx's Conv1D twice (Squeeze - bias Add - act - Unsqueeze - Conv 1x3) on the height mean, times x."""
+    b, c, act = gen.b, x.channels, gen.c.choice(ACTIVATIONS[:8])
+    axes = lambda: b.const("axes", np.array([2], np.int64))  # noqa: E731 - opset 13+: the axes are an input
+    row = b.node("Squeeze", [b.node("ReduceMean", [x.name], axes=[2], keepdims=1), axes()])
+    for _ in range(2):
+        row = b.node("Unsqueeze", [gen.activation(b.add(row, b.const("bias", b.bias(c).reshape(c, 1))), act), axes()])
+        row = b.node("Squeeze", [b.node("Conv", [row, b.const("w", b.he_weight((c, c, 1, 3), 3 * c))],
+                                        kernel_shape=[1, 3], pads=[0, 1, 0, 1]), axes()])  # fmt: skip
+    gen.note(f"conv1d {act}")
+    return Feature(b.mul(x.name, b.node("Unsqueeze", [row, axes()])), c, x.height, x.width)
+
+
 BLOCKS: dict[str, Callable[[Generator, Feature], Feature]] = {
     "conv": _conv_block,
     "residual": _residual,
@@ -384,4 +395,5 @@ BLOCKS: dict[str, Callable[[Generator, Feature], Feature]] = {
     "upsample": _upsample,
     "pooling": _pooling,
     "conditional": _conditional,
+    "conv1d": _conv1d,
 }

@@ -25,6 +25,7 @@ second. The blocks (trtopt/zoo/random_blocks.py) cover what the passes and the q
     upsample    ConvTranspose 2x2/2 (+ BN); pooling: AveragePool, a dilated conv, a GlobalMaxPool output
     conditional an `If` with two outputs whose branches read a conv's output: a constant condition (folded
                 away) or one the data decides (kept)
+    conv1d      tf2onnx's Conv1D (Squeeze, bias Add, activation, Unsqueeze, a 1x3 Conv) on the height mean, as a gate
     heads       GlobalAveragePool-Flatten-Gemm (transB 0 or 1), GlobalAveragePool-Reshape-MatMul+Add,
                 Flatten-Gemm, or the feature map itself
 """
