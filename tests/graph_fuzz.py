@@ -32,11 +32,14 @@ from trtopt.build import BuildConfig, BuildResult, build_plan
 from trtopt.calib import CalibConfig
 from trtopt.data import DataConfig
 from trtopt.engine import Engine
+from trtopt.errors import ModelError
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
 from trtopt.passes import OptimizeResult, optimize
+from trtopt.passes.check import LOW_RTOL, SCALE_FLOOR
 from trtopt.precision import convert_to_fp16
 from trtopt.quant import QuantConfig
+from trtopt.quant.float_types import lifted_to_float32
 from trtopt.zoo.random_graphs import RandomGraph, random_graph
 
 CALIB_SAMPLES = 4
@@ -212,7 +215,13 @@ def check_float16_copy_builds(case: Case) -> None:
         model_path, data_path = Path(tmp, "half.onnx"), Path(tmp, "calib.npy")
         onnx.save(half, model_path)
         np.save(data_path, samples)
-        plan = build_plan(model_path, case.variant.config(data_path)).plan
+        try:
+            plan = build_plan(model_path, case.variant.config(data_path)).plan
+        except ModelError as exc:  # right where float16 itself moves the outputs (a deep tanh chain: 5-6%)
+            own = _float16_rounding(half, samples)
+            assert "float32 copy of this float16 model" in str(exc) and own > LOW_RTOL / 2, (
+                f"refused, though the float16 model is {own:.3g} from its float32 copy: {exc}")
+            return
     assert {s.dtype for s in (*plan.inputs, *plan.outputs)} == {"float16"}, "the plan changed the model's types"
     feeds = [{half.graph.input[0].name: samples[i : i + 1]} for i in range(len(samples))]
     with Engine(plan, threads=1) as engine:
@@ -220,6 +229,20 @@ def check_float16_copy_builds(case: Case) -> None:
     error = _relative_rms_error([run_model(half, f, opt_level="disable") for f in feeds], kernels)
     bound = QDQ_FACTOR * qdq_error_bound(case) + QDQ_FLOOR + FLOAT16_SLACK
     assert error <= bound, f"the float16 copy's plan is {error:.3g} (relative RMS) from it; allowed {bound:.3g}"
+
+
+def _float16_rounding(half: onnx.ModelProto, samples: np.ndarray) -> float:
+    """How far the float16 model is from its float32 copy on `samples` (the largest difference over the largest
+    value, per output, as the build's check measures it: trtopt.passes.check)."""
+    copy, name = lifted_to_float32(half), half.graph.input[0].name
+    worst = 0.0
+    for i in range(len(samples)):
+        want = run_model(half, {name: samples[i : i + 1]}, opt_level="disable")
+        have = run_model(copy, {name: samples[i : i + 1]}, opt_level="disable")
+        for key, value in want.items():
+            ref = value.astype(np.float64)
+            worst = max(worst, float(np.abs(have[key] - ref).max() / max(np.abs(ref).max(), SCALE_FLOOR)))
+    return worst
 
 
 PROPERTIES: dict[str, Callable[[Case], None]] = {
