@@ -81,3 +81,15 @@ def test_ops_that_are_not_elementwise_stop_it() -> None:
     model = b.build([b.node("Identity", [wide], out="output")])
     graph, report = run_pass(model, "sink_squeeze")
     assert not report.changed and ops(graph) == ["Squeeze", "Softmax", "Unsqueeze", "Identity"]
+
+
+def test_a_constant_wider_than_the_squeezed_tensor_stops_it() -> None:
+    """x [1, 8, 12] + c [3, 8, 12] gives [3, 8, 12]: moved above the Squeeze it would change the tensor's batch,
+    so it stays (the values would agree, but the shapes the later passes read would not)."""
+    b = GraphBuilder("wide", seed=2, opset=17)
+    x = b.input("input", [1, 8, 1, 12])
+    narrow = b.node("Squeeze", [x, b.const("axes", np.array([2], np.int64))])
+    wide = b.node("Add", [narrow, b.const("c", np.ones((3, 8, 12), np.float32))])
+    model = b.build([b.node("Relu", [wide], out="output")])
+    graph, report = run_pass(model, "sink_squeeze")
+    assert not report.changed and ops(graph) == ["Squeeze", "Add", "Relu"]

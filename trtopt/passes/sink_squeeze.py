@@ -123,7 +123,7 @@ def _sink(match: SqueezeSink, namer: Namer) -> None:
 
 def _sinkable(op: gs.Node, between: gs.Tensor) -> bool:
     """`op` computes elementwise on `between` (a unary activation, or a binary op whose other input is a constant
-    of at most `between`'s rank; Clip's bounds are single values), and has one output."""
+    that broadcasts into `between`'s shape; Clip's bounds are single values), and has one output."""
     if len(op.outputs) != 1 or between.shape is None:
         return False
     if op.op in UNARY:
@@ -133,7 +133,10 @@ def _sinkable(op: gs.Node, between: gs.Tensor) -> bool:
         return False
     (other,) = [t for t in op.inputs if t is not between] or [None]
     values = constant_array(other) if other is not None else None
-    return values is not None and values.ndim <= len(between.shape)
+    if values is None or values.ndim > len(between.shape):
+        return False
+    padded = (1,) * (len(between.shape) - values.ndim) + values.shape  # it broadcasts into `between`, not wider
+    return all(size == 1 or size == dim for size, dim in zip(padded, between.shape, strict=True))
 
 
 def _axes(node: gs.Node, kind: str) -> tuple[int, ...] | None:

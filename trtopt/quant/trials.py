@@ -317,7 +317,7 @@ def _argmax_figure(got: np.ndarray, want: np.ndarray) -> float:
     """For per-position class scores (`trtopt.agreement.class_axis`: a tagger's or recogniser's [N, T, C]
     probabilities), the share of untied positions whose top class is FP32's; 1 for any other output. The build
     warns below `ARGMAX_MIN_AGREEMENT` (99%), the search's aim: slovorez's morpheme tagger (docs/holdout.md round
-    8) kept a cosine of 0.998 and changed the tag of 5.4% of held-out letters, 35% of words, all from its last
+    8) kept a cosine of 0.998 and changed the tag of 5.4% of held-out letters, 36% of words, all from its last
     conv; the search, reading cosines alone, stopped at once."""
     from trtopt.agreement import argmax_counts, class_axis
 
