@@ -185,3 +185,12 @@ def test_a_model_that_runs_one_sample_per_call_is_told_to_calibrate_one_at_a_tim
     assert "runs only one sample per call" in err and "fails on a batch of 8 (at Reshape" in err
     assert "--calib-batch 1" in err and not (tmp_path / "m.engine").exists()
     assert main([*argv, "--calib-batch", "1"]) == 0 and (tmp_path / "m.engine").is_file()
+    from trtopt.engine import Engine
+    from trtopt.errors import TrtoptError
+
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    with Engine.load(tmp_path / "m.engine") as engine:  # the plan, called with a batch, says the same
+        assert engine({"x": x[:1]})["y"].shape == (1, 16)
+        with pytest.raises(TrtoptError, match="takes one sample per call") as caught:
+            engine({"x": x})
+    assert "trtopt run --batch 1" in str(caught.value.fix)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -108,8 +108,24 @@ class Engine:
         """Run once. Arrays may be numpy, or device arrays (`__cuda_array_interface__` / DLPack) for
         the TensorRT backend. Returns numpy arrays keyed by output name."""
         feeds = self._validate(feeds)
-        with _runtime_errors_as_user_errors():
+        with _runtime_errors_as_user_errors(self._first_sample_runs(feeds)):
             return self._runner.infer(feeds)
+
+    def _first_sample_runs(self, feeds: Mapping[str, Any]) -> Callable[[], bool] | None:
+        """For a batch of several samples on the plan's dynamic batch axis: whether the first sample runs alone
+        (called only once the batch has failed)."""
+        rows = {int(np.shape(v)[0]) for v in feeds.values() if np.ndim(v)}
+        if len(rows) != 1 or rows.pop() < 2 or not all(t.shape and t.shape[0] == -1 for t in self.inputs):
+            return None
+
+        def runs() -> bool:
+            try:
+                self._runner.infer({name: value[:1] for name, value in feeds.items()})
+            except Exception:  # noqa: BLE001 - any failure: the batch is not the cause
+                return False
+            return True
+
+        return runs
 
     @property
     def timing(self) -> str:
@@ -212,11 +228,18 @@ def _checked_array(name: str, value: Any) -> Any:
 
 
 @contextmanager
-def _runtime_errors_as_user_errors() -> Iterator[None]:
-    """What the runtime raises for an input it cannot run (ONNX Runtime's own types) as a `TrtoptError`."""
+def _runtime_errors_as_user_errors(one_sample: Callable[[], bool] | None = None) -> Iterator[None]:
+    """What the runtime raises for an input it cannot run (ONNX Runtime's own types) as a `TrtoptError`; where
+    `one_sample()` says the batch's first sample runs alone, the error says the plan takes one per call."""
     try:
         yield
     except plan_errors() as exc:
+        if one_sample is not None and one_sample():  # a batch of 1 written into the model (khmersm, round 8)
+            raise TrtoptError(
+                f"The runtime could not run these inputs: {_first_line(exc)}. It runs their first sample alone: the "
+                "model behind this plan takes one sample per call (its export fixed the batch at 1 inside the graph).",
+                fix="Call it with one sample at a time (engine(x[i:i + 1]); trtopt run --batch 1).",
+            ) from None
         raise TrtoptError(
             f"The runtime could not run these inputs: {_first_line(exc)}",
             fix="Check the inputs' shapes, dtypes and values against `engine.inputs`.",
