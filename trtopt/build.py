@@ -36,6 +36,7 @@ from trtopt.backend import (
 )
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
+from trtopt.config_checks import checked_backend_options
 from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.errors import InputsRejected, TrtoptError
 from trtopt.frontend import onnx_from_graph
@@ -92,7 +93,7 @@ class BuildConfig:
                 )
         if self.backend != "auto":
             get_backend(self.backend)  # an unknown name lists the valid ones
-        object.__setattr__(self, "backend_options", _checked_options(self.backend_options))
+        object.__setattr__(self, "backend_options", checked_backend_options(self.backend_options))
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(self.labels))
 
@@ -121,7 +122,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt.data.samples import preprocess_spec_for, refused_random_inputs
     from trtopt.passes import optimize
-    from trtopt.passes.check import check_against_file, random_ops
+    from trtopt.passes.check import random_ops
 
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
@@ -138,8 +139,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
     with times("graph check"):  # loading and the passes against the model file (trtopt.passes.check)
-        first = checks.batches[0][0] if checks.batches else None
-        graph_check = check_against_file(path, fp32, first, lifted=config.int8) if first is not None else None
+        graph_check, config, (data, checks) = _checked_graph(path, fp32, graph, spec, config, (data, checks))
     quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
     measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
     quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
@@ -178,6 +178,26 @@ def _unverified(backend, model, io, options, fp32, checks, *, drawn):  # type: i
     plan = Plan(backend.name, io[0], observed_outputs(io[1], expected), sections=sections,
                 versions={"trtopt": __version__, **versions})  # fmt: skip
     return plan, None
+
+
+def _checked_graph(
+    path: Path, fp32: onnx.ModelProto, graph: gs.Graph, spec: PreprocessSpec | None, config: BuildConfig,
+    samples: tuple[Dataset | None, Checks],
+) -> tuple[OptimizeCheck | None, BuildConfig, tuple[Dataset | None, Checks]]:  # fmt: skip
+    """The graph check (`check_against_file`), and the config and samples the build goes on with: those it
+    had, or one sample per call where the model runs no more (its export wrote a batch of 1 into the graph)."""
+    from trtopt.passes.check import OneSamplePerCall, check_against_file
+
+    if not samples[1].batches:
+        return None, config, samples
+    try:
+        return check_against_file(path, fp32, samples[1].batches[0][0], lifted=config.int8), config, samples
+    except OneSamplePerCall as exc:
+        log.warning("%s So the build calibrates and verifies one sample per call (as --calib-batch 1 does); "
+                    "the plan runs the same way.", exc.what)  # fmt: skip
+        config = replace(config, data=replace(config.data, batch=1))
+        samples = _samples(graph, spec, config)
+        return check_against_file(path, fp32, samples[1].batches[0][0], lifted=config.int8), config, samples
 
 
 class Quantized(NamedTuple):
@@ -283,25 +303,6 @@ def _require_thresholds(config: BuildConfig) -> None:
             fix="Add --calib DIR (a folder of representative images), --calib FILE.npz (arrays named after the "
             "model's inputs, for token ids, audio or several inputs) or --calib-cache FILE.",
         )
-
-
-def _checked_options(options: BackendOptions | Sequence[BackendOptions]) -> tuple[BackendOptions, ...]:
-    """At most one options object per registered backend."""
-    given = (options,) if isinstance(options, BackendOptions) else tuple(options)
-    seen: set[str] = set()
-    for item in given:
-        if not isinstance(item, BackendOptions):
-            raise TrtoptError(
-                f"BuildConfig.backend_options holds {item!r}; expected backend options such as the "
-                "`options_type` of a backend in trtopt.backend.BACKENDS.",
-                fix="Pass each backend's own options class (its `options_type`), at most one per backend.",
-            )
-        get_backend(item.backend)
-        if item.backend in seen:
-            raise TrtoptError(f"BuildConfig.backend_options has two entries for the {item.backend!r} backend.",
-                              fix="Give each backend's options once.")  # fmt: skip
-        seen.add(item.backend)
-    return given
 
 
 def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration) -> BiasReport | None:

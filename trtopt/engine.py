@@ -38,6 +38,7 @@ class Engine:
         check_threads(threads)
         self.plan = plan
         self._closed = False
+        self._one_per_call = False  # the plan's model runs one sample per call (`infer` finds out)
         try:
             self._runner: Runner = create_runner(
                 plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device)
@@ -108,8 +109,29 @@ class Engine:
         """Run once. Arrays may be numpy, or device arrays (`__cuda_array_interface__` / DLPack) for
         the TensorRT backend. Returns numpy arrays keyed by output name."""
         feeds = self._validate(feeds)
-        with _runtime_errors_as_user_errors(self._first_sample_runs(feeds)):
-            return self._runner.infer(feeds)
+        if not self._one_per_call:
+            one_sample = self._first_sample_runs(feeds)
+            try:
+                with _runtime_errors_as_user_errors(one_sample):
+                    return self._runner.infer(feeds)
+            except OneSamplePerCallError:
+                self._one_per_call = True  # found once: every later batch goes the same way
+                log.warning("this plan's model runs one sample per call (its export wrote a batch of 1 into the "
+                            "graph): running batches one sample at a time")  # fmt: skip
+        return self._sample_by_sample(feeds)
+
+    def _sample_by_sample(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`feeds` run one sample per call, the outputs joined along their batch axis."""
+        rows = {int(np.shape(v)[0]) for v in feeds.values() if np.ndim(v)}
+        parts = []
+        if len(rows) == 1:
+            with _runtime_errors_as_user_errors():
+                parts = [self._runner.infer({k: v[i:i + 1] for k, v in feeds.items()}) for i in range(rows.pop())]
+        if not parts or any(np.ndim(v) == 0 or len(v) != 1 for part in parts for v in part.values()):
+            raise OneSamplePerCallError("The plan runs one sample per call, and these inputs cannot be split into "
+                                        "samples, or its outputs joined back into a batch.",
+                                        fix="Call it with one sample at a time (engine(x[i:i + 1])).")  # fmt: skip
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def _first_sample_runs(self, feeds: Mapping[str, Any]) -> Callable[[], bool] | None:
         """For a batch of several samples on the plan's dynamic batch axis: whether the first sample runs alone
@@ -235,7 +257,7 @@ def _runtime_errors_as_user_errors(one_sample: Callable[[], bool] | None = None)
         yield
     except plan_errors() as exc:
         if one_sample is not None and one_sample():  # a batch of 1 written into the model (khmersm, round 8)
-            raise TrtoptError(
+            raise OneSamplePerCallError(
                 f"The runtime could not run these inputs: {_first_line(exc)}. It runs their first sample alone: the "
                 "model behind this plan takes one sample per call (its export fixed the batch at 1 inside the graph).",
                 fix="Call it with one sample at a time (engine(x[i:i + 1]); trtopt run --batch 1).",
@@ -244,6 +266,10 @@ def _runtime_errors_as_user_errors(one_sample: Callable[[], bool] | None = None)
             f"The runtime could not run these inputs: {_first_line(exc)}",
             fix="Check the inputs' shapes, dtypes and values against `engine.inputs`.",
         ) from None
+
+
+class OneSamplePerCallError(TrtoptError):
+    """The plan fails on a batch whose first sample runs alone: its model takes one sample per call."""
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.errors import ModelError
+from trtopt.errors import ModelError, ShapeError
 from trtopt.quant.float_types import lifted_to_float32, low_float_uses
 
 RTOL = 1e-3
@@ -182,13 +182,17 @@ def check_against_file(
     return OptimizeCheck(error, found)
 
 
+class OneSamplePerCall(ShapeError):
+    """The model declares a dynamic batch but runs one sample per call (`refuse_batch_of_one`)."""
+
+
 def refuse_batch_of_one(model: onnx.ModelProto, graph_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                         error: str) -> None:
-    """Raise a `ShapeError` when `model` fails on `feeds`, a batch of several samples along the dynamic leading
-    axis its inputs declare, but runs their first sample alone: an export that fixed the batch inside the graph
-    (khmersm's `Reshape` to [seq, 1, heads, dim] after a torch `view`; docs/holdout.md round 8). Without this,
-    the build stopped later at "ONNX Runtime rejected the inputs" with a fix about shapes and dtypes."""
-    from trtopt.errors import ShapeError
+    """Raise `OneSamplePerCall` when `model` fails on `feeds`, a batch of several samples along the dynamic
+    leading axis its inputs declare, but runs their first sample alone: an export that fixed the batch inside
+    the graph (khmersm's `Reshape` to [seq, 1, heads, dim] after a torch `view`; docs/holdout.md round 8).
+    Without this, the build stopped later at "ONNX Runtime rejected the inputs" with a fix about shapes and
+    dtypes; `trtopt.build` now goes on one sample per call, and `Engine` runs a batch one sample at a time."""
     from trtopt.execution.ort_session import OrtSession
     from trtopt.frontend.loader import with_supported_ir
 
@@ -205,7 +209,7 @@ def refuse_batch_of_one(model: onnx.ModelProto, graph_model: onnx.ModelProto, fe
     shapes = re.search(r"Input shape:\{[^}]*\}, requested shape:\{[^}]*\}", error)
     at = f"at {node[1]} {node[2]!r}" if node else error.strip().splitlines()[0][:200]
     at += f": {shapes[0]}" if shapes else ""
-    raise ShapeError(
+    raise OneSamplePerCall(
         f"The model declares a dynamic batch but runs only one sample per call: ONNX Runtime runs it on one sample "
         f"and fails on a batch of {len(next(iter(feeds.values())))} ({at}). Its export fixed the batch inside the "
         "graph (a Reshape or view to 1 where the batch goes).",
