@@ -112,7 +112,7 @@ def test_the_sensitivity_search_aims_at_the_top_class_agreement_too() -> None:
     """A tagger's [N, T, C] probabilities can keep a cosine above 0.99 while the top class changes at 5% of the
     positions (slovorez, docs/holdout.md round 8): the search's figures (trtopt.quant.trials) take the agreement
     where it is lower, pooled and per sample; outputs that are no class scores keep their cosine."""
-    from trtopt.quant.trials import cosine_figures, sample_cosines
+    from trtopt.quant.trials import cosine_figures, output_figures, sample_cosines
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(4, 25, 6)) * 3
@@ -129,3 +129,9 @@ def test_the_sensitivity_search_aims_at_the_top_class_agreement_too() -> None:
     rows = sample_cosines([{"p": got, "s": scores}], [({}, 4)], {"p": want, "s": scores})
     np.testing.assert_allclose(rows[0], [20 / 25, 1.0, 1.0, 1.0])
     np.testing.assert_allclose(rows[1], [1.0, 1.0, 1.0, 1.0])
+    both = sample_cosines([{"p": got, "s": scores}], [({}, 4)], {"p": want, "s": scores}, split=True)
+    np.testing.assert_array_equal(both[0], rows)  # the aim form first, then the cosines alone (the gains' form)
+    assert both.shape == (2, 2, 4) and both[1, 0, 0] > 0.99 and np.all(both[1, 0, 1:] > 0.9999)
+    pair = output_figures([{"p": got, "s": scores}], [({}, 4)], {"p": want, "s": scores}, split=True)
+    np.testing.assert_array_equal(pair[0], figures)
+    assert pair[1, 0] > 0.99 and pair[1, 1] == pytest.approx(1.0)

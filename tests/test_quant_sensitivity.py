@@ -536,3 +536,23 @@ def test_the_last_step_to_the_aim_is_kept_though_it_gains_less_than_the_minimum(
     assert list(found.layers) == ["a", "b"] and found.after == pytest.approx(0.9905)
     short = find_sensitive_layers(_tied({"a": fixes["a"], "c": fixes["c"]}, errors, []), layers)
     assert list(short.layers) == ["a"] and short.after == pytest.approx(0.9896)
+
+
+def test_with_split_figures_the_search_aims_at_the_agreement_and_gains_in_cosine() -> None:
+    """A recogniser's figures in two rows (trtopt.quant.objective): the top-class agreement keeps the plan
+    short of the aim, so the search runs; "flip" turns a few positions back but lowers the cosine (what one
+    lucky time step looks like), "conv" and "tail" lift the cosine. Only the latter two are kept, and the
+    reasons say both figures; read from the aim row, "flip" would have been kept first."""
+    lifts = {"flip": (0.01, -0.0005), "conv": (0.005, 0.004), "tail": (0.003, 0.0015)}
+    layers = [*lifts, *(f"l{i}" for i in range(12))]
+
+    def measure(exclude: Sequence[str]) -> np.ndarray:
+        aim = 0.97 + sum(lifts[layer][0] for layer in exclude if layer in lifts)
+        steady = 0.994 + sum(lifts[layer][1] for layer in exclude if layer in lifts)
+        return np.array([[aim], [steady]])
+
+    found = find_sensitive_layers(measure, layers)
+    assert list(found.layers) == ["conv", "tail"] and found.after == pytest.approx(0.978)
+    assert "0.9700 -> 0.9750; its worst cosine 0.9940 -> 0.9980" in found.layers["conv"]
+    as_one_row = find_sensitive_layers(lambda exclude: measure(exclude)[0], layers)
+    assert list(as_one_row.layers)[0] == "flip"

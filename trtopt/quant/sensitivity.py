@@ -108,7 +108,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.quant.ceiling import Ceiling, ceiling
 from trtopt.quant.config import QuantConfig
-from trtopt.quant.objective import Cosines, Figures, figures, gain, refuted, shortfall, worst, worst_mean
+from trtopt.quant.objective import Cosines, Figures, gain, lift_words, refuted, worst, worst_mean
 from trtopt.quant.ranking import rank_by_added_error
 from trtopt.quant.trial_count import TrialCount, memo
 from trtopt.quant.trials import output_figures
@@ -278,19 +278,10 @@ def _greedy(
                 continue
             found.checked = again
         beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
-        found.chosen[layer] = f"{REASON} ({beside} it lifts the worst output score " \
-                              f"{worst(found.current):.4f} -> {worst(trial):.4f}{_summed(found, trial)})"  # fmt: skip
+        found.chosen[layer] = f"{REASON} ({beside} it lifts {lift_words(found.current, trial, found.aim)})"
         found.current = trial
         if found.reached():
             break
-
-
-def _summed(found: _Greedy, trial: Figures) -> str:
-    """The summed shortfall's cut, where the plan has several outputs."""
-    if figures(trial).size < 2:
-        return ""
-    return (f", the outputs' summed shortfall below {found.aim} {shortfall(found.current, found.aim):.4f} -> "
-            f"{shortfall(trial, found.aim):.4f}")  # fmt: skip
 
 
 def exclude_sensitive(
@@ -330,7 +321,8 @@ def _measurer(
 ) -> Callable[[Sequence[str]], Cosines]:  # fmt: skip
     """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
     up at the first trial, keeping what the trials of the layers `tried()` then names will read); each
-    output's figure (`trials.cosine_figures`), or with `per_sample` its cosine on each sample, a row each."""
+    output's figure (`trials.cosine_figures`), or with `per_sample` its cosine on each sample, a row each,
+    in both the aim and steady forms where they differ (`trtopt.quant.objective`)."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant.trials import DownstreamTrials, sample_cosines
@@ -347,7 +339,9 @@ def _measurer(
             if not trials:
                 trials.append(DownstreamTrials(base, batches, tried(), budget))
             outputs = trials[0].run(build(exclude)) if exclude else trials[0].base_outputs()
-        return sample_cosines(outputs, batches, expected) if per_sample else output_figures(outputs, batches, expected)
+        if per_sample:
+            return sample_cosines(outputs, batches, expected, split=True)
+        return output_figures(outputs, batches, expected, split=True)
 
     return measure
 

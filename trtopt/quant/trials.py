@@ -225,27 +225,33 @@ def _submodel(
 
 
 def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches,
-                   expected: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+                   expected: Mapping[str, np.ndarray], split: bool = False) -> np.ndarray:  # fmt: skip
     """Each output's per-sample cosines to `expected`, a row per output in `expected`'s order
     (`trtopt.verify.agreement`'s figure, sample by sample: two zero samples agree, a non-finite one scores
     -1), from `outputs`, one mapping per batch of `batches`, trimmed to each batch's rows. As in
     `cosine_figures`, a label map scores its mean IoU, and per-position class scores the sample's top-class
-    agreement where that is lower."""
+    agreement where that is lower; with `split`, the cosines without that agreement too, where they differ
+    (`trtopt.quant.objective.split`)."""
     from trtopt.compare import joined_batches, row_cosines, zero_padded
+    from trtopt.quant.objective import split as split_rows
 
-    found = []
+    aims, steadies = [], []
     for name, want in expected.items():
         parts = [(o[name], rows) for o, (_f, rows) in zip(outputs, batches, strict=True)]
         got, ref = zero_padded([joined_batches(parts), want])
         n = len(want) if np.ndim(want) else 1  # a 0-d output (MatMul of two vectors) is one sample
         if is_label_map(np.asarray(want), None):
-            found.append(label_ious(got.reshape(n, -1), ref.reshape(n, -1)))
+            aims.append(label_ious(got.reshape(n, -1), ref.reshape(n, -1)))
+            steadies.append(aims[-1])
             continue
         tops = [_argmax_figure(got[i:i + 1], ref[i:i + 1]) for i in range(n)] if np.ndim(want) >= 3 else [1.0] * n
         got, ref = got.astype(np.float64).reshape(n, -1), ref.astype(np.float64).reshape(n, -1)
-        cosines = np.minimum(row_cosines(got, ref), tops)
-        found.append(np.where(np.isfinite(cosines), cosines, -1.0))
-    return np.array(found) if found else np.ones((1, 1))
+        cosines = row_cosines(got, ref)
+        steadies.append(np.where(np.isfinite(cosines), cosines, -1.0))
+        aims.append(np.minimum(steadies[-1], tops))
+    if not aims:
+        return np.ones((1, 1))
+    return split_rows(np.array(aims), np.array(steadies)) if split else np.array(aims)
 
 
 def label_ious(got: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -271,14 +277,18 @@ def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str
 
 
 def output_figures(
-    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray]
+    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray],
+    split: bool = False,
 ) -> np.ndarray:
     """`cosine_figures` of outputs already computed, one mapping per batch of `batches` (their lowest is
-    `worst_cosine`'s figure)."""
+    `worst_cosine`'s figure); with `split`, `figure_pair`'s two rows where they differ
+    (`trtopt.quant.objective.split`)."""
+    from trtopt.quant.objective import split as split_rows
     from trtopt.verify import collect
 
     runs = iter(outputs)
-    return cosine_figures(collect(lambda _feeds: dict(next(runs)), batches), expected)
+    pair = figure_pair(collect(lambda _feeds: dict(next(runs)), batches), expected)
+    return split_rows(*pair) if split else pair[0]
 
 
 def cosine_figure(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> float:
@@ -294,23 +304,33 @@ def cosine_figures(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.
     calibration pages (avx2), so aiming at the first alone let a plan stop short of the second. A label map
     (`trtopt.metrics.labels.is_label_map`) is weighed by its mean IoU instead (`label_ious`), both ways, and
     per-position class scores by their top-class agreement where that is lower (`_argmax_figure`)."""
+    return figure_pair(outputs, expected)[0]
+
+
+def figure_pair(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(`cosine_figures`, the same without the top-class agreement): the search's aim and steady figures
+    (`trtopt.quant.objective`)."""
     from trtopt.compare import ErrorStats
     from trtopt.verify import agreement
 
-    found = []
+    aims, steadies = [], []
     for name, want in expected.items():
         if is_label_map(np.asarray(want), None):  # the mean IoU per sample and over all of them (`label_ious`)
             pooled = LabelAgreement()  # the labels alone: no cosine or error of the class ids to compute per trial
             pooled.update(np.asarray(want), np.asarray(outputs[name]))
             rows = len(want)
             per_sample = label_ious(np.asarray(outputs[name]).reshape(rows, -1), np.asarray(want).reshape(rows, -1))
-            found.append(min(float(np.mean(per_sample)), 1.0 if pooled.mean_iou is None else pooled.mean_iou))
+            aims.append(min(float(np.mean(per_sample)), 1.0 if pooled.mean_iou is None else pooled.mean_iou))
+            steadies.append(aims[-1])
             continue
         stats = ErrorStats(name)
         stats.update(np.asarray(want), np.asarray(outputs[name]))
         pair = (agreement({name: outputs[name]}, {name: want}).cosine, stats.cosine)
-        found.append(min(min(pair), _argmax_figure(outputs[name], want)) if np.all(np.isfinite(pair)) else -1.0)
-    return np.array(found) if found else np.ones(1)
+        steadies.append(min(pair) if np.all(np.isfinite(pair)) else -1.0)
+        aims.append(min(steadies[-1], _argmax_figure(outputs[name], want)) if steadies[-1] > -1.0 else -1.0)
+    if not aims:
+        return np.ones(1), np.ones(1)
+    return np.array(aims), np.array(steadies)
 
 
 def _argmax_figure(got: np.ndarray, want: np.ndarray) -> float:
