@@ -8,6 +8,8 @@ Compared tensors: a, b, cat, c (r and p are not compared: the walk goes through 
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
@@ -41,3 +43,26 @@ def test_error_is_attributed_to_the_layer_that_made_it_not_to_the_previous_row()
 def test_a_layer_that_shrinks_the_error_it_received_gets_a_negative_share() -> None:
     added = added_errors(branchy_graph(), {"a": 0.3, "b": 0.05, "cat": 0.2, "c": 0.25})
     assert added["cat"] == pytest.approx(-0.1) and added["c"] == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize("width", [80, 240])
+def test_long_output_names_are_numbered_where_the_table_would_cut_them(width: int) -> None:
+    """`trtopt compare`'s per-output table in an 80-column terminal cut a TensorFlow export's names to "model/…",
+    the same for every output; there they are numbered and listed whole below, and a wide terminal shows them."""
+    from rich.console import Console
+
+    from trtopt.cli.compare_cmd import _print_fitted
+    from trtopt.compare import compare_outputs
+
+    rng = np.random.default_rng(0)
+    names = ["model/detection_head/boxes_regression_output:0", "model/classification_head/class_scores:0"]
+    ref = {name: rng.standard_normal((4, 6)).astype(np.float32) for name in names}
+    test = {name: value + 0.01 for name, value in ref.items()}
+    outputs = [s.to_dict() for s in compare_outputs(iter([({}, ref, test)]), names).outputs]
+    console = Console(width=width, record=True, file=io.StringIO())
+    _print_fitted(console, outputs, 4, "cpu")
+    text = console.export_text()
+    for i, name in enumerate(names, 1):
+        assert name in text  # whole, in the table or below it
+        assert (f"#{i}: {name}" in text) == (width == 80)
+    assert all(len(line) <= width for line in text.splitlines() if "#" not in line)

@@ -132,7 +132,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
         print_json(result.to_dict() | {"layers": layers})
         return 0
     outputs = [s.to_dict() for s in result.outputs]
-    out.print(_outputs_table(outputs, result.samples, engine.backend))
+    _print_fitted(out, outputs, result.samples, engine.backend)
     for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:
@@ -198,7 +198,20 @@ def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict, dict]:  # typ
     return trim(batch.feeds), trim(reference), trim(test)
 
 
-def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-untyped-def]
+def _print_fitted(console, outputs: list[dict], samples: int, backend: str) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """The per-output table; where its output names would be cut to fit the terminal ("model/…" for every
+    output of a TensorFlow export in 80 columns), they are numbered in the table and listed whole below it."""
+    table = _outputs_table(outputs, samples, backend)
+    unbounded = console.options.update(max_width=10**4)  # the width it wants (a measure is capped at the console's)
+    if console.measure(table, options=unbounded).maximum <= console.width or max(len(o["name"]) for o in outputs) < 8:
+        console.print(table)
+        return
+    console.print(_outputs_table(outputs, samples, backend, [f"#{i}" for i in range(1, len(outputs) + 1)]))
+    for i, o in enumerate(outputs, 1):
+        console.print(f"#{i}: {o['name']}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None = None):  # type: ignore[no-untyped-def]
     from rich.table import Table
 
     table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs, per output", title_justify="left")
@@ -211,7 +224,7 @@ def _outputs_table(outputs, samples: int, backend: str):  # type: ignore[no-unty
         agree = "-" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%}"
         argmax = "-" if o["argmax_agreement"] is None else f"{o['argmax_agreement']:.2%} ({o['argmax_positions']})"
         table.add_row(
-            o["name"],
+            labels[outputs.index(o)] if labels else o["name"],
             f"{o['cosine']:.5f}",
             f"{o['rel_error']:.4g}",
             f"{o['max_abs_error']:.4g}",
