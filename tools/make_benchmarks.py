@@ -108,7 +108,7 @@ SECTIONS = (
         True,
     ),
     # Issue #16: every zoo model (tools/zoo.py; fetch the cache first), trtopt default / best method vs ORT.
-    # 32 + 16 samples (the page and text sets hold 16 pages) and two forced methods keep it under an hour.
+    # 32 + 16 samples and two forced methods keep it under an hour.
     Section(
         "zoo",
         "tools/bench_zoo.py",

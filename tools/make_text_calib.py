@@ -3,7 +3,7 @@
 classifiers (calib_text/lines/), document pages for text detectors, layout, orientation and table models
 (calib_text/pages/). Deterministic for a seed; the output is committed, so this runs only to remake it.
 
-    python tools/make_text_calib.py [--out calib_text] [--lines 96] [--pages 16] [--seed 0]
+    python tools/make_text_calib.py [--out calib_text] [--lines 96] [--pages 32] [--seed 0]
 
 Fonts: the DejaVu fonts that matplotlib ships (mpl-data/fonts/ttf, Bitstream Vera licence with DejaVu's
 public-domain changes: free to use, embed and redistribute; LICENSE_DEJAVU beside them). Text: the word
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "calib_text")
     parser.add_argument("--lines", type=int, default=96)
-    parser.add_argument("--pages", type=int, default=16)
+    parser.add_argument("--pages", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     fonts = [font_dir() / name for name in FONT_FILES]

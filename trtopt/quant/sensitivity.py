@@ -21,7 +21,8 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
 3. greedy: keep float the layer that gains most, then the next, re-measuring each time, until the worst
    output reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are
    float. A layer's gain (`trtopt.quant.objective`) is the larger of the worst output's rise and the cut of
-   the outputs' summed shortfall below `MIN_COSINE` (one output: its rise). A layer is kept only if it gains
+   the outputs' summed shortfall below `MIN_COSINE` (one output: its rise), read from the cosines alone
+   where the aim also weighs a top-class agreement (a recogniser's). A layer is kept only if it gains
    at least `MIN_GAIN` on the search samples, or lifts the worst output to `MIN_COSINE` (the last step),
    and the confirmation samples do not refute it: their paired
    per-sample gain, mean plus `NOISE` (2) standard errors, must reach `MIN_GAIN` (a layer that gains on the
