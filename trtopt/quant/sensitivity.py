@@ -372,6 +372,10 @@ def float_sensitive_layers(
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])
         return plan, None
+    if found.trials and len(data) < SAMPLES + CONFIRM:  # fewer than it is made for (table-cls: docs/zoo.md)
+        log.warning("the sensitivity search had %d calibration samples: it searched on %d and confirmed on %d; with "
+                    "%d or more it searches on %d and picks its layers more surely", len(data),
+                    sum(n for _, n in batches), sum(n for _, n in confirm), SAMPLES + CONFIRM, SAMPLES)  # fmt: skip
     if not found.layers:
         return plan, found
     plan = plan_quantization(graph, replace(quant, exclude=(*quant.exclude, *found.layers)))
