@@ -370,6 +370,31 @@ def _dequantized(model: onnx.ModelProto) -> list[float]:
     return values
 
 
+def test_write_failed_writes_the_refused_plan_with_its_record_and_exits_3(workdir: Path, monkeypatch, capsys, caplog) -> None:  # type: ignore[no-untyped-def]  # noqa: E501
+    """`--write-failed` (docs/holdout.md round 9: a refused plan could not be looked at, yet the fix named
+    `trtopt compare --per-layer`, which needs one): the plan is written with the failure in its record, the
+    build says so and exits 3, and loading it warns; `compare --per-layer` runs on it."""
+    from trtopt.cli.main import main
+
+    monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8u8"))
+    monkeypatch.setattr(cpu_runner, "model_for_this_cpu", _corrupting("u8u8"))
+    out = workdir / "failed.engine"
+    args = ["build", str(workdir / "tiny.onnx"), "--int8", "--calib", str(workdir / "images"), "--backend", "cpu",
+            "--preset", "imagenet", "-o", str(out)]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        assert main([*args, "--write-failed"]) == 3
+    said = " ".join(caplog.text.split())
+    assert "No build of this plan computes what its graph says" in said and "Written as --write-failed asks" in said
+    assert "OVER tolerance" in capsys.readouterr().out
+    v = read_plan(out).metadata.verification
+    assert v is not None and not v.ok and v.warning is not None and "failed its verification" in v.warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), trtopt.Engine.load(out):
+        assert "failed its verification" in caplog.text
+    assert main(["compare", str(workdir / "tiny.onnx"), str(out), "--data", str(workdir / "images"), "--per-layer",
+                 "--count", "4"]) == 0  # fmt: skip
+
+
 def test_a_lenient_backend_writes_a_mismatching_plan_with_its_record(workdir: Path, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
     """TensorRT (`strict_verification = False` until its tolerance is measured on a GPU) keeps the plan and the
     record of the mismatch; a strict backend would refuse it (test above)."""
@@ -384,7 +409,7 @@ def test_a_lenient_backend_writes_a_mismatching_plan_with_its_record(workdir: Pa
     assert result.verification is not None and not result.verification.ok
     assert result.plan.metadata.verification == result.verification
     assert result.verification.kernels_vs_reference.rel_error > result.verification.tolerance
-    assert "beyond the CPU tolerance" in caplog.text
+    assert "beyond the tolerance" in caplog.text and "failed its verification" in caplog.text
 
     def no_reference(model_bytes):  # type: ignore[no-untyped-def]
         raise verify.plan_errors()[1]("[ONNXRuntimeError] : 1 : FAIL : no FP16 kernel for Conv")

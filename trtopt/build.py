@@ -146,7 +146,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
     with times("build"):
         drawn = random_ops(n.op for n in graph.nodes)  # no two runs agree: nothing to verify against
-        build = partial(_unverified, drawn=drawn) if drawn else build_verified
+        build = partial(_unverified, drawn=drawn) if drawn else partial(build_verified, config=config.verify)
         try:
             plan, verification = build(backend, model, _io(graph), options, fp32, checks)
         except InputsRejected as exc:

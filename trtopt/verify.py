@@ -75,6 +75,7 @@ class VerifyConfig:
     up to SHARED_CHECKS times as many shared with it; random inputs where the build has no data."""
 
     samples: int = 8
+    write_failed: bool = False  # --write-failed: write a plan that fails, its failure recorded, to inspect it
 
     def __post_init__(self) -> None:
         from trtopt.config_checks import check_int
@@ -106,11 +107,16 @@ class Verification:
         class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses its classes' regions
         (LABEL_MIN_IOU there), and an output whose bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
         to_fp32 = self.reference_vs_fp32
+        from trtopt.verify_failure import reference_warning
+
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
+        kernels = self.kernels_vs_reference.describe()
+        failed = [f"its kernels differ from its Q/DQ reference beyond the tolerance ({kernels}; tolerance "
+                  f"{self.tolerance:.3g}): it failed its verification."] if not self.ok else []  # fmt: skip
         found = (argmax_warning(to_fp32.argmax, to_fp32.positions, to_fp32.cosine),
                  label_warning(to_fp32.labels, to_fp32.label_pixels, to_fp32.labels_output, to_fp32.cosine),
                  shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine))
-        return far + [w for w in found if w]
+        return failed + far + [w for w in found if w]
 
     @property
     def warning(self) -> str | None:
@@ -152,22 +158,6 @@ def kernel_tolerance(reference_vs_fp32: Agreement) -> float:
 
 
 # What to do when the reference is far from FP32 (the warning's second half, and the fix of the error).
-REFERENCE_ADVICE = (
-    "Calibrate on samples like the ones the model will see (--calib with representative data), try another "
-    "--method (auto, percentile, mse), let the sensitivity search keep the layers that cost most in float (leave "
-    "out --no-auto-exclude), or --exclude the layers `trtopt compare --per-layer` names."
-)
-
-
-def reference_warning(reference_vs_fp32: Agreement) -> str:
-    """The warning (and what to do) for a plan whose INT8 reference is far from FP32."""
-    return (
-        f"the INT8 plan itself is far from FP32 (reference vs FP32: cosine {reference_vs_fp32.cosine:.3f} on its "
-        f"worst output, below {REFERENCE_MIN_COSINE}): expect its results to differ from the float model's. "
-        f"{REFERENCE_ADVICE}"
-    )
-
-
 Runner = Callable[[Feeds], Outputs]
 
 
@@ -314,16 +304,19 @@ def build_verified(
     options: Settings,
     fp32: onnx.ModelProto,
     checks: Checks,
+    config: VerifyConfig | None = None,
 ) -> tuple[Plan, Verification | None]:
     """Build each of the backend's variants in turn until one computes what its Q/DQ graph says. None: a
     lenient backend (`Backend.strict_verification`) whose graph ONNX Runtime cannot run as a reference.
-    `options` are what `backend.options` resolved."""
+    `options` are what `backend.options` resolved; with `config.write_failed`, a plan no variant of which
+    passes is returned (the last variant's, its record saying it failed) instead of refused."""
     from trtopt import __version__
     from trtopt.backend.cpu.isa import cpu_isa
     from trtopt.compare import image_hw
     from trtopt.execution import OrtSession
     from trtopt.metrics.labels import label_map_outputs
     from trtopt.plan import Plan
+    from trtopt.verify_failure import no_matching_variant
 
     expected = collect(OrtSession(fp32).run, checks.batches)
     io = (io[0], observed_outputs(io[1], expected))
@@ -350,10 +343,7 @@ def build_verified(
             if instead is None:
                 raise
             raise instead from None
-        if not strict and not result.ok:
-            log.warning("the %s kernels differ from the plan's Q/DQ reference beyond the CPU tolerance (%s; "
-                        "tolerance %.3g); the plan is written with that record", backend.name,
-                        result.kernels_vs_reference.describe(), result.tolerance)  # fmt: skip
+        if not strict and not result.ok:  # written with its record: `Verification.warnings` says it failed
             return plan, _warned(result)
         if result.ok:
             if rejected:
@@ -362,32 +352,17 @@ def build_verified(
         log.info("variant %s: kernels vs reference %s (tolerance %.4f)", label, result.kernels_vs_reference.describe(),
                  result.tolerance)  # fmt: skip
         rejected.append({"variant": label, "rel_error": result.kernels_vs_reference.rel_error})
-    raise _no_matching_variant(backend, result, rejected)
+    if config is None or not config.write_failed:
+        raise no_matching_variant(backend, result, rejected)
+    what = no_matching_variant(backend, result, rejected).what
+    log.warning("%s", what.replace("Nothing was written.", "Written as --write-failed asks, with that record."))
+    return plan, _warned(result)
 
 
 def _warned(result: Verification) -> Verification:
     for warning in result.warnings:
         log.warning(warning)
     return result
-
-
-def _no_matching_variant(backend: Backend[Any], result: Verification, rejected: list[dict[str, Any]]) -> TrtoptError:
-    tried = ", ".join(f"{r['variant']} (relative error {r['rel_error']:.3g})" for r in rejected)
-    what = (
-        f"No build of this plan computes what its graph says on {backend.machine()}: tried {tried}, against a "
-        f"tolerance of {result.tolerance:.3g} (twice the plan's own quantisation error, at most {KERNEL_CAP})."
-    )
-    if result.far_from_fp32:  # the reference is the problem: kernels cannot follow math that far from FP32
-        return TrtoptError(
-            f"{what} The plan's own INT8 math is far from FP32 too (reference vs FP32: "
-            f"{result.reference_vs_fp32.describe()}), so fix the quantisation first. Nothing was written.",
-            fix=REFERENCE_ADVICE,
-        )
-    return TrtoptError(
-        f"{what} Nothing was written.",
-        fix=backend.mismatch_fix + "--exclude the layers `trtopt compare --per-layer` names, or report the model: "
-        "the kernels should not differ from the reference.",
-    )
 
 
 @dataclass(frozen=True)

@@ -176,12 +176,18 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
         "from --calib). Also for FP32 builds, whose random inputs a model with integer size or index inputs "
         "may refuse",
     )
+    v.add_argument(
+        "--write-failed",
+        action="store_true",
+        help="write the plan even when it fails verification, its failure recorded (the build still exits 3 "
+        "and Engine.load warns): to look at it with `trtopt compare --per-layer` or your own metric",
+    )
 
 
 def verify_config(args: argparse.Namespace) -> VerifyConfig:
     from trtopt.verify import VerifyConfig
 
-    return VerifyConfig(**_given(samples=args.verify_samples))
+    return VerifyConfig(**_given(samples=args.verify_samples), write_failed=args.write_failed)
 
 
 def _by_rank() -> list[str]:

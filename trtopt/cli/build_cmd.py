@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         print_build_summary(summary, result.backend_reason, result.report, result.speed)
-    return 0
+    failed = config.verify.write_failed and result.verification is not None and not result.verification.ok
+    return 3 if failed else 0  # --write-failed wrote a plan that failed: a script must not take it for a good one
 
 
 def build_config(args: argparse.Namespace) -> BuildConfig:
