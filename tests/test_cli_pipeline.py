@@ -221,16 +221,18 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
         update(CalibProgress("auto scoring", 0, 0, 40, 0.5))  # tensors, not images: no rate on a bar
         update(CalibProgress("auto scoring", 40, 40, 40, 9.5))
         update(CalibProgress("sensitivity", 1, 1, 10, 3.0))
-        update(CalibProgress("sensitivity", 10, 10, 10, 30.0))
+        update(CalibProgress("sensitivity", 5, 5, 10, 300.0))  # the trials' total is an upper bound
+        update(CalibProgress("sensitivity", 10, 10, 10, 330.0))
         update(CalibProgress("verify", 4, 4, 4))  # a report without seconds: no "in 0.0s"
     lines = screen.getvalue().splitlines()
     assert lines == ["calibration: histogram pass: started (8 of 32 done)",  # 2 and 4 s: under QUIET_SECONDS
-                     "calibration: histogram pass: 24 of 32 done after 6.0s",
+                     "calibration: histogram pass: 24 of 32 done after 6.0s, about 2s left",
                      "calibration: histogram pass: 32 done in 8.0s",
                      "calibration: auto thresholds, tensors scored: started (0 of 40 done)",
                      "calibration: auto thresholds, tensors scored: 40 done in 9.5s",
                      "calibration: sensitivity analysis, trials: started (1 of 10 done)",
-                     "calibration: sensitivity analysis, trials: 10 done in 30.0s",
+                     "calibration: sensitivity analysis, trials: 5 of 10 done after 300.0s, at most about 5 min left",
+                     "calibration: sensitivity analysis, trials: 10 done in 330.0s",
                      "calibration: verify pass: started (4 of 4 done)", "calibration: verify pass: 4 done"]  # fmt: skip
     screen.truncate(0)
     with console.phase_progress("calibration", disable=True) as update:  # --json: stderr stays quiet too

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from trtopt.errors import TrtoptError
 
@@ -45,6 +45,7 @@ def progress(description: str = "", *, unit: str = "img", disable: bool = False)
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]}"),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),  # for the search's trials, from their upper bound: it may end sooner
         console=err,
         disable=disable or not err.is_terminal,
         transient=False,
@@ -93,6 +94,18 @@ def _counts_images(report: CalibProgress) -> bool:
 QUIET_SECONDS = 5.0
 
 
+def _left(report: CalibProgress) -> str:
+    """About how long the rest of a phase takes at its pace so far (the search's trials count to an upper
+    bound: LEADER's 105 planned trials at 48 s each, docs/holdout.md round 9, said nothing of 80 minutes)."""
+    if not report.samples or not report.total_samples or report.seconds <= 0:
+        return ""
+    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+
+    left = report.seconds * (report.total_samples - report.samples) / report.samples
+    bound = "at most " if report.phase == SENSITIVITY_PHASE else ""
+    return f", {bound}about {left / 60:.0f} min left" if left >= 90 else f", {bound}about {left:.0f}s left"
+
+
 def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
     """Progress for a stderr that is no terminal (redirected to a file, CI): a line when a phase starts, at
     each tenth of its known total once it has run `QUIET_SECONDS`, and when it is done, so a long build does
@@ -109,6 +122,6 @@ def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
             tenths[report.phase] = tenth
             done = "done" if tenth == 10 else f"of {total} done"
             took = f" {'in' if tenth == 10 else 'after'} {report.seconds:.1f}s" if report.seconds > 0 else ""
-            err.print(f"{name}: {report.samples} {done}{took}")
+            err.print(f"{name}: {report.samples} {done}{took}{_left(report) if tenth < 10 else ''}")
 
     return update
