@@ -106,12 +106,12 @@ class Verification:
         """What the summary warns of: INT8 math far from FP32, top classes changed at too many positions of per-position
         class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses its classes' regions
         (LABEL_MIN_IOU there), and an output whose bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
-        to_fp32 = self.reference_vs_fp32
         from trtopt.verify_failure import reference_warning
 
+        to_fp32 = self.reference_vs_fp32
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []
         kernels = self.kernels_vs_reference.describe()
-        failed = [f"its kernels differ from its Q/DQ reference beyond the tolerance ({kernels}; tolerance "
+        failed = [f"the plan's kernels differ from its Q/DQ reference beyond the tolerance ({kernels}; tolerance "
                   f"{self.tolerance:.3g}): it failed its verification."] if not self.ok else []  # fmt: skip
         found = (argmax_warning(to_fp32.argmax, to_fp32.positions, to_fp32.cosine),
                  label_warning(to_fp32.labels, to_fp32.label_pixels, to_fp32.labels_output, to_fp32.cosine),
@@ -157,7 +157,6 @@ def kernel_tolerance(reference_vs_fp32: Agreement) -> float:
     return min(KERNEL_TOLERANCE * reference_vs_fp32.rel_error + KERNEL_FLOOR, KERNEL_CAP)
 
 
-# What to do when the reference is far from FP32 (the warning's second half, and the fix of the error).
 Runner = Callable[[Feeds], Outputs]
 
 

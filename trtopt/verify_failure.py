@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from trtopt.backend import Backend
     from trtopt.verify import Verification
 
+# What to do when the reference is far from FP32 (the warning's second half, and the fix of the error).
 REFERENCE_ADVICE = (
     "Calibrate on samples like the ones the model will see (--calib with representative data), try another "
     "--method (auto, percentile, mse), or --exclude the layers `trtopt compare --per-layer` names (on a plan "

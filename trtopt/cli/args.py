@@ -179,8 +179,8 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--write-failed",
         action="store_true",
-        help="write the plan even when it fails verification, its failure recorded (the build still exits 3 "
-        "and Engine.load warns): to look at it with `trtopt compare --per-layer` or your own metric",
+        help="write the plan even when it fails verification, its failure recorded (the build then exits with "
+        "status 3, and Engine.load warns): to look at it with `trtopt compare --per-layer` or your own metric",
     )
 
 
