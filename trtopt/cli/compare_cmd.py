@@ -37,7 +37,7 @@ examples:
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trtopt.cli.preprocess_args import add_preprocess_arguments
 
@@ -201,7 +201,9 @@ def _rows(batch, reference: dict, test: dict) -> tuple[dict, dict, dict]:  # typ
     return trim(batch.feeds), trim(reference), trim(test)
 
 
-def _print_fitted(console, outputs: list[dict], samples: int, backend: str, reference: str = "FP32 model") -> None:  # type: ignore[no-untyped-def,type-arg]  # noqa: E501
+def _print_fitted(  # type: ignore[no-untyped-def]
+    console, outputs: list[dict[str, Any]], samples: int, backend: str, reference: str = "FP32 model"
+) -> None:
     """The per-output table; where its output names would be cut to fit the terminal ("model/…" for every
     output of a TensorFlow export in 80 columns), they are numbered in the table and listed whole below it."""
     table = _outputs_table(outputs, samples, backend, reference=reference)
