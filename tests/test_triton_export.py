@@ -262,7 +262,7 @@ def test_a_tensorrt_build_records_the_batch_limit_export_serves(tmp_path, monkey
         value.type.tensor_type.shape.dim[0].dim_param = "N"
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
 
-    def stand_in_build(backend, model, io, options, fp32, checks):  # type: ignore[no-untyped-def]
+    def stand_in_build(backend, model, io, options, fp32, checks, config=None):  # type: ignore[no-untyped-def]
         return Plan(backend.name, io[0], io[1], {"engine": b"stand-in"}, versions={"tensorrt": "11.0.0.1"}), None
 
     from trtopt.backend import get_backend
