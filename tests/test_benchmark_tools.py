@@ -20,8 +20,13 @@ NUMBER = re.compile(
 )  # a percentage may carry its 95% interval: "95.0% (90.4-97.4%)"
 
 
+# A guard against a hung tool, not a time limit on it: under a load of 7 on 2 cores (two benchmarks beside
+# `.ci/run`) four of these tools took over 120 s and failed a suite that passes on a quiet machine.
+HANG_GUARD = 600
+
+
 def run_tool(*args: str) -> str:
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -181,7 +186,7 @@ def test_make_benchmarks_quick_assembles_sections_and_plots(tmp_path: Path) -> N
     out = tmp_path / "BENCHMARKS.md"
     subprocess.run(
         [sys.executable, "tools/make_benchmarks.py", "--quick", "--only", "latency", "--out", str(out)],
-        cwd=ROOT, check=True, capture_output=True, timeout=120,
+        cwd=ROOT, check=True, capture_output=True, timeout=HANG_GUARD,
     )
     text = out.read_text()
     assert text.startswith("# Benchmarks") and "python tools/make_benchmarks.py" in text
@@ -285,7 +290,7 @@ def test_bench_serving_measures_closed_loop_clients_and_tabulates() -> None:
 def test_bench_sparsity_on_a_zoo_model_missing_from_the_cache_says_skipped(tmp_path: Path) -> None:
     out = tmp_path / "sparsity.md"
     done = subprocess.run([sys.executable, "tools/bench_sparsity.py", "--model", "zoo:open-nsfw", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
                           env={**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "empty")})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     check_header(done.stdout, "tools/bench_sparsity.py")
@@ -415,7 +420,7 @@ def test_bench_vad_windows_follow_silero_and_an_empty_cache_says_what_to_fetch(t
     assert rows[1, 0] == 448 and rows[1, -1] == 1023
     env = {**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "zoo")}
     done = subprocess.run([sys.executable, "tools/bench_vad.py", "run"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+                          timeout=HANG_GUARD, env=env)  # fmt: skip
     assert done.returncode == 2 and "python tools/bench_vad.py fetch" in done.stderr
 
 
