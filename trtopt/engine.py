@@ -122,7 +122,7 @@ class Engine:
 
     def _sample_by_sample(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """`feeds` run one sample per call, the outputs joined along their batch axis."""
-        rows = {int(np.shape(v)[0]) for v in feeds.values() if np.ndim(v)}
+        rows = _batch_rows(feeds)
         parts = []
         if len(rows) == 1:
             with _runtime_errors_as_user_errors():
@@ -136,7 +136,7 @@ class Engine:
     def _first_sample_runs(self, feeds: Mapping[str, Any]) -> Callable[[], bool] | None:
         """For a batch of several samples on the plan's dynamic batch axis: whether the first sample runs alone
         (called only once the batch has failed)."""
-        rows = {int(np.shape(v)[0]) for v in feeds.values() if np.ndim(v)}
+        rows = _batch_rows(feeds)
         if len(rows) != 1 or rows.pop() < 2 or not all(t.shape and t.shape[0] == -1 for t in self.inputs):
             return None
 
@@ -252,16 +252,14 @@ def _checked_array(name: str, value: Any) -> Any:
 @contextmanager
 def _runtime_errors_as_user_errors(one_sample: Callable[[], bool] | None = None) -> Iterator[None]:
     """What the runtime raises for an input it cannot run (ONNX Runtime's own types) as a `TrtoptError`; where
-    `one_sample()` says the batch's first sample runs alone, the error says the plan takes one per call."""
+    `one_sample()` says the batch's first sample runs alone, `OneSamplePerCallError`, which `Engine.infer` takes
+    as its cue to run the batch one sample at a time."""
     try:
         yield
     except plan_errors() as exc:
         if one_sample is not None and one_sample():  # a batch of 1 written into the model (khmersm, round 8)
-            raise OneSamplePerCallError(
-                f"The runtime could not run these inputs: {_first_line(exc)}. It runs their first sample alone: the "
-                "model behind this plan takes one sample per call (its export fixed the batch at 1 inside the graph).",
-                fix="Call it with one sample at a time (engine(x[i:i + 1]); trtopt run --batch 1).",
-            ) from None
+            raise OneSamplePerCallError(f"The runtime runs these inputs one sample at a time only: {_first_line(exc)}",
+                                        fix="Call the plan with one sample at a time.") from None  # fmt: skip
         raise TrtoptError(
             f"The runtime could not run these inputs: {_first_line(exc)}",
             fix="Check the inputs' shapes, dtypes and values against `engine.inputs`.",
@@ -270,6 +268,11 @@ def _runtime_errors_as_user_errors(one_sample: Callable[[], bool] | None = None)
 
 class OneSamplePerCallError(TrtoptError):
     """The plan fails on a batch whose first sample runs alone: its model takes one sample per call."""
+
+
+def _batch_rows(feeds: Mapping[str, Any]) -> set[int]:
+    """The leading sizes of `feeds`' arrays (one value: a batch they share)."""
+    return {int(np.shape(v)[0]) for v in feeds.values() if np.ndim(v)}
 
 
 def _first_line(exc: BaseException) -> str:

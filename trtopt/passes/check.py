@@ -213,9 +213,9 @@ def refuse_batch_of_one(model: onnx.ModelProto, graph_model: onnx.ModelProto, fe
         f"The model declares a dynamic batch but runs only one sample per call: ONNX Runtime runs it on one sample "
         f"and fails on a batch of {len(next(iter(feeds.values())))} ({at}). Its export fixed the batch inside the "
         "graph (a Reshape or view to 1 where the batch goes).",
-        fix="Build with --calib-batch 1: calibration and verification then run one sample per call. Call the plan "
-        "the same way (trtopt run --batch 1; engine(x[i:i + 1])). Or re-export the model with a batch it can vary "
-        "(torch: no view/reshape with the batch written as 1).",
+        fix="trtopt build goes on one sample per call (as --calib-batch 1 does) and Engine runs such a plan's batches "
+        "one sample at a time; for full batches, re-export the model with a batch it can vary (torch: no "
+        "view/reshape with the batch written as 1).",
     )
 
 
