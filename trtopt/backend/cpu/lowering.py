@@ -5,6 +5,9 @@ weights int8. With symmetric int8 activations its QDQ fusion leaves many convolu
 uint8 activations every quantised Conv becomes a QLinearConv (measured in issue #5 of this project).
 - a tensor that cannot be negative (after Relu, ReLU6, Sigmoid, pooling of such) keeps the whole
   threshold T in [0, 255]: scale T/255, zero point 0 — twice the resolution of the symmetric form;
+- a tensor that cannot fall below some L > -T (the output of SiLU, HardSwish, GELU however spelt:
+  `trtopt.backend.cpu.bounds`) holds [L, T] in 255 steps, the zero point as few steps above 0 as reach L
+  (`uint8_grid`): 1.88 times the resolution for a HardSwish output with T = 6;
 - any other tensor: scale T/127, zero point 128 — exactly the symmetric grid, shifted;
 - Conv/Gemm bias becomes int32 with scale s_x * s_w (what QLinearConv consumes directly);
 - optionally, dense convs with a long reduction (`gemm_min_k`) get their int8 weights stored as q - 1
@@ -27,14 +30,13 @@ import onnx
 from onnx import numpy_helper
 
 from trtopt.backend.cpu.activations import fuse_activations
+from trtopt.backend.cpu.bounds import lower_bounds
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.passes.edit import stable_topological_order
-from trtopt.passes.query import read_clip_bounds
-from trtopt.quant.ranges import VALUE_PRESERVING_OPS
 
-# Ops whose output is non-negative whatever their input.
-NON_NEGATIVE_OPS = {"Relu", "Sigmoid", "HardSigmoid", "Softmax", "Abs", "Exp", "Softplus"}
+# A bounded tensor's uint8 grid replaces the symmetric one only if its steps are at most this large (relative).
+FINER = 0.9
 # Layers whose weights meet the activations in MLAS's u8s8 dot products.
 WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 
@@ -72,7 +74,8 @@ def lower_for_cpu(
     graph = lowered.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {out: node for node in graph.node for out in node.output}
-    non_negative = _non_negative_tensors(graph, producers, inits)
+    quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear" and _is_activation_pair(n, inits)}
+    bounds = lower_bounds(lowered, quantized)
     lowered_outputs = set()
     readers: dict[str, set[int]] = {}
     dequantizers: dict[str, list[onnx.NodeProto]] = {}
@@ -84,7 +87,7 @@ def lower_for_cpu(
     for node in graph.node:
         if node.op_type == "QuantizeLinear" and _is_activation_pair(node, inits):
             _own_constants(graph, inits, [node, *dequantizers.get(node.output[0], [])], readers)
-            _to_uint8(inits, node, nonneg=node.input[0] in non_negative)
+            _to_uint8(inits, node, low=bounds.get(node.input[0]))
             lowered_outputs.add(node.output[0])
     for info in graph.value_info:
         if info.name in lowered_outputs:
@@ -281,40 +284,33 @@ def _own_constants(
                 n.input[index] = own
 
 
-def _to_uint8(inits: dict[str, onnx.TensorProto], q: onnx.NodeProto, *, nonneg: bool) -> None:
-    """Rewrite the pair's scale and zero point (the DQ of the pair reads the same constants). trtopt's pairs are
-    symmetric (zero point 0); another tool's int8 pair with a zero point z keeps its grid, moved to z + 128."""
+def _to_uint8(inits: dict[str, onnx.TensorProto], q: onnx.NodeProto, *, low: float | None) -> None:
+    """Rewrite the pair's scale and zero point (the DQ of the pair reads the same constants) for a tensor that
+    cannot fall below `low` (None: no such bound). trtopt's pairs are symmetric (zero point 0); another tool's
+    int8 pair with a zero point z keeps its grid, moved to z + 128."""
     scale = float(numpy_helper.to_array(inits[q.input[1]]))
     zero_point = int(numpy_helper.to_array(inits[q.input[2]]))
     if zero_point:
-        zero = np.array(zero_point + 128, np.uint8)  # the same values: q + 128 with the zero point + 128
+        scale, zero = scale, zero_point + 128  # the same values: q + 128 with the zero point + 128
     else:
-        scale *= QMAX / 255.0 if nonneg else 1.0  # T / QMAX over the int8 range becomes T / 255 over uint8's
-        zero = np.array(0 if nonneg else 128, np.uint8)
+        scale, zero = uint8_grid(scale, low)
     inits[q.input[1]].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), q.input[1]))
-    inits[q.input[2]].CopyFrom(numpy_helper.from_array(zero, q.input[2]))
+    inits[q.input[2]].CopyFrom(numpy_helper.from_array(np.array(zero, np.uint8), q.input[2]))
 
 
-def _non_negative_tensors(
-    graph: onnx.GraphProto, producers: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
-) -> set[str]:
-    result: set[str] = set()
-    for node in graph.node:  # topological order: inputs are decided before outputs
-        if node.op_type in NON_NEGATIVE_OPS or (node.op_type == "Clip" and _clip_min(node, inits) >= 0):
-            result.update(node.output)
-        elif node.op_type in VALUE_PRESERVING_OPS:
-            data = (
-                [i for i in node.input[:1] if i] if node.op_type != "Concat" else [i for i in node.input if i]
-            )
-            if data and all(i in result for i in data):
-                result.update(node.output)
-    return result
-
-
-def _clip_min(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> float:
-    attrs = {a.name: a.f for a in node.attribute}
-    low, _ = read_clip_bounds(attrs, node.input[1:3], lambda n: _init_value(n, inits), lambda n: not n)
-    return -np.inf if low is None else low
+def uint8_grid(scale: float, low: float | None) -> tuple[float, int]:
+    """(scale, zero point) of the uint8 grid for a symmetric int8 pair of `scale` (threshold T = 127 x scale)
+    whose tensor cannot fall below `low`: [0, T] in 255 steps for a non-negative tensor; [low, T], with the
+    fewest steps below zero that reach `low` (`trtopt.backend.cpu.bounds`), where that is at least
+    `FINER` finer; else the same grid shifted (zero point 128)."""
+    if low is None or not scale > 0:
+        return scale, QMAX + 1
+    if low >= 0:
+        return scale * (QMAX / 255.0), 0  # T / QMAX over the int8 range becomes T / 255 over uint8's
+    threshold = scale * QMAX
+    below = int(np.ceil(255 * -low / (threshold - low)))
+    finer = max(threshold / (255 - below), -low / below)
+    return (finer, below) if finer <= FINER * scale else (scale, QMAX + 1)
 
 
 def _init_value(name: str, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
