@@ -153,9 +153,9 @@ def agreement(
     for name, want in target.items():
         if not want.size and not np.size(outputs[name]):  # empty in both (a zero-size split): nothing differs
             continue
-        got, ref = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
-        rows = len(want) if want.ndim else 1  # a 0-d output (a count, a loss) is one row
-        got, ref = comparable(got.astype(np.float64).reshape(rows, -1), ref.astype(np.float64).reshape(rows, -1))
+        padded = zero_padded([outputs[name], want])  # a data-dependent length: the missing part compares with 0
+        rows = len(padded[1]) if want.ndim else 1  # a 0-d output (a count, a loss) is one row
+        got, ref = comparable(*(a.astype(np.float64).reshape(rows, -1) for a in padded))
         with np.errstate(invalid="ignore", over="ignore"):  # NaN is the worst agreement (`_or_worst`)
             cosines.append(float(np.mean(row_cosines(got, ref))))
         shift = distribution_shift(got, ref) if axes is not None else None
@@ -165,7 +165,7 @@ def agreement(
             scale = float(np.linalg.norm(ref))
             errors.append(float(np.linalg.norm(got - ref)) / scale if scale > 0 else float(np.linalg.norm(got)))
         if want.ndim == 2 and want.shape[1] > 1:
-            top1.append(float(np.mean(outputs[name].argmax(1) == want.argmax(1))))
+            top1.append(float(np.mean(padded[0].argmax(1) == padded[1].argmax(1))))
     argmax = [argmax_counts(outputs[name], target[name], axis) for name, axis in (axes or {}).items()]
     worst = min(((same / n, n) for same, n in argmax if n), default=None)
     moved = max(shifts, key=lambda s: s[0], default=None)  # the first of equals

@@ -13,7 +13,7 @@ for `--exclude`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -191,12 +191,16 @@ class OutputComparison:
 Triple = tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray], Mapping[str, np.ndarray]]
 
 
-def compare_outputs(batches: Iterable[Triple], names: list[str], config: TaskConfig | None = None) -> OutputComparison:
+def compare_outputs(
+    batches: Iterable[Triple], names: list[str], config: TaskConfig | None = None, selected: Collection[str] = ()
+) -> OutputComparison:  # fmt: skip
     """Per-output statistics and the task metric over (inputs, FP32 outputs, plan outputs) batches.
 
     The task is chosen on the first batch (`trtopt.metrics.choose_task`: FP32 outputs, batch size, and the
     height and width of the first image-shaped input); [N, C] outputs also get top-1 agreement, and outputs of
     per-position class scores (`trtopt.agreement.class_axes`, also decided on the first batch) argmax agreement.
+    `selected` outputs (after TopK / NMS, `trtopt.selection`) get neither, nor are they chosen for a task: the
+    first entry of TopK's sorted scores is always the largest, so their top-1 agreement would be 100%.
     """
     from trtopt.agreement import class_axes
 
@@ -209,11 +213,13 @@ def compare_outputs(batches: Iterable[Triple], names: list[str], config: TaskCon
         batch = len(next(iter(feeds.values()))) if feeds else 1
         if evaluator is None:
             hw = image_hw(feeds)
-            evaluator = TaskEvaluator(choose_task({n: ref[n] for n in names}, hw, config, batch), config, hw)
-            axes = class_axes({n: np.asarray(ref[n]) for n in names}, hw)
+            candidates = [n for n in names if n not in selected] or names
+            evaluator = TaskEvaluator(choose_task({n: ref[n] for n in candidates}, hw, config, batch), config, hw)
+            axes = class_axes({n: np.asarray(ref[n]) for n in names if n not in selected}, hw)
         for n in names:
             r, t = np.asarray(ref[n]), np.asarray(test[n])
-            stats[n].update(r, t, classify=r.ndim == 2 and r.shape[0] == batch and r.shape[1] > 1, axis=axes.get(n))
+            classify = r.ndim == 2 and r.shape[0] == batch and r.shape[1] > 1 and n not in selected
+            stats[n].update(r, t, classify=classify, axis=axes.get(n))
         evaluator.update(ref, test)
         samples += batch
     return OutputComparison([stats[n] for n in names], evaluator, samples)

@@ -27,6 +27,7 @@ import onnx
 from trtopt.agreement import Agreement, Outputs, agreement, argmax_warning, class_axes, label_warning, unlabelled_cosine
 from trtopt.distribution_shift import shift_warning
 from trtopt.errors import TrtoptError
+from trtopt.selection import Selection, find_selection, judged_model, judging
 
 if TYPE_CHECKING:
     from trtopt.backend import Backend
@@ -96,6 +97,7 @@ class Verification:
     tolerance: float  # the largest kernels-vs-reference relative error that passes
     rejected: tuple[dict[str, Any], ...] = field(default=())  # variants tried first: variant, rel_error
     far_from_fp32: bool = False  # the reference's cosine with FP32 is below REFERENCE_MIN_COSINE (a warning)
+    judged: str | None = None  # outputs judged by what they select from (`trtopt.selection.Selection.describe`)
 
     @property
     def ok(self) -> bool:
@@ -129,6 +131,8 @@ class Verification:
         data = asdict(self) | {"rejected": list(self.rejected)}
         if not self.far_from_fp32:
             del data["far_from_fp32"]
+        if self.judged is None:
+            del data["judged"]
         for figures in (data["reference_vs_fp32"], data["kernels_vs_reference"]):
             for key in ("argmax", "positions", "shift", "shift_output", "labels", "label_pixels", "labels_output"):
                 if figures.get(key) is None:
@@ -147,6 +151,7 @@ class Verification:
             tolerance=float(data["tolerance"]),
             rejected=tuple(dict(r) for r in data.get("rejected", [])),
             far_from_fp32=bool(data.get("far_from_fp32", False)),  # plans before issue #13's fixes: absent
+            judged=data.get("judged"),
         )
 
 
@@ -250,18 +255,46 @@ def verify_plan(
     samples: int | None = None,
     axes: dict[str, int] | None = None,
     label_maps: Sequence[str] = (),
+    selection: Selection | None = None,
 ) -> Verification:
     """Check that `plan` is valid (ONNX checker, loads in its backend, produces every output with the right
     shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs);
     `axes` (trtopt.agreement.class_axes) names the outputs of per-position class scores, `label_maps` those of ids.
+    Outputs of a `selection` are judged by the tensors they select from (`trtopt.selection`; `fp32` holds those):
+    the reference computes them, and so do the kernels of a plan whose ONNX its backend runs (the CPU's); a
+    TensorRT engine's kernels are compared on the outputs no selection computes.
 
     Raises TrtoptError for an invalid plan; a kernel mismatch is returned (`ok` False) for the caller to act.
     """
+    kernels, reference = _runs(plan, batches, selection)
+    axes = axes if axes is not None else {}  # {}: the distribution shift, no argmax agreement
+    if selection is not None:
+        fp32, reference = selection.compared(fp32), selection.compared(reference)
+        kernels = {k: v for k, v in selection.compared(kernels).items() if k in reference}
+    to_fp32 = agreement(reference, fp32, axes, label_maps)
+    return Verification(
+        samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
+        source=source,
+        isa=isa,
+        variant=variant,
+        reference_vs_fp32=to_fp32,
+        kernels_vs_reference=agreement(kernels, {k: reference[k] for k in kernels}, axes, label_maps),
+        tolerance=kernel_tolerance(to_fp32),
+        rejected=tuple(rejected),
+        far_from_fp32=unlabelled_cosine(reference, fp32, label_maps) < REFERENCE_MIN_COSINE,
+        judged=selection.describe() if selection is not None else None,
+    )
+
+
+def _runs(
+    plan: Plan, batches: Sequence[tuple[Feeds, int | None]], selection: Selection | None
+) -> tuple[Outputs, Outputs]:  # fmt: skip
+    """(the kernels' outputs, the reference's) on `batches`, for `verify_plan`."""
     from trtopt.backend import RunOptions, create_runner
 
     try:
         onnx.checker.check_model(onnx.load_from_string(plan.sections["onnx"]))
-        runner = create_runner(plan, RunOptions())
+        runner = create_runner(judging(plan, selection), RunOptions())
         try:
             check_outputs(runner.infer(batches[0][0]), plan.outputs)
             kernels = collect(runner.infer, batches)
@@ -275,25 +308,14 @@ def verify_plan(
             "without --int8.",
         ) from None
     try:
-        reference = collect(reference_runner(plan.sections["onnx"]), batches)
+        reference = collect(reference_runner(judging(plan, selection, always=True).sections["onnx"]), batches)
     except plan_errors() as exc:  # the plan ran; ONNX Runtime's CPU kernels cannot run its graph (FP16 ops)
         raise ReferenceUnavailable(
             f"ONNX Runtime cannot run this plan's ONNX as a reference: {str(exc).strip().splitlines()[0]}",
             fix="Report it with the model: trtopt's CPU plans must always have a reference.",
         ) from None
-    axes = axes if axes is not None else {}  # {}: the distribution shift, no argmax agreement
-    to_fp32 = agreement(reference, fp32, axes, label_maps)
-    return Verification(
-        samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
-        source=source,
-        isa=isa,
-        variant=variant,
-        reference_vs_fp32=to_fp32,
-        kernels_vs_reference=agreement(kernels, reference, axes, label_maps),
-        tolerance=kernel_tolerance(to_fp32),
-        rejected=tuple(rejected),
-        far_from_fp32=unlabelled_cosine(reference, fp32, label_maps) < REFERENCE_MIN_COSINE,
-    )
+    return kernels, reference
+
 
 
 def build_verified(
@@ -317,21 +339,21 @@ def build_verified(
     from trtopt.plan import Plan
     from trtopt.verify_failure import no_matching_variant
 
-    expected = collect(OrtSession(fp32).run, checks.batches)
-    io = (io[0], observed_outputs(io[1], expected))
-    hw = image_hw(checks.batches[0][0]) if checks.batches else None
-    axes, label_maps = class_axes(expected, hw), label_map_outputs(expected, hw)
-    strict = backend.strict_verification
+    selection = find_selection(fp32)  # outputs after TopK / NMS: judged by what they select from (FP32 runs those)
+    judged = collect(OrtSession(judged_model(fp32, selection) if selection else fp32).run, checks.batches)
+    io, hw = (io[0], observed_outputs(io[1], judged)), image_hw(checks.batches[0][0]) if checks.batches else None
+    compared = selection.compared(judged) if selection else judged
+    axes, label_maps = class_axes(compared, hw), label_map_outputs(compared, hw)
     rejected: list[dict[str, Any]] = []
     for label, variant in backend.variants(options):
         sections, versions = backend.build(model, variant)
         plan = Plan(backend.name, *io, sections=sections, versions={"trtopt": __version__, **versions})
         try:
-            result = verify_plan(plan, expected, checks.batches, source=checks.source, isa=cpu_isa(),
+            result = verify_plan(plan, judged, checks.batches, source=checks.source, isa=cpu_isa(),
                                  variant=label, rejected=rejected, samples=checks.samples, axes=axes,
-                                 label_maps=label_maps)  # fmt: skip
+                                 label_maps=label_maps, selection=selection)  # fmt: skip
         except ReferenceUnavailable as exc:
-            if strict:
+            if backend.strict_verification:
                 raise
             log.warning("the %s plan is valid but not compared with a reference: %s", backend.name, exc.what)
             return plan, None
@@ -342,7 +364,7 @@ def build_verified(
             if instead is None:
                 raise
             raise instead from None
-        if not strict and not result.ok:  # written with its record: `Verification.warnings` says it failed
+        if not backend.strict_verification and not result.ok:  # written with its record, which says it failed
             return plan, _warned(result)
         if result.ok:
             if rejected:

@@ -120,6 +120,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
     from trtopt.quant.prequantized import is_prequantized
+    from trtopt.selection import find_selection
 
     config = task_config_from_args(args)
     model = load_model(args.model).model
@@ -128,7 +129,8 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count, overrides=overrides_from_args(args))
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
     batches = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
-    result = compare_outputs(batches, names, config)
+    selection = find_selection(model)
+    result = compare_outputs(batches, names, config, selection.selected if selection else ())
     layers = _per_layer(args, engine, dataset) if args.per_layer else None
     if args.json:
         print_json(result.to_dict() | {"layers": layers})
@@ -136,6 +138,10 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     outputs = [s.to_dict() for s in result.outputs]
     what = "the model's own quantised math (ONNX Runtime, optimisations off)" if quantised else "FP32 model"
     _print_fitted(out, outputs, result.samples, engine.backend, what)
+    if selection is not None:
+        out.print(f"note: {escape(', '.join(selection.selected))} come after TopK / NMS / NonZero: element by "
+                  "element their figures move with every swap of two entries; `trtopt build` judges the tensors "
+                  f"they select from instead ({escape(', '.join(selection.judged))})")
     for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:

@@ -163,6 +163,7 @@ def verification_text(record: dict[str, Any]) -> str:
         f"({'within' if v.ok else 'OVER'} tolerance {v.tolerance:.3g})",
     ]
     lines += [f"rejected {r['variant']}: relative error {r['rel_error']:.3g}" for r in v.rejected]
+    lines += [f"outputs {v.judged}"] if v.judged else []
     return "\n".join(lines)
 
 

@@ -352,22 +352,23 @@ def float_sensitive_layers(
     progress: Callable[[Any], None] | None = None, lower: Lower = _as_is,
 ) -> tuple[Any, Sensitivity | None]:  # fmt: skip
     """For `trtopt.build`: `plan` with the sensitive layers kept float, searched and confirmed on the first
-    calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's
-    verification samples), each trial measured in the form `lower` gives it (the backend's
-    `measured_form`: the plan as the backend builds it). `progress`
-    (the calibration's callback) gets a `CalibProgress` of phase "sensitivity" per trial, counting trials."""
+    calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's verification
+    samples), each trial measured in the form `lower` gives it (the backend's `measured_form`), outputs after
+    TopK / NMS by what they select from (`trtopt.selection`). `progress` gets a `CalibProgress` per trial."""
     from trtopt.calib.collect import count_reporter
+    from trtopt.errors import TrtoptError
     from trtopt.quant.placement import plan_quantization
+    from trtopt.selection import judged_graph
+    from trtopt.verify import plan_errors
 
     if not plan.quantized_layers:
         return plan, None
-    from trtopt.errors import TrtoptError
-    from trtopt.verify import plan_errors
 
     batches, confirm = search_samples(data, batch)
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
+    searched, layers = judged_graph(graph, plan.quantized_layers)
     try:
-        found = exclude_sensitive(graph, quant, calibration, quant.bias_correction, batches, plan.quantized_layers,
+        found = exclude_sensitive(searched, quant, calibration, quant.bias_correction, batches, layers,
                                   count_reporter(progress, SENSITIVITY_PHASE), confirm, lower)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure
         log.warning("no sensitivity analysis: %s", str(exc).strip().splitlines()[0])

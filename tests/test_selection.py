@@ -1,0 +1,107 @@
+"""End-to-end detectors: outputs picked by TopK / NonMaxSuppression are judged by what they pick from
+(trtopt.selection), in the build's verification and in the sensitivity search."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtopt.agreement import agreement
+from trtopt.build import BuildConfig, build_plan
+from trtopt.data import DataConfig
+from trtopt.execution import run_model
+from trtopt.selection import find_selection, judged_graph, judged_model
+
+_N = helper.make_node
+
+
+def _detector(head: str) -> onnx.ModelProto:
+    """A small conv detector with its own post-processing: `head` "topk" (the 10 best scores and their boxes,
+    as RT-DETR / YOLOv10 exports end) or "nms" (NonMaxSuppression's boxes, as many as it keeps)."""
+    rng = np.random.default_rng(0)
+    weights = {"w1": (16, 3, 3, 3), "w2": (32, 16, 3, 3), "ws": (1, 32, 1, 1), "wb": (4, 32, 1, 1)}
+    inits = [numpy_helper.from_array((rng.standard_normal(s) / np.sqrt(np.prod(s[1:]))).astype(np.float32), n)
+             for n, s in weights.items()]  # fmt: skip
+    ints = {"flat": [1, -1], "box_shape": [1, 4, -1], "k": [10], "zero": [0], "two": [2], "col": [2]}
+    inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items()]
+    inits += [numpy_helper.from_array(np.array([v], np.float32), n) for n, v in (("iou", 0.5), ("thr", 0.5))]
+    inits += [numpy_helper.from_array(np.array([20], np.int64), "most")]
+    nodes = [
+        _N("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]), _N("Relu", ["c1"], ["r1"]),
+        _N("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]), _N("Relu", ["c2"], ["r2"]),
+        _N("Conv", ["r2", "ws"], ["logits"]), _N("Sigmoid", ["logits"], ["prob"]),
+        _N("Reshape", ["prob", "flat"], ["scores"]),
+        _N("Conv", ["r2", "wb"], ["raw_boxes"]), _N("Reshape", ["raw_boxes", "box_shape"], ["b4"]),
+        _N("Transpose", ["b4"], ["boxes"], perm=[0, 2, 1]),
+    ]  # fmt: skip
+    if head == "topk":
+        nodes += [_N("TopK", ["scores", "k"], ["top", "index"], axis=1), _N("Squeeze", ["index", "zero"], ["i0"]),
+                  _N("Gather", ["boxes", "i0"], ["picked"], axis=1)]  # fmt: skip
+        outputs = [("top", [1, 10]), ("picked", [1, 10, 4])]
+    else:
+        nodes += [_N("Unsqueeze", ["scores", "zero"], ["s3"]),
+                  _N("NonMaxSuppression", ["boxes", "s3", "most", "iou", "thr"], ["kept"]),
+                  _N("Gather", ["kept", "col"], ["which"], axis=1), _N("Squeeze", ["boxes", "zero"], ["b2"]),
+                  _N("Gather", ["b2", "which"], ["picked"], axis=0)]  # fmt: skip
+        outputs = [("picked", ["kept", 4])]
+    graph = helper.make_graph(
+        nodes, head, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("head", ["topk", "nms"])
+def test_selected_outputs_are_judged_by_the_scores_and_boxes_they_pick_from(head: str) -> None:
+    model = _detector(head)
+    found = find_selection(model)
+    assert found is not None
+    assert found.selected == (("top", "picked") if head == "topk" else ("picked",))
+    assert set(found.judged) == {"prob", "raw_boxes"}, "the scores and boxes, before any reshape"
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    judged = run_model(judged_model(model, found), feeds)
+    assert set(judged) == {*found.selected, "prob", "raw_boxes"} and judged["prob"].shape == (1, 1, 8, 8)
+
+
+def test_a_model_without_selection_is_judged_as_it_is() -> None:
+    model = _detector("topk")
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 64]))
+    assert find_selection(model) is None
+
+
+def test_the_search_measures_the_graph_without_the_selection() -> None:
+    from trtopt.frontend import graph_from_onnx
+
+    graph = graph_from_onnx(_detector("topk"))
+    searched, layers = judged_graph(graph, ["Conv_0", "missing"])
+    assert {t.name for t in searched.outputs} == {"prob", "raw_boxes"}
+    assert not any(n.op in ("TopK", "Gather") for n in searched.nodes)
+    assert {t.name for t in graph.outputs} == {"top", "picked"}, "the build's own graph is left as it was"
+    assert layers == [n for n in ["Conv_0"] if n in {m.name for m in searched.nodes}]
+
+
+def test_outputs_of_different_lengths_compare_without_a_traceback() -> None:
+    """NMS keeps 30 boxes in one run and 32 in the other: the missing rows compare with zeros."""
+    rng = np.random.default_rng(0)
+    want = rng.random((32, 4)).astype(np.float32)
+    found = agreement({"boxes": want[:30]}, {"boxes": want})
+    assert 0.9 < found.cosine < 1.0 and found.top1 is not None
+
+
+@pytest.mark.parametrize("head", ["topk", "nms"])
+def test_an_end_to_end_detector_builds_and_records_what_it_judged(tmp_path: Path, head: str) -> None:
+    model_path = tmp_path / f"{head}.onnx"
+    onnx.save(_detector(head), model_path)
+    samples = np.random.default_rng(0).standard_normal((24, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", samples)
+    result = build_plan(model_path, BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npy"),))))
+    verification = result.verification
+    assert verification is not None and verification.ok
+    assert verification.judged is not None and "prob" in verification.judged and "raw_boxes" in verification.judged
+    assert verification.reference_vs_fp32.cosine > 0.98, "the scores and boxes before the selection"
+    assert [o.name for o in result.plan.outputs] == (["top", "picked"] if head == "topk" else ["picked"])
