@@ -52,8 +52,8 @@ class Selection:
         return {k: v for k, v in outputs.items() if k not in self.selected}
 
     def describe(self) -> str:
-        return (f"{_names(self.selected)} (after TopK / NMS / NonZero) judged by the tensors "
-                f"they select from: {_names(self.judged)}")  # fmt: skip
+        return (f"after TopK / NMS / NonZero ({_names(self.selected)}) judged by the tensors they select "
+                f"from ({_names(self.judged)})")  # fmt: skip
 
 
 def find_selection(model: onnx.ModelProto) -> Selection | None:
