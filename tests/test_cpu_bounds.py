@@ -48,7 +48,8 @@ UNBOUNDED = {
     "x + 1": [_N("Add", ["x", "one"], ["y"])],
     "LeakyRelu": [_N("LeakyRelu", ["x"], ["y"], alpha=0.1)],
     "two tensors": [_N("Sigmoid", ["x"], ["s"]), _N("Mul", ["s", "z"], ["y"])],
-    "a per-channel constant": [_N("Sigmoid", ["x"], ["s"]), _N("Mul", ["s", "x"], ["m"]), _N("Mul", ["m", "gamma"], ["y"])],
+    "a per-channel constant": [
+        _N("Sigmoid", ["x"], ["s"]), _N("Mul", ["s", "x"], ["m"]), _N("Mul", ["m", "gamma"], ["y"])],
     "a conv": [_N("Conv", ["x4", "w"], ["y"])],
 }  # fmt: skip
 

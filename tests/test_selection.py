@@ -105,3 +105,18 @@ def test_an_end_to_end_detector_builds_and_records_what_it_judged(tmp_path: Path
     assert verification.judged is not None and "prob" in verification.judged and "raw_boxes" in verification.judged
     assert verification.reference_vs_fp32.cosine > 0.98, "the scores and boxes before the selection"
     assert [o.name for o in result.plan.outputs] == (["top", "picked"] if head == "topk" else ["picked"])
+
+
+def test_compare_names_the_selected_outputs_and_picks_no_task_from_them(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """TopK's sorted scores look like a classifier's [N, C] output, and their top-1 agreement is 100% in any run."""
+    from trtopt.cli.main import main
+
+    onnx.save(_detector("topk"), tmp_path / "topk.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((24, 3, 32, 32)).astype(np.float32))
+    common = [str(tmp_path / "topk.onnx")]
+    assert main(["build", *common, "--int8", "--calib", str(tmp_path / "x.npy"), "-o", str(tmp_path / "p.engine")]) == 0
+    capsys.readouterr()
+    assert main(["compare", *common, str(tmp_path / "p.engine"), "--data", str(tmp_path / "x.npy")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "top, picked come after TopK" in said and "(raw_boxes, prob)" in said
+    assert "task: classify" not in said and "task: raw" in said
