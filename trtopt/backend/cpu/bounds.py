@@ -43,6 +43,8 @@ ELEMENT_WISE = {
     "Tanh", "Erf", "Softplus", "Exp", "Abs", "Elu", "Selu", "Celu", "LeakyRelu", "Mish", "Gelu", "Identity",
 }  # fmt: skip
 MOST_NODES = 16  # the longest element-wise chain evaluated (GELU's tanh form takes 9)
+_REMEMBERED = 4096  # chains evaluated and kept (a model repeats a few kinds; each sensitivity trial lowers again)
+_EVALUATED: dict[bytes, float | None] = {}
 MARGIN = 1e-3  # relative: how far below the least value found the bound is put
 SOURCE = "bounds/source"  # the chain's one input, as the evaluated copy reads it
 _GRID = np.concatenate([-np.logspace(6, -4, 2001), np.linspace(-8, 8, 16001), np.logspace(-4, 6, 2001)])
@@ -163,24 +165,48 @@ def _least_value(
     nodes: list[onnx.NodeProto], output: str, consts: Mapping[str, onnx.TensorProto], opset: int
 ) -> float | None:  # fmt: skip
     """The least value of `output` over `_GRID` as `SOURCE`; None where the function still falls at an end
-    of the grid or some value is not finite (no bound), or the reference evaluator cannot run the chain."""
-    from onnx.reference import ReferenceEvaluator
-
-    read = {name for node in nodes for name in node.input if name in consts}
+    of the grid or some value is not finite (no bound), or the reference evaluator cannot run the chain. A
+    chain alike to one evaluated before (the same ops, attributes and constants) is not evaluated again."""
+    names: dict[str, str] = {SOURCE: SOURCE}  # every tensor renamed by first use, so that alike chains match
+    for node in nodes:
+        for name in (*node.input, *node.output):
+            if name:
+                names.setdefault(name, f"t{len(names)}")
+    chain = []
+    for node in nodes:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.name = ""
+        copy.input[:] = [names.get(n, n) for n in node.input]
+        copy.output[:] = [names.get(n, n) for n in node.output]
+        chain.append(copy)
+    read = sorted({name for node in nodes for name in node.input if name in consts})
     model = helper.make_model(
         helper.make_graph(
-            nodes, "bound", [helper.make_tensor_value_info(SOURCE, onnx.TensorProto.FLOAT, [None])],
-            [helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None)],
-            [_renamed(consts[name], name) for name in sorted(read)],
+            chain, "bound", [helper.make_tensor_value_info(SOURCE, onnx.TensorProto.FLOAT, [None])],
+            [helper.make_tensor_value_info(names[output], onnx.TensorProto.FLOAT, None)],
+            [_renamed(consts[name], names[name]) for name in read],
         ),
         opset_imports=[helper.make_opsetid("", opset)],
     )  # fmt: skip
+    key = model.SerializeToString(deterministic=True)
+    if key not in _EVALUATED:
+        if len(_EVALUATED) >= _REMEMBERED:
+            _EVALUATED.clear()
+        _EVALUATED[key] = _evaluated_least(model)
+    return _EVALUATED[key]
+
+
+def _evaluated_least(model: onnx.ModelProto) -> float | None:
+    """`_least_value` of the one chain `model` holds."""
+    from onnx.reference import ReferenceEvaluator
+
     try:
         with np.errstate(all="ignore"):  # exp overflows at the grid's ends; the functions' values stay finite
             outputs = list(ReferenceEvaluator(model).run(None, {SOURCE: _GRID.astype(np.float32)}))
         values = np.asarray(outputs[0], np.float64)
     except Exception as exc:  # noqa: BLE001 - any failure means no bound, never a failed build
-        log.debug("no lower bound for %s: %s", output, exc)
+        log.debug("no lower bound for a chain of %s: %s", [n.op_type for n in model.graph.node], exc)
         return None
     values = values.reshape(-1)
     if values.size != _GRID.size or not np.all(np.isfinite(values)):
