@@ -120,3 +120,18 @@ def test_compare_names_the_selected_outputs_and_picks_no_task_from_them(tmp_path
     said = " ".join(capsys.readouterr().out.split())
     assert "top, picked come after TopK" in said and "(raw_boxes, prob)" in said
     assert "task: classify" not in said and "task: raw" in said
+
+
+def test_a_selection_of_token_positions_before_the_network_is_no_selected_output() -> None:
+    """A transformer export that picks positions with NonZero of its input mask selects before any layer has
+    run: its outputs are the network's own, judged as they are."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    nodes = [_N("MatMul", ["x", "w"], ["h"]), _N("NonZero", ["mask"], ["where"]), _N("Transpose", ["where"], ["at"]),
+             _N("GatherND", ["h", "at"], ["picked"]), _N("MatMul", ["picked", "w"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "tokens",
+        [helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 5]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], [w],
+    )  # fmt: skip
+    assert find_selection(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])) is None

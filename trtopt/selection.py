@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SELECTING_OPS = {"TopK", "NonMaxSuppression", "NonZero"}
 _FLOAT = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
+_WEIGHTED = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum"}  # the network's layers
 _LAYOUT_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"}  # the same values, reshaped
 _DEPTH = 8  # how far back through bool / integer tensors (a mask, a Cast) the float ones are looked for
 
@@ -65,7 +66,7 @@ def find_selection(model: onnx.ModelProto) -> Selection | None:
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    after = _downstream(graph, consumers)
+    after = _downstream(graph, producers, consumers)
     selected = tuple(o.name for o in graph.output if o.name in after)
     if not selected:
         return None
@@ -130,9 +131,14 @@ def judged_graph(graph: gs.Graph, layers: Sequence[str]) -> tuple[gs.Graph, list
     return copy, [layer for layer in layers if layer in kept]
 
 
-def _downstream(graph: onnx.GraphProto, consumers: Mapping[str, list[onnx.NodeProto]]) -> set[str]:
-    """Every tensor computed from a selecting op's output."""
-    stack = [out for node in graph.node if node.op_type in SELECTING_OPS for out in node.output if out]
+def _downstream(
+    graph: onnx.GraphProto, producers: Mapping[str, onnx.NodeProto], consumers: Mapping[str, list[onnx.NodeProto]]
+) -> set[str]:  # fmt: skip
+    """Every tensor computed from the output of a selecting op that selects by the network's values: its data
+    input computed by a weighted layer (`_WEIGHTED`), not a mask of token ids that selects before the network
+    has run, whose outputs are the network's own and are judged as they are."""
+    selecting = [node for node in graph.node if node.op_type in SELECTING_OPS]
+    stack = [out for node in selecting if _computed(node.input[:2], producers) for out in node.output if out]
     seen: set[str] = set()
     while stack:
         name = stack.pop()
@@ -141,6 +147,20 @@ def _downstream(graph: onnx.GraphProto, consumers: Mapping[str, list[onnx.NodePr
         seen.add(name)
         stack += [out for node in consumers.get(name, []) for out in node.output if out]
     return seen
+
+
+def _computed(names: Sequence[str], producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """Whether a weighted layer computes any of the tensors `names` (as far back as the graph goes)."""
+    stack, seen = [n for n in names if n], set()
+    while stack:
+        node = producers.get(stack.pop())
+        if node is None or id(node) in seen:
+            continue
+        if node.op_type in _WEIGHTED:
+            return True
+        seen.add(id(node))
+        stack += [i for i in node.input if i]
+    return False
 
 
 def _tail(
