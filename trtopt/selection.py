@@ -98,10 +98,11 @@ def judged_model(model: onnx.ModelProto, selection: Selection) -> onnx.ModelProt
     return copy
 
 
-def judging(plan: Plan, selection: Selection | None, always: bool = False) -> Plan:
-    """`plan` with its ONNX also computing `selection`'s judged tensors, where its backend runs that ONNX (the
-    CPU's; `always`: the reference's run of it), else `plan` itself."""
-    if selection is None or not (always or plan.backend == "cpu"):
+def judging(plan: Plan, selection: Selection | None, section: str = "onnx") -> Plan:
+    """`plan` with its ONNX also computing `selection`'s judged tensors where `section` (the plan section
+    that is run: the reference's, or the backend's `runner_section`) is that ONNX, else `plan` itself (a
+    TensorRT engine computes its graph outputs only)."""
+    if selection is None or section != "onnx":
         return plan
     from dataclasses import replace
 

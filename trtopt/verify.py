@@ -290,11 +290,11 @@ def _runs(
     plan: Plan, batches: Sequence[tuple[Feeds, int | None]], selection: Selection | None
 ) -> tuple[Outputs, Outputs]:  # fmt: skip
     """(the kernels' outputs, the reference's) on `batches`, for `verify_plan`."""
-    from trtopt.backend import RunOptions, create_runner
+    from trtopt.backend import RunOptions, create_runner, get_backend
 
     try:
         onnx.checker.check_model(onnx.load_from_string(plan.sections["onnx"]))
-        runner = create_runner(judging(plan, selection), RunOptions())
+        runner = create_runner(judging(plan, selection, get_backend(plan.backend).runner_section), RunOptions())
         try:
             check_outputs(runner.infer(batches[0][0]), plan.outputs)
             kernels = collect(runner.infer, batches)
@@ -308,7 +308,7 @@ def _runs(
             "without --int8.",
         ) from None
     try:
-        reference = collect(reference_runner(judging(plan, selection, always=True).sections["onnx"]), batches)
+        reference = collect(reference_runner(judging(plan, selection).sections["onnx"]), batches)
     except plan_errors() as exc:  # the plan ran; ONNX Runtime's CPU kernels cannot run its graph (FP16 ops)
         raise ReferenceUnavailable(
             f"ONNX Runtime cannot run this plan's ONNX as a reference: {str(exc).strip().splitlines()[0]}",
