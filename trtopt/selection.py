@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from trtopt.passes.query import proto_links
+
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
 
@@ -61,11 +63,7 @@ def find_selection(model: onnx.ModelProto) -> Selection | None:
     """The `Selection` of `model`'s outputs (None: no output is computed through a selecting op, or no
     float tensor to judge in their place was found)."""
     graph = model.graph
-    producers = {out: node for node in graph.node for out in node.output if out}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producers, consumers = proto_links(graph)
     after = _downstream(graph, producers, consumers)
     selected = tuple(o.name for o in graph.output if o.name in after)
     if not selected:

@@ -1,5 +1,5 @@
 """Read-only facts about a gs.Graph that passes, the quantizer and the reports ask: constants, producers,
-consumers, conv geometry, a layer's channels, a Clip's bounds."""
+consumers (`proto_links` for an ONNX graph proto), conv geometry, a layer's channels, a Clip's bounds."""
 
 from __future__ import annotations
 
@@ -8,10 +8,21 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 CONV_OPS = ("Conv", "ConvTranspose")
 T = TypeVar("T")
+
+
+def proto_links(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+    """(tensor -> the node that makes it, tensor -> the nodes that read it) of an ONNX graph proto."""
+    producers = {out: node for node in graph.node for out in node.output if out}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return producers, consumers
 
 
 def graph_output_names(graph: gs.Graph) -> set[str]:

@@ -32,6 +32,7 @@ import onnx
 from onnx import helper
 
 from trtopt.metrics.labels import LabelAgreement, is_label_map
+from trtopt.passes.query import proto_links
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +161,7 @@ def _boundaries(base: onnx.ModelProto, layers: Sequence[str]) -> list[str]:
     (cheap to recompute) to the compute node that made it. A guess from `base` alone: re-quantising may
     change a little more (a Concat's other inputs), which then runs from further upstream."""
     graph = base.graph
-    producer = {out: node for node in graph.node for out in node.output if out}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    producer, consumers = proto_links(graph)
     by_name = {node.name: node for node in graph.node}
     found: dict[str, None] = {}
     for layer in layers:
