@@ -135,3 +135,17 @@ def test_a_selection_of_token_positions_before_the_network_is_no_selected_output
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], [w],
     )  # fmt: skip
     assert find_selection(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])) is None
+
+
+def test_a_backend_that_runs_an_engine_is_verified_on_the_outputs_it_computes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A TensorRT engine computes its graph outputs only, not the judged tensors: its kernels are compared on
+    the outputs no selection computes (here none), the reference on the judged tensors, and nothing fails."""
+    from trtopt.backend import get_backend
+
+    monkeypatch.setattr(type(get_backend("cpu")), "runner_section", "engine")  # as TensorRT's: the ONNX is not run
+    onnx.save(_detector("nms"), tmp_path / "nms.onnx")
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((24, 3, 32, 32)).astype(np.float32))
+    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npy"),)))
+    verification = build_plan(tmp_path / "nms.onnx", config).verification
+    assert verification is not None and verification.ok and verification.judged is not None
+    assert verification.reference_vs_fp32.cosine > 0.98

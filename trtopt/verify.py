@@ -270,15 +270,16 @@ def verify_plan(
     axes = axes if axes is not None else {}  # {}: the distribution shift, no argmax agreement
     if selection is not None:
         fp32, reference = selection.compared(fp32), selection.compared(reference)
-        kernels = {k: v for k, v in selection.compared(kernels).items() if k in reference}
-    to_fp32 = agreement(reference, fp32, axes, label_maps)
+    shared = {k: v for k, v in reference.items() if k in kernels}  # a TensorRT engine computes no judged tensors
+    to_fp32, on = agreement(reference, fp32, axes, label_maps), {k: a for k, a in axes.items() if k in shared}
+    from_kernels = agreement(kernels, shared, on, [m for m in label_maps if m in shared])
     return Verification(
         samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
         source=source,
         isa=isa,
         variant=variant,
         reference_vs_fp32=to_fp32,
-        kernels_vs_reference=agreement(kernels, {k: reference[k] for k in kernels}, axes, label_maps),
+        kernels_vs_reference=from_kernels,
         tolerance=kernel_tolerance(to_fp32),
         rejected=tuple(rejected),
         far_from_fp32=unlabelled_cosine(reference, fp32, label_maps) < REFERENCE_MIN_COSINE,
