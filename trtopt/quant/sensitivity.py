@@ -366,8 +366,8 @@ def float_sensitive_layers(
 
     batches, confirm = search_samples(data, batch)
     failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
-    searched, layers = judged_graph(graph, plan.quantized_layers)
     try:
+        searched, layers = judged_graph(graph, plan.quantized_layers)
         found = exclude_sensitive(searched, quant, calibration, quant.bias_correction, batches, layers,
                                   count_reporter(progress, SENSITIVITY_PHASE), confirm, lower)  # fmt: skip
     except failures as exc:  # ONNX Runtime cannot run the Q/DQ graph as float math: nothing to measure

@@ -291,7 +291,7 @@ def _to_uint8(inits: dict[str, onnx.TensorProto], q: onnx.NodeProto, *, low: flo
     scale = float(numpy_helper.to_array(inits[q.input[1]]))
     zero_point = int(numpy_helper.to_array(inits[q.input[2]]))
     if zero_point:
-        scale, zero = scale, zero_point + 128  # the same values: q + 128 with the zero point + 128
+        zero = zero_point + 128  # the same values: q + 128 with the zero point + 128
     else:
         scale, zero = uint8_grid(scale, low)
     inits[q.input[1]].CopyFrom(numpy_helper.from_array(np.array(scale, np.float32), q.input[1]))
@@ -311,10 +311,6 @@ def uint8_grid(scale: float, low: float | None) -> tuple[float, int]:
     below = int(np.ceil(255 * -low / (threshold - low)))
     finer = max(threshold / (255 - below), -low / below)
     return (finer, below) if finer <= FINER * scale else (scale, QMAX + 1)
-
-
-def _init_value(name: str, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
-    return numpy_helper.to_array(inits[name]) if name in inits else None
 
 
 def _quantize_biases(
