@@ -46,7 +46,7 @@ MOST_NODES = 16  # the longest element-wise chain evaluated (GELU's tanh form ta
 _REMEMBERED = 4096  # chains evaluated and kept (a model repeats a few kinds; each sensitivity trial lowers again)
 _EVALUATED: dict[bytes, float | None] = {}
 MARGIN = 1e-3  # relative: how far below the least value found the bound is put
-SOURCE = "bounds/source"  # the chain's one input, as the evaluated copy reads it
+SOURCE = "bounds/source"  # the chain's one input, as the evaluated copy names it
 _GRID = np.concatenate([-np.logspace(6, -4, 2001), np.linspace(-8, 8, 16001), np.logspace(-4, 6, 2001)])
 
 
@@ -95,8 +95,7 @@ def _function_bound(
     chain = _chain(last, producers, consts)
     if chain is None:
         return None
-    nodes, _ = chain
-    low = _least_value(nodes, last.output[0], consts, opset)
+    low = _least_value(*chain, last.output[0], consts, opset)
     if low is None:
         return None
     return 0.0 if low >= 0 else low - MARGIN * abs(low)
@@ -104,9 +103,9 @@ def _function_bound(
 
 def _chain(
     last: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto], consts: Mapping[str, onnx.TensorProto]
-) -> tuple[list[onnx.NodeProto], str] | None:  # fmt: skip
-    """(the element-wise nodes from one source tensor to `last`, in graph order, reading it as `SOURCE`; that
-    source), or None where `last` reads more than one non-constant tensor through such nodes, a constant of
+) -> tuple[list[onnx.NodeProto], set[str]] | None:  # fmt: skip
+    """(the element-wise nodes from one source tensor to `last`, in graph order; the names that source goes
+    by), or None where `last` reads more than one non-constant tensor through such nodes, a constant of
     more than one value, or more than `MOST_NODES` nodes. The chain grows back from `last` until every input is
     a constant or the one tensor not made by an element-wise node; in a Q/DQ graph, the outputs of Q/DQ pairs
     of the same tensor with the same scale and zero point are that one tensor (`_pair_key`: a SiLU whose
@@ -135,15 +134,8 @@ def _chain(
                 sources.setdefault(_pair_key(name, producers, consts), set()).add(name)
     if len(sources) != 1:
         return None
-    names = next(iter(sources.values()))
     order = {id(n): i for i, n in enumerate(producers.values())}
-    chain = []
-    for node in sorted(nodes.values(), key=lambda n: order.get(id(n), 0)):
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        copy.input[:] = [SOURCE if name in names else name for name in node.input]
-        chain.append(copy)
-    return chain, min(names)
+    return sorted(nodes.values(), key=lambda n: order.get(id(n), 0)), next(iter(sources.values()))
 
 
 def _pair_key(
@@ -162,12 +154,13 @@ def _pair_key(
 
 
 def _least_value(
-    nodes: list[onnx.NodeProto], output: str, consts: Mapping[str, onnx.TensorProto], opset: int
+    nodes: list[onnx.NodeProto], source: set[str], output: str, consts: Mapping[str, onnx.TensorProto], opset: int
 ) -> float | None:  # fmt: skip
-    """The least value of `output` over `_GRID` as `SOURCE`; None where the function still falls at an end
-    of the grid or some value is not finite (no bound), or the reference evaluator cannot run the chain. A
-    chain alike to one evaluated before (the same ops, attributes and constants) is not evaluated again."""
-    names: dict[str, str] = {SOURCE: SOURCE}  # every tensor renamed by first use, so that alike chains match
+    """The least value of `output` over `_GRID` as the tensor `nodes` read by the names in `source`; None where
+    the function still falls at an end of the grid or some value is not finite (no bound), or the reference
+    evaluator cannot run the chain. A chain alike to one evaluated before (the same ops, attributes and
+    constants) is not evaluated again."""
+    names = dict.fromkeys(source, SOURCE)  # every other tensor renamed by first use, so that alike chains match
     for node in nodes:
         for name in (*node.input, *node.output):
             if name:
