@@ -78,11 +78,12 @@ def test_the_search_measures_the_graph_without_the_selection() -> None:
     from trtopt.frontend import graph_from_onnx
 
     graph = graph_from_onnx(_detector("topk"))
-    searched, layers = judged_graph(graph, ["Conv_0", "missing"])
+    convs = [n.name for n in graph.nodes if n.op == "Conv"]
+    searched, layers = judged_graph(graph, [*convs, "TopK_10"])
     assert {t.name for t in searched.outputs} == {"prob", "raw_boxes"}
     assert not any(n.op in ("TopK", "Gather") for n in searched.nodes)
     assert {t.name for t in graph.outputs} == {"top", "picked"}, "the build's own graph is left as it was"
-    assert layers == [n for n in ["Conv_0"] if n in {m.name for m in searched.nodes}]
+    assert len(convs) == 4 and layers == convs, "every conv feeds the judged tensors; the cut TopK is no layer"
 
 
 def test_outputs_of_different_lengths_compare_without_a_traceback() -> None:

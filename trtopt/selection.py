@@ -49,6 +49,7 @@ class Selection:
 
     selected: tuple[str, ...]
     judged: tuple[str, ...]
+    kinds: tuple[int, ...]  # the judged tensors' element types (onnx.TensorProto), as shape inference found them
 
     def compared(self, outputs: Mapping[str, Any]) -> dict[str, Any]:
         """`outputs` without the selected ones (the judged tensors, where present, stay)."""
@@ -78,7 +79,7 @@ def find_selection(model: onnx.ModelProto) -> Selection | None:
                 judged += [t for t in _float_sources(name, producers, types, skip) if t not in judged]
     if not judged:
         return None
-    found = Selection(selected, tuple(judged))
+    found = Selection(selected, tuple(judged), tuple(types.get(t, onnx.TensorProto.FLOAT) for t in judged))
     log.info("outputs %s", found.describe())
     return found
 
@@ -88,11 +89,9 @@ def judged_model(model: onnx.ModelProto, selection: Selection) -> onnx.ModelProt
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     have = {o.name for o in copy.graph.output}
-    types = _elem_types(model)
-    for name in selection.judged:
+    for name, kind in zip(selection.judged, selection.kinds, strict=True):
         if name not in have:
-            copy.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, onnx.TensorProto.FLOAT),
-                                                                        None))  # fmt: skip
+            copy.graph.output.append(onnx.helper.make_tensor_value_info(name, kind, None))
     return copy
 
 
@@ -116,6 +115,8 @@ def judged_graph(graph: gs.Graph, layers: Sequence[str]) -> tuple[gs.Graph, list
 
     from trtopt.frontend import onnx_from_graph
 
+    if not any(node.op in SELECTING_OPS for node in graph.nodes):  # no export of the graph for the common case
+        return graph, list(layers)
     selection = find_selection(onnx_from_graph(graph))
     if selection is None:
         return graph, list(layers)
