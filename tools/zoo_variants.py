@@ -253,7 +253,7 @@ def built(name: str, result: dict[str, Any]) -> Variant:
 
 def task_config(task: str, input_hw: tuple[int, int] | None = None) -> Any:
     """The metric of a zoo task; "layout" (PicoDet heads) decodes its boxes with tools/zoo_decoders.py, since
-    its sparse sigmoid score maps make a poor cosine (background values of ~0.002 outweigh the few boxes)."""
+    its score maps' cosine says how far the scores moved, not whether the boxes a user gets are the same."""
     from trtopt.metrics import TaskConfig
 
     if task == "layout" and input_hw is not None:
