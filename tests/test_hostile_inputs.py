@@ -186,6 +186,26 @@ def test_absurd_shapes_and_their_hint() -> None:
     assert parse_shapes([suggested]) == {"x": (1, 3, 224, 224)}  # the hint parses: no literal N
 
 
+def test_a_declared_size_of_zero_is_read_as_dynamic(caplog) -> None:  # type: ignore[no-untyped-def]
+    """[0, 3, 0, 8]: ONNX Runtime runs the model as declared on no data at all; loaded, the zeros are dynamic
+    sizes (with a warning), the batch stays dynamic and the other needs --shapes, as any dynamic size does."""
+    import onnxruntime as ort
+
+    declared = relu_model([0, 3, 0, 8])
+    x = np.ones((2, 3, 4, 8), np.float32)
+    with pytest.raises(Exception, match="dimensions"):
+        ort.InferenceSession(declared.SerializeToString()).run(None, {"x": x})
+    with caplog.at_level(logging.WARNING):
+        model = load_model(declared.SerializeToString()).model
+    assert "declares size 0 in dimension(s) [0, 2]" in caplog.text
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert [d.HasField("dim_value") for d in dims] == [False, True, False, True]
+    with pytest.raises(ShapeError, match=r"dimension\(s\) \[2\]"):
+        require_static_shapes(graph_from_onnx(model))
+    (y,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x - 2})
+    assert np.array_equal(y, np.zeros_like(x))
+
+
 def test_labels_binary_short_or_empty(work, capsys) -> None:  # type: ignore[no-untyped-def]
     (work / "bin.txt").write_bytes(bytes(range(256)))
     (work / "short.txt").write_text("cat\ndog\n")
