@@ -206,6 +206,21 @@ def test_a_declared_size_of_zero_is_read_as_dynamic(caplog) -> None:  # type: ig
     assert np.array_equal(y, np.zeros_like(x))
 
 
+@pytest.mark.parametrize(("dtype", "fix"), [(onnx.TensorProto.BFLOAT16, "a Cast to bfloat16 as its first node"),
+                                            (onnx.TensorProto.INT32, ".npy/.npz arrays with the input's dtype")])
+def test_an_image_input_of_another_type_says_what_can_feed_it(work, capsys, dtype, fix) -> None:  # type: ignore[no-untyped-def]
+    """numpy has int32 (arrays can feed it) but no bfloat16 (nothing can): each error says what works."""
+    model = relu_model([1, 3, 8, 8])
+    model.graph.input[0].type.tensor_type.elem_type = dtype
+    model.graph.output[0].type.tensor_type.elem_type = dtype
+    onnx.save(model, work / "typed.onnx")
+    assert main(["build", str(work / "typed.onnx"), "--int8", "--calib", str(work / "imgs"), "-o",
+                 str(work / "typed.engine")]) == 2  # fmt: skip
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"has dtype {onnx.helper.tensor_dtype_to_string(dtype).split('.')[-1].lower()};" in err and fix in err
+    assert not (work / "typed.engine").exists()
+
+
 def test_labels_binary_short_or_empty(work, capsys) -> None:  # type: ignore[no-untyped-def]
     (work / "bin.txt").write_bytes(bytes(range(256)))
     (work / "short.txt").write_text("cat\ndog\n")

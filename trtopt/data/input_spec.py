@@ -137,12 +137,16 @@ def _image_dtype(dtype: npt.DTypeLike, name: str) -> str:
     try:
         dtype_name = np.dtype(dtype).name
     except TypeError:  # onnx-graphsurgeon keeps ONNX's enum for types numpy lacks: 16 is bfloat16
-        dtype_name = onnx.helper.tensor_dtype_to_string(dtype) if isinstance(dtype, int) else str(dtype)
+        known = isinstance(dtype, int)
+        dtype_name = onnx.helper.tensor_dtype_to_string(dtype).split(".")[-1].lower() if known else str(dtype)
     if dtype_name not in DTYPES:
+        numpy_has_it = not isinstance(dtype, int)
         raise DataError(
             f"Input {name!r} has dtype {dtype_name}; images can be preprocessed to {', '.join(DTYPES)} only.",
-            fix="Provide the data as .npy/.npz arrays with the input's dtype instead of images.",
-        )
+            fix="Provide the data as .npy/.npz arrays with the input's dtype instead of images." if numpy_has_it else
+            f"numpy has no {dtype_name} type, so no data can be fed to this input: re-export the model with a float32 "
+            f"input and a Cast to {dtype_name} as its first node (trtopt calibrates such models on a float32 copy).",
+        )  # fmt: skip
     return dtype_name
 
 

@@ -195,13 +195,14 @@ def _zero_sizes_as_unknown(model: onnx.ModelProto, where: str) -> None:
     for tensor in model.graph.input:
         if tensor.name in weights or not tensor.type.HasField("tensor_type"):
             continue
-        zeros = [i for i, d in enumerate(tensor.type.tensor_type.shape.dim) if d.HasField("dim_value") and d.dim_value == 0]
+        dims = tensor.type.tensor_type.shape.dim
+        zeros = [i for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value == 0]
         for i in zeros:
-            tensor.type.tensor_type.shape.dim[i].Clear()
+            dims[i].Clear()
         if zeros:
             log.warning(
-                "%s: input %r declares size 0 in dimension(s) %s; no data has that size, so trtopt reads it as a dynamic "
-                "size (set it with --shapes where it is not the batch)", where, tensor.name, zeros,
+                "%s: input %r declares size 0 in dimension(s) %s; no data has that size, so trtopt reads it as a "
+                "dynamic size (set it with --shapes where it is not the batch)", where, tensor.name, zeros,
             )  # fmt: skip
 
 
