@@ -137,8 +137,8 @@ def _image_dtype(dtype: npt.DTypeLike, name: str) -> str:
     try:
         dtype_name = np.dtype(dtype).name
     except TypeError:  # onnx-graphsurgeon keeps ONNX's enum for types numpy lacks: 16 is bfloat16
-        known = isinstance(dtype, int)
-        dtype_name = onnx.helper.tensor_dtype_to_string(dtype).split(".")[-1].lower() if known else str(dtype)
+        enum = dtype if isinstance(dtype, int) else None
+        dtype_name = onnx.helper.tensor_dtype_to_string(enum).split(".")[-1].lower() if enum else str(dtype)
     if dtype_name not in DTYPES:
         numpy_has_it = not isinstance(dtype, int)
         raise DataError(
