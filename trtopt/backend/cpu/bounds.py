@@ -19,14 +19,6 @@ value there (a Clip at -1, a Tanh), and one with values that are not finite is l
 `VALUE_PRESERVING_OPS` keeps its input's bound (Concat: the least of its inputs'). The bound found is lowered
 by a margin (`MARGIN`), as a grid of finite steps can miss the true minimum between two points by a little;
 a value below the bound would clip to it.
-
-A grid can also skip what the readers of a tensor cannot tell apart (`saturation_floors`): the CPU plan
-rounds each INT8 conv's output before its activation (ONNX Runtime's QLinearConv writes uint8), and where
-that activation is HardSwish every value at or below -3 gives 0, so the conv output needs its grid over
-[-3, T] only, not [-T, T]. Where every reader of a quantised tensor's pairs is an element-wise function of
-that tensor alone, the function is evaluated on the same grid, and the floor is the highest point at and
-below which every value it hands on is the same (HardSwish -3, HardSigmoid -3, a Clip at c: c; a Sigmoid
-only where float32 rounds it to 0, about -104, which saves nothing).
 """
 
 from __future__ import annotations
@@ -53,11 +45,9 @@ ELEMENT_WISE = {
 MOST_NODES = 16  # the longest element-wise chain evaluated (GELU's tanh form takes 9)
 _REMEMBERED = 4096  # chains evaluated and kept (a model repeats a few kinds; each sensitivity trial lowers again)
 _EVALUATED: dict[bytes, float | None] = {}
-_FLOORS: dict[bytes, float | None] = {}
 MARGIN = 1e-3  # relative: how far below the least value found the bound is put
 SOURCE = "bounds/source"  # the chain's one input, as the evaluated copy names it
 _GRID = np.concatenate([-np.logspace(6, -4, 2001), np.linspace(-8, 8, 16001), np.logspace(-4, 6, 2001)])
-_ASCENDING = np.argsort(_GRID, kind="stable")
 
 
 def lower_bounds(model: onnx.ModelProto, wanted: set[str] | None = None) -> dict[str, float]:
@@ -77,93 +67,6 @@ def lower_bounds(model: onnx.ModelProto, wanted: set[str] | None = None) -> dict
         if bound is not None:
             found.update((out, bound) for out in node.output if out)
     return found
-
-
-def saturation_floors(model: onnx.ModelProto, quantized: set[str]) -> dict[str, float]:
-    """tensor -> the floor below which its quantised readers see no difference (module docstring), for the
-    tensors of `quantized` (the inputs of activation QuantizeLinears) that have one."""
-    graph = model.graph
-    consts = _constants(graph)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    outputs = {o.name for o in graph.output}
-    floors = {}
-    for tensor in quantized:
-        pairs = _pair_outputs(tensor, readers)
-        if not pairs or pairs & outputs:
-            continue
-        chain = _readers_chain(pairs, readers, consts, graph)
-        floor = _chain_floor(*chain, pairs, consts, opset) if chain is not None else None
-        if floor is not None:
-            floors[tensor] = floor
-    return floors
-
-
-def _pair_outputs(tensor: str, readers: Mapping[str, list[onnx.NodeProto]]) -> set[str]:
-    """The outputs of the DequantizeLinears of `tensor`'s QuantizeLinears (empty: a Q read by anything else)."""
-    found: set[str] = set()
-    for q in (n for n in readers.get(tensor, []) if n.op_type == "QuantizeLinear"):
-        dqs = readers.get(q.output[0], [])
-        if not dqs or any(dq.op_type != "DequantizeLinear" for dq in dqs):
-            return set()
-        found.update(dq.output[0] for dq in dqs)
-    return found
-
-
-def _readers_chain(
-    sources: set[str], readers: Mapping[str, list[onnx.NodeProto]], consts: Mapping[str, onnx.TensorProto],
-    graph: onnx.GraphProto,
-) -> tuple[list[onnx.NodeProto], list[str]] | None:  # fmt: skip
-    """(the element-wise nodes computed from `sources` alone, in graph order; the tensors of theirs that other
-    nodes or the graph read), or None where a reader of `sources` is not such a node or there are more than
-    `MOST_NODES`."""
-    made = set(sources)
-    nodes = []
-    for node in graph.node:
-        inputs = [i for i in node.input if i]
-        if node.op_type not in ELEMENT_WISE or node.domain not in ("", "ai.onnx") or not set(inputs) & made:
-            continue
-        if all(i in made or (i in consts and int(np.prod(consts[i].dims)) == 1) for i in inputs):
-            nodes.append(node)
-            made.update(o for o in node.output if o)
-            if len(nodes) > MOST_NODES:
-                return None
-    inside = {id(n) for n in nodes}
-    if any(id(r) not in inside for name in sources for r in readers.get(name, [])):
-        return None
-    graph_outputs = {o.name for o in graph.output}
-    exits = [o for n in nodes for o in n.output if o and (o in graph_outputs or any(
-        id(r) not in inside for r in readers.get(o, [])))]  # fmt: skip
-    return (nodes, exits) if exits else None
-
-
-def _chain_floor(
-    nodes: list[onnx.NodeProto], exits: list[str], sources: set[str], consts: Mapping[str, onnx.TensorProto],
-    opset: int,
-) -> float | None:  # fmt: skip
-    """The highest point of `_GRID` at and below which every exit of the chain keeps one value, or None."""
-    model = _chain_model(nodes, sources, exits, consts, opset)
-    key = model.SerializeToString(deterministic=True)
-    if key not in _FLOORS:
-        if len(_FLOORS) >= _REMEMBERED:
-            _FLOORS.clear()
-        _FLOORS[key] = _evaluated_floor(model)
-    return _FLOORS[key]
-
-
-def _evaluated_floor(model: onnx.ModelProto) -> float | None:
-    values = _run_on_grid(model)
-    if values is None:
-        return None
-    values = values[:, _ASCENDING]
-    flat = np.all(values == values[:, :1], axis=0)  # per grid point: every exit keeps its value at -1e6
-    if flat.all():
-        return None  # a function that ignores its input: nothing to say about the tensor
-    run = int(np.argmin(flat))
-    return float(_GRID[_ASCENDING][run - 1]) if run > 1 else None
 
 
 def _bound(
@@ -257,22 +160,7 @@ def _least_value(
     the function still falls at an end of the grid or some value is not finite (no bound), or the reference
     evaluator cannot run the chain. A chain alike to one evaluated before (the same ops, attributes and
     constants) is not evaluated again."""
-    model = _chain_model(nodes, source, [output], consts, opset)
-    key = model.SerializeToString(deterministic=True)
-    if key not in _EVALUATED:
-        if len(_EVALUATED) >= _REMEMBERED:
-            _EVALUATED.clear()
-        _EVALUATED[key] = _evaluated_least(model)
-    return _EVALUATED[key]
-
-
-def _chain_model(
-    nodes: list[onnx.NodeProto], source: set[str], outputs: list[str], consts: Mapping[str, onnx.TensorProto],
-    opset: int,
-) -> onnx.ModelProto:  # fmt: skip
-    """`nodes` as a model of their own, reading the tensor named by `source` as `SOURCE`: every other tensor is
-    renamed by first use and node names dropped, so that alike chains serialise alike."""
-    names = dict.fromkeys(source, SOURCE)
+    names = dict.fromkeys(source, SOURCE)  # every other tensor renamed by first use, so that alike chains match
     for node in nodes:
         for name in (*node.input, *node.output):
             if name:
@@ -286,39 +174,36 @@ def _chain_model(
         copy.output[:] = [names.get(n, n) for n in node.output]
         chain.append(copy)
     read = sorted({name for node in nodes for name in node.input if name in consts})
-    return helper.make_model(
+    model = helper.make_model(
         helper.make_graph(
             chain, "bound", [helper.make_tensor_value_info(SOURCE, onnx.TensorProto.FLOAT, [None])],
-            [helper.make_tensor_value_info(names[o], onnx.TensorProto.FLOAT, None) for o in outputs],
+            [helper.make_tensor_value_info(names[output], onnx.TensorProto.FLOAT, None)],
             [_renamed(consts[name], names[name]) for name in read],
         ),
         opset_imports=[helper.make_opsetid("", opset)],
     )  # fmt: skip
+    key = model.SerializeToString(deterministic=True)
+    if key not in _EVALUATED:
+        if len(_EVALUATED) >= _REMEMBERED:
+            _EVALUATED.clear()
+        _EVALUATED[key] = _evaluated_least(model)
+    return _EVALUATED[key]
 
 
-def _run_on_grid(model: onnx.ModelProto) -> np.ndarray | None:
-    """[outputs, grid points]: the chain `model` holds evaluated on `_GRID`; None where the reference
-    evaluator cannot run it or a value is not finite."""
+def _evaluated_least(model: onnx.ModelProto) -> float | None:
+    """`_least_value` of the one chain `model` holds."""
     from onnx.reference import ReferenceEvaluator
 
     try:
         with np.errstate(all="ignore"):  # exp overflows at the grid's ends; the functions' values stay finite
             outputs = list(ReferenceEvaluator(model).run(None, {SOURCE: _GRID.astype(np.float32)}))
-        values = np.stack([np.asarray(o, np.float64).reshape(-1) for o in outputs])
+        values = np.asarray(outputs[0], np.float64)
     except Exception as exc:  # noqa: BLE001 - any failure means no bound, never a failed build
-        log.debug("no bound for a chain of %s: %s", [n.op_type for n in model.graph.node], exc)
+        log.debug("no lower bound for a chain of %s: %s", [n.op_type for n in model.graph.node], exc)
         return None
-    if values.shape[1] != _GRID.size or not np.all(np.isfinite(values)):
+    values = values.reshape(-1)
+    if values.size != _GRID.size or not np.all(np.isfinite(values)):
         return None
-    return values
-
-
-def _evaluated_least(model: onnx.ModelProto) -> float | None:
-    """`_least_value` of the one chain `model` holds."""
-    values = _run_on_grid(model)
-    if values is None:
-        return None
-    values = values[0]
     at = int(np.argmin(values))
     still_falling = (at == 0 and values[0] < values[1]) or (at == values.size - 1 and values[-1] < values[-2])
     return None if still_falling else float(values[at])

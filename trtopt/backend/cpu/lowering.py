@@ -7,8 +7,7 @@ uint8 activations every quantised Conv becomes a QLinearConv (measured in issue 
   threshold T in [0, 255]: scale T/255, zero point 0 — twice the resolution of the symmetric form;
 - a tensor that cannot fall below some L > -T (the output of SiLU, HardSwish, GELU however spelt:
   `trtopt.backend.cpu.bounds`) holds [L, T] in 255 steps, the zero point as few steps above 0 as reach L
-  (`uint8_grid`): 1.88 times the resolution for a HardSwish output with T = 6; so does a tensor whose
-  readers make every value below some L alike (a conv output read by a HardSwish: L = -3);
+  (`uint8_grid`): 1.88 times the resolution for a HardSwish output with T = 6;
 - any other tensor: scale T/127, zero point 128 — exactly the symmetric grid, shifted;
 - Conv/Gemm bias becomes int32 with scale s_x * s_w (what QLinearConv consumes directly);
 - optionally, dense convs with a long reduction (`gemm_min_k`) get their int8 weights stored as q - 1
@@ -31,7 +30,7 @@ import onnx
 from onnx import numpy_helper
 
 from trtopt.backend.cpu.activations import fuse_activations
-from trtopt.backend.cpu.bounds import lower_bounds, saturation_floors
+from trtopt.backend.cpu.bounds import lower_bounds
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.passes.edit import stable_topological_order
@@ -77,8 +76,6 @@ def lower_for_cpu(
     producers = {out: node for node in graph.node for out in node.output}
     quantized = {n.input[0] for n in graph.node if n.op_type == "QuantizeLinear" and _is_activation_pair(n, inits)}
     bounds = lower_bounds(lowered, quantized)
-    for tensor, floor in saturation_floors(lowered, quantized).items():
-        bounds[tensor] = max(bounds.get(tensor, floor), floor)
     lowered_outputs = set()
     readers: dict[str, set[int]] = {}
     dequantizers: dict[str, list[onnx.NodeProto]] = {}
