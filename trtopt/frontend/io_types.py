@@ -3,13 +3,19 @@ verification, `trtopt run`, TensorRT bindings). ONNX also has sequence, map and 
 classical-ML converters write: skl2onnx's classifiers end in a `ZipMap` (ai.onnx.ml) that returns the class
 probabilities as a sequence of {label: probability} maps. Such a model is refused at load with what to do,
 not deep in a build with ONNX Runtime's "Invalid tensor data type 0".
+
+An input size declared as 0 fits no data, so it is read as a dynamic size (`zero_sizes_as_unknown`).
 """
 
 from __future__ import annotations
 
+import logging
+
 import onnx
 
 from trtopt.errors import ModelError
+
+log = logging.getLogger(__name__)
 
 _KINDS = {"sequence_type": "a sequence", "sequence of maps": "a sequence of maps", "map_type": "a map",
           "optional_type": "an optional value", "sparse_tensor_type": "a sparse tensor"}  # fmt: skip
@@ -40,3 +46,22 @@ def check_tensor_io(model: onnx.ModelProto, where: str) -> None:
             "models whose inputs and outputs are tensors.",
             fix=fix,
         )
+
+
+def zero_sizes_as_unknown(model: onnx.ModelProto, where: str) -> None:
+    """An input dimension declared as 0 becomes unknown, in place, with a warning. No data fits a size of 0, and
+    ONNX Runtime refuses any other, so such a model runs nowhere as declared; exporters that write 0 (or -1,
+    which ONNX Runtime already reads as unknown) mean a dynamic size."""
+    weights = {t.name for t in model.graph.initializer}
+    for tensor in model.graph.input:
+        if tensor.name in weights or not tensor.type.HasField("tensor_type"):
+            continue
+        dims = tensor.type.tensor_type.shape.dim
+        zeros = [i for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value == 0]
+        for i in zeros:
+            dims[i].Clear()
+        if zeros:
+            log.warning(
+                "%s: input %r declares size 0 in dimension(s) %s; no data has that size, so trtopt reads it as a "
+                "dynamic size (set it with --shapes where it is not the batch)", where, tensor.name, zeros,
+            )  # fmt: skip

@@ -26,7 +26,7 @@ from onnx_graphsurgeon.logger import G_LOGGER
 from trtopt.errors import ModelError
 from trtopt.frontend.conditionals import flatten_constant_ifs
 from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
-from trtopt.frontend.io_types import check_tensor_io
+from trtopt.frontend.io_types import check_tensor_io, zero_sizes_as_unknown
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shape_slices import spell_shape_slices
 from trtopt.frontend.shapes import Shape, apply_shapes
@@ -78,7 +78,7 @@ def load_model(source: str | os.PathLike[str] | bytes, *, min_opset: int = MIN_O
     _check_ops(model, where)
     check_tensor_io(model, where)
     _check_valid(model, where)
-    _zero_sizes_as_unknown(model, where)
+    zero_sizes_as_unknown(model, where)
     converted = model_at_opset(model, opset, where, min_opset=min_opset)
     return LoadedModel(model=converted, path=path, opset=_default_opset(converted, where), source_opset=opset)
 
@@ -185,25 +185,6 @@ def with_supported_ir(model: onnx.ModelProto) -> onnx.ModelProto:
     if model.ir_version > MAX_IR_VERSION:
         model.ir_version = MAX_IR_VERSION
     return model
-
-
-def _zero_sizes_as_unknown(model: onnx.ModelProto, where: str) -> None:
-    """An input dimension declared as 0 becomes unknown, in place, with a warning. No data fits a size of 0, and
-    ONNX Runtime refuses any other, so such a model runs nowhere as declared; exporters that write 0 (or -1,
-    which ONNX Runtime already reads as unknown) mean a dynamic size."""
-    weights = {t.name for t in model.graph.initializer}
-    for tensor in model.graph.input:
-        if tensor.name in weights or not tensor.type.HasField("tensor_type"):
-            continue
-        dims = tensor.type.tensor_type.shape.dim
-        zeros = [i for i, d in enumerate(dims) if d.HasField("dim_value") and d.dim_value == 0]
-        for i in zeros:
-            dims[i].Clear()
-        if zeros:
-            log.warning(
-                "%s: input %r declares size 0 in dimension(s) %s; no data has that size, so trtopt reads it as a "
-                "dynamic size (set it with --shapes where it is not the batch)", where, tensor.name, zeros,
-            )  # fmt: skip
 
 
 def _check_file(path: Path) -> None:
