@@ -277,3 +277,39 @@ def test_run_top_ks_one_score_vector_per_sample_unit_axes_included(shape: tuple[
     from trtopt.cli.run_cmd import _class_scores
 
     assert _class_scores(np.zeros(shape)) is scores
+
+
+def test_run_reads_a_time_major_output_along_its_batch_axis(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CRNN's CTC logits come time-major, [T, N, C] (PyTorch's layout; captcha-whisperer's [20, N, 37] in the
+    hunt of round 12): each image's line describes its own [T, C] slice, not time step i of every image.
+
+        x [N,3,8,8] -> Conv 1x1 (5 ch) -> Reshape [N,5,64] -> Transpose (2,0,1) -> y [64, N, 5]
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtopt.cli.run_cmd import sample_axis
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(5, 3, 1, 1)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([0, 5, 64], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["y"], perm=[2, 0, 1])]  # fmt: skip
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, "N", 5])
+    graph = helper.make_graph(nodes, "tnc", [x], [y], [w, shape])
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)]), tmp_path / "t.onnx")
+    for name, level in (("dark.png", 10), ("light.png", 240), ("mid.png", 128)):
+        Image.fromarray(np.full((8, 8, 3), level, np.uint8)).save(tmp_path / name)
+    plan = str(tmp_path / "t.engine")
+    assert main(["build", str(tmp_path / "t.onnx"), "--backend", "cpu", "--preset", "imagenet", "-o", plan]) == 0
+    capsys.readouterr()
+    images = [str(tmp_path / n) for n in ("dark.png", "light.png", "mid.png")]
+    assert main(["run", plan, *images, "--batch", "2", "--json"]) == 0
+    predictions = _json(capsys)["predictions"]
+    assert [p["described"]["shape"] for p in predictions] == [[64, 5]] * 3
+    means = {Path(p["input"]).name: p["described"]["mean"] for p in predictions}
+    assert len(set(means.values())) == 3  # each image's own values (time step i of all would repeat a pattern)
+    assert sample_axis((64, -1, 5), (64, 1, 5), 1) == 1 and sample_axis((64, 1, 5), (64, 1, 5), 1) == 1
+    assert sample_axis((-1, 1000), (1, 1000), 1) == 0 and sample_axis((1, 10), (1, 10), 1) == 0
+    assert sample_axis((20, -1, 37), (20, 20, 37), 20) == 1

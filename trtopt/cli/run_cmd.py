@@ -1,5 +1,6 @@
 """Run a plan on images (or .npy/.npz tensors) and print the top-5 classes per image (for a first output
-that is not [N, classes] scores, its shape and range per image instead).
+that is not [N, classes] scores, its shape and range per image instead, one entry per image along the
+output's batch axis: a time-major [T, N, C] output is read along its second).
 
 Each image is preprocessed exactly as the plan says (resize, crop, mean/std, layout stored at build
 time), batched, and run; the closing line gives the throughput. ImageNet classifiers get ImageNet class
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,7 +56,7 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.data.arrays import has_batch_axis
 
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
-    output = engine.outputs[0].name
+    output, declared = engine.outputs[0].name, engine.outputs[0].shape
     feeds = not has_batch_axis(dataset.inputs)
     results = []
     started = time.perf_counter()
@@ -63,6 +65,8 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         t0 = time.perf_counter()
         scores = engine.infer(batch.feeds)[output]
         compute += time.perf_counter() - t0
+        if not feeds:  # one entry per sample along its batch axis, which a time-major [T, N, C] has second
+            scores = np.moveaxis(scores, sample_axis(declared, np.shape(scores), _rows(batch.feeds)), 0)
         if feeds:  # whole feeds (inputs with no shared batch axis, silero-vad): the output is one sample's
             rows = [_described(output, scores)]
         elif not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
@@ -95,6 +99,24 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             f"inference, {summary['end_to_end_images_per_second']:.1f} {rate} with preprocessing (batch {args.batch})."
         )
     return 0
+
+
+def sample_axis(declared: Sequence[int], shape: Sequence[int], rows: int) -> int:
+    """The axis of an output with one entry per sample of a batch of `rows`: the first, unless the plan
+    declares the first fixed and another dynamic axis has the batch's size (a CTC recogniser's time-major
+    [T, N, C] logits, PyTorch's layout: `trtopt.metrics.ctc`), or, with nothing dynamic, the first does not
+    have the batch's size and exactly one other axis does ([T, 1, C] of a model fixed at batch 1)."""
+    if shape and shape[0] == rows and (not declared or declared[0] == -1):
+        return 0
+    dynamic = [i for i, size in enumerate(declared) if size == -1 and i < len(shape) and shape[i] == rows]
+    if len(dynamic) == 1:
+        return dynamic[0]
+    sized = [i for i, size in enumerate(shape) if size == rows]
+    return sized[0] if shape and shape[0] != rows and len(sized) == 1 else 0
+
+
+def _rows(feeds: Mapping[str, np.ndarray]) -> int:
+    return int(np.shape(next(iter(feeds.values())))[0])
 
 
 def _class_scores(scores: np.ndarray) -> bool:
