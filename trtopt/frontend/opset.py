@@ -60,10 +60,10 @@ def model_at_opset(model: onnx.ModelProto, opset: int, where: str, *, min_opset:
             fix=f"Re-export with an opset from {MIN_OPSET} to {MAX_OPSET} ({_EXPORT_FIX}).",
         )
     converted = _convert(model, opset, target, where)
-    log.warning(
-        "%s uses ONNX opset %d; converted it to opset %d with onnx's version converter (trtopt works on opsets "
-        "%d to %d)", where, opset, target, MIN_OPSET, MAX_OPSET,
-    )
+    why = (f"an INT8 build needs opset {min_opset} or newer: per-channel QuantizeLinear / DequantizeLinear"
+           if MIN_OPSET <= opset < min_opset else f"trtopt works on opsets {MIN_OPSET} to {MAX_OPSET}")  # fmt: skip
+    log.warning("%s uses ONNX opset %d; converted it to opset %d with onnx's version converter (%s)",
+                where, opset, target, why)  # fmt: skip
     return converted
 
 
