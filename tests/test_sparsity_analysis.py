@@ -137,3 +137,21 @@ def test_inspect_reports_sparsity_in_json_and_text(tmp_path, capsys) -> None:  #
     assert main(["inspect", str(path)]) == 0
     text = " ".join(capsys.readouterr().out.split())  # rich wraps lines at the terminal's width
     assert "2:4 sparsity: 5 of 7 layers eligible" in text and "1 already 2:4" in text
+
+
+def test_the_summary_line_says_mac_shares_are_unknown_instead_of_zero(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Without concrete shapes a layer's MACs are unknown (round 12's hunt: a ViT with a dynamic batch read
+    "73 of 101 layers eligible (0.0% of MACs could run sparse)")."""
+    from trtopt.analysis.sparsity import LayerSparsity, SparsityReport
+    from trtopt.cli.sparsity_tables import print_sparsity_report
+
+    def layer(name: str, macs: int | None, eligible: bool = True) -> LayerSparsity:
+        return LayerSparsity(name, "MatMul", "w", (64, 64), 0 if eligible else None, eligible,
+                             "" if eligible else "too small", False, 0.0, macs)  # fmt: skip
+
+    print_sparsity_report(SparsityReport((layer("a", None), layer("b", None), layer("c", 0, False)), 0))
+    text = " ".join(capsys.readouterr().out.split())
+    assert "2 of 3 layers eligible (their MACs unknown: pass --shapes); 0 already 2:4 (0.0% of MACs)" in text
+    print_sparsity_report(SparsityReport((layer("a", 300), layer("b", None), layer("c", 100, False)), 400))
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(75.0% of the known MACs could run sparse; 1 layers' MACs unknown: pass --shapes)" in text
