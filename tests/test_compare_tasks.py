@@ -92,6 +92,10 @@ def test_int8_recognizer_and_map_report_their_agreement(work: Path, capsys: pyte
     assert ctc["outputs"][0]["rel_error"] > 0, "INT8 moves the probabilities"
     maps = compare(work, "text_map", "int8", capsys, "--map-threshold", "0.5")["task"]["metrics"]
     assert maps["threshold"] == 0.5 and 0.0 <= maps["binary_iou"] <= 1.0 and maps["min_text_image_cosine"] <= 1.0
+    args = [str(work / "text_map.onnx"), str(work / "text_map_int8.engine"), "--data", str(work / "images")]
+    assert main(["compare", *args, "--map-threshold", "0.5"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # any probability map (a saliency map too): no "text" rows
+    assert "with FP32 pixels > 0.5" in text and "worst cosine of an image with such pixels" in text
 
 
 def test_an_int8_segmenter_reports_iou_per_class(work: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -308,11 +308,12 @@ def _task_rows(task: str, m: dict) -> list[tuple[str, str]]:  # type: ignore[typ
         ]
     if task == "text-detect":
         return [
-            ("images (with FP32 text pixels)", f"{m['images']} ({m['images_with_text']})"),
+            # any dense probability map (a saliency map too), not only text: say what the threshold selects
+            (f"images (with FP32 pixels > {m['threshold']:g})", f"{m['images']} ({m['images_with_text']})"),
             (f"binarised-map IoU (> {m['threshold']:g})", pct(m["binary_iou"])),
             ("pixels above threshold: FP32 / plan", f"{m['reference_pixels']} / {m['test_pixels']}"),
             ("score-map cosine, all pixels", _num(m["cosine"])),
-            ("worst cosine of an image with text", _num(m["min_text_image_cosine"])),
+            ("worst cosine of an image with such pixels", _num(m["min_text_image_cosine"])),
         ]
     if task == "ctc":
         return [
