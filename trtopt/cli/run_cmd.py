@@ -65,14 +65,14 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         t0 = time.perf_counter()
         scores = engine.infer(batch.feeds)[output]
         compute += time.perf_counter() - t0
-        if not feeds:  # one entry per sample along its batch axis, which a time-major [T, N, C] has second
-            scores = np.moveaxis(scores, sample_axis(declared, np.shape(scores), _rows(batch.feeds)), 0)
-        if feeds:  # whole feeds (inputs with no shared batch axis, silero-vad): the output is one sample's
+        if feeds or np.ndim(scores) == 0:  # whole feeds (no shared batch axis, silero-vad), or one value for all
             rows = [_described(output, scores)]
-        elif not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k over it
-            rows = [_described(output, row) for row in scores]
-        else:
-            rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
+        else:  # one entry per sample along its batch axis, which a time-major [T, N, C] output has second
+            scores = np.moveaxis(scores, sample_axis(declared, np.shape(scores), _rows(batch.feeds)), 0)
+            if not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k
+                rows = [_described(output, row) for row in scores]
+            else:
+                rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
         for source, row in zip(batch.sources, rows, strict=False):  # padding rows
             results.append({"input": source, **row})
             if not args.json:
