@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -10,7 +11,7 @@ from trtopt.cli.console import out
 from trtopt.errors import format_dims
 
 if TYPE_CHECKING:
-    from trtopt.analysis.sparsity import SparsityReport
+    from trtopt.analysis.sparsity import LayerSparsity, SparsityReport
     from trtopt.sparsify import Fidelity, SparsifyResult
 
 TOP = 10
@@ -43,7 +44,7 @@ def print_sparsity_report(report: SparsityReport, *, all_layers: bool = False) -
     )
 
 
-def _mac_share(report: SparsityReport, macs: int, layers: list[Any], then: str = "") -> str:
+def _mac_share(report: SparsityReport, macs: int, layers: Sequence[LayerSparsity], then: str = "") -> str:
     """`layers`' share of the model's MACs, saying what is unknown of it: a layer's MACs need concrete shapes
     (a ViT with a dynamic batch read "73 of 101 layers eligible (0.0% of MACs could run sparse)", round 12)."""
     unknown = sum(layer.macs is None for layer in layers)
