@@ -207,12 +207,12 @@ def detail_rows(result: dict[str, Any]) -> list[str]:
     for v in [*result["trtopt"], result["ort"]]:
         label = f"trtopt {v.name}" if v.name != "ORT QDQ MinMax" else v.name
         if v.error:
-            rows.append(f"| {result['subject'].name} | {label} | – | failed: {v.error[:160]} | – | – | – |")
+            rows.append(f"| {result['subject'].name} | {label} | – | failed: {v.error[:160]} | – | – | – | – |")
             continue
         task = v.scores["kernels"].task
         counts = _counts(task.to_dict()) if task is not None else ""
         rows.append(f"| {result['subject'].name} | {label} ({v.note}) | {v.build_s:.1f} s | {cell(v)} {counts} "
-                    f"| {cell(v, 'reference')} | {_outputs(v)} | {excluded(v)} |")  # fmt: skip
+                    f"| {cell(v, 'reference')} | {worst_input(v)} | {_outputs(v)} | {excluded(v)} |")  # fmt: skip
     return rows
 
 
@@ -240,6 +240,13 @@ def _counts(task: dict[str, Any]) -> str:
     if task["task"] == "ctc":
         return f"(edit distance {m['mean_normalized_edit_distance']:.3f}; {m['empty_reference']} FP32 empty)"
     return ""
+
+
+def worst_input(v: Variant) -> str:
+    """The lowest one-input cosine over the outputs with one row per input (`trtopt.compare.ErrorStats`), and its
+    output: what the per-output cosine, a figure over every input at once, can hide."""
+    found = [(s.worst_sample[0], s.name) for s in v.scores["kernels"].outputs if s.worst_sample is not None]
+    return f"{min(found)[0]:.4f} ({min(found)[1][:24]})" if found else "–"
 
 
 def _outputs(v: Variant) -> str:
@@ -291,8 +298,9 @@ def report(results: list[dict[str, Any]], missing: list[Subject | tuple[Subject,
         "### Every variant: kernels and Q/DQ reference",
         "",
         "| model | variant | build | kernels: metric / worst cos (counts) | reference: metric / worst cos "
-        "| per output: cosine / rel. error (kernels) | kept float by sensitivity analysis |",
-        "|---|---|---:|---|---:|---|---|",
+        "| worst input: cosine (kernels) | per output: cosine / rel. error (kernels) "
+        "| kept float by sensitivity analysis |",
+        "|---|---|---:|---|---:|---:|---|---|",
         *[row for r in results for row in detail_rows(r)],
         "",
         "Data per model: " + "; ".join(f"{r['subject'].name}: {r['data'].description}" for r in results) + ".",

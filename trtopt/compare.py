@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.agreement import SAMPLE_MIN_VALUES
 from trtopt.metrics import TaskConfig, TaskEvaluator, choose_task
 
 
@@ -71,12 +72,19 @@ class ErrorStats:
     argmax_same: int = 0
     positions: int = 0  # untied positions of per-position class scores (trtopt.agreement.argmax_counts)
     shift: bool = True  # keep values for the distribution shift (per-layer statistics do not: their memory)
+    sampled: int = 0  # samples seen with one row each (see `update`'s `batch`)
+    worst_sample: tuple[float, int] | None = None  # the lowest one-sample cosine, and that sample's index
     # the same positions of both, BATCH_SAMPLE per batch up to SAMPLE in all (trtopt.distribution_shift)
     kept: tuple[list[np.ndarray], list[np.ndarray]] = field(default_factory=lambda: ([], []), repr=False)
 
-    def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None) -> None:
-        """Add a batch; `axis`: the class axis of an output of per-position class scores (None: not one)."""
+    def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None,
+               batch: int | None = None) -> None:
+        """Add a batch; `axis`: the class axis of an output of per-position class scores (None: not one);
+        `batch`: the samples in it, whose one-sample cosines count towards `worst_sample` where the output has
+        a row of `trtopt.agreement.SAMPLE_MIN_VALUES` or more per sample (None: not counted)."""
         ref, test = zero_padded([ref, test])  # a data-dependent length: the missing part compares with 0
+        if batch and ref.ndim >= 2 and ref.shape[0] == batch and ref[0].size >= SAMPLE_MIN_VALUES:
+            self._per_sample(ref, test)
         ref64, test64 = ref.astype(np.float64).ravel(), test.astype(np.float64).ravel()
         diff = np.abs(ref64 - test64)
         self.count += ref64.size
@@ -96,6 +104,17 @@ class ErrorStats:
 
             same, untied = argmax_counts(test, ref, axis)
             self.argmax_same, self.positions = self.argmax_same + same, self.positions + untied
+
+    def _per_sample(self, ref: np.ndarray, test: np.ndarray) -> None:
+        from trtopt.agreement import comparable
+
+        got, want = comparable(*(a.astype(np.float64).reshape(len(a), -1) for a in (test, ref)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            cosines = np.nan_to_num(row_cosines(got, want), nan=-1.0)  # NaN: the worst (as the build reads it)
+        i = int(np.argmin(cosines))
+        if self.worst_sample is None or cosines[i] < self.worst_sample[0]:
+            self.worst_sample = (float(cosines[i]), self.sampled + i)
+        self.sampled += len(cosines)
 
     def _keep(self, ref: np.ndarray, test: np.ndarray) -> None:
         from trtopt.distribution_shift import BATCH_SAMPLE, SAMPLE, sampled
@@ -151,6 +170,8 @@ class ErrorStats:
             "argmax_agreement": self.argmax_agreement,
             "argmax_positions": self.positions or None,
             "distribution_shift": self.distribution_shift,
+            "worst_sample_cosine": self.worst_sample[0] if self.worst_sample else None,
+            "worst_sample_index": self.worst_sample[1] if self.worst_sample else None,
         }
 
 
@@ -219,7 +240,7 @@ def compare_outputs(
         for n in names:
             r, t = np.asarray(ref[n]), np.asarray(test[n])
             classify = r.ndim == 2 and r.shape[0] == batch and r.shape[1] > 1 and n not in selected
-            stats[n].update(r, t, classify=classify, axis=axes.get(n))
+            stats[n].update(r, t, classify=classify, axis=axes.get(n), batch=batch)
         evaluator.update(ref, test)
         samples += batch
     return OutputComparison([stats[n] for n in names], evaluator, samples)

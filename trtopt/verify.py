@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -107,7 +107,9 @@ class Verification:
     def warnings(self) -> list[str]:
         """What the summary warns of: INT8 math far from FP32, top classes changed at too many positions of per-position
         class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses its classes' regions
-        (LABEL_MIN_IOU there), and an output whose bulk of values moved (trtopt.distribution_shift.MAX_SHIFT)."""
+        (LABEL_MIN_IOU there), an output whose bulk of values moved (trtopt.distribution_shift.MAX_SHIFT), and one
+        sample far from FP32 while the mean is not (trtopt.agreement.SAMPLE_MIN_COSINE)."""
+        from trtopt.agreement import sample_warning
         from trtopt.verify_failure import reference_warning
 
         to_fp32 = self.reference_vs_fp32
@@ -117,7 +119,8 @@ class Verification:
                   f"{self.tolerance:.3g}): it failed its verification."] if not self.ok else []  # fmt: skip
         found = (argmax_warning(to_fp32.argmax, to_fp32.positions, to_fp32.cosine),
                  label_warning(to_fp32.labels, to_fp32.label_pixels, to_fp32.labels_output, to_fp32.cosine),
-                 shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine))
+                 shift_warning(to_fp32.shift_output or "?", to_fp32.shift, to_fp32.cosine),
+                 None if self.far_from_fp32 else sample_warning(to_fp32, self.samples))
         return failed + far + [w for w in found if w]
 
     @property
@@ -133,10 +136,9 @@ class Verification:
             del data["far_from_fp32"]
         if self.judged is None:
             del data["judged"]
-        for figures in (data["reference_vs_fp32"], data["kernels_vs_reference"]):
-            for key in ("argmax", "positions", "shift", "shift_output", "labels", "label_pixels", "labels_output"):
-                if figures.get(key) is None:
-                    figures.pop(key, None)
+        for figures in (data["reference_vs_fp32"], data["kernels_vs_reference"]):  # the optional figures: unmeasured
+            for key in [f.name for f in fields(Agreement) if f.default is None and figures.get(f.name) is None]:
+                figures.pop(key)
         return data
 
     @classmethod
@@ -271,10 +273,11 @@ def verify_plan(
     if selection is not None:
         fp32, reference = selection.compared(fp32), selection.compared(reference)
     shared = {k: v for k, v in reference.items() if k in kernels}  # a TensorRT engine computes no judged tensors
-    to_fp32, on = agreement(reference, fp32, axes, label_maps), {k: a for k, a in axes.items() if k in shared}
-    from_kernels = agreement(kernels, shared, on, [m for m in label_maps if m in shared])
+    samples = samples if samples is not None else sum(1 if n is None else n for _, n in batches)
+    to_fp32, on = agreement(reference, fp32, axes, label_maps, samples), {k: a for k, a in axes.items() if k in shared}
+    from_kernels = agreement(kernels, shared, on, [m for m in label_maps if m in shared], samples)
     return Verification(
-        samples=samples if samples is not None else sum(1 if n is None else n for _, n in batches),
+        samples=samples,
         source=source,
         isa=isa,
         variant=variant,

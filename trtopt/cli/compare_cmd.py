@@ -1,8 +1,9 @@
 """Compare a plan with the FP32 model it was built from, on the same inputs.
 
-Per output: cosine similarity, relative error, max/mean absolute error, the distribution shift (the largest
-share of values on the other side of some level than FP32's: how far the plan moves their bulk), top-1
-agreement ([N, classes] outputs).
+Per output: cosine similarity, the worst input's cosine (its file in --json, and in a warning below 0.95: a
+mean can hide a plan that fails a few inputs), relative error, max/mean absolute error, the distribution shift
+(the largest share of values on the other side of some level than FP32's: how far the plan moves their bulk),
+top-1 agreement ([N, classes] outputs).
 Per task (--task, chosen from the outputs by default and named in the summary):
   detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), or a
                --decoder of yours; FP32's boxes matched by the plan's at IoU >= --match-iou, per class:
@@ -128,14 +129,20 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     reference = OrtSession(model, opt_level="disable" if quantised else "all")
     dataset = dataset_for_plan(engine.plan, args.data, count=args.count, overrides=overrides_from_args(args))
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
-    batches = (_rows(b, reference.run(b.feeds), engine.infer(b.feeds)) for b in dataset.batches(args.batch))
+    sources: list[str] = []  # each sample's file (and entry), in the order they ran
+
+    def batches():  # type: ignore[no-untyped-def]
+        for b in dataset.batches(args.batch):
+            sources.extend(b.sources)
+            yield _rows(b, reference.run(b.feeds), engine.infer(b.feeds))
+
     selection = find_selection(model)
-    result = compare_outputs(batches, names, config, selection.selected if selection else ())
+    result = compare_outputs(batches(), names, config, selection.selected if selection else ())
     layers = _per_layer(args, engine, dataset) if args.per_layer else None
+    outputs = [_named_worst(s.to_dict(), sources) for s in result.outputs]
     if args.json:
-        print_json(result.to_dict() | {"layers": layers})
+        print_json(result.to_dict() | {"outputs": outputs, "layers": layers})
         return 0
-    outputs = [s.to_dict() for s in result.outputs]
     what = "the model's own quantised math (ONNX Runtime, optimisations off)" if quantised else "FP32 model"
     _print_fitted(out, outputs, result.samples, engine.backend, what)
     if selection is not None:
@@ -149,6 +156,12 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     if layers is not None:
         out.print(_layers_table(layers, args.top))
     return 0
+
+
+def _named_worst(output: dict[str, Any], sources: list[str]) -> dict[str, Any]:
+    """An output's figures with the file its worst sample came from (`worst_sample`; None: not measured)."""
+    index = output["worst_sample_index"]
+    return output | {"worst_sample": sources[index] if index is not None and index < len(sources) else None}
 
 
 def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -227,8 +240,8 @@ def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None
     from rich.table import Table
 
     table = Table(title=f"{reference} vs {backend} plan on {samples} inputs, per output", title_justify="left")
-    columns = ["output", "cosine", "rel. error", "max abs err", "mean abs err", "|ref| max", "distribution shift",
-               "top-1 agreement"]
+    columns = ["output", "cosine", "worst input", "rel. error", "max abs err", "mean abs err", "|ref| max",
+               "distribution shift", "top-1 agreement"]
     positions = any(o["argmax_agreement"] is not None for o in outputs)
     for col in columns + ["argmax agreement (positions)"] * positions:
         table.add_column(col, justify="right" if col != "output" else "left")
@@ -238,6 +251,7 @@ def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None
         table.add_row(
             labels[outputs.index(o)] if labels else o["name"],
             f"{o['cosine']:.5f}",
+            "-" if o["worst_sample_cosine"] is None else f"{o['worst_sample_cosine']:.4f}",
             f"{o['rel_error']:.4g}",
             f"{o['max_abs_error']:.4g}",
             f"{o['mean_abs_error']:.4g}",
@@ -252,7 +266,7 @@ def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None
 def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
     """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning)
     or whose bulk of values moved (trtopt.distribution_shift.shift_warning)."""
-    from trtopt.agreement import argmax_warning
+    from trtopt.agreement import SAMPLE_MIN_COSINE, argmax_warning
     from trtopt.distribution_shift import shift_warning
 
     found = []
@@ -261,6 +275,13 @@ def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
         found += [f"output {o['name']!r}: {flips}"] if flips else []
         shift = shift_warning(o["name"], o["distribution_shift"], o["cosine"])
         found += [shift] if shift else []
+        worst = o["worst_sample_cosine"]
+        if worst is not None and worst < SAMPLE_MIN_COSINE <= o["cosine"]:
+            where = o.get("worst_sample") or f"#{o['worst_sample_index'] + 1}"
+            found.append(f"output {o['name']!r}: input {where} keeps a cosine of only {worst:.4f} with "
+                         f"FP32 (below {SAMPLE_MIN_COSINE}) though the output's is {o['cosine']:.4f}: INT8 error "
+                         "gathers on some inputs; calibrate on more samples like it (--calib), or keep the layers "
+                         "--per-layer names float (trtopt build --exclude)")
     return found
 
 

@@ -153,7 +153,7 @@ def verification_text(record: dict[str, Any]) -> str:
     cost = (
         f"reference: {AS_GIVEN}; trtopt quantised nothing, so there is no INT8-vs-FP32 figure"
         if record.get("reference") == AS_GIVEN
-        else f"{record.get('reference', 'INT8')} reference vs FP32: {v.reference_vs_fp32.describe()}"
+        else f"{record.get('reference', 'INT8')} reference vs FP32: {v.reference_vs_fp32.describe(worst_sample=True)}"
     )
     variant = "" if record.get("reference") == AS_GIVEN else f" ({v.variant})"  # no INT8 encoding to name
     lines = [
