@@ -44,8 +44,11 @@ def test_no_worst_sample_where_rows_are_not_samples() -> None:
     outputs, target = _one_bad_sample()
     assert agreement(outputs, target).worst_sample is None  # the sensitivity search's calls: not asked for
     assert agreement(outputs, target, samples=8).worst_sample is None  # 40 rows of 8 samples: time steps
-    few = {"p": target["scores"]}  # 12 logits per sample: their top class and argmax agreement judge them
+    few = {"p": target["scores"]}  # 12 logits per sample: their top class judges them
     assert agreement({"p": -few["p"]}, few, samples=40).worst_sample is None
+    judged = {"steps": outputs["map"]}  # per-position class scores, or a label map: argmax agreement, mean IoU
+    assert agreement(judged, {"steps": target["map"]}, {"steps": 2}, samples=40).worst_sample is None
+    assert agreement(judged, {"steps": target["map"]}, label_maps=["steps"], samples=40).worst_sample is None
 
 
 def _verification(reference: Agreement, samples: int = 40) -> Verification:
@@ -80,9 +83,10 @@ def test_compare_statistics_count_samples_across_batches() -> None:
         stats.update(target["map"][part], outputs["map"][part], batch=len(target["map"][part]))
     assert stats.worst_sample == (pytest.approx(agreement(outputs, target, samples=40).worst_sample), 17)
     assert stats.to_dict()["worst_sample_index"] == 17
-    unbatched = ErrorStats("map")
+    unbatched, ids = ErrorStats("map"), ErrorStats("labels")
     unbatched.update(target["map"], outputs["map"])
-    assert unbatched.to_dict()["worst_sample_cosine"] is None
+    ids.update(np.zeros((40, 32), np.int64), np.ones((40, 32), np.int64), batch=40)  # a label map: IoU judges it
+    assert unbatched.to_dict()["worst_sample_cosine"] is None and ids.worst_sample is None
 
 
 def test_compare_names_the_worst_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
