@@ -225,15 +225,15 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
         update(CalibProgress("sensitivity", 10, 10, 10, 330.0))
         update(CalibProgress("verify", 4, 4, 4))  # a report without seconds: no "in 0.0s"
     lines = screen.getvalue().splitlines()
-    assert lines == ["calibration: histogram pass: started (8 of 32 done)",  # 2 and 4 s: under QUIET_SECONDS
+    assert lines == ["calibration: histogram pass: 8 of 32 done",  # 2 and 4 s: under QUIET_SECONDS
                      "calibration: histogram pass: 24 of 32 done after 6.0s, about 2s left",
                      "calibration: histogram pass: 32 done in 8.0s",
-                     "calibration: auto thresholds, tensors scored: started (0 of 40 done)",
+                     "calibration: auto thresholds, tensors scored: started (40 to do)",
                      "calibration: auto thresholds, tensors scored: 40 done in 9.5s",
-                     "calibration: sensitivity analysis, trials: started (1 of 10 done)",
+                     "calibration: sensitivity analysis, trials: 1 of 10 done",
                      "calibration: sensitivity analysis, trials: 5 of 10 done after 300.0s, at most about 5 min left",
                      "calibration: sensitivity analysis, trials: 10 done in 330.0s",
-                     "calibration: verify pass: started (4 of 4 done)", "calibration: verify pass: 4 done"]  # fmt: skip
+                     "calibration: verify pass: 4 done"]  # fmt: skip  (all done at its first report: one line)
     screen.truncate(0)
     with console.phase_progress("calibration", disable=True) as update:  # --json: stderr stays quiet too
         update(CalibProgress("histogram", 1, 8, 32, 1.0))
@@ -313,3 +313,54 @@ def test_run_reads_a_time_major_output_along_its_batch_axis(
     assert sample_axis((64, -1, 5), (64, 1, 5), 1) == 1 and sample_axis((64, 1, 5), (64, 1, 5), 1) == 1
     assert sample_axis((-1, 1000), (1, 1000), 1) == 0 and sample_axis((1, 10), (1, 10), 1) == 0
     assert sample_axis((20, -1, 37), (20, 20, 37), 20) == 1
+
+
+def test_run_describes_a_whole_output_without_a_batch_axis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model fixed at one sample whose output has no batch axis (attacut's [seq_len] logits for its [1, seq_len]
+    ids, round 13's hunt) printed element 0 of the output as the sample's result; all of it is the sample's.
+
+        x [1, 6] -> Reshape [6] -> y [6]
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([6], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "flat",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], [shape])  # fmt: skip
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)]), tmp_path / "f.onnx")
+    samples = np.arange(18, dtype=np.float32).reshape(3, 6)  # three samples of [6], stacked
+    np.savez(tmp_path / "x.npz", x=samples)
+    plan = str(tmp_path / "f.engine")
+    assert main(["build", str(tmp_path / "f.onnx"), "--backend", "cpu", "-o", plan]) == 0
+    capsys.readouterr()
+    assert main(["run", plan, str(tmp_path / "x.npz"), "--json"]) == 0
+    described = [p["described"] for p in _json(capsys)["predictions"]]
+    assert [(d["shape"], d["min"], d["max"]) for d in described] == [([6], s.min(), s.max()) for s in samples]
+
+
+def test_run_shows_the_output_of_class_probabilities(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run` showed a multi-output model's first output, box offsets, as softmaxed "classes" (MTCNN's ONet, round
+    13's hunt); a later output of probabilities is what it shows now, and it says so.
+
+        x [N,3,8,8] -> GlobalAveragePool -> Flatten -> f [N,3] -> Gemm -> boxes [N,4]
+                                                          └─────> Softmax -> probs [N,3]
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"]), helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "w"], ["boxes"], transB=1), helper.make_node("Softmax", ["f"], ["probs"])]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", 4]),
+                               helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 3])], [w])  # fmt: skip
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)]), tmp_path / "m.onnx")
+    Image.fromarray(np.full((8, 8, 3), (200, 30, 90), np.uint8)).save(tmp_path / "a.png")
+    plan = str(tmp_path / "m.engine")
+    assert main(["build", str(tmp_path / "m.onnx"), "--backend", "cpu", "--preset", "imagenet", "-o", plan]) == 0
+    capsys.readouterr()
+    assert main(["run", plan, str(tmp_path / "a.png")]) == 0
+    said = capsys.readouterr()
+    assert "showing output 'probs'" in said.err and "'boxes' comes first" in said.err
+    assert main(["run", plan, str(tmp_path / "a.png"), "--json"]) == 0
+    (prediction,) = _json(capsys)["predictions"]
+    assert len(prediction["top"]) == 3  # the 3 classes of probs, not 4 of boxes

@@ -42,7 +42,8 @@ def test_sizes_come_from_the_arrays_headers(tmp_path: Path) -> None:
     dims: dict[str, list[int | str | None]] = {"feat": ["N", "T", 16], "box": [None, None, 4], "mask": ["N", "T"]}
     # a batch of 5 (rank 3) and one sample (rank 2) alike; a named batch stays dynamic; "mask" has no array
     assert shapes_from_arrays(tmp_path / "d.npz", dims) == {"feat": ("N", 7, 16), "box": (1, 7, 4)}
-    misfit = "input 'feat' has shape [5, 7, 16], which does not fit the input's [?, ?, 8]"
+    misfit = ("input 'feat' has shape [5, 7, 16], but the input [?, ?, 8] takes a stack of samples [N, ?, 8] (each "
+              "fed as [?, ?, 8]) or one sample [?, 8]; ? is any size.")
     with pytest.raises(DataError, match=re.escape(misfit)):
         shapes_from_arrays(tmp_path / "d.npz", {"feat": [None, None, 8]})
     assert shapes_from_arrays(tmp_path / "d.npz", {"feat": [3, 7, 16]}) == {}  # nothing dynamic past the batch

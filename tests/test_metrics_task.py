@@ -92,6 +92,17 @@ def choose(outputs: dict[str, np.ndarray], hw: tuple[int, int] | None, batch: in
     return choice.task, choice.output, choice.variant
 
 
+def test_a_classifier_is_read_from_its_probabilities_not_an_earlier_box_output() -> None:
+    """MTCNN's ONet (round 13's hunt): [N, 4] box offsets, [N, 10] landmarks, then [N, 2] face probabilities; the
+    first [N, C] output was taken for the classifier's."""
+    rng = np.random.default_rng(1)
+    logits = rng.standard_normal((8, 2))
+    probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    outputs = {"boxes": rng.standard_normal((8, 4)), "marks": rng.standard_normal((8, 10)), "probs": probs}
+    assert choose(outputs, (48, 48), 8) == ("classify", "probs", "")
+    assert choose({"boxes": outputs["boxes"], "logits": logits}, (48, 48), 8)[1] == "boxes"  # nothing tells: the first
+
+
 def test_auto_reads_real_models_output_shapes() -> None:
     rng = np.random.default_rng(0)
     assert choose({"o": yolov8_output()}, HW, 1) == ("detect", "o", "yolov8")

@@ -275,6 +275,7 @@ def _collect(
                 feeds = next(source, None)
             if feeds is None:
                 break
+            _check_feeds(feeds, batch_count + 1, sample_count)
             with clock.waiting("inference"):
                 outputs = runner.run(feeds)
             with clock.waiting("counting"):
@@ -337,6 +338,22 @@ def _max_only(config: CalibConfig) -> bool:
 
 def _open(batches: BatchSource) -> Iterator[Feeds]:
     return iter(batches()) if callable(batches) else iter(batches)
+
+
+def _check_feeds(feeds: Feeds, batch: int, before: int) -> None:
+    """A NaN or infinity in the data itself, named as such: the first tensor to hold it was reported instead, an
+    internal one (MTCNN's NHWC input transposed, `adjusted_input3`; round 13's hunt)."""
+    for name, value in feeds.items():
+        value = np.asarray(value)
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+            rows = [i for i, row in enumerate(value.reshape(len(value), -1) if value.ndim else [value]) if
+                    not np.all(np.isfinite(row))]  # fmt: skip
+            raise CalibrationError(
+                f"Model input {name!r} holds {int(np.count_nonzero(np.isnan(value)))} NaN and "
+                f"{int(np.count_nonzero(np.isinf(value)))} infinite values in calibration batch {batch} (sample "
+                f"{', '.join(str(before + i + 1) for i in rows[:5])}{' ...' if len(rows) > 5 else ''} of the data).",
+                fix="The data is broken, not the model: remove or repair those samples (np.isfinite finds them).",
+            )
 
 
 def _batch_size(feeds: Feeds, first_input: str | None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,8 +18,19 @@ from trtopt.errors import TrtoptError
 if TYPE_CHECKING:
     from trtopt.calib import CalibProgress
 
-out = Console(highlight=False, soft_wrap=False, markup=False)
-err = Console(stderr=True, highlight=False, markup=False)
+# Where output goes to a file or a pipe (a log, CI, `| less`), rich assumes 80 columns and cuts a wide table's
+# figures to "0.99…": give it room instead, unless COLUMNS says how wide.
+LOG_WIDTH = 200
+
+
+def _width(stream: Any) -> int | None:
+    """None (rich reads the terminal, or COLUMNS) on a terminal or where COLUMNS is set; else `LOG_WIDTH`."""
+    isatty = getattr(stream, "isatty", None)
+    return None if (isatty is not None and isatty()) or os.environ.get("COLUMNS") else LOG_WIDTH
+
+
+out = Console(highlight=False, soft_wrap=False, markup=False, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, markup=False, width=_width(sys.stderr))
 
 
 def print_error(exc: TrtoptError) -> None:
@@ -106,6 +118,13 @@ def _left(report: CalibProgress) -> str:
     return f", {bound}about {left / 60:.0f} min left" if left >= 90 else f", {bound}about {left:.0f}s left"
 
 
+def _so_far(samples: int, total: int | None) -> str:
+    """A phase's first line: "started (40 to do)", or "8 of 32 done" when its first report comes after a batch."""
+    if not samples:
+        return f"started ({total} to do)" if total else "started"
+    return f"{samples} of {total} done" if total else f"{samples} done"
+
+
 def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
     """Progress for a stderr that is no terminal (redirected to a file, CI): a line when a phase starts, at
     each tenth of its known total once it has run `QUIET_SECONDS`, and when it is done, so a long build does
@@ -116,7 +135,8 @@ def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
         name, total = f"{label}: {_phase_name(report)}", report.total_samples
         if report.phase not in tenths:
             tenths[report.phase] = 0
-            err.print(f"{name}: started ({report.samples}{f' of {total}' if total else ''} done)")
+            if not total or report.samples < total:  # else the line that says it is done follows at once
+                err.print(f"{name}: {_so_far(report.samples, total)}")
         tenth = min(10, report.samples * 10 // total) if total else 0
         if tenth > tenths[report.phase] and (tenth == 10 or report.seconds >= QUIET_SECONDS):
             tenths[report.phase] = tenth

@@ -56,23 +56,30 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.data.arrays import has_batch_axis
 
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
-    output, declared = engine.outputs[0].name, engine.outputs[0].shape
+    output, declared = None, engine.outputs[0].shape
     feeds = not has_batch_axis(dataset.inputs)
     results = []
     started = time.perf_counter()
     compute = 0.0
     for batch in dataset.batches(args.batch):
         t0 = time.perf_counter()
-        scores = engine.infer(batch.feeds)[output]
+        results_of_batch = engine.infer(batch.feeds)
         compute += time.perf_counter() - t0
-        if feeds or np.ndim(scores) == 0:  # whole feeds (no shared batch axis, silero-vad), or one value for all
-            rows = [_described(output, scores)]
-        else:  # one entry per sample along its batch axis, which a time-major [T, N, C] output has second
-            scores = np.moveaxis(scores, sample_axis(declared, np.shape(scores), _rows(batch.feeds)), 0)
-            if not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k
-                rows = [_described(output, row) for row in scores]
-            else:
-                rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
+        if output is None:
+            output = _shown_output(results_of_batch, [t.name for t in engine.outputs], quiet=args.json)
+            declared = next(t.shape for t in engine.outputs if t.name == output)
+        scores = results_of_batch[output]
+        n = _rows(batch.feeds)
+        axis = sample_axis(declared, np.shape(scores), n) if np.ndim(scores) else 0
+        whole = feeds or np.ndim(scores) == 0 or (n == 1 and np.shape(scores)[axis] != 1)
+        if whole:  # whole feeds (no shared batch axis, silero-vad), one value for all, or one sample's output
+            # without a batch axis (attacut's [seq_len] logits for its [1, seq_len] ids): all of it is the sample's
+            scores, axis = np.asarray(scores)[None], 0
+        scores = np.moveaxis(scores, axis, 0)  # one entry per sample; a time-major [T, N, C] output has them second
+        if whole or not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k
+            rows = [_described(output, row) for row in scores]
+        else:
+            rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
         for source, row in zip(batch.sources, rows, strict=False):  # padding rows
             results.append({"input": source, **row})
             if not args.json:
@@ -113,6 +120,19 @@ def sample_axis(declared: Sequence[int], shape: Sequence[int], rows: int) -> int
         return dynamic[0]
     sized = [i for i, size in enumerate(shape) if size == rows]
     return sized[0] if shape and shape[0] != rows and len(sized) == 1 else 0
+
+
+def _shown_output(outputs: Mapping[str, np.ndarray], names: Sequence[str], *, quiet: bool) -> str:
+    """The output `run` shows: the first, unless a later one holds [N, classes] probabilities and the first does
+    not (MTCNN's ONet: [N, 4] box offsets first, [N, 2] face probabilities last); said on stderr if so."""
+    from trtopt.cli.console import err, markup_safe
+    from trtopt.metrics.task import probabilities
+
+    found = next((n for n in names if probabilities(outputs[n])), names[0])
+    if found != names[0] and not quiet:
+        err.print(f"showing output {markup_safe(found)!r}, the first of the {len(names)} outputs that holds class "
+                  f"probabilities ({markup_safe(names[0])!r} comes first: `trtopt.Engine` gives them all)")
+    return found
 
 
 def _rows(feeds: Mapping[str, np.ndarray]) -> int:

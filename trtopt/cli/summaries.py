@@ -32,6 +32,7 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "equalization": result.equalization,
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
         "graph_check": result.graph_check.to_dict() if result.graph_check else None,
+        "preprocess": meta.preprocess,  # what `trtopt run` will do to images (None: the plan takes arrays)
     }
     for report in (result.report, result.speed):
         if report is not None:
@@ -42,6 +43,8 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
             summary["verification"]["reference"] = "FP16" if "fp16" in (meta.precision or "") else AS_GIVEN
         if result.verification.warnings:
             summary["warnings"] = result.verification.warnings
+    if quant is not None and not quant.int8_layers:
+        summary["warnings"] = [no_int8_warning(quant.float_layers), *summary.get("warnings", [])]
     if meta.get("sparsity"):
         summary["sparsity"] = meta["sparsity"]
     return summary
@@ -59,6 +62,9 @@ def print_build_summary(
     table.add_row("backend", backend_reason)
     table.add_row("precision", str(summary["precision"]))
     table.add_row("plan size", f"{summary['file_bytes'] / 2**20:.2f} MiB")
+    if summary.get("preprocess"):
+        source = f" ({summary['preprocess_source']})" if summary.get("preprocess_source") else ""
+        table.add_row("preprocessing", preprocess_text(summary["preprocess"]) + source)
     if summary.get("calibration"):
         cal = summary["calibration"]
         methods = cal.get("methods") or {}
@@ -98,6 +104,31 @@ def print_build_summary(
 # compares the model with itself and always reads 1.0. The summary says that instead of an INT8 figure nobody
 # measured. (With --fp16 alone the reference is the FP16 graph, a real figure, labelled as such.)
 AS_GIVEN = "the model as given (built without --int8)"
+
+
+def preprocess_text(record: dict[str, Any]) -> str:
+    """The images' preprocessing in one line, as the plan stores it ("resize 256 (shorter side), centre crop
+    224x224, bilinear, RGB, / 255, mean 0.485 0.456 0.406, std 0.229 0.224 0.225, NCHW float32")."""
+    from trtopt.data.preprocess import PreprocessSpec
+
+    spec = PreprocessSpec.from_dict(record, where="the plan's preprocessing")
+    (h, w), numbers = spec.crop_hw, lambda values: " ".join(f"{v:g}" for v in values)
+    size = {"shorter": f"resize {spec.resize_short} (shorter side), centre crop {h}x{w}",
+            "stretch": f"resize to {h}x{w} (stretched)",
+            "letterbox": f"letterbox to {h}x{w} (pad {spec.pad_value:g}, {spec.pad_align})"}[spec.resize_mode]
+    return (f"{size}, {spec.interpolation}, {spec.color}, / {spec.scale:g}, mean {numbers(spec.mean)}, "
+            f"std {numbers(spec.std)}, {spec.layout} {spec.dtype}")
+
+
+def no_int8_warning(floats: dict[str, str]) -> str:
+    """The warning for an --int8 build that quantised no layer (basic-pitch's note transcriber: all 23 convs have
+    fewer than 16 channels, one of them with 65% of the multiply-adds): the plan is a float plan."""
+    few = any(why.startswith("fewer than") for why in floats.values())
+    fix = (" --min-channels 1 quantises layers with few channels too (a smaller speed-up and maybe more error on "
+           "those: check with `trtopt compare`)." if few else "")
+    what = (f"the {len(floats)} layers that could be INT8 all stay float, by reason: {float_reasons(floats)}" if floats
+            else "the model has no layer INT8 could run (a Conv, Gemm or MatMul with weights)")
+    return f"--int8 quantised no layer: {what}. This plan computes in float and is no faster than FP32.{fix}"
 
 
 def float_reasons(floats: dict[str, str]) -> str:

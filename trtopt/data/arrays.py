@@ -122,12 +122,14 @@ def shapes_from_arrays(
             unit = shape[1:] if len(shape) == len(dims) else shape if len(shape) == len(dims) - 1 else None
             fixed = dims[1:]
         if unit is None or any(isinstance(d, int) and d != s for d, s in zip(fixed, unit, strict=True)):
-            what = "as one feed or a stack of feeds" if feeds else "as a batch or as one sample"
+            sample = [d if d is not None else "?" for d in (dims if feeds else dims[1:])]
+            what = (f"one feed {format_shape(sample)} or a stack of feeds {format_shape(['N', *sample])}" if feeds
+                    else f"a stack of samples {format_shape(['N', *sample])} (each fed as {format_shape(dims)}) or "
+                    f"one sample {format_shape(sample)}")
             raise DataError(
-                f"{path}: the array for input {name!r} has shape {format_shape(shape)}, which does not fit the "
-                f"input's {format_shape(dims)} {what}.",
-                fix="Save arrays of the input's shape (a batch [N, ...] or one sample), or check the model."
-                if not feeds else "Save arrays of the input's shape (one feed) or stacks of them [N, ...].",
+                f"{path}: the array for input {name!r} has shape {format_shape(shape)}, but the input "
+                f"{format_shape(dims)} takes {what}{'; ? is any size' if None in dims else ''}.",
+                fix="Save the arrays in one of those shapes, or check the model.",
             )
         shapes[name] = tuple(unit) if feeds else (1 if dims[0] is None else dims[0], *unit)
     return shapes

@@ -110,10 +110,13 @@ class Dataset:
         head = len(self) - tail
         if tail <= 0 or head <= 0:
             raise ValueError(f"cannot split {tail} of {len(self)} samples off")
-        first = Dataset(self._items, self.inputs, self.spec, head, self.skipped, self.start)
-        last = Dataset(self._items, self.inputs, self.spec, tail, self.skipped, self.start + head)
-        first._bad = last._bad = self._bad  # a file found bad by one is skipped, and recorded, once
-        return first, last
+        return self.head(head), self.head(tail, start=self.start + head)
+
+    def head(self, count: int, *, start: int | None = None) -> Dataset:
+        """`count` samples from `start` (None: this one's), the same files read lazily; a bad file is warned of once."""
+        part = Dataset(self._items, self.inputs, self.spec, count, self.skipped, self.start if start is None else start)
+        part._bad = self._bad
+        return part
 
     @property
     def unit(self) -> str:

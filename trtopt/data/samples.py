@@ -111,7 +111,7 @@ def calibration_and_checks(
         source = f"the last {checks} calibration samples, held back from calibration"
     else:
         count = min(SHARED_CHECKS * checks, len(dataset))
-        held = load_dataset(data.source, dataset.inputs, dataset.spec, count=count)
+        held = dataset.head(count)
         shared = "thresholds from the cache" if from_cache else "too few to hold any back"
         source = f"{len(held)} of the {len(dataset)} calibration samples ({shared})"
     batches = [(b.feeds, b.rows) for b in held.batches(data.batch)]

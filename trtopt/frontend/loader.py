@@ -302,10 +302,13 @@ def _check_external_range(tensor: onnx.TensorProto, target: Path, path: Path) ->
 
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
+    ops = ", ".join(dict.fromkeys(n.op_type for n in model.graph.node))
+    if not versions and {n.domain for n in model.graph.node} == {ML_DOMAIN}:  # onnxruntime's logreg_iris.onnx
+        raise ModelError(f"{where} holds only classical-ML ops ({ML_DOMAIN}: {ops}), and no layer "
+                         "trtopt could quantise or fuse (Conv, Gemm, MatMul).",
+                         fix="Run it with ONNX Runtime as it is; trtopt builds neural networks.")
     if not versions:
-        raise ModelError(
-            f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17."
-        )
+        raise ModelError(f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17.")
     return versions[0]
 
 

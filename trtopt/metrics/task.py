@@ -85,7 +85,7 @@ def choose_task(outputs: Mapping[str, np.ndarray], input_hw: tuple[int, int] | N
     for task, check in checks.items():
         if wanted not in ("auto", task):
             continue
-        for name in names:
+        for name in sorted(names, key=lambda n: not probabilities(outputs[n])) if task == "classify" else names:
             found = check(np.asarray(outputs[name]), input_hw, config, batch)
             if found is not None:
                 how = "asked for" if wanted == task else "chosen"
@@ -162,8 +162,17 @@ def _ctc(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, 
 
 def _classifier(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
     if out.ndim == 2 and out.shape[1] >= 2:
-        return "", f"{list(out.shape)}: [N, classes]"
+        return "", f"{list(out.shape)}: [N, classes]{', probabilities' if probabilities(out) else ''}"
     return None
+
+
+def probabilities(out: np.ndarray) -> bool:
+    """[N, classes] that sum to 1 (a Softmax): a classifier's output before any other [N, C] one, which may be
+    box offsets or landmarks (MTCNN's ONet: [N, 4] boxes, [N, 10] landmarks, then [N, 2] face probabilities)."""
+    from trtopt.agreement import is_distribution
+
+    out = np.asarray(out)
+    return out.ndim == 2 and out.shape[1] >= 2 and out.dtype.kind == "f" and out.size > 0 and is_distribution(out, 1)
 
 
 class TaskEvaluator:

@@ -1,0 +1,116 @@
+"""What a build says where something is off that is not an error: found by trying trtopt on models nobody tuned
+for (docs/holdout.md, round 13's hunt): a plan --int8 left all float, a bad file warned of twice, tables cut in logs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from model_files import tiny_model_with_images
+
+from trtopt.cli import console
+from trtopt.cli.main import main
+
+
+def test_an_int8_build_that_quantises_nothing_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tiny_model_with_images(tmp_path, 8)
+    argv = ["build", str(root / "tiny.onnx"), "--int8", "--calib", str(root / "images"), "--backend", "cpu",
+            "--preset", "imagenet", "--json", "-o", str(root / "plan.engine")]  # fmt: skip
+    assert main([*argv, "--min-channels", "100000"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["int8_layers"] == 0 and summary["precision"] == "int8"
+    warning = summary["warnings"][0]
+    assert warning.startswith("--int8 quantised no layer") and "fewer than 100000 channels" in warning
+    assert "--min-channels 1" in warning
+    assert main(argv) == 0  # the same build with its default channels: INT8 layers, no such warning
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["int8_layers"] > 0 and not any("quantised no layer" in w for w in summary.get("warnings", []))
+
+
+def test_an_unreadable_file_is_warned_of_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                              capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Too few samples to hold any back: verification shares the calibration set, which was read twice."""
+    root = tiny_model_with_images(tmp_path, 6)
+    (root / "images" / "notes.jpg").write_text("not an image")
+    with caplog.at_level(logging.WARNING):
+        assert main(["build", str(root / "tiny.onnx"), "--int8", "--calib", str(root / "images"), "--backend",
+                     "cpu", "--preset", "imagenet", "--json", "-o", str(root / "plan.engine")]) == 0  # fmt: skip
+    assert [r.getMessage() for r in caplog.records].count(next(
+        r.getMessage() for r in caplog.records if "notes.jpg" in r.getMessage())) == 1
+    assert "too few to hold any back" in json.loads(capsys.readouterr().out)["verification"]["source"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_tables_in_a_log_or_a_pipe_are_not_cut_to_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert console._width(io.StringIO()) == console.LOG_WIDTH  # a file, a pipe: rich would assume 80
+    assert console._width(_Terminal()) is None  # a terminal: rich measures it
+    monkeypatch.setenv("COLUMNS", "100")
+    assert console._width(io.StringIO()) is None  # rich reads COLUMNS
+
+
+def test_the_summary_says_what_preprocessing_the_plan_stores_and_where_it_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong guess shows in no figure the build measures (MTCNN's ONet verified at cosine 0.996 fed ImageNet's
+    mean and std), so the summary names the recipe and its source; a default that nothing asked for is a guess."""
+    from trtopt.cli.summaries import preprocess_text
+
+    root = tiny_model_with_images(tmp_path, 8)
+    argv = ["build", str(root / "tiny.onnx"), "--backend", "cpu", "--json", "-o", str(root / "plan.engine")]
+    sources = {}
+    for extra in ([], ["--preset", "imagenet"], ["--preset", "imagenet", "--mean", "0.5", "--std", "0.25"]):
+        assert main([*argv, *extra]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        sources[" ".join(extra)] = summary["preprocess_source"]
+    assert "a guess" in sources[""] and "tiny.json" in sources[""]
+    assert sources["--preset imagenet"] == "--preset imagenet"
+    assert sources["--preset imagenet --mean 0.5 --std 0.25"] == "--preset imagenet, then --mean, --std"
+    assert summary["preprocess"]["mean"] == [0.5]  # one value for every channel
+    text = preprocess_text(summary["preprocess"])
+    assert "mean 0.5, std 0.25" in text and text.endswith("NCHW float32")
+    letterbox = {**summary["preprocess"], "resize_mode": "letterbox", "pad_value": 114, "pad_align": "center"}
+    assert preprocess_text(letterbox).startswith("letterbox to ")
+
+
+def test_a_classical_ml_model_is_refused_for_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model of ai.onnx.ml ops only needs no default-domain opset (onnxruntime's logreg_iris.onnx); it was
+    refused for lacking one, with a fix (re-export with an opset) that would not have helped."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Normalizer", ["x"], ["y"], domain="ai.onnx.ml", norm="L2")
+    graph = helper.make_graph([node], "ml", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)])
+    onnx.save_model(model, tmp_path / "ml.onnx")
+    assert main(["build", str(tmp_path / "ml.onnx"), "-o", str(tmp_path / "ml.engine")]) != 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "holds only classical-ML ops (ai.onnx.ml: Normalizer)" in said and "Run it with ONNX Runtime" in said
+    assert not (tmp_path / "ml.engine").exists()
+
+
+def test_a_nan_in_the_data_is_named_as_the_datas(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first tensor holding a NaN was named, an internal one where the model transposes its input first."""
+    import numpy as np
+    import onnx
+
+    root = tiny_model_with_images(tmp_path, 0)
+    graph_input = onnx.load(root / "tiny.onnx").graph.input[0]
+    shape = [d.dim_value or 1 for d in graph_input.type.tensor_type.shape.dim][1:]
+    data = np.random.default_rng(0).random((12, *shape), dtype=np.float32)
+    data[2, 0, 0, 0] = np.nan
+    np.savez(root / "data.npz", **{graph_input.name: data})
+    assert main(["build", str(root / "tiny.onnx"), "--int8", "--calib", str(root / "data.npz"), "--backend", "cpu",
+                 "-o", str(root / "plan.engine")]) != 0  # fmt: skip
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"Model input {graph_input.name!r} holds 1 NaN and 0 infinite values" in said and "(sample 3 of" in said
+    assert not (root / "plan.engine").exists()
