@@ -127,6 +127,27 @@ def test_parse_shapes_rejects_bad_syntax(spec: str) -> None:
         parse_shapes([spec])
 
 
+def test_shapes_may_keep_the_batch_dimension_as_the_model_has_it() -> None:
+    """`--shapes x:Nx3x32x32` sets H and W and keeps the batch: dynamic stays dynamic (MTCNN's PNet, [N, H, W, 3],
+    could never batch with every size given; round 13's hunt), a fixed batch stays fixed. Only the first may be N."""
+    from trtopt.backend.tensorrt.builder import profiles_for
+
+    assert parse_shapes(["input:Nx3x32x32", "b:-1x4"]) == {"input": (-1, 3, 32, 32), "b": (-1, 4)}
+    for bad in ("input:1xNx32x32", "input:-2x3x32x32"):
+        with pytest.raises(ShapeError, match="may be N"):
+            parse_shapes([bad])
+    model = with_dynamic_hw()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    graph = graph_from_onnx(model, shapes=parse_shapes(["input:Nx3x32x32"]))
+    require_static_shapes(graph)  # the batch may stay dynamic
+    assert graph.inputs[0].shape == ["batch", 3, 32, 32]
+    fixed = graph_from_onnx(with_dynamic_hw(), shapes=parse_shapes(["input:Nx3x32x32"]))
+    assert fixed.inputs[0].shape == [1, 3, 32, 32]  # tiny_cnn fixes its batch at 1: N keeps it
+    profile = profiles_for(graph.inputs, parse_shapes(["input:Nx3x32x32"]), None)["input"]
+    assert (profile.min, profile.max) == ((1, 3, 32, 32), (1, 3, 32, 32))  # TensorRT: batch 1 unless --batch
+    assert profiles_for(graph.inputs, parse_shapes(["input:Nx3x32x32"]), 8)["input"].max == (8, 3, 32, 32)
+
+
 def test_dynamic_dims_need_shapes() -> None:
     model = with_dynamic_hw()
     graph = graph_from_onnx(model)

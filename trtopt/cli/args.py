@@ -29,8 +29,9 @@ def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         action="extend",
         metavar="NAME:DxDxD",
-        help="concrete input shapes for dynamic dimensions, e.g. input:1x3x224x224 (repeatable); where --calib "
-        "is one .npz/.npy file, sizes left open here come from its arrays",
+        help="concrete input shapes for dynamic dimensions, e.g. input:1x3x224x224 (repeatable); a first dimension "
+        "N keeps the model's batch (input:Nx3x224x224: a dynamic batch stays dynamic); where --calib is one "
+        ".npz/.npy file, sizes left open here come from its arrays",
     )
     g.add_argument(
         "--passes", default=None, help="comma-separated optimiser passes to run, in this order (default: all; '': none)"

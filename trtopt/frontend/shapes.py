@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import onnx_graphsurgeon as gs
 
@@ -15,6 +16,9 @@ Shape = tuple[int, ...]
 MAX_DIM = 2**31 - 1
 MAX_RANK = 8
 _UNKNOWN = {"none", "unknown", "dynamic", "unk"}  # dim_param spellings of "any size", not of a shared one
+# `--shapes x:Nx108x144x3`: the first (batch) dimension stays as the model has it, dynamic or fixed, and only the
+# others are set (MTCNN's PNet, [N, M1, M2, 3]: with every size given it could never take a batch; round 13).
+DYNAMIC = -1
 
 
 def example_shape(dims: object) -> str:
@@ -37,14 +41,17 @@ def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
     for spec in specs or ():
         for item in spec.split(","):
             name, sep, dims = item.strip().rpartition(":")
+            sizes = dims.lower().split("x")
             try:
-                shape = tuple(int(d) for d in dims.lower().split("x"))
+                shape = tuple(DYNAMIC if i == 0 and d in ("n", "-1") else int(d) for i, d in enumerate(sizes))
             except ValueError:
                 shape = ()
-            if not sep or not name or not shape or any(d <= 0 for d in shape):
+            sized = shape and (shape[0] > 0 or shape[0] == DYNAMIC) and all(d > 0 for d in shape[1:])
+            if not sep or not name or not sized:
                 raise ShapeError(
                     f"Cannot read shape spec {item!r}.",
-                    fix="Write it as NAME:DxDxD with positive integers, e.g. --shapes input:1x3x224x224.",
+                    fix="Write it as NAME:DxDxD with positive integers, e.g. --shapes input:1x3x224x224; the first "
+                    "(batch) dimension may be N, to keep the model's (a dynamic batch stays dynamic).",
                 )
             if len(shape) > MAX_RANK or any(d > MAX_DIM for d in shape):
                 raise ShapeError(
@@ -76,14 +83,16 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                 f"rank {len(old)} ({format_shape(old)}).",
                 fix="Give one size per dimension.",
             )
-        for i, (want, have) in enumerate(zip(shape, old or shape, strict=True)):
+        # N: the model's batch (fixed, or dynamic: a name or None), or a dynamic one where it declares no shape
+        sizes: list[Any] = [(old[0] if old else "N") if (i, d) == (0, DYNAMIC) else d for i, d in enumerate(shape)]
+        for i, (want, have) in enumerate(zip(sizes, old or sizes, strict=True)):
             if isinstance(have, int) and have > 0 and have != want:
                 raise ShapeError(
                     f"--shapes sets dimension {i} of input {name!r} to {want}, "
                     f"but the model fixes it at {have}.",
                     fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
-        for dim, size in _named_sizes(old or (), shape):
+        for dim, size in _named_sizes(old or (), sizes):
             if named.setdefault(dim, (size, name))[0] != size:
                 raise ShapeError(
                     f"The input sizes given (--shapes, or read from the --calib arrays) set the size the model names "
@@ -92,7 +101,7 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
                     fix=f"Give {dim!r} the same size in every input (or set it in one input only), and save arrays "
                     "that agree.",
                 )
-        tensor.shape = list(shape)
+        tensor.shape = sizes
     for tensor in graph.inputs:
         if tensor.name not in shapes and tensor.shape is not None and any(d in named for d in tensor.shape):
             tensor.shape = [named[d][0] if d in named else d for d in tensor.shape]

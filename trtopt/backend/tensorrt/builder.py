@@ -48,6 +48,7 @@ from trtopt.backend.base import Profile, Shape
 from trtopt.config_checks import check_int, check_threads
 from trtopt.errors import ModelError, ShapeError, TrtoptError, format_dims
 from trtopt.errors import format_shape as _fmt
+from trtopt.frontend.shapes import DYNAMIC
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def profiles_for(
             [int(d) if _is_static(d) else int(given[i]) for i, d in enumerate(dims)] if given else list(dims)
         )
         if 0 in dynamic:
-            top = batch if batch is not None else (int(given[0]) if given is not None else 1)
+            top = batch if batch is not None else (int(given[0]) if given is not None and given[0] > 0 else 1)
             lo, hi = list(fixed), list(fixed)
             lo[0], hi[0] = 1, top
             profiles[tensor.name] = Profile(min=tuple(lo), opt=tuple(hi), max=tuple(hi))
@@ -222,7 +223,7 @@ def _check_given(name: str, dims: list[Any], given: Shape) -> None:
             fix="Give one size per dimension.",
         )
     for i, (want, have) in enumerate(zip(given, dims, strict=False)):  # dims may be unknown (empty)
-        if _is_static(have) and have != want:
+        if _is_static(have) and have != want and not (i == 0 and want == DYNAMIC):  # N keeps the model's batch
             raise ShapeError(
                 f"--shapes sets dimension {i} of input {name!r} to {want}, but the model fixes it at {have}.",
                 fix=f"Only dynamic dimensions can be set; the model's shape is {_fmt(dims)}.",
