@@ -146,9 +146,13 @@ def test_the_data_is_read_once_so_a_one_shot_generator_works(model, samples) -> 
 
 def test_nan_activations_name_the_tensor(model, samples) -> None:
     broken = samples.copy()
-    broken[2, 0, 0, 0] = np.nan
-    with pytest.raises(CalibrationError, match="'input' has 1 NaN"):
+    broken[10, 0, 0, 0] = np.nan  # in the data itself: named as the data's, with the sample
+    with pytest.raises(CalibrationError, match=r"Model input 'input' holds 1 NaN .* batch 2 \(sample 11 of"):
         collect_histograms(model, batched(broken, 8), TENSORS)
+    huge = samples.copy()
+    huge[2] = 3e38  # finite data whose conv overflows: the first tensor that turns non-finite is named
+    with pytest.raises(CalibrationError, match=r"Tensor 'conv1' has \d+ NaN and [1-9]\d* infinite values"):
+        collect_histograms(model, batched(huge, 8), TENSORS)
 
 
 def test_bad_tensor_lists_are_user_errors(model, samples) -> None:

@@ -264,8 +264,9 @@ def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None
 
 
 def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
-    """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning)
-    or whose bulk of values moved (trtopt.distribution_shift.shift_warning)."""
+    """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning),
+    whose bulk of values moved (trtopt.distribution_shift.shift_warning), or whose worst input is far from FP32
+    while the output as a whole is not (trtopt.agreement.SAMPLE_MIN_COSINE)."""
     from trtopt.agreement import SAMPLE_MIN_COSINE, argmax_warning
     from trtopt.distribution_shift import shift_warning
 

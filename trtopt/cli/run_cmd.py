@@ -69,8 +69,8 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             output = _shown_output(results_of_batch, [t.name for t in engine.outputs], quiet=args.json)
             declared = next(t.shape for t in engine.outputs if t.name == output)
         scores = results_of_batch[output]
-        n = _rows(batch.feeds)
-        axis = sample_axis(declared, np.shape(scores), n) if np.ndim(scores) else 0
+        n = 0 if feeds else _rows(batch.feeds)  # whole feeds may hold 0-d inputs (silero-vad's sample rate)
+        axis = sample_axis(declared, np.shape(scores), n) if np.ndim(scores) and not feeds else 0
         whole = feeds or np.ndim(scores) == 0 or (n == 1 and np.shape(scores)[axis] != 1)
         if whole:  # whole feeds (no shared batch axis, silero-vad), one value for all, or one sample's output
             # without a batch axis (attacut's [seq_len] logits for its [1, seq_len] ids): all of it is the sample's
@@ -125,13 +125,13 @@ def sample_axis(declared: Sequence[int], shape: Sequence[int], rows: int) -> int
 def _shown_output(outputs: Mapping[str, np.ndarray], names: Sequence[str], *, quiet: bool) -> str:
     """The output `run` shows: the first, unless a later one holds [N, classes] probabilities and the first does
     not (MTCNN's ONet: [N, 4] box offsets first, [N, 2] face probabilities last); said on stderr if so."""
-    from trtopt.cli.console import err, markup_safe
+    from trtopt.cli.console import err
     from trtopt.metrics.task import probabilities
 
     found = next((n for n in names if probabilities(outputs[n])), names[0])
-    if found != names[0] and not quiet:
-        err.print(f"showing output {markup_safe(found)!r}, the first of the {len(names)} outputs that holds class "
-                  f"probabilities ({markup_safe(names[0])!r} comes first: `trtopt.Engine` gives them all)")
+    if found != names[0] and not quiet:  # the console reads no markup: names print as they are
+        err.print(f"showing output {found!r}, the first of the {len(names)} outputs that holds class "
+                  f"probabilities ({names[0]!r} comes first: `trtopt.Engine` gives them all)", soft_wrap=True)
     return found
 
 
