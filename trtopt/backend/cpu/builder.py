@@ -93,15 +93,23 @@ class KernelReport:
     float_convs: int
     int8_matmuls: int
     gemm_convs: int = 0  # INT8 convs whose weights steer ONNX Runtime to its GEMM kernel (nonzero zero point)
+    # INT8 layers that ONNX Runtime runs in float on dequantised weights (no integer kernel: ConvTranspose, or no
+    # QuantizeLinear after the layer for its fusion to take): the plan's rounding error without its speed
+    dequantized: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"int8_convs": self.int8_convs, "float_convs": self.float_convs, "int8_matmuls": self.int8_matmuls,
-                "gemm_convs": self.gemm_convs}  # fmt: skip
+                "gemm_convs": self.gemm_convs, "dequantized_layers": list(self.dequantized)}  # fmt: skip
 
     def rows(self) -> list[tuple[str, str]]:
         gemm = f" ({self.gemm_convs} on the GEMM/AMX kernel)" if self.gemm_convs else ""
         convs = f"{self.int8_convs} INT8 convs{gemm}, {self.float_convs} float convs"
-        return [("ONNX Runtime kernels", f"{convs}, {self.int8_matmuls} INT8 matmuls")]
+        named = ", ".join(self.dequantized[:4]) + (f" and {len(self.dequantized) - 4} more" if len(self.dequantized) > 4
+                                                   else "")  # fmt: skip
+        float_math = (f"; {len(self.dequantized)} INT8 layer(s) run in float on dequantised weights ({named}: no "
+                      "integer kernel, or a float output such as a graph output): their rounding error without the "
+                      "speed-up" if self.dequantized else "")
+        return [("ONNX Runtime kernels", f"{convs}, {self.int8_matmuls} INT8 matmuls{float_math}")]
 
 
 def kernel_report(model_bytes: bytes) -> KernelReport:
@@ -122,7 +130,17 @@ def kernel_report(model_bytes: bytes) -> KernelReport:
         float_convs=sum(ops[o] for o in FLOAT_CONV_OPS),
         int8_matmuls=sum(ops[o] for o in INT8_MATMUL_OPS),
         gemm_convs=_gemm_convs(optimized.graph),
+        dequantized=_dequantized_layers(optimized.graph),
     )
+
+
+def _dequantized_layers(graph: onnx.GraphProto) -> tuple[str, ...]:
+    """Float Conv / ConvTranspose / Gemm / MatMul nodes whose weight comes from a DequantizeLinear: INT8 in the plan,
+    float math in ONNX Runtime's optimised graph (ppocr-v4-det's p2o.ConvTranspose.0: no INT8 ConvTranspose)."""
+    made_by = {out: node.op_type for node in graph.node for out in node.output}
+    weighted = {"Conv", "FusedConv", "NchwcConv", "ConvTranspose", "Gemm", "MatMul", "FusedMatMul"}
+    return tuple(node.name for node in graph.node if node.op_type in weighted and len(node.input) > 1
+                 and made_by.get(node.input[1]) == "DequantizeLinear")  # fmt: skip
 
 
 def _gemm_convs(graph: onnx.GraphProto) -> int:
