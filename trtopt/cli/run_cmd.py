@@ -123,12 +123,15 @@ def sample_axis(declared: Sequence[int], shape: Sequence[int], rows: int) -> int
 
 
 def _shown_output(outputs: Mapping[str, np.ndarray], names: Sequence[str], *, quiet: bool) -> str:
-    """The output `run` shows: the first, unless a later one holds [N, classes] probabilities and the first does
-    not (MTCNN's ONet: [N, 4] box offsets first, [N, 2] face probabilities last); said on stderr if so."""
+    """The output `run` shows: the first, unless it would be read as [N, classes] scores without holding
+    probabilities while a later one holds them (MTCNN's ONet: [N, 4] box offsets first, [N, 2] face probabilities
+    last; a classical classifier's int64 label first is shown as it is); said on stderr if so."""
     from trtopt.cli.console import err
     from trtopt.metrics.task import probabilities
 
-    found = next((n for n in names if probabilities(outputs[n])), names[0])
+    first = np.asarray(outputs[names[0]])
+    misread = first.dtype.kind == "f" and _class_scores(first) and not probabilities(first)
+    found = next((n for n in names if probabilities(outputs[n])), names[0]) if misread else names[0]
     if found != names[0] and not quiet:  # the console reads no markup: names print as they are
         err.print(f"showing output {found!r}, the first of the {len(names)} outputs that holds class "
                   f"probabilities ({names[0]!r} comes first: `trtopt.Engine` gives them all)", soft_wrap=True)
