@@ -224,16 +224,19 @@ def test_decoder_spec_errors(tmp_path: Path) -> None:
         load_decoder(f"{broken}:decode")
 
 
-def test_without_an_image_input_ctc_needs_per_step_probabilities() -> None:
+def test_without_an_image_input_ctc_is_asked_for_not_guessed() -> None:
+    """Per-step probabilities are no sign of CTC without a text-line image: a masked language model's softmax over
+    its vocabulary (g2p-id) and an EEG model's per-frame states (brainmaze, [T, N, 4]) were decoded as CTC."""
     rng = np.random.default_rng(1)
     logits = rng.normal(size=(2, 50, 30))
     probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
     # LORE's lore_process.onnx: [1, cells, 4] logical row/column coordinates from array inputs, not classes
     assert choose({"logic_axis": rng.uniform(0, 24, size=(1, 64, 4))}, None, 1)[0] == "raw"
-    assert choose({"o": probs}, None) == ("ctc", "o", "ntc")  # a speech recogniser's softmax
-    assert choose({"o": np.log(probs)}, None) == ("ctc", "o", "ntc")  # or its log-softmax
-    assert choose({"o": logits}, None)[0] == "raw"  # raw logits: nothing tells them from other numbers
-    assert choose({"o": logits}, None, task="ctc") == ("ctc", "o", "ntc")  # unless asked for
+    assert choose({"o": probs}, None)[0] == "raw"  # a speech recogniser's softmax, or a language model's
+    assert choose({"o": np.log(probs)}, None)[0] == "raw"  # or log-softmax
+    assert choose({"o": probs.transpose(1, 0, 2)}, None)[0] == "raw"  # per-frame states, time-major
+    assert choose({"o": probs}, None, task="ctc") == ("ctc", "o", "ntc")  # asked for
+    assert choose({"o": logits}, None, task="ctc") == ("ctc", "o", "ntc")
 
 
 def test_label_maps_are_compared_class_by_class() -> None:

@@ -80,7 +80,7 @@ def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[C
                 tasks[report.phase] = bar.add_task(f"{label}: {_phase_name(report)}", total=total, rate="")
             bound = f", bound by {report.bound}" if report.bound else ""
             rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 and _counts_images(report) else ""
-            bar.update(tasks[report.phase], completed=report.samples, rate=rate)
+            bar.update(tasks[report.phase], completed=report.samples, total=report.total_samples, rate=rate)
 
         yield update
 

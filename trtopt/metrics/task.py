@@ -14,10 +14,9 @@ declare wrong or symbolic ones) and the image input's height and width. The rule
    and every value in [0, 1] (a probability map) -> **text-detect**;
 5. any other rank-3 output with at least 2 classes on its last axis, on an input at least twice as wide as
    high, with no more time steps than the input has columns (a recognizer reads a text line left to right,
-   downsampling its width; without an image input, such as audio or arrays, where that cannot be told:
-   each step's scores a probability distribution or log-probabilities, `trtopt.agreement.is_distribution`) -> **ctc**:
-   [N, T, C] when its first axis is the batch size and its second is not, [T, N, C] in the opposite case
-   (ambiguous: [N, T, C]);
+   downsampling its width) -> **ctc**: [N, T, C] when its first axis is the batch size and its second is not,
+   [T, N, C] in the opposite case (ambiguous: [N, T, C]). Without an image input (audio, tokens, arrays) nothing
+   tells CTC classes from a language model's or a per-frame classifier's: `--task ctc` asks for it;
 6. a rank-2 output [N, C] with C >= 2 -> **classify**;
 7. otherwise **raw** (per-output cosine and relative error only, which every task reports anyway).
 """
@@ -30,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.agreement import is_distribution
 from trtopt.errors import TrtoptError
 from trtopt.metrics.boxes import BoxAgreement, Detections
 from trtopt.metrics.ctc import CTC_LAYOUTS, SequenceAgreement, decode_batch
@@ -154,8 +152,12 @@ def _ctc(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, 
     text_line = input_hw is None or (input_hw[1] >= 2 * input_hw[0] and steps <= input_hw[1])
     if config.task != "ctc" and not text_line:
         return None  # not a wide input read column by column: a dense head (anchors), not a text line
-    if config.task != "ctc" and input_hw is None and not is_distribution(np.asarray(out), -1):
-        return None  # e.g. LORE's [1, cells, 4] logical row/column coordinates: regressed values, not classes
+    if config.task != "ctc" and input_hw is None:
+        # nothing tells a recogniser's per-step classes from others without a text-line image: a masked language
+        # model's [N, T, vocab] softmax (g2p-id) or an EEG model's per-frame states ([T, N, 4], brainmaze) read as
+        # CTC scored "exact sequence match" on sequences nobody decodes that way (round 13's hunt); LORE's
+        # [1, cells, 4] coordinates are no classes at all. --task ctc asks for it.
+        return None
     layout = "tnc" if time_major else "ntc"
     return layout, f"{list(out.shape)}: {'[T, N, C]' if time_major else '[N, T, C]'} class scores per time step"
 
