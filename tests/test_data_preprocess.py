@@ -205,8 +205,8 @@ def test_from_dict_explains_bad_fields(data: object, match: str) -> None:
 
 
 def test_spec_for_input_reads_size_and_layout() -> None:
-    nchw = spec_for_input(["N", 3, 224, 200], np.float32, "imagenet")
-    assert (nchw.layout, nchw.crop_hw, nchw.dtype, nchw.resize_short) == ("NCHW", (224, 200), "float32", 256)
+    nchw = spec_for_input(["N", 3, 224, 200], np.float32, "imagenet")  # not square: the shorter side at the input's
+    assert (nchw.layout, nchw.crop_hw, nchw.dtype, nchw.resize_short) == ("NCHW", (224, 200), "float32", 200)
     assert nchw.mean == PRESETS.get("imagenet").mean
     nhwc = spec_for_input([1, 299, 299, 3], "float16", "inception")
     assert (nhwc.layout, nhwc.crop_hw, nhwc.dtype, nhwc.sample_shape) == (
@@ -215,6 +215,22 @@ def test_spec_for_input_reads_size_and_layout() -> None:
         "float16",
         (299, 299, 3),
     )
+
+
+def test_an_image_of_a_non_square_inputs_size_is_fed_as_it_is() -> None:
+    """ImageNet's shorter side at crop / 0.875 zoomed a fingerprint model's 384 x 320 images 1.37x and cut a quarter
+    of their width off (afis's LEADER, round 13's hunt); square inputs keep that rule."""
+    from PIL import Image
+
+    from trtopt.data.preprocess import preprocess_image
+
+    spec = spec_for_input([1, 384, 320, 1], np.float32, "raw")
+    pixels = np.random.default_rng(0).integers(0, 256, (384, 320), dtype=np.uint8)
+    np.testing.assert_array_equal(preprocess_image(Image.fromarray(pixels), spec)[..., 0], pixels.astype(np.float32))
+    wide = preprocess_image(Image.fromarray(np.zeros((100, 300), np.uint8)), spec)  # another shape: covered, cropped
+    assert wide.shape == (384, 320, 1)
+    assert spec_for_input([1, 3, 224, 224], np.float32).resize_short == 256  # 224 / 0.875
+    assert spec_for_input([1, 384, 320, 1], np.float32, "raw", resize=400).resize == 400  # a given size stays
 
 
 def test_spec_for_input_defaults_and_overrides() -> None:
