@@ -51,8 +51,9 @@ def _add_geometry(g: argparse._ArgumentGroup, default: str) -> None:
         metavar="N",
         help=f"resize the image's shorter side to N pixels before the centre crop (--resize-mode shorter; default: "
         f"{default}; presets "
-        "use crop / 0.875 for a square input, e.g. 256 for 224, and the input's shorter side for another, which feeds "
-        "an image of the input's size as it is). Pass the crop size to keep the whole image (a 28x28 model: --resize 28)",
+        "use crop / 0.875 for a square input, e.g. 256 for 224, and the input's shorter side for another, which "
+        "feeds an image of the input's size as it is). Pass the crop size to keep the whole image (a 28x28 model: "
+        "--resize 28)",
     )
     g.add_argument(
         "--resize-mode",

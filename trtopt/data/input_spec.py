@@ -80,14 +80,20 @@ def spec_for_input(
         "std": tuple(std) if std is not None else None,
     }
     changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-    if height != width and base.resize is None and base.resize_mode == "shorter" and "resize" not in changes:
-        # ImageNet's shorter side at crop / 0.875 is a square classifier's rule: on a 384 x 320 fingerprint input
-        # it zoomed a 384 x 320 image 1.37x and cut a quarter of its width off (round 13's hunt). A non-square input
-        # takes its shorter side at the input's (an image of the input's size is left as it is; another is scaled
-        # until it covers the input, `trtopt.data.resize.resized_size`, then centre-cropped).
-        changes["resize"] = min(height, width)
+    changes.setdefault("resize", _non_square_resize(base, height, width))
     spec = dataclasses.replace(base, crop=(height, width), layout=layout, dtype=dtype_name, color=color, **changes)
     return overrides.apply(spec, name=name, input_shape=dims) if overrides else spec
+
+
+def _non_square_resize(base: PreprocessSpec, height: int, width: int) -> int | None:
+    """The shorter side a non-square input's images are resized to where nothing sets it (None: the spec's own).
+    ImageNet's shorter side at crop / 0.875 is a square classifier's rule: on a 384 x 320 fingerprint input it
+    zoomed a 384 x 320 image 1.37x and cut a quarter of its width off (round 13's hunt). At the input's shorter
+    side, an image of the input's size is left as it is, and another is scaled until it covers the input
+    (`trtopt.data.resize.resized_size`), then centre-cropped."""
+    if height == width or base.resize is not None or base.resize_mode != "shorter":
+        return base.resize
+    return min(height, width)
 
 
 def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str = "input") -> str:
