@@ -295,15 +295,19 @@ def _random_warning(model) -> list[str]:  # type: ignore[no-untyped-def]
 
 
 def _task_table(task: dict):  # type: ignore[no-untyped-def, type-arg]
+    """The task's metrics, and below them why the task was chosen: a line of its own (a table caption wrapped it
+    to the table's width, a few words a line)."""
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     kind = task["task"] + (f" ({task['variant']})" if task["variant"] else "")
-    table = Table(title=f"task: {kind}", caption=task["reason"], title_justify="left", caption_justify="left")
+    table = Table(title=f"task: {kind}", title_justify="left")
     table.add_column("metric", justify="left")
     table.add_column("value", justify="right")
     for label, value in _task_rows(task["task"], task["metrics"]):
         table.add_row(label, value)
-    return table
+    return Group(table, Text(task["reason"]))
 
 
 def _task_rows(task: str, m: dict) -> list[tuple[str, str]]:  # type: ignore[type-arg]

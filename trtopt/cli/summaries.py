@@ -69,7 +69,11 @@ def print_build_summary(
         cal = summary["calibration"]
         methods = cal.get("methods") or {}
         per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
-        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{per_method}")
+        from trtopt.calib.auto import SCORE_SAMPLES
+
+        scored = (f" for the histograms, and up to {SCORE_SAMPLES} more held back to score the candidates"
+                  if cal["method"] == "auto" else "")  # the verification's count of calibration samples holds them
+        table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{scored}{per_method}")
     if summary.get("equalization"):
         table.add_row("equalisation", summary["equalization"])
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")

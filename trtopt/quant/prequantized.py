@@ -54,8 +54,8 @@ def refuse_prequantized(op_types: Iterable[str]) -> None:
     if what is None:
         return
     raise TrtoptError(
-        f"{what} trtopt calibrates and quantises float models, and this graph has no float activations left to "
-        "calibrate.",
+        f"{what} trtopt calibrates and quantises float models; quantising this one would stack trtopt's "
+        "quantisation on the one another tool put in (static, or dynamic at run time).",
         fix=f"Build it without --int8 to keep its own quantisation (trtopt builds and verifies it as it is{_kept()}), "
         "or pass the float model this one was quantised from, with --int8 and --calib.",
     )
