@@ -144,3 +144,20 @@ def test_an_int8_layer_onnx_runtime_runs_in_float_is_named(tmp_path: Path, capsy
     kernels = summary["onnxruntime_kernels"]
     assert summary["int8_layers"] == 3 and kernels["int8_convs"] == 1  # the first conv only
     assert kernels["dequantized_layers"] == ["up_conv", "Conv_4"]  # the deconv, and the conv that makes y
+
+
+def test_a_float64_model_is_labelled_fp64(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """atspm-detector's LightGBM trees compute in float64; their float plan was labelled fp32 (round 13's hunt)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["y"])], "double",
+                              [helper.make_tensor_value_info("x", TensorProto.DOUBLE, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, ["N", 4])],
+                              [numpy_helper.from_array(np.array(2.0), "two")])  # fmt: skip
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 17)]), tmp_path / "d.onnx")
+    np.savez(tmp_path / "x.npz", x=np.ones((4, 4)))
+    assert main(["build", str(tmp_path / "d.onnx"), "--verify-data", str(tmp_path / "x.npz"), "--json", "-o",
+                 str(tmp_path / "d.engine")]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["precision"] == "fp64"

@@ -26,14 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.backend import (
-    BackendOptions,
-    BackendReport,
-    Profile,
-    get_backend,
-    quantizable_tensors,
-    select_backend,
-)
+from trtopt.backend import BackendOptions, BackendReport, Profile, get_backend, quantizable_tensors, select_backend
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
 from trtopt.config_checks import checked_backend_options
@@ -45,6 +38,7 @@ from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, Tensor
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
+from trtopt.quant.float_types import float_precision
 from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
@@ -391,7 +385,7 @@ def _metadata(
     return PlanMetadata(
         **records,
         source_model=path.name,
-        precision=("int8" if config.int8 else "fp32") + ("+fp16" if config.fp16 else ""),
+        precision=("int8" if config.int8 else float_precision(optimized.graph)) + ("+fp16" if config.fp16 else ""),
         preprocess=spec.to_dict() if spec is not None else None,
         labels=tuple(labels) if labels is not None else None,
         optimizer=OptimizerRecord.from_result(optimized),
