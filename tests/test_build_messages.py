@@ -161,3 +161,25 @@ def test_a_float64_model_is_labelled_fp64(tmp_path: Path, capsys: pytest.Capture
     assert main(["build", str(tmp_path / "d.onnx"), "--verify-data", str(tmp_path / "x.npz"), "--json", "-o",
                  str(tmp_path / "d.engine")]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["precision"] == "fp64"
+
+
+def test_memory_is_refused_below_the_least_a_run_holds_and_warned_of_below_the_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every tensor at once (the old refusal) was several times what a build held (a fingerprint model: 20.1 GiB
+    estimated, 4.3-4.8 GB held), so the same build was refused or not as other work came and went."""
+    import trtopt.memory
+    from trtopt.errors import TrtoptError
+    from trtopt.frontend import graph_from_onnx
+    from trtopt.zoo import build_model
+
+    graph = graph_from_onnx(build_model("tiny_cnn", seed=1))
+    sizes = sorted(trtopt.memory._tensor_sizes(graph, 8), reverse=True)
+    assert sum(sizes[:2]) < sum(sizes)
+    monkeypatch.setattr(trtopt.memory, "available_bytes", lambda: (sum(sizes[:2]) + sum(sizes)) // 2)
+    with caplog.at_level(logging.WARNING):
+        trtopt.memory.check_graph_memory(graph, 8)  # between the least and the most: a warning, and the build goes on
+    assert "may need up to" in caplog.text and "--calib-batch" in caplog.text
+    monkeypatch.setattr(trtopt.memory, "available_bytes", lambda: sum(sizes[:2]) - 1)
+    with pytest.raises(TrtoptError, match=r"two largest tensors at once\) needs about"):
+        trtopt.memory.check_graph_memory(graph, 8)
