@@ -16,6 +16,8 @@ thresholded mask, by the float tensors it is computed from). For the detectors a
 boxes before TopK or NMS. The verification (`trtopt.verify`) and the sensitivity search compare those in
 place of the selected outputs; the outputs themselves still have to be produced with their declared shapes.
 `ArgMax` is not a selecting op here: a label map that ends in one has its own figures (`trtopt.metrics.labels`).
+A peak mask `Equal(x, MaxPool(x))` (CenterNet's NMS by max-pooling, `peak_mask`) is one: nothing else that compares
+is, since a comparison inside the network (a mask, a hand-written activation) is followed by layers to verify.
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ class Selection:
         return {k: v for k, v in outputs.items() if k not in self.selected}
 
     def describe(self) -> str:
-        return (f"after TopK / NMS / NonZero ({_names(self.selected)}) judged by the tensors they select "
-                f"from ({_names(self.judged)})")  # fmt: skip
+        return (f"after TopK / NMS / NonZero / a max-pool peak mask ({_names(self.selected)}) judged by the tensors "
+                f"they select from ({_names(self.judged)})")  # fmt: skip
 
 
 def find_selection(model: onnx.ModelProto) -> Selection | None:
@@ -115,7 +117,7 @@ def judged_graph(graph: gs.Graph, layers: Sequence[str]) -> tuple[gs.Graph, list
 
     from trtopt.frontend import onnx_from_graph
 
-    if not any(node.op in SELECTING_OPS for node in graph.nodes):  # no export of the graph for the common case
+    if not any(node.op in SELECTING_OPS | {"Equal"} for node in graph.nodes):  # no export for the common case
         return graph, list(layers)
     selection = find_selection(onnx_from_graph(graph))
     if selection is None:
@@ -137,7 +139,7 @@ def _downstream(
     """Every tensor computed from the output of a selecting op that selects by the network's values: its data
     input computed by a weighted layer (`_WEIGHTED`), not a mask of token ids that selects before the network
     has run, whose outputs are the network's own and are judged as they are."""
-    selecting = [node for node in graph.node if node.op_type in SELECTING_OPS]
+    selecting = [node for node in graph.node if node.op_type in SELECTING_OPS or peak_mask(node, producers)]
     stack = [out for node in selecting if _computed(node.input[:2], producers) for out in node.output if out]
     seen: set[str] = set()
     while stack:
@@ -147,6 +149,20 @@ def _downstream(
         seen.add(name)
         stack += [out for node in consumers.get(name, []) for out in node.output if out]
     return seen
+
+
+def peak_mask(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """Whether `node` is `Equal(x, MaxPool(x))`: the local maxima of a heat map (CenterNet's NMS by max-pooling; the
+    quality head of afis's LEADER, round 13's hunt). It selects by the values as NMS does: a rounding difference
+    moves a peak by a pixel, and the masked map then differs by whole peaks."""
+    if node.op_type != "Equal" or len(node.input) != 2:
+        return False
+    for value, pooled in (node.input, list(reversed(node.input))):  # through reshapes on either side (tf2onnx's)
+        pool = producers.get(_unshaped(pooled, producers, set()))
+        if pool is not None and pool.op_type == "MaxPool" and _unshaped(pool.input[0], producers, set()) == \
+                _unshaped(value, producers, set()):
+            return True
+    return False
 
 
 def _computed(names: Sequence[str], producers: Mapping[str, onnx.NodeProto]) -> bool:

@@ -146,8 +146,9 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     what = "the model's own quantised math (ONNX Runtime, optimisations off)" if quantised else "FP32 model"
     _print_fitted(out, outputs, result.samples, engine.backend, what)
     if selection is not None:
-        out.print(f"note: {escape(', '.join(selection.selected))} come after TopK / NMS / NonZero: element by "
-                  "element their figures move with every swap of two entries; `trtopt build` judges the tensors "
+        out.print(f"note: {escape(', '.join(selection.selected))} come after TopK / NMS / NonZero / a max-pool peak "
+                  "mask: element by element their figures move with every swap of two entries or peak moved by a "
+                  "pixel; `trtopt build` judges the tensors "
                   f"they select from instead ({escape(', '.join(selection.judged))})")
     for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
