@@ -69,7 +69,6 @@ def test_the_build_warns_of_one_far_sample_and_keeps_the_record() -> None:
 
 
 def test_a_far_plan_is_not_warned_twice() -> None:
-    outputs, target = _one_bad_sample()
     far = Agreement(0.9, 0.3, None, worst_sample=0.2, worst_sample_output="map", worst_sample_index=0)
     record = Verification(**{**_verification(far).__dict__, "far_from_fp32": True})
     assert len(record.warnings) == 1 and "one input" not in record.warnings[0]

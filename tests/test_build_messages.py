@@ -79,6 +79,13 @@ def test_the_summary_says_what_preprocessing_the_plan_stores_and_where_it_came_f
     assert "mean 0.5, std 0.25" in text and text.endswith("NCHW float32")
     letterbox = {**summary["preprocess"], "resize_mode": "letterbox", "pad_value": 114, "pad_align": "center"}
     assert preprocess_text(letterbox).startswith("letterbox to ")
+    from trtopt.data.config import PreprocessConfig
+    from trtopt.data.samples import preprocess_source
+
+    (root / "tiny.json").write_text(json.dumps({"labels": ["a"]}))  # a sidecar with no recipe: still a guess
+    assert "a guess" in preprocess_source(root / "tiny.onnx", PreprocessConfig())
+    (root / "tiny.json").write_text(json.dumps({"preprocess": summary["preprocess"]}))
+    assert preprocess_source(root / "tiny.onnx", PreprocessConfig()) == "from tiny.json"
 
 
 def test_a_classical_ml_model_is_refused_for_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

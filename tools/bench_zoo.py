@@ -245,8 +245,8 @@ def _counts(task: dict[str, Any]) -> str:
 def worst_input(v: Variant) -> str:
     """The lowest one-input cosine over the outputs with one row per input (`trtopt.compare.ErrorStats`), and its
     output: what the per-output cosine, a figure over every input at once, can hide."""
-    found = [(s.worst_sample[0], s.name) for s in v.scores["kernels"].outputs if s.worst_sample is not None]
-    return f"{min(found)[0]:.4f} ({min(found)[1][:24]})" if found else "–"
+    found = min(((s.worst_sample[0], s.name) for s in v.scores["kernels"].outputs if s.worst_sample), default=None)
+    return f"{found[0]:.4f} ({found[1][:24]})" if found else "–"
 
 
 def _outputs(v: Variant) -> str:

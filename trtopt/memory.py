@@ -51,16 +51,10 @@ def require_memory(needed: int, what: str, fix: str) -> None:
         )
 
 
-def graph_activation_bytes(graph: Any, batch: int) -> int:
-    """Sum of every tensor's size in a gs.Graph with inferred shapes, a dynamic batch set to `batch`.
-
-    An upper bound for plain inference (ONNX Runtime reuses buffers), and for calibration, which exposes the
-    calibrated activations (not every tensor) at once.
-    """
-    return sum(_tensor_sizes(graph, batch))
-
-
 def _tensor_sizes(graph: Any, batch: int) -> list[int]:
+    """Every tensor's size in a gs.Graph with inferred shapes, a dynamic batch set to `batch` (their sum: an upper
+    bound for plain inference, where ONNX Runtime reuses buffers, and for calibration, which exposes the
+    calibrated activations, not every tensor, at once)."""
     sizes = []
     for tensor in graph.tensors().values():
         shape, dtype = getattr(tensor, "shape", None), getattr(tensor, "dtype", None)

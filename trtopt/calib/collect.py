@@ -345,9 +345,9 @@ def _check_feeds(feeds: Feeds, batch: int, before: int) -> None:
     internal one (MTCNN's NHWC input transposed, `adjusted_input3`; round 13's hunt)."""
     for name, value in feeds.items():
         value = np.asarray(value)
-        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
-            rows = [i for i, row in enumerate(value.reshape(len(value), -1) if value.ndim else [value]) if
-                    not np.all(np.isfinite(row))]  # fmt: skip
+        finite = np.isfinite(value) if value.dtype.kind == "f" else None
+        if finite is not None and not finite.all():
+            rows = np.flatnonzero(~finite.reshape(len(value), -1).all(axis=1)) if value.ndim else [0]
             raise CalibrationError(
                 f"Model input {name!r} holds {int(np.count_nonzero(np.isnan(value)))} NaN and "
                 f"{int(np.count_nonzero(np.isinf(value)))} infinite values in calibration batch {batch} (sample "

@@ -47,9 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from trtopt.build import build_plan
     from trtopt.cli.console import phase_progress, print_json
     from trtopt.cli.summaries import build_summary, print_build_summary
+    from trtopt.data.samples import preprocess_source
     from trtopt.errors import TrtoptError
     from trtopt.plan import write_plan
 
@@ -61,33 +64,13 @@ def run(args: argparse.Namespace) -> int:
     path = write_plan(result.plan, args.output)
     summary = build_summary(result, path)
     if summary["preprocess"]:
-        summary["preprocess_source"] = preprocess_source(args)
+        summary["preprocess_source"] = preprocess_source(Path(args.model), config.preprocess)
     if args.json:
         print_json(summary)
     else:
         print_build_summary(summary, result.backend_reason, result.report, result.speed)
     failed = config.verify.write_failed and result.verification is not None and not result.verification.ok
     return 3 if failed else 0  # --write-failed wrote a plan that failed: a script must not take it for a good one
-
-
-def preprocess_source(args: argparse.Namespace) -> str:
-    """Where the plan's preprocessing came from: a wrong guess is invisible in every figure the build measures
-    (MTCNN's ONet verified at cosine 0.996 on images it was fed with ImageNet's mean and std; round 13's hunt)."""
-    from pathlib import Path
-
-    from trtopt.cli.preprocess_args import overrides_from_args
-
-    flags = overrides_from_args(args).changes()
-    given = f", then {', '.join('--' + k.replace('_', '-') for k in flags)}" if flags else ""
-    sidecar = Path(args.model).with_suffix(".json")
-    if args.preset:
-        return f"--preset {args.preset}{given}"
-    if sidecar.is_file():
-        return f"from {sidecar.name}{given}"
-    if flags:
-        return f"the default for its input{given}"
-    return ("the default for its input, a guess: no --preset, no flags, no " + sidecar.name + "; pass --preset or "
-            "--mean/--std/--scale/--color if the model expects other")
 
 
 def build_config(args: argparse.Namespace) -> BuildConfig:

@@ -56,7 +56,8 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.data.arrays import has_batch_axis
 
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
-    output, declared = None, engine.outputs[0].shape
+    output: str | None = None  # which output is shown: chosen on the first batch (`_shown_output`)
+    declared: Sequence[int] = ()
     feeds = not has_batch_axis(dataset.inputs)
     results = []
     started = time.perf_counter()

@@ -302,8 +302,8 @@ def _check_external_range(tensor: onnx.TensorProto, target: Path, path: Path) ->
 
 def _default_opset(model: onnx.ModelProto, where: str) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
-    ops = ", ".join(dict.fromkeys(n.op_type for n in model.graph.node))
     if not versions and {n.domain for n in model.graph.node} == {ML_DOMAIN}:  # onnxruntime's logreg_iris.onnx
+        ops = ", ".join(dict.fromkeys(n.op_type for n in model.graph.node))
         raise ModelError(f"{where} holds only classical-ML ops ({ML_DOMAIN}: {ops}), and no layer "
                          "trtopt could quantise or fuse (Conv, Gemm, MatMul).",
                          fix="Run it with ONNX Runtime as it is; trtopt builds neural networks.")
