@@ -221,12 +221,14 @@ def excluded(v: Variant) -> str:
     record = v.excluded
     if not record:
         return "–"
-    layers = list(record.get("layers", {}))
+    layers, wider = list(record.get("layers", {})), record.get("thresholds", {})
     cosines = f"cos {record['before']:.4f} → {record['after']:.4f} on calibration samples"
+    widened = ", ".join(f"{tensor} {move['from']:.3g} → {move['to']:.3g}" for tensor, move in wider.items())
+    moves = f"; {len(wider)} thresholds widened (trtopt.quant.widen): {widened}" if wider else ""
     if not layers:
-        return "none" if record["before"] >= GOAL_COSINE else f"none helped ({cosines})"
+        return "none" if record["before"] >= GOAL_COSINE else f"none{moves or ' helped'} ({cosines})"
     shown = ", ".join(layers[:6]) + (f" (+{len(layers) - 6} more)" if len(layers) > 6 else "")
-    return f"{len(layers)}: {shown} ({cosines})"
+    return f"{len(layers)}: {shown}{moves} ({cosines})"
 
 
 def _counts(task: dict[str, Any]) -> str:

@@ -264,7 +264,7 @@ def _quantize(
                                                         progress, lower=measured)  # fmt: skip
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
-        qdq = insert_qdq(graph, qplan, calibration.amax)
+        qdq = insert_qdq(graph, qplan, sensitivity.amax(calibration.amax) if sensitivity else calibration.amax)
     return Quantized(calibration, bias, qdq, sensitivity, note)
 
 

@@ -156,12 +156,14 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
     if not record:
         return None
     after, confirmed = float(record["after"]), record.get("confirmed")
-    layers = record.get("layers") or {}
+    layers, wider = record.get("layers") or {}, record.get("thresholds") or {}
     short = min(after, float(confirmed["after"]) if confirmed else after) < MIN_COSINE
-    if not layers and not short:
+    if not layers and not wider and not short:
         return None
-    text = (f"{', '.join(layers)}: worst output score on calibration samples {record['before']:.4f} -> {after:.4f}"
-            if layers else f"no layer kept float lifts the worst output score on calibration samples ({after:.4f})")
+    moves = [f"{tensor}'s threshold {move['from']:.4g} -> {move['to']:.4g}" for tensor, move in wider.items()]
+    text = (f"{', '.join([*layers, *moves])}: worst output score on calibration samples {record['before']:.4f} -> "
+            f"{after:.4f}" if layers or moves else
+            f"no layer kept float lifts the worst output score on calibration samples ({after:.4f})")  # fmt: skip
     if confirmed:
         text += f" ({confirmed['before']:.4f} -> {confirmed['after']:.4f} on the confirmation samples)"
     text += f", {record['trials']} trial builds (an output's score: its cosine, or its top-class agreement or mean " \
@@ -177,7 +179,7 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
         text += (f"; still short of the {MIN_COSINE} aim: calibrate on more samples like the model's real inputs "
                  "(--calib), or keep more layers float by hand (--exclude; `trtopt compare --per-layer` names "
                  "those adding the most error)")
-    return ("kept float by sensitivity" if layers else "sensitivity analysis"), text
+    return ("kept float by sensitivity" if layers and not moves else "sensitivity analysis"), text
 
 
 def verification_text(record: dict[str, Any]) -> str:

@@ -31,7 +31,9 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
    alone-gains fall below it, and never starts when none reaches it;
 4. another round when the greedy stage kept some layers but ran out short of the aim: the first `LATER`
    (24) candidates not kept nor refused are tried again on top of the kept ones, and the greedy stage runs
-   over those gains; `ROUNDS` (2) rounds at most, none after a round that kept nothing (same plans again).
+   over those gains; `ROUNDS` (2) rounds at most, none after a round that kept nothing (same plans again);
+5. still short: wider thresholds for the activations those candidates read (`trtopt.quant.widen`), by the
+   greedy stage's rules; they cost no run time (layout-cdla's error is spread past what float layers mend).
 
 `MIN_GAIN` (0.001, a tenth of the error `MIN_COSINE` allows) is what a float layer must buy: it costs
 latency on every inference, and the searches it cuts bought nothing (measured on the zoo with 8 search
@@ -99,17 +101,23 @@ the same on any machine. `trtopt build --no-auto-exclude` skips it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from trtopt.quant import widen
 from trtopt.quant.ceiling import Ceiling, ceiling
 from trtopt.quant.config import QuantConfig
-from trtopt.quant.objective import Cosines, Figures, gain, lift_words, refuted, worst, worst_mean
+from trtopt.quant.greedy import MIN_GAIN as MIN_GAIN
+from trtopt.quant.greedy import NOISE as NOISE
+from trtopt.quant.greedy import REASON as REASON
+from trtopt.quant.greedy import Greedy, greedy
+from trtopt.quant.objective import Cosines, Figures, worst, worst_mean
 from trtopt.quant.ranking import rank_by_added_error
 from trtopt.quant.trial_count import TrialCount, memo
 from trtopt.quant.trials import output_figures
@@ -122,12 +130,9 @@ SAMPLES = 16  # the most calibration samples the search measures on
 CONFIRM = 8  # samples after them that confirm its layers, when at least SEARCH_LEAST remain for the search
 SEARCH_LEAST = 8
 CANDIDATES = 48  # layers tried alone: those adding the most error to their own output (16 missed PP-OCRv4-det's)
-NOISE = 2.0  # standard errors of the confirmation samples' paired gain that a refusal must clear
-MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
 ROUNDS = 2  # alone + greedy rounds, the second on top of the layers the first kept float
 LATER = CANDIDATES // 2  # the candidates a later round tries again, the first of the ranked ones
 SENSITIVITY_PHASE = "sensitivity"  # the phase its progress reports carry (one per trial)
-REASON = "kept float by sensitivity analysis"  # how the reason of each layer it keeps float begins
 
 Batches = Sequence[tuple[Mapping[str, np.ndarray], int]]
 Lower = Callable[[onnx.ModelProto], onnx.ModelProto]  # a Q/DQ model -> the form the backend builds (`measured_form`)
@@ -148,6 +153,7 @@ class Sensitivity:
     confirmed: tuple[float, float] | None = None  # worst cosine before/after on the confirmation samples
     refused: dict[str, str] = field(default_factory=dict)  # layers that gained on the search samples alone
     ceiling: Ceiling | None = None  # the candidates kept float at once (`trtopt.quant.ceiling`), where tried
+    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # tensor -> widened (`trtopt.quant.widen`)
 
     def to_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = dict(before=self.before, after=self.after, layers=dict(self.layers), trials=self.trials)
@@ -157,7 +163,13 @@ class Sensitivity:
             found["refused"] = dict(self.refused)
         if self.ceiling is not None:
             found["ceiling"] = self.ceiling.to_dict()
+        if self.thresholds:
+            found["thresholds"] = {tensor: dict(move) for tensor, move in self.thresholds.items()}
         return found
+
+    def amax(self, calibrated: Mapping[str, float]) -> dict[str, float]:
+        """The plan's thresholds: `calibrated` with those the search widened."""
+        return {**calibrated, **{tensor: move["to"] for tensor, move in self.thresholds.items()}}
 
 
 def quantized_model(
@@ -189,13 +201,15 @@ def find_sensitive_layers(
     rank: Callable[[], Sequence[str]] | None = None,
     on_trial: Callable[[int, int], None] | None = None,
     confirm: Callable[[Sequence[str]], Cosines] | None = None,
+    wider: Callable[[Sequence[str], Collection[str]], Sequence[str]] | None = None,
 ) -> Sensitivity:
     """The search of the module doc over `layers`; `measure(exclude)` is each output's cosine (one float for
     one output) with `exclude` kept float, weighed as `trtopt.quant.objective` says. `rank()`, called only
     when the plan falls short, orders `layers` most error first; the first `CANDIDATES` of that order are
     tried (all of `layers` without it). `confirm(exclude)`, where given, is the per-sample cosines (a row
     per output) on samples `measure` does not use: the greedy stage keeps a layer only if they do not
-    refute its gain, and stops only when both sample sets reach `min_cosine`.
+    refute its gain, and stops only when both sample sets reach `min_cosine`. `wider(tried, kept)`, where
+    given, is the threshold moves (`trtopt.quant.widen` keys) the last stage tries when the plan is still short.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     start = confirm(()) if confirm is not None and layers and worst(before) >= min_cosine else None
@@ -203,8 +217,8 @@ def find_sensitive_layers(
         return Sensitivity(worst(before), worst(before))  # the aim reached on both sample sets: nothing to keep
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
-    greedy = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
-    most = len(tried) + (ROUNDS - 1) * LATER + greedy
+    stage = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
+    most = len(tried) + (ROUNDS - 1 + 2 * (wider is not None)) * LATER + stage  # moves: 2 per tensor at most
     count = TrialCount(on_trial, 1, most + 2 * (len(tried) < len(layers)))  # + `trtopt.quant.ceiling`'s trials
     measure = memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
     top = ceiling(measure, tried, len(layers), LATER)
@@ -218,7 +232,7 @@ def find_sensitive_layers(
         alone[layer] = measure((layer,))
         if worst(alone[layer]) >= min_cosine and (check is None or worst_mean(check((layer,))) >= min_cosine):
             break  # one layer reaches the aim (on both sample sets): no plan keeps fewer float
-    found, gains = _Greedy({}, before, min_cosine, start, start, {}), alone
+    found, gains = Greedy({}, before, min_cosine, start, start, {}), alone
     for round_ in range(ROUNDS):
         if round_:  # each layer again, on top of those kept float: its gain there, not alone
             gains = {layer: measure((*found.chosen, layer)) for layer in tried[:LATER]
@@ -226,63 +240,19 @@ def find_sensitive_layers(
         order = sorted((layer for layer in gains if found.pays(gains[layer])),
                        key=lambda k: (-found.gain(gains[k]), -worst(gains[k])))  # fmt: skip
         kept = len(found.chosen)
-        _greedy(found, order[: steps - kept], gains, measure, check)
+        greedy(found, order[: steps - kept], gains, measure, check)
         if found.reached() or len(found.chosen) in (kept, steps):
             break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
+    if wider is not None and not found.reached():  # trtopt.quant.widen: no float layer is left that pays
+        gains = {move: measure((*found.chosen, move)) for move in wider(tried, found.chosen)}
+        order = sorted((m for m in gains if found.pays(gains[m])), key=lambda m: -found.gain(gains[m]))
+        greedy(found, widen.best_per_tensor(order), gains, measure, check)
     count.finish()
     confirmed = None if found.start is None or found.checked is None else (
         worst_mean(found.start), worst_mean(found.checked))  # fmt: skip
-    return Sensitivity(worst(before), worst(found.current), dict(found.chosen), count.done, confirmed,
-                       dict(found.refused), top)  # fmt: skip
-
-
-@dataclass
-class _Greedy:
-    chosen: dict[str, str]  # layers kept float, in order -> why
-    current: Figures  # each output's cosine with `chosen` float
-    aim: float
-    start: Cosines | None  # the confirmation samples' per-sample cosines before any layer was kept float
-    checked: Cosines | None  # ... and with `chosen` float
-    refused: dict[str, str]  # layers that gained on the search samples only -> why they stay INT8
-
-    def reached(self) -> bool:
-        return worst(self.current) >= self.aim and (self.checked is None or worst_mean(self.checked) >= self.aim)
-
-    def gain(self, trial: Figures) -> float:
-        return gain(trial, self.current, self.aim)
-
-    def pays(self, trial: Figures) -> bool:
-        """Whether `trial` gains `MIN_GAIN`, or lifts the worst output to the aim (the last step there)."""
-        return self.gain(trial) >= MIN_GAIN or worst(trial) >= self.aim > worst(self.current)
-
-
-def _greedy(
-    found: _Greedy, order: Sequence[str], gains: Mapping[str, Figures], measure: Callable[[Sequence[str]], Figures],
-    confirm: Callable[[Sequence[str]], Cosines] | None,
-) -> None:  # fmt: skip
-    """Keep float (add to `found.chosen`) each layer of `order` in turn that gains `MIN_GAIN` (and that the
-    confirmation samples, where given, do not refute), until the aim is reached on both; `gains` holds
-    each layer's figures kept float beside `found.chosen` as it was (the round's first trial)."""
-    if confirm is not None and order and found.start is None:
-        found.start = found.checked = confirm(())
-    base = len(found.chosen)
-    for layer in order:
-        trial = gains[layer] if len(found.chosen) == base else measure((*found.chosen, layer))
-        if not found.pays(trial):
-            continue
-        if confirm is not None and found.checked is not None:
-            again = confirm((*found.chosen, layer))
-            if refuted(again, found.checked, found.aim, MIN_GAIN, NOISE):  # the search samples only: chance
-                was, now = worst_mean(found.checked), worst_mean(again)
-                found.refused[layer] = (f"lifts the search samples' cosine to {worst(trial):.4f}, the confirmation "
-                                        f"samples' {was:.4f} -> {now:.4f} only")  # fmt: skip
-                continue
-            found.checked = again
-        beside = f"beside the {len(found.chosen)} kept float before it," if found.chosen else "alone"
-        found.chosen[layer] = f"{REASON} ({beside} it lifts {lift_words(found.current, trial, found.aim)})"
-        found.current = trial
-        if found.reached():
-            break
+    floats = {layer: why for layer, why in found.chosen.items() if widen.MARK not in layer}
+    return Sensitivity(worst(before), worst(found.current), floats, count.done, confirmed, dict(found.refused), top,
+                       widen.thresholds(found.chosen))  # fmt: skip
 
 
 def exclude_sensitive(
@@ -304,16 +274,21 @@ def exclude_sensitive(
         return order
 
     def build(exclude: Sequence[str]) -> onnx.ModelProto:
-        return quantized_model(graph, quant, calibration, bias_correction, exclude, lower) if exclude else base
+        floats, moves = widen.split(exclude)  # layers kept float, wider thresholds
+        return quantized_model(graph, quant, widen.widened(calibration, moves), bias_correction, floats, lower) \
+            if exclude else base  # fmt: skip
 
     # the plan's graph runs once per sample set; the confirmation, a few greedy trials, gets a quarter of the memory
     measure = _measurer(graph, base, batches, build, lambda: tried[0], BUDGET)
     check = _measurer(graph, base, confirm, build, lambda: tried[0], BUDGET // 4, True) if confirm else None
-    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check)
-    if found.layers:
-        log.info("sensitivity analysis keeps %d layers float: worst output cosine %.4f -> %.4f (%s)",
-                 len(found.layers), found.before, found.after, ", ".join(found.layers))  # fmt: skip
-    return found
+    wider = partial(widen.moves_for, graph, calibration)
+    found = find_sensitive_layers(measure, layers, rank=rank, on_trial=on_trial, confirm=check, wider=wider)
+    if found.layers or found.thresholds:
+        log.info("sensitivity analysis keeps %d layers float and widens %d thresholds: worst output cosine "
+                 "%.4f -> %.4f (%s)", len(found.layers), len(found.thresholds), found.before, found.after,
+                 ", ".join([*found.layers, *found.thresholds]))  # fmt: skip
+    moved = {tensor: {"from": float(calibration.amax[tensor]), **move} for tensor, move in found.thresholds.items()}
+    return replace(found, thresholds=moved)
 
 
 def _measurer(
