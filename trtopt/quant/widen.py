@@ -18,6 +18,12 @@ layers kept float. It then runs the search's greedy stage over those moves, with
 It keeps the best move per tensor. A move is a key of the search's trial sets (`key`), so trials, their cache
 and the confirmation treat it as they treat a layer. The plan applies the moves to the calibrated thresholds
 (`thresholds`). The calibration, and any cache written from it, keeps the thresholds as calibrated.
+
+Measured (avx2, `tools/bench_zoo.py --models layout-cdla --count 32 --eval-count 64`, the default build): the
+search kept the same 4 layers float and then widened thresholds, 0.9875 -> 0.9892 on the search pages; on 64
+held-out pages the worst output went 0.9893 -> 0.9912 and box F1 94.2% -> 94.5%, and the build took 479 -> 644 s.
+The moves come last, so every plan the float layers bring to the aim is built as before. Trying them first
+(they cost no run time, where a float layer does) is not measured.
 """
 
 from __future__ import annotations
