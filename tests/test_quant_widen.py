@@ -109,6 +109,8 @@ def test_the_build_widens_a_clipped_threshold_when_float_layers_may_not_help(
     record = result.plan.metadata["sensitivity"]
     assert record["layers"] == {} and list(record["thresholds"]) == ["x"]
     move = record["thresholds"]["x"]
+    assert result.plan.metadata.quant.threshold_methods["x"] == "entropy, widened"
+    assert result.plan.metadata.quant.thresholds["x"] == pytest.approx(move["to"])
     assert move["to"] > move["from"] == pytest.approx(result.calibration.amax["x"])
     scales = [numpy_helper.to_array(i) for i in onnx.load_from_string(result.plan.sections["onnx"]).graph.initializer
               if i.name.startswith("x") and "scale" in i.name]  # fmt: skip

@@ -343,11 +343,14 @@ def _quant_record(quantized: Quantized) -> QuantRecord | None:
     calibration, bias, qdq, sensitivity, _ = quantized
     if calibration is None or qdq is None:
         return None
+    methods = {t: calibration.choices.get(t, "") for t in qdq.thresholds} if calibration.choices else {}
+    for tensor in sensitivity.thresholds if sensitivity is not None else ():  # the search moved it (quant.widen)
+        methods[tensor] = f"{methods.get(tensor) or calibration.method}, widened"
     return QuantRecord(
         method=calibration.method,
         samples=calibration.num_samples,
         method_counts=calibration.method_counts(),
-        threshold_methods={t: calibration.choices.get(t, "") for t in qdq.thresholds} if calibration.choices else {},
+        threshold_methods=methods,
         sensitivity=sensitivity.to_dict() if sensitivity is not None else None,
         thresholds=qdq.thresholds,
         int8_layers=tuple(qdq.quantized_layers),
