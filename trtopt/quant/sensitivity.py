@@ -218,7 +218,7 @@ def find_sensitive_layers(
     tried = list(rank())[:CANDIDATES] if rank is not None and len(layers) > CANDIDATES else list(layers)
     steps = max(1, int(MAX_SHARE * len(layers)))
     stage = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
-    most = len(tried) + (ROUNDS - 1 + 2 * (wider is not None)) * LATER + stage  # moves: 2 per tensor at most
+    most = len(tried) * (1 + 2 * (wider is not None)) + (ROUNDS - 1) * LATER + stage  # widen: 2 moves per input
     count = TrialCount(on_trial, 1, most + 2 * (len(tried) < len(layers)))  # + `trtopt.quant.ceiling`'s trials
     measure = memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
     top = ceiling(measure, tried, len(layers), LATER)

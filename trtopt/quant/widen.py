@@ -11,8 +11,8 @@ the tensor's range: `hardswish_76.tmp_0` at 0.857 of 5.38 (percentile), `hardswi
 the float layers is spread thinly (the 48 most harmful layers all float reach only 0.9925 on calibration
 pages), so no further float layer pays `MIN_GAIN`, but a few wider thresholds do, and they cost nothing at run time.
 
-The stage tries, for the input activations of the ranked candidate layers the search did not keep float (the
-first `LATER`), thresholds `FACTORS` times wider, capped at the tensor's calibrated maximum, each on top of the
+The stage tries, for the input activations of the ranked candidate layers the search did not keep float (up to
+`CANDIDATES`, 48), thresholds `FACTORS` times wider, capped at the tensor's calibrated maximum, each on top of the
 layers kept float. It then runs the search's greedy stage over those moves, with the same rules: a move must gain
 `MIN_GAIN` (or reach the aim), the confirmation samples must not refute it, and the stage stops at the aim.
 It keeps the best move per tensor. A move is a key of the search's trial sets (`key`), so trials, their cache
