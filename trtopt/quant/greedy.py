@@ -16,7 +16,7 @@ REASON = "kept float by sensitivity analysis"  # how the reason of each layer it
 
 @dataclass
 class Greedy:
-    chosen: dict[str, str]  # layers kept float, in order -> why
+    chosen: dict[str, str]  # layers kept float (and threshold moves, `trtopt.quant.widen` keys), in order -> why
     current: Figures  # each output's cosine with `chosen` float
     aim: float
     start: Cosines | None  # the confirmation samples' per-sample cosines before any layer was kept float
