@@ -81,6 +81,7 @@ def test_moves_are_tried_only_for_clipped_activations_of_layers_left_int8() -> N
     unclipped = _calibrated({"x": 0.42}, {"x": 0.42})
     assert widen.moves_for(graph, unclipped, [conv.name], ()) == []
     assert widen.split(["Conv_0", *moves]) == (["Conv_0"], {"x": 0.1 * 2.25})  # a later move of a tensor wins
+    assert widen.shown(moves[0]) == "x's threshold -> 0.15" and widen.shown("Conv_0") == "Conv_0"
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -151,7 +151,7 @@ class Sensitivity:
     layers: dict[str, str] = field(default_factory=dict)
     trials: int = 0
     confirmed: tuple[float, float] | None = None  # worst cosine before/after on the confirmation samples
-    refused: dict[str, str] = field(default_factory=dict)  # layers that gained on the search samples alone
+    refused: dict[str, str] = field(default_factory=dict)  # layers (or moves) that gained on the search samples alone
     ceiling: Ceiling | None = None  # the candidates kept float at once (`trtopt.quant.ceiling`), where tried
     thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # tensor -> widened (`trtopt.quant.widen`)
 
@@ -250,8 +250,8 @@ def find_sensitive_layers(
     count.finish()
     confirmed = None if found.start is None or found.checked is None else (
         worst_mean(found.start), worst_mean(found.checked))  # fmt: skip
-    floats = {layer: why for layer, why in found.chosen.items() if widen.MARK not in layer}
-    return Sensitivity(worst(before), worst(found.current), floats, count.done, confirmed, dict(found.refused), top,
+    return Sensitivity(worst(before), worst(found.current), widen.layers(found.chosen), count.done, confirmed,
+                       {widen.shown(key): why for key, why in found.refused.items()}, top,
                        widen.thresholds(found.chosen))  # fmt: skip
 
 

@@ -2,14 +2,14 @@
 leaves the plan short of its aim.
 
 `--method auto` scores each tensor's threshold candidates by the error they add to the layers that read it
-(`trtopt.calib.auto`), one layer deep. Where a threshold clips, that local score can understate what the
-clipped values do further on. On the zoo's layout-cdla (PicoDet, hardswish; 16 held-out pages, avx2, Q/DQ run
-as float math, the search's 4 float layers kept) quantising one activation alone moves a class-score output's
-cosine by up to 0.0033, and the largest single errors came from thresholds auto had clipped to a fraction of
-the tensor's range: `hardswish_76.tmp_0` at 0.857 of 5.38 (percentile), `hardswish_93.tmp_0` at 9.68 of 25.4
-(mse). Raising the first to 1.5x its threshold cut its own error from 0.0022 to 0.0012. The error left after
-the float layers is spread thinly (the 48 most harmful layers all float reach only 0.9925 on calibration
-pages), so no further float layer pays `MIN_GAIN`, but a few wider thresholds do, and they cost nothing at run time.
+(`trtopt.calib.auto`), one layer deep. Where a threshold clips, that local score can understate what the clipped
+values do further on. On the zoo's layout-cdla (PicoDet, hardswish; 16 held-out pages, avx2, Q/DQ run as float math,
+the search's 4 float layers kept; throw-away scripts, docs/zoo.md round 14) quantising one activation alone moves a
+class-score output's cosine by up to 0.0033, and the largest single errors came from thresholds auto had clipped to
+a fraction of the tensor's range: `hardswish_76.tmp_0` at 0.857 of 5.38 (percentile), `hardswish_93.tmp_0` at 9.68
+of 25.4 (mse). Raising the first to 1.5x its threshold cut its own error from 0.0022 to 0.0012. The error left after
+the float layers is spread thinly (the 48 most harmful layers all float reach only 0.9925 on calibration pages), so
+no further float layer pays `MIN_GAIN`, but a few wider thresholds do, and they cost nothing at run time.
 
 The stage tries, for the input activations of the ranked candidate layers the search did not keep float (up to
 `CANDIDATES`, 48), thresholds `FACTORS` times wider, capped at the tensor's calibrated maximum, each on top of the
@@ -44,16 +44,27 @@ def key(tensor: str, amax: float) -> str:
     return f"{tensor}{MARK}{amax!r}"
 
 
+def layers(chosen: Mapping[str, str]) -> dict[str, str]:
+    """The layers kept float among the search's `chosen` keys (-> its reason), without the moves."""
+    return {name: why for name, why in chosen.items() if MARK not in name}
+
+
+def shown(name: str) -> str:
+    """A trial key as the record names it: a layer as it is, a move as "tensor's threshold -> T"."""
+    tensor, mark, amax = name.partition(MARK)
+    return f"{tensor}'s threshold -> {float(amax):.4g}" if mark else name
+
+
 def split(keys: Sequence[str]) -> tuple[list[str], dict[str, float]]:
     """(the layers kept float, {tensor: threshold}) of a trial set; a later move of a tensor wins."""
-    layers, moves = [], {}
+    floats, moves = [], {}
     for name in keys:
         tensor, mark, amax = name.partition(MARK)
         if mark:
             moves[tensor] = float(amax)
         else:
-            layers.append(name)
-    return layers, moves
+            floats.append(name)
+    return floats, moves
 
 
 def widened(calibration: Any, moves: Mapping[str, float]) -> Any:
@@ -77,7 +88,7 @@ def moves_for(graph: gs.Graph, calibration: Any, layers: Sequence[str], kept: Co
         for tensor in node.inputs:
             name = tensor.name
             amax, top = calibration.amax.get(name), ranges.get(name)
-            if name in seen or isinstance(tensor, gs.Constant) or amax is None or top is None or amax >= top:
+            if name in seen or amax is None or top is None or amax >= top:  # weights have no threshold
                 continue
             seen.add(name)
             wider = sorted({min(float(amax) * f, float(top)) for f in FACTORS})
