@@ -21,6 +21,8 @@ EXPECTED = {
     "classifier_head",
     "bn_standalone",
     "pad_conv",
+    "nhwc_port",
+    "nhwc_port_prelu",
     "grouped_conv",
     "silu_block",
     "tiny_cnn",

@@ -16,7 +16,11 @@ from trtopt.passes import (  # noqa: F401 (register)
     fold_pad,
     fuse_cbr,
     fuse_parallel_convs,
+    remove_noops,
+    rewrite_prelu,
+    simplify,
     sink_squeeze,
+    sink_transposes,
 )
 from trtopt.passes.base import PASSES, GraphPass, Match, PassReport, Rewrite
 from trtopt.passes.cost import GraphCost, estimate_cost

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import onnx
 
-from trtopt.zoo import heads, inception, layers, mobilenet, resnet, tiny_cnn  # noqa: F401  (registers)
+from trtopt.zoo import heads, inception, layers, mobilenet, ports, resnet, tiny_cnn  # noqa: F401  (registers)
 from trtopt.zoo.builder import DEFAULT_OPSET, MAX_ZOO_OPSET, MIN_ZOO_OPSET, MODELS, GraphBuilder
 
 NAMES: tuple[str, ...] = tuple(MODELS.names())

@@ -1,0 +1,124 @@
+"""Remove nodes that compute nothing: Identity, inference Dropout, no-op Casts, exact Cast round trips.
+
+Framework ports and old converters write them by the hundred (a TensorFlow-weights ResNet-50 run through
+PyTorch: 309 `Cast(float -> float)` among 845 nodes, issue #45). Each costs a copy at run time, and in an
+INT8 graph each sits between a DequantizeLinear and the layer that should read it, so fusions stop there.
+Removed when exact:
+- Identity, and Dropout in inference (no `training_mode` input that could be true, its mask unused);
+- a Cast to the type its input already has;
+- a Cast chain A -> B -> C whose first step loses nothing (B holds every A value: float -> double, int8 ->
+  int32, float16 -> float): it is one Cast A -> C, and none at all when C is A.
+Lossy round trips (float -> float16 -> float rounds; float -> int -> float truncates) stay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt.passes.base import Match, graph_pass
+from trtopt.passes.edit import bypass, can_bypass
+from trtopt.passes.query import constant_array, is_missing, producer
+
+F = onnx.TensorProto
+# Types each type converts into without loss (every value of the key is a value of each type in the set).
+EXACT_WIDENING: dict[int, frozenset[int]] = {
+    F.FLOAT16: frozenset({F.FLOAT, F.DOUBLE}),
+    F.BFLOAT16: frozenset({F.FLOAT, F.DOUBLE}),
+    F.FLOAT: frozenset({F.DOUBLE}),
+    F.INT8: frozenset({F.INT16, F.INT32, F.INT64, F.FLOAT, F.DOUBLE}),
+    F.UINT8: frozenset({F.INT16, F.INT32, F.INT64, F.UINT16, F.UINT32, F.UINT64, F.FLOAT, F.DOUBLE}),
+    F.INT16: frozenset({F.INT32, F.INT64, F.FLOAT, F.DOUBLE}),
+    F.INT32: frozenset({F.INT64, F.DOUBLE}),
+    F.BOOL: frozenset({F.INT8, F.UINT8, F.INT16, F.INT32, F.INT64, F.FLOAT, F.DOUBLE}),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class NoOp(Match):
+    """A node whose output equals `source` (kind: identity, dropout, cast), or a Cast whose input Cast
+    (`first`) widens exactly, so the two are one Cast (kind: cast_chain)."""
+
+    node: gs.Node
+    source: gs.Tensor
+    kind: str
+    first: gs.Node | None = None
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return (self.node,) if self.first is None else (self.first, self.node)
+
+    def describe(self) -> str:
+        if self.kind == "cast_chain":
+            return f"Cast {self.first.name!r} -> Cast {self.node.name!r}: one step" if self.first else ""
+        return f"{self.node.op} {self.node.name!r} removed (computes nothing)"
+
+
+def find_noops(graph: gs.Graph) -> list[NoOp]:
+    found: list[NoOp] = []
+    for node in graph.nodes:
+        if len(node.outputs) < 1 or not node.inputs:
+            continue
+        match = _noop(node) or _cast_chain(node)
+        if match is not None and (match.kind == "cast_chain" or can_bypass(graph, node, match.source)):
+            found.append(match)
+    return found
+
+
+def _noop(node: gs.Node) -> NoOp | None:
+    source = node.inputs[0]
+    if node.op == "Identity":
+        return NoOp(node, source, "identity")
+    if node.op == "Dropout" and _inference_dropout(node):
+        return NoOp(node, source, "dropout")
+    if node.op == "Cast" and _dtype(source) is not None and _dtype(source) == node.attrs.get("to"):
+        return NoOp(node, source, "cast")
+    return None
+
+
+def _cast_chain(node: gs.Node) -> NoOp | None:
+    first = producer(node.inputs[0]) if node.op == "Cast" else None
+    if first is None or first.op != "Cast" or "to" not in node.attrs:
+        return None
+    origin, middle = _dtype(first.inputs[0]), first.attrs.get("to")
+    if origin is None or middle not in EXACT_WIDENING.get(origin, ()):
+        return None
+    return NoOp(node, first.inputs[0], "cast_chain", first)
+
+
+def _inference_dropout(node: gs.Node) -> bool:
+    if len(node.outputs) > 1 and node.outputs[1].outputs:
+        return False  # the mask is read
+    if len(node.inputs) < 3 or is_missing(node.inputs[2]):
+        return True
+    mode = constant_array(node.inputs[2])
+    return mode is not None and not bool(mode.reshape(-1)[0])
+
+
+def _dtype(tensor: gs.Tensor) -> int | None:
+    """The ONNX element type of a tensor, when known."""
+    dtype = getattr(tensor, "dtype", None)
+    if dtype is None:
+        return None
+    try:
+        return int(onnx.helper.np_dtype_to_tensor_dtype(dtype))
+    except (TypeError, KeyError, ValueError):
+        return int(dtype) if isinstance(dtype, int) else None
+
+
+@graph_pass("remove_noops", find_noops)
+def remove_noops(graph: gs.Graph) -> list[NoOp]:
+    done: list[NoOp] = []
+    for match in find_noops(graph):
+        # Read the source now: an earlier rewrite in this run may have removed the node that made it.
+        if match.kind != "cast_chain":
+            if bypass(graph, match.node, match.node.inputs[0]):
+                done.append(match)
+            continue
+        source = match.first.inputs[0] if match.first is not None else match.source
+        match.node.inputs[0] = source  # the first Cast dies when nothing else reads it
+        if match.node.attrs.get("to") != _dtype(source) or bypass(graph, match.node, source):
+            done.append(match)
+    return done

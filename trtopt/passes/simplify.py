@@ -1,0 +1,146 @@
+"""The generic clean-up, by ONNX Runtime's basic graph level: constant and shape-subgraph folding, redundant
+node elimination, its transpose optimizer, MatMul + Add into Gemm (Conv + BN / Mul / Add folds are left to
+`fold_batchnorm`).
+
+Measured before writing it (issue #45, a ResNet-50 port with 845 nodes, 110 Transposes, 309 Casts): ONNX
+Runtime's basic level left 318 nodes and 4 Transposes, onnxslim 0.1.98 439 nodes and 102 Transposes, trtopt's own
+passes 785. ONNX Runtime is already a dependency, its basic level is what `quant_pre_process` runs, and its
+transforms are exact and execution-provider independent (ONNX Runtime's graph-optimizations documentation:
+"basic" rewrites are semantics-preserving and run before partitioning), so trtopt calls it rather than writing
+it again. trtopt owns the rest: what ONNX Runtime leaves is handled by `remove_noops`, `sink_transposes` and the
+folds after it; its result is checked against the model file like every pass; and `find_simplifications`
+reports what it removed, by op, for `trtopt inspect`.
+
+It runs only where its result is plain ONNX trtopt can read back: float32 compute (on a float16 graph the CPU
+provider would write the Casts it inserts for its own kernels into the saved model), no custom domains, no
+subgraphs. Elsewhere the pass leaves the graph alone and says why in its report.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt.passes.base import Match, graph_pass
+
+MAX_BYTES = 1 << 30  # beyond this the graph is not serialised in memory for ONNX Runtime
+# Left to `fold_batchnorm`, which folds in float64 and reports each fold (ONNX Runtime's rule names). Its Pad
+# fusion has no name `disabled_optimizers` knows: a zero Pad before a Conv is folded here, before `fold_pad`.
+LEFT_TO_TRTOPT = ("ConvBNFusion", "ConvAddFusion", "ConvMulFusion")
+# Op types the basic level may write more of than the graph had. More of any other op type means ONNX Runtime
+# expanded a function op it has no kernel for (HardSwish into HardSigmoid and Mul at opset 14+): trtopt's own
+# passes match the op itself, and the expansion would come back on every run, so such a result is not taken.
+NEW_OPS_ALLOWED = frozenset({"Gemm", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
+
+@dataclass(frozen=True, eq=False)
+class Simplification:
+    """What the basic level changes for one op type: `removed` of its nodes go, `added` appear (a Gemm from
+    a MatMul and an Add, say)."""
+
+    op: str
+    removed: tuple[gs.Node, ...]
+    added: int
+
+
+@dataclass(frozen=True, eq=False)
+class OpSimplified(Match):
+    change: Simplification
+    kind = "ort_basic"
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return self.change.removed
+
+    def describe(self) -> str:
+        change = self.change
+        parts = [f"{len(change.removed)} removed"] if change.removed else []
+        parts += [f"{change.added} added"] if change.added else []
+        return f"{change.op}: {', '.join(parts)} (ONNX Runtime basic level)"
+
+
+def skip_reason(graph: gs.Graph) -> str | None:
+    """Why the basic level is not run on this graph, or None."""
+    if any(isinstance(v, gs.Graph) for node in graph.nodes for v in node.attrs.values()):
+        return "the graph has subgraphs (If / Loop / Scan)"
+    if any((node.domain or "") not in ("", "ai.onnx") for node in graph.nodes):
+        return "the graph has ops of a custom domain"
+    for tensor in graph.tensors().values():
+        dtype = getattr(tensor, "dtype", None)
+        if dtype is not None and dtype in (np.float16, np.float64):
+            return "the graph computes in float16 or float64"
+    return None
+
+
+def simplified_model(graph: gs.Graph) -> onnx.ModelProto | None:
+    """The graph after ONNX Runtime's basic level, or None when it does not apply (`skip_reason`)."""
+    if skip_reason(graph) is not None:
+        return None
+    model = gs.export_onnx(graph, do_type_check=False)
+    if model.ByteSize() > MAX_BYTES:
+        return None
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    with tempfile.TemporaryDirectory(prefix="trtopt-simplify-") as folder:
+        path = Path(folder) / "basic.onnx"
+        options.optimized_model_filepath = os.fspath(path)
+        try:
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                 disabled_optimizers=list(LEFT_TO_TRTOPT))
+        except Exception:  # noqa: BLE001 - a model ONNX Runtime cannot load is left to trtopt's own passes
+            return None
+        simplified = onnx.load(os.fspath(path))
+    if any(node.domain not in ("", "ai.onnx") for node in simplified.graph.node):
+        return None
+    before = Counter(node.op for node in graph.nodes)
+    after = Counter(node.op_type for node in simplified.graph.node)
+    if any(after[op] > before[op] for op in after if op not in NEW_OPS_ALLOWED):
+        return None
+    used = {node.domain or "" for node in simplified.graph.node} | {""}
+    kept = [o for o in simplified.opset_import if (o.domain or "") in used or o.domain == "ai.onnx"]
+    del simplified.opset_import[:]
+    simplified.opset_import.extend(kept)
+    return simplified
+
+
+def find_simplifications(graph: gs.Graph) -> list[OpSimplified]:
+    simplified = simplified_model(graph)
+    return [] if simplified is None else _changes(graph, simplified)
+
+
+def _changes(graph: gs.Graph, simplified: onnx.ModelProto) -> list[OpSimplified]:
+    kept = {node.name for node in simplified.graph.node}
+    before = Counter(node.op for node in graph.nodes)
+    after = Counter(node.op_type for node in simplified.graph.node)
+    found = []
+    for op in sorted(set(before) | set(after)):
+        removed = tuple(n for n in graph.nodes if n.op == op and n.name not in kept)
+        added = max(0, after[op] - (before[op] - len(removed)))
+        if removed or added:
+            found.append(OpSimplified(Simplification(op, removed, added)))
+    return found
+
+
+@graph_pass("simplify", find_simplifications)
+def simplify(graph: gs.Graph) -> list[OpSimplified]:
+    simplified = simplified_model(graph)
+    if simplified is None:
+        return []
+    changes = _changes(graph, simplified)
+    if not changes:
+        return []
+    result = gs.import_onnx(simplified)
+    graph.nodes = result.nodes
+    graph.inputs = result.inputs
+    graph.outputs = result.outputs
+    return changes
