@@ -15,8 +15,9 @@ ops: a region is grown from a `Transpose(perm=p)` through the ops that compute t
 Transposes' inputs instead of their outputs (constant operands are transposed once, here); a
 `Transpose(perm=p^-1)` that reads the region becomes the identity and goes; any other reader of a region tensor,
 or a graph output, gets one `Transpose(p)` back. A region is rewritten only when it removes more Transposes than
-it adds, so every rewrite strictly lowers the count and the pass ends. Inputs and outputs keep their names and
-layouts: an NHWC model keeps its NHWC signature, with its Transposes at the boundary.
+it adds (or as many, when the ones it adds write graph outputs: the layout change moves to the boundary), so
+every rewrite lowers the count or ends a Transpose's way to the outputs, and the pass ends. Inputs and outputs
+keep their names and layouts: an NHWC model keeps its NHWC signature, with its Transposes at the boundary.
 """
 
 from __future__ import annotations
@@ -188,7 +189,10 @@ def _judge(growth: _Growth, outputs: set[str]) -> LayoutRegion | None:
     absorbed = [e for e in growth.entries if all(id(n) in member_ids for n in e.outputs[0].outputs)]
     absorbed = [e for e in absorbed if e.outputs[0].name not in outputs]
     removed = len(absorbed) + len(exits)
-    if not growth.members or removed <= len(outside):
+    # A tie still pays when it only moves the layout change onto graph outputs that nothing else reads: the
+    # Transpose then sits at the boundary, and the ops before it join the layout of the layers around them.
+    to_boundary = all(t.name in outputs and not t.outputs for t in outside)
+    if not growth.members or removed < len(outside) or removed == len(outside) and not to_boundary:
         return None
     return LayoutRegion(growth.perm, tuple(growth.members), tuple(growth.entries), tuple(exits), tuple(outside),
                         removed)
