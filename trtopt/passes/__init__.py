@@ -13,6 +13,7 @@ named, and returns a `PassReport`. Fusion and concat groups are derived from any
 from trtopt.passes import (  # noqa: F401 (register)
     eliminate_concat,
     fold_batchnorm,
+    fold_input_affine,
     fold_pad,
     fuse_cbr,
     fuse_parallel_convs,

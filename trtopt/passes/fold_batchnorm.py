@@ -103,7 +103,7 @@ def _affine_after(layer: gs.Node, node: gs.Node, tensor: gs.Tensor) -> ChannelAf
     if node.op not in AFFINE_OPS[1:] or len(node.inputs) != 2:
         return None
     mine = 0 if node.inputs[0] is tensor else 1
-    value = _channel_vector(constant_array(node.inputs[1 - mine]), channels, rank)
+    value = channel_vector(constant_array(node.inputs[1 - mine]), channels, rank)
     if value is None:
         return None
     one, zero = np.ones(channels), np.zeros(channels)
@@ -133,7 +133,7 @@ def _batchnorm_affine(bn: gs.Node, channels: int) -> ChannelAffine | None:
     return ChannelAffine(scale, beta - mean * scale)
 
 
-def _channel_vector(value: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
+def channel_vector(value: np.ndarray | None, channels: int, rank: int) -> np.ndarray | None:
     """The per-channel vector a constant broadcasts to along axis 1 of a rank-`rank` tensor, else None.
 
     A constant of shape (C,) broadcasts along the *last* axis, not the channel axis, so it only
