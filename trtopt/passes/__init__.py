@@ -11,6 +11,7 @@ named, and returns a `PassReport`. Fusion and concat groups are derived from any
 """
 
 from trtopt.passes import (  # noqa: F401 (register)
+    collapse_reshapes,
     eliminate_concat,
     fold_batchnorm,
     fold_input_affine,

@@ -17,15 +17,17 @@ from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, f
 
 # The generic clean-up first: ONNX Runtime's basic level, then the no-op nodes and layout round trips it leaves
 # (they hide every pattern below from its matcher) and PRelu in the forms ONNX Runtime runs fast. Squeezes next
-# (tf2onnx's Conv1D: they hide a conv's bias and activation), then Pad and BN (they hide the conv's input and its
-# conv-activation adjacency), and the affine ops left before a conv; horizontal fusion before concat elimination
-# (it creates Split->Concat round trips); CBR last, so it records groups on the final graph.
+# (tf2onnx's Conv1D: they hide a conv's bias and activation) and the shape-op chains left, then Pad and BN (they
+# hide the conv's input and its conv-activation adjacency), and the affine ops left before a conv; horizontal
+# fusion before concat elimination (it creates Split->Concat round trips); CBR last, so it records groups on the
+# final graph.
 DEFAULT_ORDER = (
     "simplify",
     "remove_noops",
     "sink_transposes",
     "rewrite_prelu",
     "sink_squeeze",
+    "collapse_reshapes",
     "fold_pad",
     "fold_batchnorm",
     "fold_input_affine",

@@ -1,0 +1,56 @@
+"""collapse_reshapes: a chain of Reshape / Flatten / Squeeze / Unsqueeze whose intermediate results nothing else
+reads becomes one Reshape (static shapes, or a dynamic leading batch dimension written as -1)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+from pass_helpers import assert_same_outputs, ops, run_pass
+
+from trtopt.execution.ort_session import run_model
+from trtopt.zoo import GraphBuilder
+
+
+def head(*, batch: int | str, side: bool = False) -> onnx.ModelProto:
+    """input ─ GlobalAveragePool ─ Squeeze(2, 3) ─ Unsqueeze(1) ─ Flatten ─ Reshape(-1, 16) ─ Gemm ─ output
+    [the Unsqueeze output also a graph output]"""
+    b = GraphBuilder("head", seed=0)
+    x = b.input("input", [2, 16, 4, 4])
+    y = b.node("GlobalAveragePool", [x])
+    y = b.node("Squeeze", [y, b.const("axes", np.array([2, 3], np.int64))])
+    y = b.node("Unsqueeze", [y, b.const("axes1", np.array([1], np.int64))], out="unsqueezed" if side else None)
+    y = b.node("Flatten", [y], axis=1)
+    y = b.node("Reshape", [y, b.const("shape", np.array([-1, 16], np.int64))])
+    model = b.build([b.gemm(y, 16, 5, out="output"), *(["unsqueezed"] if side else [])])
+    if isinstance(batch, str):
+        model.graph.input[0].CopyFrom(helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 16, 4, 4]))
+        del model.graph.output[:]
+        model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                  for o in ["output", *(["unsqueezed"] if side else [])])
+    return model
+
+
+def test_a_static_chain_is_one_reshape() -> None:
+    model = head(batch=2)
+    graph, report = run_pass(model, "collapse_reshapes")
+    assert ops(graph) == ["GlobalAveragePool", "Reshape", "Gemm"] and report.counts() == {"collapse_reshapes": 1}
+    assert list(graph.nodes[1].inputs[1].values) == [2, 16]
+    assert_same_outputs(model, graph)
+
+
+def test_a_dynamic_batch_is_inferred() -> None:
+    model = head(batch="N")
+    graph, _ = run_pass(model, "collapse_reshapes")
+    assert ops(graph) == ["GlobalAveragePool", "Reshape", "Gemm"]
+    assert list(graph.nodes[1].inputs[1].values) == [-1, 16]
+    feeds = {"input": np.random.default_rng(0).standard_normal((3, 16, 4, 4)).astype(np.float32)}
+    before, after = run_model(model, feeds, opt_level="disable"), run_model(graph, feeds, opt_level="disable")
+    assert np.allclose(before["output"], after["output"], rtol=0, atol=1e-6)
+
+
+def test_a_chain_stops_at_a_result_read_elsewhere() -> None:
+    model = head(batch=2, side=True)
+    graph, _ = run_pass(model, "collapse_reshapes")
+    assert ops(graph).count("Reshape") == 2 and "Flatten" not in ops(graph)  # Squeeze+Unsqueeze, Flatten+Reshape
+    assert_same_outputs(model, graph)

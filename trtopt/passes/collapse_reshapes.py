@@ -1,0 +1,83 @@
+"""Collapse chains of Reshape / Flatten / Squeeze / Unsqueeze into one Reshape.
+
+Converters write shape changes one at a time (tf2onnx: Squeeze then Reshape before a classifier; onnx2torch
+round trips: Flatten, Unsqueeze, Reshape), and each is a node the fusions and the Q/DQ placement have to look
+through. A chain whose intermediate results nothing else reads is one Reshape to the last node's shape, which
+the matcher reads from the inferred shapes: all static, or static but for the leading (batch) dimension, written
+as -1 (Reshape infers it from the element count, which every shape op keeps, so it is the chain's own result).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trtopt.passes.base import Match, graph_pass
+from trtopt.passes.edit import Namer
+from trtopt.passes.query import graph_output_names, producer, sole_consumer
+
+SHAPE_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+
+
+@dataclass(frozen=True, eq=False)
+class ReshapeChain(Match):
+    chain: tuple[gs.Node, ...]
+    shape: tuple[int, ...]
+    kind = "collapse_reshapes"
+
+    @property
+    def nodes(self) -> tuple[gs.Node, ...]:
+        return self.chain
+
+    def describe(self) -> str:
+        ops = " ".join(n.op for n in self.chain)
+        return f"{ops} ({self.chain[0].name!r} ...) -> one Reshape to {list(self.shape)}"
+
+
+def find_reshape_chains(graph: gs.Graph) -> list[ReshapeChain]:
+    outputs = graph_output_names(graph)
+    found = []
+    for last in graph.nodes:
+        if last.op not in SHAPE_OPS or _continues(last, outputs):
+            continue  # chains are found from their last node
+        chain = [last]
+        while (before := producer(chain[0].inputs[0])) is not None and before.op in SHAPE_OPS and (
+            sole_consumer(before.outputs[0], outputs) is chain[0]
+        ):
+            chain.insert(0, before)
+        shape = _target(chain) if len(chain) > 1 else None
+        if shape is not None:
+            found.append(ReshapeChain(tuple(chain), shape))
+    return found
+
+
+def _continues(node: gs.Node, outputs: set[str]) -> bool:
+    after = sole_consumer(node.outputs[0], outputs)
+    return after is not None and after.op in SHAPE_OPS
+
+
+def _target(chain: list[gs.Node]) -> tuple[int, ...] | None:
+    source, result = chain[0].inputs[0].shape, chain[-1].outputs[0].shape
+    if source is None or result is None:
+        return None
+    if all(isinstance(d, int) and d >= 0 for d in result):
+        return tuple(int(d) for d in result)
+    if result and all(isinstance(d, int) and d > 0 for d in result[1:]):
+        return (-1, *(int(d) for d in result[1:]))
+    return None
+
+
+@graph_pass("collapse_reshapes", find_reshape_chains)
+def collapse_reshapes(graph: gs.Graph) -> list[ReshapeChain]:
+    namer = Namer(graph)
+    matches = find_reshape_chains(graph)
+    for match in matches:
+        first, last = match.chain[0], match.chain[-1]
+        shape = gs.Constant(namer.take(f"{last.name}_shape"), np.array(match.shape, np.int64))
+        output = last.outputs[0]
+        last.outputs.clear()
+        graph.nodes.append(gs.Node("Reshape", name=namer.take(str(last.name)), inputs=[first.inputs[0], shape],
+                                   outputs=[output]))
+    return matches
