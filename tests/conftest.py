@@ -5,13 +5,17 @@ with that reason when TRTOPT_REQUIRE_GPU=1 (so a GPU CI cannot pass by skipping)
 (cuda-bindings and a GPU): the runtime's CUDA layer is checked there without TensorRT.
 
 TRTOPT_REQUIRE_OPTIONAL=1 fails the tests skipped for a missing optional dependency (require_optional.py).
-The `light_graph` fixture loads each light model (trtopt.zoo.light) once per session."""
+The `light_graph` fixture loads each light model (trtopt.zoo.light) once per session.
+
+CPU builds keep the INT8 plan they verified, whatever the build's rough timing says (`trtopt.backend.cpu.choice`
+would write a cheaper plan where INT8 runs slower than FP32, which on a busy or VNNI-less machine depends on the
+timing): a test module that sets `SPEED_CHOICE = True` tests that choice, with injected timings."""
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -29,6 +33,27 @@ def light_graph() -> Callable[[str], gs.Graph]:
     from trtopt.zoo.light import light_model
 
     return functools.cache(lambda name: graph_from_onnx(light_model(name)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _int8_plans_stay_int8() -> Iterator[Callable[..., object]]:
+    """Session-wide (module fixtures build plans before any function fixture runs); yields the real choice."""
+    from trtopt.backend.cpu import choice
+
+    measured = choice.keep_faster
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(choice, "keep_faster", lambda first, *args: first)
+        yield measured
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _speed_choice(request: pytest.FixtureRequest, _int8_plans_stay_int8: Callable[..., object]) -> Iterator[None]:
+    from trtopt.backend.cpu import choice
+
+    with pytest.MonkeyPatch.context() as patch:
+        if getattr(request.module, "SPEED_CHOICE", False):
+            patch.setattr(choice, "keep_faster", _int8_plans_stay_int8)
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,12 +1,12 @@
 """The whole build in one short function: load -> optimise -> calibrate -> quantise -> build -> plan.
 
-    graph = load_graph(path, config.graph)                       # frontend
-    graph = optimize(graph, config.graph.passes).graph           # passes
     backend, _ = select_backend(config.backend)                  # backend: its options, checked up front
+    graph = optimize(load_graph(path), backend.passes(...)).graph # frontend, passes (the backend's defaults)
     data, checks = calibration_and_checks(graph, spec, ...)      # data: calibration and verification samples
     amax = calibrate_graph(graph, fp32, tensors, config.calib)   # calib (or a cache)
     insert_qdq(graph, qplan, amax)                               # quant, after bias correction
     plan = build_verified(backend, model, options, fp32, checks) # backend variants until one verifies
+    plan = backend.faster(plan, ...)                             # or a cheaper plan where it is slower than FP32
 
 Every decision that depends on where the plan runs belongs to the backend object (`trtopt.backend.base`);
 this module names none.
@@ -123,11 +123,11 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
     with times("load"):
         graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=shaping)
-    with times("optimize"):
-        optimized = optimize(graph, config.graph.passes)
+    backend, reason = select_backend(config.backend)
+    with times("optimize"):  # the backend's default passes leave out those that cost on its kernels
+        optimized = optimize(graph, backend.passes(config.graph.passes))
     graph = optimized.graph
     labels = _labels(graph, config.labels)  # everything up to `fp32` is checked before the slow work
-    backend, reason = select_backend(config.backend)
     options = backend.options(config, graph)
     spec = preprocess_spec_for(path, graph, config.preprocess, config.data)
     data, checks = _samples(graph, spec, config)
@@ -147,13 +147,16 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
             raise refused_random_inputs(exc, checks, graph) from None
     records = _records(graph, config, backend.name, backend.profiles(options), quantized)
     plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
-    calibration, bias, qdq, _, equalization = quantized
-    with times("speed check"):
-        speed = backend.speed(plan, fp32, checks.batches[0][0]) if checks.batches and verification else None
+    speed = None
+    if checks.batches and verification:  # a plan slower than FP32 may give way to a cheaper one (Backend.faster)
+        with times("speed check"):
+            rebuild = partial(build, backend, io=_io(graph), options=options, fp32=fp32, checks=checks)
+            choice = backend.faster(plan, options, verification, model, fp32, checks.batches[0][0], rebuild)
+        plan, verification, speed = choice.written(plan), choice.verification, choice.report
     if speed is None:
-        del times.seconds["speed check"]  # nothing measured: no stage
-    return BuildResult(plan, reason, times.seconds, optimized, calibration, bias, qdq, verification,
-                       backend.report(plan, options), equalization, speed, graph_check)  # fmt: skip
+        times.seconds.pop("speed check", None)  # nothing measured: no stage
+    return BuildResult(plan, reason, times.seconds, optimized, *quantized[:3], verification,
+                       backend.report(plan, options), quantized.equalization, speed, graph_check)  # fmt: skip
 
 
 def _unverified(backend, model, io, options, fp32, checks, *, drawn):  # type: ignore[no-untyped-def]

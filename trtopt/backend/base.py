@@ -14,7 +14,10 @@ A backend is a `Backend` registered by name in `trtopt.backend.BACKENDS`, where 
 - **what it says about its kernels**: which quantisation of other tools it keeps (`prequantized_keeps`), and
   what 2:4 sparsity does on it (`sparsity_note`);
 - **report**: what it made of the plan, for the build summary (`report`: kernels on the CPU, profiles on
-  TensorRT);
+  TensorRT), and its time against FP32's where it can compare them (`speed`);
+- **speed choices**: the graph passes it runs by default (`passes`: one that costs on its kernels is left out),
+  and the plan it keeps where the verified plan runs slower than FP32 (`faster`: the CPU backend tries INT8
+  regions in float and the float plan, issue #45);
 - **runner**: executing a plan (`create_runner`);
 - **serving**: how Triton Inference Server serves its plans (`triton`: the Triton models its plans export
   to, the default one, the instance kind; `triton_notes`), and whether a plan takes only the shapes of the
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from trtopt.build import BuildConfig
     from trtopt.plan import Plan
     from trtopt.quant import QuantConfig
+    from trtopt.verify import Verification
 
 Shape = tuple[int, ...]
 BuildSettings = TypeVar("BuildSettings")  # what a backend's `options` resolves and its `build` takes
@@ -138,6 +142,38 @@ class BackendReport(Protocol):
     def rows(self) -> list[tuple[str, str]]: ...
 
 
+@dataclass(frozen=True)
+class SpeedChoice:
+    """The plan a backend keeps after timing it against FP32 (`Backend.faster`): the verified plan, its
+    verification record, the timing for the summary, the INT8 layers it put back in float because their INT8
+    kernels did not pay, and whether it kept the float model's plan instead (INT8 paid nowhere)."""
+
+    plan: Plan
+    verification: Verification | None
+    report: BackendReport | None
+    kept_float: tuple[str, ...] = ()
+    float_plan: bool = False
+
+    def written(self, first: Plan) -> Plan:
+        """The chosen plan with `first`'s metadata, changed where the choice changed what it records: a float
+        plan has no quantisation record, and layers put back in float move to the record's float layers."""
+        from dataclasses import replace
+
+        meta = replace(first.metadata, verification=self.verification)
+        if self.float_plan:
+            meta = replace(meta, precision="fp32", quant=None)
+        elif self.kept_float and meta.quant is not None:
+            kept = set(self.kept_float)
+            why = {name: "its INT8 region ran slower than float on this CPU" for name in self.kept_float}
+            quant = replace(meta.quant, int8_layers=tuple(n for n in meta.quant.int8_layers if n not in kept),
+                            float_layers={**meta.quant.float_layers, **why})  # fmt: skip
+            meta = replace(meta, quant=quant)
+        return replace(self.plan, metadata=meta)
+
+
+Rebuild = Callable[["onnx.ModelProto"], "tuple[Plan, Verification | None]"]  # build and verify another model
+
+
 class Backend(ABC, Generic[BuildSettings]):
     """One backend (see the module docstring). Subclasses set the class attributes and the abstract methods;
     `BuildSettings` is what `options` resolves for one build (the CPU's `CpuOptions`, TensorRT's
@@ -211,6 +247,21 @@ class Backend(ABC, Generic[BuildSettings]):
         """How fast `plan` runs against `fp32` on `feeds` (one batch of the check samples), for the build
         summary; None (the default) where the two cannot be compared on one machine."""
         return None
+
+    def faster(
+        self, plan: Plan, options: BuildSettings, verification: Verification | None, model: onnx.ModelProto,
+        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild,
+    ) -> SpeedChoice:  # fmt: skip
+        """The plan to write: `plan` (verified, built from the Q/DQ `model`) or a cheaper one this backend built
+        with `rebuild` (which verifies as the first build did; raises `TrtoptError` where no variant passes)
+        because `plan` ran slower than `fp32` on `feeds` (`options`: what `options` resolved). By default `plan`,
+        with `speed`'s figure."""
+        return SpeedChoice(plan, verification, self.speed(plan, fp32, feeds))
+
+    def passes(self, chosen: Sequence[str] | None) -> tuple[str, ...] | None:
+        """The graph passes a build runs for this backend: the user's list (`GraphConfig.passes`) as given, or
+        for None (the default list) this backend's default, which may leave out passes that cost on its kernels."""
+        return None if chosen is None else tuple(chosen)
 
     def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
         """What a user must know to serve `plan` as `model` in Triton (none by default)."""

@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from trtopt.backend import BACKENDS
-from trtopt.backend.base import Backend, BackendStatus, RunOptions, TritonModel, TritonServing
-from trtopt.backend.cpu.options import ENCODING_CHOICES, GEMM_CHOICES, CpuOptions
+from trtopt.backend.base import Backend, BackendStatus, Rebuild, RunOptions, SpeedChoice, TritonModel, TritonServing
+from trtopt.backend.cpu.options import ENCODING_CHOICES, FALLBACK_CHOICES, GEMM_CHOICES, CpuOptions
 from trtopt.errors import TrtoptError
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trtopt.build import BuildConfig
     from trtopt.plan import Plan
     from trtopt.quant import QuantConfig
+    from trtopt.verify import Verification
 
 # ONNX Runtime turns a Conv into a QLinearConv only when its output is quantised too (DQ -> Conv -> Q), and it
 # removes a Relu or Clip that feeds a QuantizeLinear whose range already clips the same values
@@ -155,12 +156,36 @@ class CpuBackend(Backend[CpuOptions]):
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""
+        return self._timed(plan, fp32, feeds) if plan.metadata.int8 else None
+
+    def faster(
+        self, plan: Plan, options: CpuOptions, verification: Verification | None, model: onnx.ModelProto,
+        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild,
+    ) -> SpeedChoice:  # fmt: skip
+        """The INT8 plan, or where it runs slower than FP32 here, the fastest of its cheaper forms that verifies:
+        INT8 regions kept float, or the float plan (`trtopt.backend.cpu.choice`)."""
+        from trtopt.backend.cpu.choice import Candidate, keep_faster
+
+        speed = self.speed(plan, fp32, feeds)
+        if speed is None or options.fallback == "off":
+            return SpeedChoice(plan, verification, speed)
+
+        def build(candidate: onnx.ModelProto) -> tuple[Plan, Verification | None] | None:
+            try:
+                return rebuild(candidate)
+            except TrtoptError as exc:  # a cheaper form that does not verify is not a reason to fail the build
+                log.info("a cheaper form of the plan was not kept: %s", exc.what)
+                return None
+
+        kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build,
+                           lambda candidate: self._timed(candidate, fp32, feeds))  # fmt: skip
+        return SpeedChoice(kept.plan, kept.verification, kept.speed, kept.kept_float, kept.float_plan)
+
+    def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
         from trtopt.backend.cpu.speed import measure_speed
         from trtopt.verify import plan_errors
 
-        if not plan.metadata.int8:
-            return None
         failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
         runner = self.create_runner(plan, RunOptions(threads=1))
         try:
@@ -204,8 +229,17 @@ class CpuBackend(Backend[CpuOptions]):
             "verifies the choice either way",
         )
 
+        group.add_argument(
+            "--cpu-fallback",
+            choices=FALLBACK_CHOICES,
+            default=CpuOptions.fallback,
+            help="CPU plans: where the INT8 plan runs slower than FP32 on this CPU, auto (default) keeps the INT8 "
+            "regions that do not pay in float, or writes the float plan, and says so; off writes the INT8 plan "
+            "anyway (to serve on a CPU where INT8 is faster)",
+        )
+
     def options_from_args(self, args: argparse.Namespace) -> CpuOptions:
-        return CpuOptions(gemm=args.cpu_gemm, encoding=args.cpu_encoding)
+        return CpuOptions(gemm=args.cpu_gemm, encoding=args.cpu_encoding, fallback=args.cpu_fallback)
 
 
 BACKENDS.add(CpuBackend.name, CpuBackend())

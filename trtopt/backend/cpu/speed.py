@@ -43,6 +43,7 @@ class Speed:
     machine: str  # where it ran, for the text ("this avx2 CPU")
     threads: int = 1
     int8_dot_products: bool = False  # the CPU has VNNI or AMX (trtopt.backend.cpu.isa.EXACT_U8S8): its reason differs
+    outcome: str = ""  # what the build did about it (trtopt.backend.cpu.choice): layers kept float, the float plan
 
     @property
     def ratio(self) -> float:
@@ -59,6 +60,8 @@ class Speed:
         what = (f"INT8 plan {self.ratio:.2f}x FP32's time on {self.machine} ({self.plan_ms:.1f} vs "
                 f"{self.fp32_ms:.1f} ms, batch {self.batch}, {self.threads} thread, median of {self.rounds} "
                 "interleaved calls; a rough figure: `trtopt bench` measures properly)")  # fmt: skip
+        if self.outcome:
+            return f"{what}: {self.outcome}"
         if self.ratio <= 1.0:
             return what
         if self.ratio < NOISE:

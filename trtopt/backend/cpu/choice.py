@@ -1,0 +1,98 @@
+"""A CPU plan is never slower than the float model: keep the fastest plan that verifies (issue #45).
+
+The build times its verified INT8 plan against the FP32 model (`trtopt.backend.cpu.speed`). Where the plan is
+the slower (its time ratio at least `NOISE`, a rough figure's noise), INT8 does not pay somewhere, and the
+backend tries cheaper plans, each built and verified as the first was and timed the same way:
+
+1. the INT8 regions (`trtopt.backend.cpu.regions`) in float, one more at a time, smallest first (a few small
+   convs between float layers pay least for their Q/DQ), at most `MAX_TRIALS` of them and never all (the float
+   plan computes that faster and without the weights' rounding); a region stays float
+   only where the plan then runs faster by `PAYS` (ratios, each against FP32 timed in the same rounds, so a
+   busy machine moves both sides);
+2. where the best INT8 plan is still the slower, timed once more to confirm, the float plan (the FP32 model
+   as its own plan): INT8 cannot pay on this CPU for this model, and the summary says so and why.
+
+The decision reads only the timings it is given (`keep_faster`), so tests inject them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import onnx
+
+from trtopt.backend.cpu.regions import Region, float_regions, int8_regions
+from trtopt.backend.cpu.speed import NOISE, Speed
+
+PAYS = 1.03  # a cheaper plan replaces the kept one only when its time ratio is lower by this factor
+MAX_TRIALS = 4  # regions tried in float (each trial: a build, a verification and a timing)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A verified plan, its verification record, its time against FP32's, and the layers it keeps float that
+    the first plan ran in INT8."""
+
+    plan: Any
+    verification: Any
+    speed: Speed
+    kept_float: tuple[str, ...] = ()
+    float_plan: bool = False
+
+
+Build = Callable[[onnx.ModelProto], "tuple[Any, Any] | None"]  # model -> (plan, verification); None: no variant passed
+Timer = Callable[[Any], "Speed | None"]  # plan -> its time against FP32's; None: the timing failed
+
+
+def keep_faster(
+    first: Candidate, model: onnx.ModelProto, fp32: onnx.ModelProto, build: Build, timer: Timer
+) -> Candidate:
+    """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms (see the module); its speed's
+    `outcome` says what was chosen and why."""
+    if first.speed.ratio < NOISE:
+        return first
+    best, dropped, regions = first, list[Region](), int8_regions(model)
+    for region in regions[: min(MAX_TRIALS, len(regions) - 1)]:  # all of them in float: the float plan does better
+        trial = _attempt(float_regions(model, [*dropped, region]), build, timer)
+        if trial is not None and trial.speed.ratio * PAYS < best.speed.ratio:
+            best, dropped = trial, [*dropped, region]
+            if best.speed.ratio < 1 / NOISE:
+                break
+    layers = tuple(name for region in dropped for name in region.layers)
+    best = replace(best, kept_float=layers)
+    if best.speed.ratio >= NOISE:
+        again = timer(best.plan)
+        if again is not None and again.ratio >= NOISE:
+            floated = build(fp32)
+            if floated is not None:
+                return Candidate(*floated, speed=replace(best.speed, outcome=_float_reason(best.speed, again)),
+                                 float_plan=True)  # fmt: skip
+    if layers:
+        return replace(best, speed=replace(best.speed, outcome=_region_reason(dropped, first.speed)))
+    return best
+
+
+def _attempt(model: onnx.ModelProto, build: Build, timer: Timer) -> Candidate | None:
+    built = build(model)
+    if built is None:
+        return None
+    speed = timer(built[0])
+    return None if speed is None else Candidate(built[0], built[1], speed)
+
+
+def _region_reason(dropped: list[Region], first: Speed) -> str:
+    layers = sum(len(r.layers) for r in dropped)
+    return (f"{layers} INT8 layer(s) in {len(dropped)} region(s) kept float, where INT8 did not pay on this CPU "
+            f"(the all-INT8 plan took {first.ratio:.2f}x FP32's time)")  # fmt: skip
+
+
+def _float_reason(best: Speed, again: Speed) -> str:
+    why = ("ONNX Runtime's exact INT8 kernels gain less than their Q/DQ conversions cost on a CPU without VNNI or AMX"
+           if not best.int8_dot_products else
+           "the float layers between its INT8 layers and their Q/DQ conversions cost more than INT8 saves")  # fmt: skip
+    return (
+        f"the float plan is the faster on {best.machine} and was written instead: the best INT8 plan took "
+        f"{best.ratio:.2f}x and {again.ratio:.2f}x FP32's time in two timings; {why}"
+    )
