@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,13 +81,58 @@ def skip_reason(graph: gs.Graph) -> str | None:
     return None
 
 
-def simplified_model(graph: gs.Graph) -> onnx.ModelProto | None:
-    """The graph after ONNX Runtime's basic level, or None when it does not apply (`skip_reason`)."""
+def simplified_graph(graph: gs.Graph) -> gs.Graph | None:
+    """The graph after ONNX Runtime's basic level, or None when it does not apply (`skip_reason`) or changes
+    nothing trtopt takes (`NEW_OPS_ALLOWED`).
+
+    Conv weights and biases, most of a CNN's bytes, do not travel: no basic-level rewrite reads them once the
+    Conv fusions are left to trtopt, so they go to ONNX Runtime as graph inputs of their shape and come back
+    as the same constants. Serialising ResNet-50's 100 MB for ONNX Runtime and reading them back took most
+    of the pass's time.
+    """
     if skip_reason(graph) is not None:
         return None
-    model = gs.export_onnx(graph, do_type_check=False)
+    with _weights_held_back(graph) as held:
+        model = gs.export_onnx(graph, do_type_check=False)
     if model.ByteSize() > MAX_BYTES:
         return None
+    simplified = _basic_level(model)
+    if simplified is None or not _acceptable(graph, simplified):
+        return None
+    result = gs.import_onnx(simplified)
+    tensors = result.tensors()
+    for name, constant in held.items():
+        tensor = tensors.get(name)
+        if isinstance(tensor, gs.Variable):
+            tensor.to_constant(constant.values)
+    result.inputs = [t for t in result.inputs if t.name not in held]
+    return result
+
+
+@contextmanager
+def _weights_held_back(graph: gs.Graph) -> Iterator[dict[str, gs.Constant]]:
+    """Conv weights and biases as graph inputs for the duration (restored after), by name."""
+    slots = [(node, i) for node in graph.nodes if node.op in ("Conv", "ConvTranspose") for i in (1, 2)
+             if i < len(node.inputs) and isinstance(node.inputs[i], gs.Constant)]
+    readers: Counter[str] = Counter(node.inputs[i].name for node, i in slots)
+    held = {node.inputs[i].name: node.inputs[i] for node, i in slots
+            if readers[node.inputs[i].name] == len(node.inputs[i].outputs)}
+    stand_ins = {name: gs.Variable(name, dtype=c.dtype, shape=list(c.shape)) for name, c in held.items()}
+    original_inputs = list(graph.inputs)
+    try:
+        for node, i in slots:
+            if node.inputs[i].name in held:
+                node.inputs[i] = stand_ins[node.inputs[i].name]
+        graph.inputs = [*original_inputs, *stand_ins.values()]
+        yield held
+    finally:
+        for node, i in slots:
+            if node.inputs[i].name in held:
+                node.inputs[i] = held[node.inputs[i].name]
+        graph.inputs = original_inputs
+
+
+def _basic_level(model: onnx.ModelProto) -> onnx.ModelProto | None:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -100,12 +147,6 @@ def simplified_model(graph: gs.Graph) -> onnx.ModelProto | None:
         except Exception:  # noqa: BLE001 - a model ONNX Runtime cannot load is left to trtopt's own passes
             return None
         simplified = onnx.load(os.fspath(path))
-    if any(node.domain not in ("", "ai.onnx") for node in simplified.graph.node):
-        return None
-    before = Counter(node.op for node in graph.nodes)
-    after = Counter(node.op_type for node in simplified.graph.node)
-    if any(after[op] > before[op] for op in after if op not in NEW_OPS_ALLOWED):
-        return None
     used = {node.domain or "" for node in simplified.graph.node} | {""}
     kept = [o for o in simplified.opset_import if (o.domain or "") in used or o.domain == "ai.onnx"]
     del simplified.opset_import[:]
@@ -113,15 +154,23 @@ def simplified_model(graph: gs.Graph) -> onnx.ModelProto | None:
     return simplified
 
 
+def _acceptable(graph: gs.Graph, simplified: onnx.ModelProto) -> bool:
+    if any(node.domain not in ("", "ai.onnx") for node in simplified.graph.node):
+        return False
+    before = Counter(node.op for node in graph.nodes)
+    after = Counter(node.op_type for node in simplified.graph.node)
+    return not any(after[op] > before[op] for op in after if op not in NEW_OPS_ALLOWED)
+
+
 def find_simplifications(graph: gs.Graph) -> list[OpSimplified]:
-    simplified = simplified_model(graph)
+    simplified = simplified_graph(graph)
     return [] if simplified is None else _changes(graph, simplified)
 
 
-def _changes(graph: gs.Graph, simplified: onnx.ModelProto) -> list[OpSimplified]:
-    kept = {node.name for node in simplified.graph.node}
+def _changes(graph: gs.Graph, simplified: gs.Graph) -> list[OpSimplified]:
+    kept = {str(node.name) for node in simplified.nodes}
     before = Counter(node.op for node in graph.nodes)
-    after = Counter(node.op_type for node in simplified.graph.node)
+    after = Counter(node.op for node in simplified.nodes)
     found = []
     for op in sorted(set(before) | set(after)):
         removed = tuple(n for n in graph.nodes if n.op == op and n.name not in kept)
@@ -133,13 +182,10 @@ def _changes(graph: gs.Graph, simplified: onnx.ModelProto) -> list[OpSimplified]
 
 @graph_pass("simplify", find_simplifications)
 def simplify(graph: gs.Graph) -> list[OpSimplified]:
-    simplified = simplified_model(graph)
-    if simplified is None:
+    result = simplified_graph(graph)
+    changes = [] if result is None else _changes(graph, result)
+    if result is None or not changes:
         return []
-    changes = _changes(graph, simplified)
-    if not changes:
-        return []
-    result = gs.import_onnx(simplified)
     graph.nodes = result.nodes
     graph.inputs = result.inputs
     graph.outputs = result.outputs
