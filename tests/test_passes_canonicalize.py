@@ -235,3 +235,13 @@ def test_layout_round_trips_in_random_graphs_are_removed(
     assert count(cleaned, "Cast") <= count(plain, "Cast") and count(cleaned, "Identity") == 0
     assert_canonical(cleaned)
     assert_same_outputs(onnx_from_graph(graph_from_onnx(model)), cleaned)
+
+
+def test_prelu_is_rewritten_for_the_cpu_backend_only() -> None:
+    from trtopt.backend import BACKENDS
+    from trtopt.passes import DEFAULT_ORDER
+
+    cpu = BACKENDS.get("cpu").passes(None)
+    assert cpu is not None and "rewrite_prelu" in cpu and cpu.index("rewrite_prelu") > cpu.index("sink_transposes")
+    assert "rewrite_prelu" not in DEFAULT_ORDER and BACKENDS.get("tensorrt").passes(None) is None
+    assert BACKENDS.get("cpu").passes(["fold_pad"]) == ("fold_pad",)

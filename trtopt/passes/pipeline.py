@@ -16,16 +16,16 @@ from trtopt.passes.edit import canonicalize
 from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, find_fusion_groups
 
 # The generic clean-up first: ONNX Runtime's basic level, then the no-op nodes and layout round trips it leaves
-# (they hide every pattern below from its matcher) and PRelu in the forms ONNX Runtime runs fast. Squeezes next
+# (they hide every pattern below from its matcher). Squeezes next
 # (tf2onnx's Conv1D: they hide a conv's bias and activation) and the shape-op chains left, then Pad and BN (they
 # hide the conv's input and its conv-activation adjacency), and the affine ops left before a conv; horizontal
 # fusion before concat elimination (it creates Split->Concat round trips); CBR last, so it records groups on the
-# final graph.
+# final graph. `rewrite_prelu` is not in the default list: it pays on ONNX Runtime's kernels (the CPU backend adds
+# it, `Backend.passes`), while TensorRT runs PRelu as one layer.
 DEFAULT_ORDER = (
     "simplify",
     "remove_noops",
     "sink_transposes",
-    "rewrite_prelu",
     "sink_squeeze",
     "collapse_reshapes",
     "fold_pad",
