@@ -257,20 +257,31 @@ def _rank(tensor: gs.Tensor) -> int | None:
 
 @graph_pass("sink_transposes", find_transpose_sinks)
 def sink_transposes(graph: gs.Graph) -> list[Match]:
+    """Sweeps over the Transposes, each merged with the one before it or grown into a region and rewritten on
+    the spot (a rewrite changes only its region's neighbourhood), until a sweep changes nothing. Every rewrite
+    lowers the count of Transposes or moves one onto a graph output, so the sweeps end; a sweep is linear in the
+    graph (each region is grown once), where finding all regions again after each rewrite grew quadratically."""
     done: list[Match] = []
+    outputs = graph_output_names(graph)
+    namer = Namer(graph)
     for _ in range(MAX_ROUNDS):
-        matches = find_transpose_sinks(graph)
-        if not matches:
-            break
-        merges = [m for m in matches if isinstance(m, TransposeMerge)]
-        for merge in merges:
-            _merge(graph, merge)
-        region = matches[0]
-        if not merges and isinstance(region, LayoutRegion):
-            # One region a round: a region's rewrite changes where its neighbours' boundaries are.
-            _rewrite_region(graph, region, Namer(graph))
-        done.extend(merges or [region])
+        changed = False
+        for node in [n for n in graph.nodes if n.op == "Transpose"]:
+            if not node.outputs or not node.inputs or perm_of(node) is None:
+                continue  # removed by an earlier rewrite of this sweep
+            first = producer(node.inputs[0])
+            if first is not None and first.op == "Transpose" and perm_of(first) is not None:
+                merge = TransposeMerge(first, node)
+                _merge(graph, merge)
+                done.append(merge)
+                changed = True
+            elif (region := _grow(graph, node, outputs)) is not None:
+                _rewrite_region(graph, region, namer)
+                done.append(region)
+                changed = True
         canonicalize(graph)
+        if not changed:
+            break
     return done
 
 
