@@ -19,6 +19,7 @@ from trtopt.backend.cpu.backend import CpuBackend
 from trtopt.backend.cpu.builder import kernel_report
 from trtopt.backend.cpu.choice import MAX_TRIALS, Candidate, keep_faster
 from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.backend.cpu.options import CpuOptions
 from trtopt.backend.cpu.regions import float_regions, int8_regions
 from trtopt.backend.cpu.speed import Speed
 from trtopt.build import BuildConfig, build_plan
@@ -221,3 +222,27 @@ def test_a_build_keeps_float_the_region_that_does_not_pay(workdir: Path, monkeyp
     assert kept and not set(kept) & set(quant.int8_layers) and result.plan.metadata.precision == "int8"
     assert "INT8 layer(s) in 1 region(s) kept float" in result.speed.text()
     assert result.verification is not None and result.verification.ok
+
+
+def test_cpu_builds_leave_out_the_passes_that_cost_on_onnx_runtime(workdir: Path) -> None:
+    """fuse_parallel_convs gives ONNX Runtime a Split with Q/DQ of its own between INT8 convs, for no speed
+    (CpuBackend's LEFT_OUT_PASSES); a list the user gives is run as given, and `optimize` keeps its default."""
+    from trtopt.backend import get_backend
+    from trtopt.passes import DEFAULT_ORDER
+
+    cpu = get_backend("cpu")
+    assert "fuse_parallel_convs" in DEFAULT_ORDER and "fuse_parallel_convs" not in cpu.passes(None)
+    assert cpu.passes(("fuse_parallel_convs",)) == ("fuse_parallel_convs",)
+    data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
+    config = BuildConfig(backend="cpu", data=data, preprocess=preset, backend_options=(CpuOptions(fallback="off"),))
+    result = build_plan(workdir / "tiny.onnx", config)  # the INT8 plan, whatever this machine's timing says
+    assert "fuse_parallel_convs" not in result.plan.metadata.optimizer.passes
+    assert not any("wide" in name for name in result.plan.metadata.quant.int8_layers)  # tiny_cnn's 1x1 siblings
+
+
+def test_the_fallback_option_is_checked() -> None:
+    from trtopt.errors import UnknownNameError
+
+    assert CpuOptions().fallback == "auto" and CpuOptions(fallback="off").fallback == "off"
+    with pytest.raises(UnknownNameError, match="auto, off"):
+        CpuOptions(fallback="float")

@@ -37,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_calibration_arguments(parser, build=False)
     parser.add_argument("--backend", default="auto", help="the backend the cache's builds are for (default auto, as "
-                        "trtopt build): its quantised tensors bound the activation-equalisation gains")  # fmt: skip
+                        "trtopt build): its default graph passes, and its quantised tensors, which bound the "
+                        "activation-equalisation gains")  # fmt: skip
     parser.add_argument("--no-equalize", action="store_true", help="calibrate the graph as given (default: "
                         "equalise activations as trtopt build does and record the gains in the cache; other "
                         "formats than trtopt's are always written for the graph as given)")  # fmt: skip
@@ -88,7 +89,7 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
     preprocess = preprocess_config(args)
     model = Path(args.model)
     graph = load_graph(model, graph_config, int8=True, batch=data.batch, data=data.sources)
-    graph = optimize(graph, graph_config.passes).graph
+    graph = optimize(graph, _backend(args).passes(graph_config.passes)).graph  # the passes --backend's builds run
     spec = preprocess_spec_for(model, graph, preprocess, data)
     with phase_progress("calibration", disable=args.json) as on_progress:
         dataset = load_samples(graph, spec, data)
@@ -100,7 +101,6 @@ def calibrate_model(args: argparse.Namespace) -> Calibration:
 def _equalized(args: argparse.Namespace, graph: Any, dataset: Any, batch: int) -> tuple[Any, Any]:
     """Equalise `graph` (in place) as a build for --backend does, unless --no-equalize or the cache is for
     other tools (which run the graph as given); returns (the graph as ONNX, the record the cache keeps)."""
-    from trtopt.backend import get_backend, select_backend
     from trtopt.frontend import onnx_from_graph
     from trtopt.quant import QuantConfig
     from trtopt.quant.equalize_cache import equalize_recorded, not_equalized
@@ -108,11 +108,17 @@ def _equalized(args: argparse.Namespace, graph: Any, dataset: Any, batch: int) -
     model = onnx_from_graph(graph)
     if args.no_equalize or args.format != "trtopt":
         return model, not_equalized(model) if args.format == "trtopt" else None
-    backend = select_backend()[0] if args.backend == "auto" else get_backend(args.backend)  # need not run here
-    quant = backend.quant_config(QuantConfig())
+    quant = _backend(args).quant_config(QuantConfig())
     folds = quant.output_folds if quant.quantize_outputs else None
     record, _ = equalize_recorded(graph, model, dataset, batch, folds)
     return onnx_from_graph(graph), record
+
+
+def _backend(args: argparse.Namespace) -> Any:
+    """The backend named by --backend (auto: the one `trtopt build` picks here); it need not run here."""
+    from trtopt.backend import get_backend, select_backend
+
+    return select_backend()[0] if args.backend == "auto" else get_backend(args.backend)
 
 
 def _plots(args: argparse.Namespace, calibration: Calibration) -> list[str]:

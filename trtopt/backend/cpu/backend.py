@@ -53,6 +53,16 @@ TRITON_ONNXRUNTIME = TritonModel(
 )
 
 
+# Graph passes a CPU build leaves out of the default list. fuse_parallel_convs merges sibling 1x1 convs into one wide
+# conv and a Split for TensorRT; ONNX Runtime runs sibling QLinearConvs on one uint8 input at no extra cost, while the
+# Split between INT8 convs needs Q/DQ of its own. GoogLeNet (light:inception_v1, avx2, 1 thread, BENCHMARKS.md
+# *CPU plans: placement against ONNX Runtime's quantizer*): 24 more QuantizeLinear and 6 more DequantizeLinear
+# left after ONNX Runtime's optimiser, and no speed gained (b1 / b8 speed-ups over FP32, with / without the pass,
+# two runs: 1.01 / 0.97 against 0.96 / 1.08; u8u8 1.08 / 1.07 against 1.12 / 1.07, u8s8 1.24 / 1.24 against
+# 1.29 / 1.23); issue #45 measured a face detector's plan 15-20% faster without it at equal accuracy.
+LEFT_OUT_PASSES = ("fuse_parallel_convs",)
+
+
 class CpuBackend(Backend[CpuOptions]):
     name = "cpu"
     title = "ONNX Runtime CPU"
@@ -156,13 +166,15 @@ class CpuBackend(Backend[CpuOptions]):
 
     def passes(self, chosen: Sequence[str] | None) -> tuple[str, ...] | None:
         """The default passes with `rewrite_prelu` after the layout clean-up: ONNX Runtime's PRelu kernel took 6.7x
-        the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); a user's list as given."""
+        the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); without `LEFT_OUT_PASSES`,
+        which cost on ONNX Runtime; a user's list as given."""
         if chosen is not None:
             return tuple(chosen)
         from trtopt.passes import DEFAULT_ORDER
 
-        at = DEFAULT_ORDER.index("sink_transposes") + 1
-        return (*DEFAULT_ORDER[:at], "rewrite_prelu", *DEFAULT_ORDER[at:])
+        order = tuple(p for p in DEFAULT_ORDER if p not in LEFT_OUT_PASSES)
+        at = order.index("sink_transposes") + 1
+        return (*order[:at], "rewrite_prelu", *order[at:])
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""
