@@ -13,7 +13,8 @@ reports what it removed, by op, for `trtopt inspect`.
 
 It runs only where its result is plain ONNX trtopt can read back: float32 compute (on a float16 graph the CPU
 provider would write the Casts it inserts for its own kernels into the saved model), no custom domains, no
-subgraphs. Elsewhere the pass leaves the graph alone and says why in its report.
+subgraphs, and no quantisation already in the graph (the basic level moves and merges Q/DQ pairs). Elsewhere
+the pass leaves the graph alone and records why (`skip_reason`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.base import Match, graph_pass
+from trtopt.passes.base import Match, Rewrite, graph_pass
 
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                           "ConvInteger"})
 MAX_BYTES = 1 << 30  # beyond this the graph is not serialised in memory for ONNX Runtime
 # Left to `fold_batchnorm`, which folds in float64 and reports each fold (ONNX Runtime's rule names). Its Pad
 # fusion has no name `disabled_optimizers` knows: a zero Pad before a Conv is folded here, before `fold_pad`.
@@ -74,6 +77,8 @@ def skip_reason(graph: gs.Graph) -> str | None:
         return "the graph has subgraphs (If / Loop / Scan)"
     if any((node.domain or "") not in ("", "ai.onnx") for node in graph.nodes):
         return "the graph has ops of a custom domain"
+    if any(node.op in QUANTIZED_OPS or node.op.startswith("QLinear") for node in graph.nodes):
+        return "the graph is quantised already (its Q/DQ placement is kept as given)"
     for tensor in graph.tensors().values():
         dtype = getattr(tensor, "dtype", None)
         if dtype is not None and dtype in (np.float16, np.float64):
@@ -181,7 +186,10 @@ def _changes(graph: gs.Graph, simplified: gs.Graph) -> list[OpSimplified]:
 
 
 @graph_pass("simplify", find_simplifications)
-def simplify(graph: gs.Graph) -> list[OpSimplified]:
+def simplify(graph: gs.Graph) -> list[OpSimplified] | tuple[list[OpSimplified], list[Rewrite]]:
+    reason = skip_reason(graph)
+    if reason is not None:
+        return [], [Rewrite("skipped", (), f"ONNX Runtime's basic level not run: {reason}")]
     result = simplified_graph(graph)
     changes = [] if result is None else _changes(graph, result)
     if result is None or not changes:
