@@ -53,7 +53,7 @@ def test_plan_is_int8_and_self_describing(workdir: Path, built) -> None:  # type
     assert all(t > 0 for t in quant.thresholds.values())
     assert quant.bias_corrected_layers and set(quant.bias_corrected_layers) <= set(quant.int8_layers)
     assert meta.optimizer is not None and meta.optimizer.fusion_groups > 0
-    assert meta.optimizer.passes[:2] == ("sink_squeeze", "fold_pad")
+    assert meta.optimizer.passes[:2] == ("simplify", "remove_noops")
     float_convs = [n for n in quant.float_layers if n.startswith("conv")]
     assert built.report.float_convs == len(float_convs)  # every quantised conv became QLinearConv
     assert built.report.int8_convs == len([n for n in quant.int8_layers if n.startswith("conv")])

@@ -245,3 +245,14 @@ def test_prelu_is_rewritten_for_the_cpu_backend_only() -> None:
     assert cpu is not None and "rewrite_prelu" in cpu and cpu.index("rewrite_prelu") > cpu.index("sink_transposes")
     assert "rewrite_prelu" not in DEFAULT_ORDER and BACKENDS.get("tensorrt").passes(None) is None
     assert BACKENDS.get("cpu").passes(["fold_pad"]) == ("fold_pad",)
+
+
+def test_a_graph_output_read_by_the_inverse_transpose_keeps_both_outputs() -> None:
+    """input ─ T(NHWC) ─ Relu ─┬─ mid (output)
+                              └─ T(NCHW) ─ back (output)"""
+    b = GraphBuilder("edge", seed=0)
+    mid = b.relu(b.node("Transpose", [b.input("input", [1, 4, 5, 6])], perm=TO_NHWC), out="mid")
+    model = b.build([mid, b.node("Transpose", [mid], perm=TO_NCHW, out="back")])
+    graph = optimize(graph_from_onnx(model), CLEANUP).graph
+    assert [t.name for t in graph.outputs] == ["mid", "back"] and count(graph, "Transpose") == 2
+    assert_same_outputs(model, graph)

@@ -105,6 +105,7 @@ def simplified_graph(graph: gs.Graph) -> gs.Graph | None:
     if simplified is None or not _acceptable(graph, simplified):
         return None
     result = gs.import_onnx(simplified)
+    _restore_names(graph, result)
     tensors = result.tensors()
     for name, constant in held.items():
         tensor = tensors.get(name)
@@ -112,6 +113,18 @@ def simplified_graph(graph: gs.Graph) -> gs.Graph | None:
             tensor.to_constant(constant.values)
     result.inputs = [t for t in result.inputs if t.name not in held]
     return result
+
+
+def _restore_names(graph: gs.Graph, result: gs.Graph) -> None:
+    """A node ONNX Runtime fused from one it removed keeps that node's name ("matmul_1", not
+    "matmul_1/MatMulAddFusion"), so layer names in reports and plan records stay the model's own."""
+    before = {str(n.name) for n in graph.nodes}
+    taken = {str(n.name) for n in result.nodes}
+    for node in result.nodes:
+        base = str(node.name).rsplit("/", 1)[0]
+        if "/" in str(node.name) and node.name not in before and base in before and base not in taken:
+            taken.add(base)
+            node.name = base
 
 
 @contextmanager

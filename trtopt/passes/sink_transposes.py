@@ -182,7 +182,9 @@ def _judge(growth: _Growth, outputs: set[str]) -> LayoutRegion | None:
         readers = [n for n in tensor.outputs if id(n) not in member_ids]
         if entry_output:
             continue  # an entry's other readers keep reading the entry, which stays for them
-        cancelling = [n for n in readers if n.op == "Transpose" and perm_of(n) == inv]
+        # An exit is bypassed; it cannot be where both its input and its output are graph outputs (`bypass`).
+        cancelling = [n for n in readers if n.op == "Transpose" and perm_of(n) == inv
+                      and not (tensor.name in outputs and n.outputs[0].name in outputs)]
         exits.extend(cancelling)
         if len(cancelling) < len(readers) or tensor.name in outputs:
             outside.append(tensor)
