@@ -156,6 +156,9 @@ SECTIONS = (
             ("zoo:open-nsfw", "zoo:table-cls", "zoo:ppocr-v4-det", "zoo:ddddocr-det", "arch:dynamo/squeezenet1_1",
              "arch:dynamo/resnet18", "arch:dynamo/googlenet", "arch:legacy/resnet50", "arch:dynamo/mobilenet_v2"),
             ("zoo:ppocr-cls", "--iterations", "3"), False),  # fmt: skip
+    # Issue #45: trtopt's CPU placement against ORT's quantizer on a Keras-style ResNet-50, one change at a time.
+    Section("cpu-placement", "tools/bench_cpu_placement.py", ("--inception",),
+            ("--count", "8", "--batches", "1", "--rounds", "2"), False),  # fmt: skip
     # The per-conv measurement behind the CPU backend's GEMM routing threshold.
     Section("conv-kernels", "tools/bench_conv_kernels.py", ("--iterations", "30"), ("--iterations", "2"), False),
     # Issue #20: what 2:4 magnitude pruning costs per layer and within a budget, FP32 and INT8, and the MAC share.

@@ -58,8 +58,9 @@ TRITON_ONNXRUNTIME = TritonModel(
 # Split between INT8 convs needs Q/DQ of its own. GoogLeNet (light:inception_v1, avx2, 1 thread, BENCHMARKS.md
 # *CPU plans: placement against ONNX Runtime's quantizer*): 24 more QuantizeLinear and 6 more DequantizeLinear
 # left after ONNX Runtime's optimiser, and no speed gained (b1 / b8 speed-ups over FP32, with / without the pass,
-# two runs: 1.01 / 0.97 against 0.96 / 1.08; u8u8 1.08 / 1.07 against 1.12 / 1.07, u8s8 1.24 / 1.24 against
-# 1.29 / 1.23); issue #45 measured a face detector's plan 15-20% faster without it at equal accuracy.
+# u8u8: 1.08 / 1.00 against 1.11 / 1.08 in BENCHMARKS' run; 1.01 / 0.97 against 0.96 / 1.08 and 1.08 / 1.07
+# against 1.12 / 1.07 in two others, u8s8 1.24 / 1.24 against 1.29 / 1.23); issue #45 measured a face detector's
+# plan 15-20% faster without it at equal accuracy.
 LEFT_OUT_PASSES = ("fuse_parallel_convs",)
 
 

@@ -3,7 +3,8 @@
 INT8 does not pay everywhere. ONNX Runtime's exact INT8 kernels on a CPU without VNNI or AMX (u8u8 on avx2)
 gain little over its float convs, and float ops between Q/DQ cost extra passes: PP-OCRv6's small text
 detector's plan ran at 1.19x FP32's time on an avx2 EPYC (docs/holdout.md). The build says so instead of
-leaving the user to assume a speed-up. One call of each per round (FP32 model, plan), alternating which goes
+leaving the user to assume a speed-up, and acts on it: a plan slower than FP32 gives way to a cheaper one
+(`trtopt.backend.cpu.choice`). One call of each per round (FP32 model, plan), alternating which goes
 first, on one intra-op thread (the figures BENCHMARKS.md gives), after `WARMUP` calls each; rounds until
 `BUDGET_S` has passed, at least `MIN_ROUNDS` and at most `MAX_ROUNDS`; medians. A rough figure on a machine
 that may be busy, and labelled as such; `tools/bench_latency.py` measures properly.
