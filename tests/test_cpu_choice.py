@@ -23,9 +23,11 @@ from trtopt.backend.cpu.options import CpuOptions
 from trtopt.backend.cpu.regions import float_regions, int8_regions
 from trtopt.backend.cpu.speed import Speed
 from trtopt.build import BuildConfig, build_plan
+from trtopt.cli.summaries import FLOAT_FALLBACK, build_summary, verification_text
 from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import optimize
+from trtopt.plan import write_plan
 from trtopt.quant import QuantConfig
 
 SPEED_CHOICE = True  # conftest leaves the choice on in this module
@@ -207,6 +209,11 @@ def test_a_build_writes_the_float_plan_where_int8_is_slower(workdir: Path, monke
     assert not any(n.op_type == "QuantizeLinear" for n in onnx.load_from_string(plan.sections["onnx"]).graph.node)
     assert result.verification is not None and result.verification.ok and result.report is None
     assert "the float plan is the faster" in result.speed.text() and result.speed.ratio == pytest.approx(1.6)
+    write_plan(plan, workdir / "fallback.engine")
+    summary = build_summary(result, workdir / "fallback.engine")
+    assert summary["verification"]["reference"] == FLOAT_FALLBACK and summary["int8_layers"] == 0
+    assert "the float plan, written as the faster" in verification_text(summary["verification"])
+    assert "the float plan is the faster" in summary["speed"]["outcome"]
 
 
 def test_a_build_keeps_float_the_region_that_does_not_pay(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
