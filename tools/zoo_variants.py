@@ -183,9 +183,10 @@ def trtopt_build(subject: Subject, data: Data, method: str | None) -> dict[str, 
             "excluded": (quant.sensitivity or {}) if quant is not None else {}}  # fmt: skip
 
 
-def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
+def ort_build(subject: Subject, data: Data, workdir: str, reduce_range: bool = False) -> dict[str, Any]:
     """quant_pre_process, then quantize_static (QDQ, per-channel QInt8 weights, QUInt8 activations, MinMax,
-    ORT's default calibrator) on the calibration samples trtopt reads. Models with dynamic H/W get the static
+    ORT's default calibrator; `reduce_range`: 7-bit weights, ORT's remedy for CPUs whose u8s8 kernels saturate)
+    on the calibration samples trtopt reads. Models with dynamic H/W get the static
     shape trtopt builds with first; if ORT's symbolic shape inference still fails, the pre-process runs
     without it, and if that fails too the model is quantised as it is (the table says which)."""
     from bench_setup import DatasetReader, even_batch, pre_process
@@ -210,7 +211,8 @@ def ort_build(subject: Subject, data: Data, workdir: str) -> dict[str, Any]:
         try:
             quantize_static(str(source), str(out), DatasetReader(dataset, fixed or even_batch(len(dataset))),
                             quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
-                            weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)  # fmt: skip
+                            weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                            reduce_range=reduce_range)  # fmt: skip
         except Exception as exc:  # report the failure in the table rather than stop the benchmark
             return {"error": f"quantize_static failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         model = out.read_bytes()
