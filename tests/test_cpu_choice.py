@@ -74,7 +74,8 @@ def test_regions_split_the_int8_layers_and_float_regions_runs_them_in_float(tiny
     regions = int8_regions(model)
     layers = [name for r in regions for name in r.layers]
     assert [len(r.layers) for r in regions] == [1, 2] and len(layers) == len(set(layers))  # disjoint
-    assert [r.weights for r in regions] == sorted(r.weights for r in regions)  # smallest first
+    assert [r.int8_kernels for r in regions] == [False, True]  # the lone conv has no INT8 reader: no kernel, first
+    assert [r.weights for r in regions] == sorted(r.weights for r in regions)  # then smallest first
     feeds = feeds_for(optimize(graph_from_onnx(islands())).graph)
     everything = float_regions(model, regions)
     assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in everything.graph.node)

@@ -4,11 +4,13 @@ The build times its verified INT8 plan against the FP32 model (`trtopt.backend.c
 the slower (its time ratio at least `NOISE`, a rough figure's noise), INT8 does not pay somewhere, and the
 backend tries cheaper plans, each built and verified as the first was and timed the same way:
 
-1. the INT8 regions (`trtopt.backend.cpu.regions`) in float, one more at a time, smallest first (a few small
-   convs between float layers pay least for their Q/DQ), at most `MAX_TRIALS` of them and never all (the float
-   plan computes that faster and without the weights' rounding); a region stays float
-   only where the plan then runs faster by `PAYS` (ratios, each against FP32 timed in the same rounds, so a
-   busy machine moves both sides);
+1. the INT8 regions (`trtopt.backend.cpu.regions`) in float, one more at a time: first those that run no
+   integer kernel (an INT8 conv read only by float layers runs in float behind its Q/DQ: `islands` of
+   tests/test_cpu_choice.py at 64x64, built on avx2, took 2.09x FP32's time, and 0.86x with that conv float),
+   then smallest first (a few small convs between float layers pay least for their Q/DQ), at most `MAX_TRIALS`
+   of them and never all (the float plan computes that faster and without the weights' rounding); a region
+   stays float only where the plan then runs faster by `PAYS` (ratios, each against FP32 timed in the same
+   rounds, so a busy machine moves both sides);
 2. where the best INT8 plan is still the slower, timed once more to confirm, the float plan (the FP32 model
    as its own plan): INT8 cannot pay on this CPU for this model, and the summary says so and why.
 

@@ -29,16 +29,21 @@ LAYERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 @dataclass(frozen=True)
 class Region:
-    """One INT8 region: the indices of its ops in the graph, the layers among them (names), and how many weight
-    values they hold (the ranking's proxy for the integer work they do)."""
+    """One INT8 region: the indices of its ops in the graph, the layers among them (names), how many weight
+    values they hold (the ranking's proxy for the integer work they do), and whether any of its ops writes a
+    QuantizeLinear. One that writes none runs no integer kernel at all: ONNX Runtime fuses DQ -> Conv -> Q only,
+    so its layers run in float on dequantised weights behind their input's Q/DQ, rounding without a speed-up
+    (an INT8 conv whose only readers are float layers; `trtopt.backend.cpu.builder.KernelReport.dequantized`)."""
 
     nodes: frozenset[int]
     layers: tuple[str, ...]
     weights: int
+    int8_kernels: bool = True
 
 
 def int8_regions(model: onnx.ModelProto) -> list[Region]:
-    """The INT8 regions of `model` (TensorRT-form or lowered Q/DQ), smallest first (fewest weight values)."""
+    """The INT8 regions of `model` (TensorRT-form or lowered Q/DQ), those that run no integer kernel first (pure
+    overhead), then smallest first (fewest weight values)."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producers = {out: i for i, node in enumerate(graph.node) for out in node.output}
@@ -59,8 +64,9 @@ def int8_regions(model: onnx.ModelProto) -> list[Region]:
     groups: dict[int, set[int]] = {}
     for i in quantized:
         groups.setdefault(root(i), set()).add(i)
-    regions = [_region(graph, members, producers, inits) for members in groups.values()]
-    return sorted(regions, key=lambda r: (r.weights, min(r.nodes)))
+    writers = {_writer(graph, q.output[0], producers) for q in graph.node if q.op_type == "QuantizeLinear"}
+    regions = [_region(graph, members, producers, inits, writers) for members in groups.values()]
+    return sorted(regions, key=lambda r: (r.int8_kernels, r.weights, min(r.nodes)))
 
 
 def float_regions(model: onnx.ModelProto, regions: Iterable[Region]) -> onnx.ModelProto:
@@ -114,8 +120,9 @@ def _writer(graph: onnx.GraphProto, quantized: str, producers: dict[str, int]) -
 
 
 def _region(
-    graph: onnx.GraphProto, members: set[int], producers: dict[str, int], inits: dict[str, onnx.TensorProto]
-) -> Region:
+    graph: onnx.GraphProto, members: set[int], producers: dict[str, int], inits: dict[str, onnx.TensorProto],
+    writers: set[int | None],
+) -> Region:  # fmt: skip
     layers, weights = [], 0
     for i in sorted(members):
         node = graph.node[i]
@@ -126,7 +133,7 @@ def _region(
             dq = producers.get(name)
             if dq is not None and graph.node[dq].input[0] in inits:
                 weights += int(np.prod(inits[graph.node[dq].input[0]].dims))
-    return Region(frozenset(members), tuple(layers), weights)
+    return Region(frozenset(members), tuple(layers), weights, bool(members & writers))
 
 
 def _dequantized(graph: onnx.GraphProto, dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> str:
