@@ -6,7 +6,8 @@ backend tries cheaper plans, each built and verified as the first was and timed 
 
 1. the INT8 regions (`trtopt.backend.cpu.regions`) in float, one more at a time: first those that run no
    integer kernel (an INT8 conv read only by float layers runs in float behind its Q/DQ: `islands` of
-   tests/test_cpu_choice.py at 64x64, built on avx2, took 2.09x FP32's time, and 0.86x with that conv float),
+   tests/test_cpu_choice.py at 64x64, built on avx2, took 1.70x FP32's time, and 1.14x with that conv float; in
+   a run on a loaded machine 2.09x and 0.86x),
    then smallest first (a few small convs between float layers pay least for their Q/DQ), at most `MAX_TRIALS`
    of them and never all (the float plan computes that faster and without the weights' rounding); a region
    stays float only where the plan then runs faster by `PAYS` (ratios, each against FP32 timed in the same
