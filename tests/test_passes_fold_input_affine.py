@@ -46,3 +46,15 @@ def test_a_chain_read_elsewhere_is_folded_only_past_that_reader() -> None:
     graph, report = run_pass(model, "fold_input_affine")
     assert ops(graph).count("Mul") == 0 and {"Sub", "Div"} <= set(ops(graph))  # the Div output is read twice
     assert_same_outputs(model, graph)
+
+
+def test_the_last_mul_of_a_written_out_gelu_stays() -> None:
+    """x ─ Div(√2) ─ Erf ─ Add(1) ─ Mul(x) ─ Mul(0.5) ─ Conv: the 0.5 belongs to the GELU, which the CPU lowering
+    fuses into one kernel only while its last Mul is there."""
+    b = GraphBuilder("gelu", seed=0)
+    x = b.input("input", [1, 4, 8, 8])
+    b.node("Div", [x, b.const("r2", np.array(2**0.5, np.float32))])
+    gelu = b.gelu(x)
+    model = b.build([b.conv(gelu, 4, 4, 1, pads=[0, 0, 0, 0], out="output")])
+    graph, report = run_pass(model, "fold_input_affine")
+    assert not report.changed and ops(graph).count("Mul") == 2

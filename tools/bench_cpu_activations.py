@@ -36,7 +36,8 @@ FUSED_OPS = ("Gelu", "QuickGelu")
 
 
 def build(model: str, flags: list[str], out: Path, fused: bool) -> None:
-    """`trtopt build --int8 --no-auto-exclude` of `model`, with or without the activation rewrite."""
+    """`trtopt build --int8 --no-auto-exclude --cpu-fallback off` of `model` (an INT8 plan even where INT8 does
+    not pay here: the benchmark times INT8), with or without the activation rewrite."""
     import trtopt.backend.cpu.lowering as lowering
     from trtopt.backend.cpu.activations import fuse_activations
     from trtopt.cli.main import main
@@ -45,7 +46,8 @@ def build(model: str, flags: list[str], out: Path, fused: bool) -> None:
     log = io.StringIO()
     try:
         with redirect_stderr(log), redirect_stdout(log):
-            code = main(["build", model, "--int8", "--backend", "cpu", "--no-auto-exclude", "-o", str(out), *flags])
+            code = main(["build", model, "--int8", "--backend", "cpu", "--no-auto-exclude", "--cpu-fallback", "off",
+                         "-o", str(out), *flags])
     finally:
         lowering.fuse_activations = fuse_activations  # type: ignore[assignment]
     if code != 0:

@@ -73,7 +73,8 @@ def measure(model: str, flags: list[str], iterations: int, tmp: Path) -> list[st
 
     path, log = tmp / "plan.engine", io.StringIO()
     with redirect_stderr(log), redirect_stdout(log):
-        code = main(["build", model, "--int8", "--backend", "cpu", "--no-auto-exclude", "-o", str(path), *flags])
+        code = main(["build", model, "--int8", "--backend", "cpu", "--no-auto-exclude", "--cpu-fallback", "off",
+                         "-o", str(path), *flags])
     if code != 0:
         raise SystemExit(f"trtopt build failed ({code}):\n{log.getvalue()[-2000:]}")
     plan = read_plan(path)

@@ -70,7 +70,7 @@ def _chain_before(conv: gs.Node, outputs: set[str], channels: int) -> tuple[list
         if sole_consumer(tensor, outputs) is None or len(node.inputs) != 2:
             break
         step = _step(node, channels, rank)
-        if step is None:
+        if step is None or _ends_a_gate(step[1]):
             break
         (a, b), data = step
         scale, shift = scale * a, scale * b + shift  # (scale, shift) after (a, b): s(a x + b) + t
@@ -95,6 +95,14 @@ def _step(node: gs.Node, channels: int, rank: int) -> tuple[tuple[np.ndarray, np
             return None  # a constant divided by x is not affine
         return (1.0 / value, zero), node.inputs[0]
     return steps[node.op], node.inputs[mine]
+
+
+def _ends_a_gate(data: gs.Tensor) -> bool:
+    """Whether `data` is a product of two computed tensors (x * gate): the affine op after it belongs to an
+    activation written out (GELU's `x * (1 + erf(x / sqrt 2)) * 0.5`), which the CPU lowering runs as one fused
+    kernel only while its last Mul is there."""
+    gate = producer(data)
+    return gate is not None and gate.op == "Mul" and all(constant_array(t) is None for t in gate.inputs)
 
 
 def _pads(conv: gs.Node) -> bool:
