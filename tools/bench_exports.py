@@ -201,6 +201,8 @@ def int8_goal(r: dict[str, Any]) -> str:
                 misses.append(f"slower than ORT at b{batch}")
     if scores.get(theirs) is not None and scores[ours].worst_cosine < scores[theirs].worst_cosine:
         misses.append("less faithful than ORT")
+    if not kernel_counts(r["variants"][ours].kernels).int8_convs:
+        misses.append("no INT8 conv: trtopt wrote the float plan (INT8 did not pay here)")
     return "yes" if not misses else "no: " + ", ".join(misses)
 
 

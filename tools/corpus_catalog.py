@@ -144,6 +144,9 @@ CATALOG: tuple[CorpusModel, ...] = (
         **_TORCHVISION,
         exercises="the dynamo exporter (torch.export + onnxscript): HardSwish/HardSigmoid, SE blocks, opset 18"),
     CorpusModel(
+        name="torch-mobilenetv2-onnx2torch", recipe="onnx2torch", recipe_args=("mobilenet_v2", "13"), **_TORCHVISION,
+        exercises="an onnx2torch round trip: every ONNX node became a torch module and was exported again"),
+    CorpusModel(
         name="paddle-mobilenetv3", task="classify", source="paddle.vision 3.3.1 architecture, random weights",
         licence="Apache-2.0", env="paddle", recipe="paddle", recipe_args=("mobilenet_v3_small",),
         layout="NCHW", input_shape=(1, 3, 224, 224), preprocess=_IMAGENET,

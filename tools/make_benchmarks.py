@@ -126,6 +126,15 @@ SECTIONS = (
         ("--float16", "--quick"),
         False,
     ),
+    # Issue #45: the export corpus (tools/corpus.py; fetch it first): what trtopt optimize, ORT's basic level and
+    # onnxslim leave of real exports, and trtopt INT8 against ORT quantize_static (also reduce_range) at b1 and b8.
+    Section(
+        "exports",
+        "tools/bench_exports.py",
+        ("--count", "32", "--eval-count", "32", "--iterations", "10"),
+        ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        False,
+    ),
     # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
     # light classifiers, with task metrics, and what auto's scoring costs.
     Section(
