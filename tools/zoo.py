@@ -20,7 +20,6 @@ As a module (`sys.path.insert(0, "tools"); import zoo`): `catalog()`, `cached_pa
 
 from __future__ import annotations
 
-import argparse
 import email.parser
 import hashlib
 import json
@@ -39,6 +38,7 @@ from google.protobuf.message import DecodeError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from model_cache_cli import aligned, run_command_line  # noqa: E402
 from zoo_catalog import CALIB_KINDS, CATALOG, TASKS, ZooModel  # noqa: E402
 
 from trtopt.errors import TrtoptError  # noqa: E402
@@ -283,36 +283,12 @@ def list_table() -> str:
         shape = "x".join(map(str, m.input_shape)) if m.input_shape else "model's"
         size = f"{path.stat().st_size / 1e6:.1f} MB" if path else "no"
         rows.append((m.name, m.task, f"{m.package}=={m.version}", m.licence, str(m.opset), shape, m.calib, size))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines) + f"\n\ncache: {cache_dir()} ($TRTOPT_ZOO_DIR)"
+    return aligned(rows) + f"\n\ncache: {cache_dir()} ($TRTOPT_ZOO_DIR)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="the catalog and what is cached")
-    f = sub.add_parser("fetch", help="download and cache models (all when no name is given)")
-    f.add_argument("names", nargs="*", metavar="NAME")
-    p = sub.add_parser("path", help="print the cached model's path (exit 1 when not cached)")
-    p.add_argument("name")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "list":
-            print(list_table())
-        elif args.command == "fetch":
-            fetch(args.names or None)
-        else:
-            path = cached_path(args.name)
-            if path is None:
-                print(f"{args.name} is not cached: run python tools/zoo.py fetch {args.name}", file=sys.stderr)
-                return 1
-            print(path)
-    except ZooError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
+    return run_command_line(argv, description=__doc__.split("\n\n")[0], tool="tools/zoo.py", list_table=list_table,
+                            fetch=fetch, cached_path=cached_path)
 
 
 if __name__ == "__main__":
