@@ -186,12 +186,12 @@ def find_simplifications(graph: gs.Graph) -> list[OpSimplified]:
 
 
 def _changes(graph: gs.Graph, simplified: gs.Graph) -> list[OpSimplified]:
-    kept = {str(node.name) for node in simplified.nodes}
+    kept = {(str(node.name), node.op) for node in simplified.nodes}  # a fused node may keep a removed one's name
     before = Counter(node.op for node in graph.nodes)
     after = Counter(node.op for node in simplified.nodes)
     found = []
     for op in sorted(set(before) | set(after)):
-        removed = tuple(n for n in graph.nodes if n.op == op and n.name not in kept)
+        removed = tuple(n for n in graph.nodes if n.op == op and (str(n.name), op) not in kept)
         added = max(0, after[op] - (before[op] - len(removed)))
         if removed or added:
             found.append(OpSimplified(Simplification(op, removed, added)))
