@@ -51,6 +51,18 @@ def test_noops_go_and_an_exact_cast_round_trip_with_them() -> None:
     assert_same_outputs(model, graph)
 
 
+def test_reshapes_to_the_shape_they_have_go() -> None:
+    """input ─ Conv ─ Reshape([-1, 4, 6, 6]) ─ Flatten ─ Reshape([0, 144]) ─ output: the first and the last keep
+    their input's shape (the last, given Flatten's [2, 144])"""
+    b = GraphBuilder("reshapes", seed=0)
+    y = b.node("Reshape", [b.conv(b.input("input", [2, 4, 6, 6]), 4, 4, 3), b.const("s", np.array([-1, 4, 6, 6]))])
+    y = b.node("Reshape", [b.node("Flatten", [y], axis=1), b.const("t", np.array([0, 144]))], out="output")
+    model = b.build([y])
+    graph, report = run_pass(model, "remove_noops")
+    assert ops(graph) == ["Conv", "Flatten"] and report.counts() == {"reshape": 2}
+    assert_same_outputs(model, graph)
+
+
 def test_a_lossy_cast_round_trip_stays() -> None:
     model = noop_chain(TensorProto.FLOAT16, TensorProto.FLOAT)  # float16 rounds: the chain must stay
     graph, _ = run_pass(model, "remove_noops")

@@ -54,3 +54,24 @@ def test_a_chain_stops_at_a_result_read_elsewhere() -> None:
     graph, _ = run_pass(model, "collapse_reshapes")
     assert ops(graph).count("Reshape") == 2 and "Flatten" not in ops(graph)  # Squeeze+Unsqueeze, Flatten+Reshape
     assert_same_outputs(model, graph)
+
+
+def test_a_computed_flatten_shape_becomes_a_constant() -> None:
+    """input(N) ─ GlobalAveragePool ─┬──────────────────────────────────── Reshape ─ Gemm ─ output
+                                    └─ Shape ─ Slice(0:1) ─ Concat(·, [-1]) ─┘      (Paddle's flatten, dynamic N)"""
+    b = GraphBuilder("paddle_flatten", seed=0)
+    pooled = b.node("GlobalAveragePool", [b.input("input", [2, 16, 4, 4])])
+    batch = b.node("Slice", [b.node("Shape", [pooled]), b.const("s", np.array([0], np.int64)),
+                             b.const("e", np.array([1], np.int64))])
+    shape = b.concat([batch, b.const("rest", np.array([-1], np.int64))], axis=0)
+    model = b.build([b.gemm(b.node("Reshape", [pooled, shape], out="flat"), 16, 5, out="output")])
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 16, 4, 4]))
+    # the flattened shape as an exporter records it (ONNX's own inference cannot follow the Shape arithmetic)
+    model.graph.value_info.append(helper.make_tensor_value_info("flat", TensorProto.FLOAT, ["N", 16]))
+    del model.graph.output[:]
+    model.graph.output.extend([helper.make_tensor_value_info("output", TensorProto.FLOAT, None)])
+    graph, report = run_pass(model, "collapse_reshapes")
+    assert ops(graph) == ["GlobalAveragePool", "Reshape", "Gemm"] and report.counts() == {"collapse_reshapes": 1}
+    feeds = {"input": np.random.default_rng(0).standard_normal((3, 16, 4, 4)).astype(np.float32)}
+    before, after = run_model(model, feeds, opt_level="disable"), run_model(graph, feeds, opt_level="disable")
+    assert np.allclose(before["output"], after["output"], rtol=0, atol=1e-6)

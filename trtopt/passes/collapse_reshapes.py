@@ -5,6 +5,8 @@ round trips: Flatten, Unsqueeze, Reshape), and each is a node the fusions and th
 through. A chain whose intermediate results nothing else reads is one Reshape to the last node's shape, which
 the matcher reads from the inferred shapes: all static, or static but for the leading (batch) dimension, written
 as -1 (Reshape infers it from the element count, which every shape op keeps, so it is the chain's own result).
+A single Reshape whose shape the graph computes (Paddle's flatten: Shape, Slice, Concat) gets the same constant
+shape, and its shape subgraph goes.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.passes.base import Match, graph_pass
 from trtopt.passes.edit import Namer
-from trtopt.passes.query import graph_output_names, producer, sole_consumer
+from trtopt.passes.query import constant_array, graph_output_names, producer, sole_consumer
 
 SHAPE_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
@@ -47,10 +49,16 @@ def find_reshape_chains(graph: gs.Graph) -> list[ReshapeChain]:
             sole_consumer(before.outputs[0], outputs) is chain[0]
         ):
             chain.insert(0, before)
-        shape = _target(chain) if len(chain) > 1 else None
+        shape = _target(chain) if len(chain) > 1 or _computed_shape(last) else None
         if shape is not None:
             found.append(ReshapeChain(tuple(chain), shape))
     return found
+
+
+def _computed_shape(node: gs.Node) -> bool:
+    """A Reshape whose shape the graph computes (Paddle's flatten: Shape -> Slice -> Concat -> Reshape): with the
+    output's shape inferred, a constant does the same, and the shape subgraph goes."""
+    return node.op == "Reshape" and len(node.inputs) > 1 and constant_array(node.inputs[1]) is None
 
 
 def _continues(node: gs.Node, outputs: set[str]) -> bool:

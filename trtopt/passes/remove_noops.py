@@ -5,7 +5,8 @@ PyTorch: 309 `Cast(float -> float)` among 845 nodes, issue #45). Each costs a co
 INT8 graph each sits between a DequantizeLinear and the layer that should read it, so fusions stop there.
 Removed when exact:
 - Identity, and Dropout in inference (no `training_mode` input that could be true, its mask unused);
-- a Cast to the type its input already has;
+- a Cast to the type its input already has, and a Reshape / Flatten / Squeeze / Unsqueeze to the (static) shape
+  its input already has;
 - a Cast chain A -> B -> C whose first step loses nothing (B holds every A value: float -> double, int8 ->
   int32, float16 -> float): it is one Cast A -> C, and none at all when C is A.
 Lossy round trips (float -> float16 -> float rounds; float -> int -> float truncates) stay.
@@ -38,7 +39,7 @@ EXACT_WIDENING: dict[int, frozenset[int]] = {
 
 @dataclass(frozen=True, eq=False)
 class NoOp(Match):
-    """A node whose output equals `source` (kind: identity, dropout, cast), or a Cast whose input Cast
+    """A node whose output equals `source` (kind: identity, dropout, cast, reshape), or a Cast whose input Cast
     (`first`) widens exactly, so the two are one Cast (kind: cast_chain)."""
 
     node: gs.Node
@@ -75,7 +76,31 @@ def _noop(node: gs.Node) -> NoOp | None:
         return NoOp(node, source, "dropout")
     if node.op == "Cast" and _dtype(source) is not None and _dtype(source) == node.attrs.get("to"):
         return NoOp(node, source, "cast")
+    if node.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and _static(source) and (
+        _static(node.outputs[0]) and list(source.shape) == list(node.outputs[0].shape)
+    ):
+        return NoOp(node, source, "reshape")
+    if node.op == "Reshape" and _keeps_shape(node):
+        return NoOp(node, source, "reshape")  # Keras' squeeze-excite: [N, C, 1, 1] -> [-1, C, 1, 1]
     return None
+
+
+def _keeps_shape(reshape: gs.Node) -> bool:
+    """A Reshape to a constant shape that names its input's own: the same dimensions after the first (0 copies
+    one), and the first -1, 0 or the input's own."""
+    target = constant_array(reshape.inputs[1]) if len(reshape.inputs) > 1 else None
+    shape = getattr(reshape.inputs[0], "shape", None)
+    if target is None or shape is None or target.ndim != 1 or len(target) != len(shape) or not len(shape):
+        return False
+    if int(reshape.attrs.get("allowzero", 0)):
+        return False
+    rest = all(isinstance(d, int) and int(t) in (d, 0) for d, t in zip(shape[1:], target[1:], strict=True))
+    return rest and (int(target[0]) in (-1, 0) or int(target[0]) == shape[0])
+
+
+def _static(tensor: gs.Tensor) -> bool:
+    shape = getattr(tensor, "shape", None)
+    return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
 
 
 def _cast_chain(node: gs.Node) -> NoOp | None:
