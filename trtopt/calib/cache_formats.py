@@ -95,7 +95,7 @@ def _read_trtopt(text: str, where: str) -> Calibration:
         method=str(doc.get("method", "unknown")),
         num_samples=data.get("count"),
         channel_means=_read_channel_means(doc.get("channel_means"), where),
-        fingerprint=doc.get("model_fingerprint"),
+        fingerprint=_fingerprint(doc.get("model_fingerprint"), where),
         data_description=data.get("description"),
         source=f"{where} (trtopt)",
         choices=_read_choices(doc.get("methods"), where),
@@ -327,9 +327,22 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
             f"{where!r} is not valid JSON ({exc.msg} at line {exc.lineno}); the file may be truncated.",
             fix="Recalibrate, or restore the file from where it came.",
         ) from None
+    except (ValueError, RecursionError) as exc:  # a number of over 4300 digits, nesting beyond the stack
+        reason = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+        raise CalibrationError(f"{where!r} is not a calibration cache trtopt reads ({reason}).",
+                               fix="Recalibrate, or restore the file from where it came.") from None
     if not isinstance(doc, dict):
         raise CalibrationError(f"{where!r} holds JSON of type {type(doc).__name__}, not an object.")
     return doc
+
+
+def _fingerprint(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    raise CalibrationError(
+        f"{where!r} has a model_fingerprint of type {type(value).__name__}; trtopt writes a string (a sha256).",
+        fix="Recalibrate to rewrite the cache, or delete the model_fingerprint field to use it for any model.",
+    )
 
 
 def _number(value: Any, where: str, name: str) -> float:

@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.iterations < 1 or args.warmup < 0:
         raise TrtoptError("--iterations must be at least 1 and --warmup at least 0.")
+    if not 0 <= args.min_seconds < float("inf"):
+        raise TrtoptError(f"--min-seconds must be a finite number of seconds, 0 or more; got {args.min_seconds}.",
+                          fix="Leave it out (0: just --iterations calls), or give e.g. --min-seconds 5.")
     with trtopt.Engine.load(args.plan, threads=args.threads) as engine:
         return _bench(args, engine)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -306,6 +307,12 @@ def _collect_files(source: Source) -> tuple[list[Path], list[Path]]:
         if path.is_dir():
             files.extend(_walk(path))
         elif path.exists() or path.is_symlink():
+            if path.exists() and not _regular(path):
+                raise DataError(
+                    f"Data path {str(path)!r} is not a regular file (a FIFO, socket or device): reading it could "
+                    "wait forever.",
+                    fix=f"Pass {_EXPECTED} saved as files.",
+                )
             if not _known(path):
                 raise DataError(
                     f"Data file {str(path)!r} has extension {path.suffix or '(none)'!r}, which trtopt "
@@ -322,16 +329,29 @@ def _collect_files(source: Source) -> tuple[list[Path], list[Path]]:
 
 
 def _walk(root: Path) -> list[Path]:
+    """The files under `root` (hidden ones aside). A FIFO, socket or device among them is skipped with a warning:
+    opening a FIFO nobody writes to waits forever (issue #46: `calibrate` and `run` hung on one)."""
     found: list[Path] = []
     for folder, subfolders, names in os.walk(root):
         subfolders[:] = [d for d in subfolders if not d.startswith(".")]
-        found.extend(Path(folder) / name for name in names if not name.startswith("."))
+        for path in (Path(folder) / name for name in names if not name.startswith(".")):
+            if path.exists() and not _regular(path):
+                log.warning("skipped %s: not a regular file (a FIFO, socket or device)", path)
+            else:
+                found.append(path)
     if not found:
         raise DataError(
             f"Data folder {str(root)!r} is empty (hidden files are ignored).",
             fix=f"Put {_EXPECTED} in it, or pass another folder.",
         )
     return sorted(found, key=lambda p: p.relative_to(root).parts)
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return True  # unreadable files are reported where they are read, with their own message
 
 
 def _known(path: Path) -> bool:

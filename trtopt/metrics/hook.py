@@ -35,10 +35,31 @@ def load_decoder(spec: str) -> tuple[Decoder, str]:
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)
-    except Exception as exc:  # the user's module: report its error in one paragraph
+    except (Exception, SystemExit) as exc:  # the user's module: report its error (or its exit) in one paragraph
         sys.modules.pop(module_name, None)
-        raise TrtoptError(f"--decoder: importing {str(path)!r} failed: {type(exc).__name__}: {exc}", fix=_FIX) from None
+        raise TrtoptError(f"--decoder: importing {str(path)!r} failed: {_described(exc)}", fix=_FIX) from None
     decoder = getattr(module, function, None)
     if not callable(decoder):
         raise TrtoptError(f"--decoder: {str(path)!r} has no function {function!r}.", fix=_FIX)
-    return decoder, f"{path.name}:{function}"
+    name = f"{path.name}:{function}"
+    return _guarded(decoder, name), name
+
+
+def _guarded(decoder: Decoder, name: str) -> Decoder:
+    """`decoder`, with a `sys.exit` inside it turned into an error: a decoder that exits must not end `compare`
+    with status 0 and no report (issue #46)."""
+
+    def call(outputs):  # type: ignore[no-untyped-def]
+        try:
+            return decoder(outputs)
+        except SystemExit as exc:
+            raise TrtoptError(f"--decoder {name} called {_described(exc)} instead of returning its boxes; "
+                              "compare wrote no report.", fix=_FIX) from None
+
+    return call
+
+
+def _described(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"

@@ -50,6 +50,11 @@ LABELS_FILE = "labels.txt"
 _MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
+INT32_MAX = 2**31 - 1
+UINT64_MAX = 2**64 - 1
+MAX_THREADS = 1024
+
+
 @dataclass(frozen=True)
 class TritonOptions:
     """How to export. None means: decided from the plan (see `model_config`)."""
@@ -63,6 +68,18 @@ class TritonOptions:
     preferred_batch: tuple[int, ...] = ()
     threads: int | None = None  # intra-op threads per CPU instance (default: the CPUs shared by the instances)
     python_env: str | None = None  # Python backend: EXECUTION_ENV_PATH, an environment with trtopt installed
+
+    def __post_init__(self) -> None:
+        """Numbers Triton cannot load are refused here, not in Triton: its config fields are 32-bit
+        (max_batch_size, count, preferred_batch_size; model_config.proto) and the queue delay is unsigned 64-bit."""
+        from trtopt.config_checks import check_int
+
+        check_int(self.max_batch, "--max-batch", 0, INT32_MAX, example="8")
+        check_int(self.instances, "--instances", 1, INT32_MAX, optional=False, example="2")
+        check_int(self.queue_delay_us, "--queue-delay-us", 0, UINT64_MAX, example="100")
+        check_int(self.threads, "--threads", 1, MAX_THREADS, example="4")
+        for size in self.preferred_batch:
+            check_int(size, "--preferred-batch", 1, INT32_MAX, optional=False, example="4")
 
 
 def export_error(what: str, fix: str) -> TrtoptError:

@@ -1,0 +1,124 @@
+"""Issue #46 (hostile input, round 3), the findings fixed so far: files a run reads reached through indirect paths
+(a model's external data, the images of a data folder) are never written; FIFOs in data folders neither hang a run
+nor are read; numbers out of a consumer's range and a decoder that exits are clean errors, not tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+from model_files import tiny_model_with_images
+
+from trtopt.cli.main import main
+from trtopt.zoo import build_model
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.err + captured.out
+
+
+def _contents(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """tiny.onnx with its weights in weights.bin, and 6 images in images/."""
+    tiny_model_with_images(tmp_path, 6)
+    onnx.save_model(build_model("tiny_cnn", seed=1), tmp_path / "tiny.onnx", save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)  # fmt: skip
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["optimize", "{d}/tiny.onnx", "-o", "{d}/weights.bin"],
+        ["build", "{d}/tiny.onnx", "-o", "{d}/weights.bin"],
+        ["calibrate", "{d}/tiny.onnx", "--calib", "{d}/images", "-o", "{d}/images/img03.png"],
+        ["build", "{d}/tiny.onnx", "--int8", "--calib", "{d}/images", "--save-cache", "{d}/images/img00.png",
+         "-o", "{d}/p.engine"],
+        ["build", "{d}/tiny.onnx", "--int8", "--calib", "{d}/images", "--verify-data", "{d}/images",
+         "-o", "{d}/images/sub/../img01.png"],
+    ],
+    ids=["optimize-onto-external-data", "build-onto-external-data", "calibrate-onto-an-image",
+         "save-cache-onto-an-image", "output-onto-a-verification-image"],  # fmt: skip
+)
+def test_a_file_the_run_reads_is_never_written(work: Path, capsys, argv) -> None:  # type: ignore[no-untyped-def]
+    (work / "images" / "sub").mkdir()
+    before = _contents(work)
+    code, text = _cli(capsys, *[a.format(d=work) for a in argv])
+    assert code == 2 and "Traceback" not in text, text
+    assert "same file" in text or "a file the run reads" in text
+    assert _contents(work) == before
+
+
+def test_a_link_in_the_data_folder_to_the_output_is_refused(work: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    outside = work / "elsewhere.png"
+    outside.write_bytes((work / "images" / "img00.png").read_bytes())
+    os.symlink(outside, work / "images" / "linked.png")
+    code, text = _cli(capsys, "calibrate", work / "tiny.onnx", "--calib", work / "images", "-o", outside)
+    assert code == 2 and "a file the run reads" in text
+    assert outside.read_bytes() == (work / "images" / "img00.png").read_bytes()
+
+
+def test_a_fifo_in_a_data_folder_is_skipped_and_a_fifo_named_is_refused(work: Path, capsys, caplog) -> None:  # type: ignore[no-untyped-def]
+    os.mkfifo(work / "images" / "pipe.png")  # opening it would wait for a writer forever
+    code, text = _cli(capsys, "calibrate", work / "tiny.onnx", "--calib", work / "images", "-o", work / "c.json")
+    assert code == 0 and (work / "c.json").is_file(), text
+    assert "pipe.png: not a regular file" in caplog.text
+    code, text = _cli(capsys, "calibrate", work / "tiny.onnx", "--calib", work / "images" / "pipe.png",
+                      "-o", work / "d.json")  # fmt: skip
+    assert code == 2 and "not a regular file" in text and not (work / "d.json").exists()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("model_fingerprint", "12345", "model_fingerprint of type int"),
+    ("version", "9" * 5001, "is not a calibration cache trtopt reads"),  # beyond Python's 4300-digit limit
+])
+def test_a_cache_with_numbers_where_they_do_not_belong_is_refused(
+    work: Path, capsys, field: str, value: str, message: str
+) -> None:  # type: ignore[no-untyped-def]
+    code, _ = _cli(capsys, "calibrate", work / "tiny.onnx", "--calib", work / "images", "-o", work / "c.json")
+    assert code == 0
+    doc = json.loads((work / "c.json").read_text())
+    doc[field] = "NUMBER"
+    (work / "bad.json").write_text(json.dumps(doc).replace('"NUMBER"', value))
+    code, text = _cli(capsys, "build", work / "tiny.onnx", "--int8", "--calib-cache", work / "bad.json",
+                      "-o", work / "p.engine")  # fmt: skip
+    assert code == 2 and message in text and "Traceback" not in text and not (work / "p.engine").exists()
+
+
+@pytest.fixture
+def plan(work: Path, capsys) -> Path:  # type: ignore[no-untyped-def]
+    code, text = _cli(capsys, "build", work / "tiny.onnx", "-o", work / "p.engine")
+    assert code == 0, text
+    return work / "p.engine"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "{p}", "--min-seconds", "-5"], "--min-seconds must be a finite number"),
+    (["bench", "{p}", "--min-seconds", "nan"], "--min-seconds must be a finite number"),
+    (["export", "{p}", "--triton", "{d}/repo", "--max-batch", "99999999999"], "--max-batch is 99999999999"),
+    (["export", "{p}", "--triton", "{d}/repo", "--preferred-batch", "4294967296"], "--preferred-batch is"),
+])
+def test_numbers_out_of_the_consumers_range_are_refused(work: Path, plan: Path, capsys, argv, message) -> None:  # type: ignore[no-untyped-def]
+    code, text = _cli(capsys, *[a.format(p=plan, d=work) for a in argv])
+    assert code == 2 and message in text and "Traceback" not in text
+    assert not (work / "repo").exists()
+
+
+def test_a_decoder_that_exits_makes_compare_fail(work: Path, plan: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    bodies = {"at_import": "import sys\nsys.exit(0)\ndef decode(outputs):\n    return []\n",
+              "when_called": "import sys\ndef decode(outputs):\n    sys.exit(0)\n"}
+    for name, body in bodies.items():
+        (work / f"{name}.py").write_text(body)
+        code, text = _cli(capsys, "compare", work / "tiny.onnx", plan, "--data", work / "images",
+                          "--decoder", f"{work / name}.py:decode")  # fmt: skip
+        assert code != 0 and "sys.exit(0)" in text and "Traceback" not in text, (name, text)
