@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from trtopt.data.arrays import ARRAY_EXTENSIONS, ArrayFile, array_file_from_path, has_batch_axis, load_arrays
+from trtopt.data.files import EXPECTED as _EXPECTED
+from trtopt.data.files import Source, collect_files
 from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, check_image_header
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import InputInfo
@@ -38,10 +39,8 @@ from trtopt.errors import DataError, format_shape
 
 log = logging.getLogger(__name__)
 
-Source = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 # Threads that decode and preprocess files ahead of the caller (`Dataset.batches`).
 DEFAULT_WORKERS = 4
-_EXPECTED = f"images ({', '.join(IMAGE_EXTENSIONS)}) or arrays (.npy, .npz)"
 
 
 @dataclass(frozen=True)
@@ -262,7 +261,7 @@ def load_dataset(
         raise DataError("The model has no inputs to feed data to.", fix="Check the model file.")
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count <= 0):
         raise DataError(f"Sample count must be a positive integer, received {count!r}.", fix="Pass e.g. 500.")
-    files, ignored = _collect_files(source)
+    files, ignored = collect_files(source)
     images = [f for f in files if f.suffix.lower() in IMAGE_EXTENSIONS]
     if images:
         spec = _image_spec(images, inputs, spec)
@@ -292,70 +291,8 @@ def load_dataset(
 def holds_only_arrays(source: Source) -> bool:
     """Whether `source` has data files and every one is an array (.npy/.npz), fed as it is: no image
     preprocessing applies to it. Raises `DataError` for missing paths, like `load_dataset`."""
-    files, _ = _collect_files(source)
+    files, _ = collect_files(source)
     return bool(files) and all(f.suffix.lower() in ARRAY_EXTENSIONS for f in files)
-
-
-def _collect_files(source: Source) -> tuple[list[Path], list[Path]]:
-    """(files with a known extension, in order; files ignored for their extension)."""
-    entries = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-    if not entries:
-        raise DataError("The data source is an empty list of paths.", fix="Pass a folder or files.")
-    files: list[Path] = []
-    for entry in entries:
-        path = Path(entry)
-        if path.is_dir():
-            files.extend(_walk(path))
-        elif path.exists() or path.is_symlink():
-            if path.exists() and not _regular(path):
-                raise DataError(
-                    f"Data path {str(path)!r} is not a regular file (a FIFO, socket or device): reading it could "
-                    "wait forever.",
-                    fix=f"Pass {_EXPECTED} saved as files.",
-                )
-            if not _known(path):
-                raise DataError(
-                    f"Data file {str(path)!r} has extension {path.suffix or '(none)'!r}, which trtopt "
-                    "does not read.",
-                    fix=f"Pass {_EXPECTED}, or a folder of them.",
-                )
-            files.append(path)
-        else:
-            raise DataError(
-                f"Data path {str(path)!r} does not exist.",
-                fix=f"Pass an existing folder or file of {_EXPECTED}.",
-            )
-    return [f for f in files if _known(f)], [f for f in files if not _known(f)]
-
-
-def _walk(root: Path) -> list[Path]:
-    """The files under `root` (hidden ones aside). A FIFO, socket or device among them is skipped with a warning:
-    opening a FIFO nobody writes to waits forever (issue #46: `calibrate` and `run` hung on one)."""
-    found: list[Path] = []
-    for folder, subfolders, names in os.walk(root):
-        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
-        for path in (Path(folder) / name for name in names if not name.startswith(".")):
-            if path.exists() and not _regular(path):
-                log.warning("skipped %s: not a regular file (a FIFO, socket or device)", path)
-            else:
-                found.append(path)
-    if not found:
-        raise DataError(
-            f"Data folder {str(root)!r} is empty (hidden files are ignored).",
-            fix=f"Put {_EXPECTED} in it, or pass another folder.",
-        )
-    return sorted(found, key=lambda p: p.relative_to(root).parts)
-
-
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        return True  # unreadable files are reported where they are read, with their own message
-
-
-def _known(path: Path) -> bool:
-    return path.suffix.lower() in IMAGE_EXTENSIONS + ARRAY_EXTENSIONS
 
 
 def _image_spec(images: list[Path], inputs: list[InputInfo], spec: PreprocessSpec | None) -> PreprocessSpec:
