@@ -124,8 +124,8 @@ EXPECTED_MESSAGE = {
     "opset30": "opset 30; trtopt supports opsets 11 to 22.*knows opsets only up to",
     "custom_op": "'FancyRelu' from domain 'com.acme'",
     "misspelled_op": "'Convv'.*did you mean 'Conv'",
-    "escape_relative": "outside the model's folder",
-    "escape_absolute": "outside the model's folder",
+    "escape_relative": "not a file name inside the model's folder",
+    "escape_absolute": "not a file name inside the model's folder",
 }
 
 

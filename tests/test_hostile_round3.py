@@ -122,3 +122,16 @@ def test_a_decoder_that_exits_makes_compare_fail(work: Path, plan: Path, capsys)
         code, text = _cli(capsys, "compare", work / "tiny.onnx", plan, "--data", work / "images",
                           "--decoder", f"{work / name}.py:decode")  # fmt: skip
         assert code != 0 and "sys.exit(0)" in text and "Traceback" not in text, (name, text)
+
+
+def test_a_nul_byte_in_an_external_data_location_is_a_clean_error(work: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    model = onnx.load(str(work / "tiny.onnx"), load_external_data=False)
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "weights\x00.bin"
+    onnx.save(model, str(work / "nul.onnx"))
+    for command in (["inspect", work / "nul.onnx"], ["optimize", work / "nul.onnx", "-o", work / "o.onnx"]):
+        code, text = _cli(capsys, *command)
+        assert code == 2 and "not a file name inside the model's folder" in text and "Traceback" not in text
+    assert not (work / "o.onnx").exists()

@@ -258,12 +258,13 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
     external = _external_tensors(model)
     for tensor in external:
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        target = (base / location).resolve()
-        if not location or os.path.isabs(location) or not target.is_relative_to(base):
+        bad = not location or "\x00" in location or os.path.isabs(location)  # a NUL byte: no file has that name
+        target = base if bad else (base / location).resolve()
+        if bad or not target.is_relative_to(base):
             raise ModelError(
-                f"Tensor {tensor.name!r} in {str(path)!r} points to external data at {location!r}, which is "
-                f"outside the model's folder {str(base)!r}. trtopt refuses to read it (a crafted model could "
-                f"read any file this way).",
+                f"Tensor {tensor.name!r} in {str(path)!r} points to external data at {location!r}, which is not "
+                f"a file name inside the model's folder {str(base)!r}. trtopt refuses to read it (a crafted model "
+                f"could read any file this way).",
                 fix="Keep the weight files next to the .onnx file and refer to them by relative name.",
             )
         if not target.is_file():
