@@ -135,3 +135,46 @@ def test_a_nul_byte_in_an_external_data_location_is_a_clean_error(work: Path, ca
         code, text = _cli(capsys, *command)
         assert code == 2 and "not a file name inside the model's folder" in text and "Traceback" not in text
     assert not (work / "o.onnx").exists()
+
+
+def test_a_plan_header_naming_outputs_its_model_lacks_is_refused(plan: Path) -> None:
+    from hostile_files import sealed_plan, split_plan
+
+    from trtopt.errors import PlanError
+    from trtopt.plan import read_plan
+
+    header, sections = split_plan(plan.read_bytes())
+    header["outputs"][0]["name"] = "nope"
+    plan.write_bytes(sealed_plan(header, sections))  # every checksum recomputed, as an editor would
+    with pytest.raises(PlanError, match=r"makes outputs \['logits'\], the header lists \['nope'\]"):
+        read_plan(plan)
+
+
+def test_a_keyed_plan_refuses_forgery_and_other_keys(work: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """TRTOPT_PLAN_KEY at build signs the plan; at load it admits only plans that key signed (issue #46: a header
+    rewritten with consistent checksums dropped the preprocessing and labels, and ran with exit 0)."""
+    from hostile_files import sealed_plan, split_plan
+
+    from trtopt.errors import PlanError
+    from trtopt.plan import read_plan
+    from trtopt.plan.signing import SIGNATURE_MAGIC
+
+    monkeypatch.setenv("TRTOPT_PLAN_KEY", "build-server-key")
+    code, text = _cli(capsys, "build", work / "tiny.onnx", "-o", work / "signed.engine")
+    assert code == 0, text
+    signed = (work / "signed.engine").read_bytes()
+    assert signed[-40:-32] == SIGNATURE_MAGIC and read_plan(work / "signed.engine").outputs
+    header, sections = split_plan(signed[:-40])
+    header["metadata"]["labels"] = ["bison"] * 10 if header["metadata"].get("labels") is None else None
+    forged = sealed_plan(header, sections)
+    (work / "forged.engine").write_bytes(forged + signed[-40:])  # the old signature kept
+    with pytest.raises(PlanError, match="does not verify"):
+        read_plan(work / "forged.engine")
+    (work / "unsigned.engine").write_bytes(forged)
+    with pytest.raises(PlanError, match="is not signed"):
+        read_plan(work / "unsigned.engine")
+    monkeypatch.setenv("TRTOPT_PLAN_KEY", "another-key")
+    with pytest.raises(PlanError, match="does not verify"):
+        read_plan(work / "signed.engine")
+    monkeypatch.delenv("TRTOPT_PLAN_KEY")
+    assert read_plan(work / "signed.engine").outputs and read_plan(work / "unsigned.engine").outputs

@@ -8,6 +8,7 @@ Layout, all integers little-endian::
     header                   H bytes of UTF-8 JSON (see `Plan.header`)
     sections                 concatenated raw bytes, in header order
     sha256                   32 bytes over everything above (integrity check)
+    [signature]              b"TRTOSIGN" + HMAC-SHA256, where TRTOPT_PLAN_KEY is set (`trtopt.plan.signing`)
 
 The header says what the plan is (backend, versions of trtopt / TensorRT / ONNX Runtime, inputs and
 outputs, and its metadata: preprocessing, labels, thresholds, optimiser report, verification; versioned on
@@ -32,6 +33,7 @@ from trtopt.errors import PlanError
 from trtopt.frontend.writer import write_atomic
 from trtopt.plan.metadata import PlanMetadata
 from trtopt.plan.schema import MAX_HEADER_BYTES, check_header, check_onnx_section, check_sections
+from trtopt.plan.signing import plan_key, signed, unsigned
 
 MAGIC = b"TRTOPLAN"
 FORMAT_VERSION = 1
@@ -96,9 +98,10 @@ class Plan:
 
 
 def plan_bytes(plan: Plan) -> bytes:
+    """The plan file's bytes, signed where `TRTOPT_PLAN_KEY` is set (`trtopt.plan.signing`)."""
     header = json.dumps(plan.header(), sort_keys=True).encode()
     body = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)) + header + b"".join(plan.sections.values())
-    return body + hashlib.sha256(body).digest()
+    return signed(body + hashlib.sha256(body).digest(), plan_key())
 
 
 def write_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
@@ -120,6 +123,7 @@ def read_plan(path: str | os.PathLike[str]) -> Plan:
 
 def plan_from_bytes(data: bytes, where: str = "<bytes>") -> Plan:
     rebuild = "Rebuild it with `trtopt build`."
+    data = unsigned(data, plan_key(), where)
     if len(data) < _PREFIX.size + _DIGEST_SIZE or data[:8] != MAGIC:
         looks = "a raw TensorRT engine or another file" if data[:8] != MAGIC else "cut short"
         raise PlanError(
@@ -153,7 +157,8 @@ def plan_from_bytes(data: bytes, where: str = "<bytes>") -> Plan:
     check_header(header, where)
     sections = check_sections(header["sections"], body[start + header_len :], where)
     if "onnx" in sections:
-        check_onnx_section(sections["onnx"], [t["name"] for t in header["inputs"]], where)
+        check_onnx_section(sections["onnx"], [t["name"] for t in header["inputs"]],
+                           [t["name"] for t in header["outputs"]], where)  # fmt: skip
     return Plan(
         backend=header["backend"],
         inputs=tuple(TensorSpec.from_dict(t) for t in header["inputs"]),

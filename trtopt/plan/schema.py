@@ -113,8 +113,9 @@ def check_sections(sections: list[dict[str, Any]], payload: bytes, where: str) -
     return out
 
 
-def check_onnx_section(data: bytes, input_names: list[str], where: str) -> None:
-    """The ONNX a plan carries parses, keeps every weight inside itself and takes the header's inputs."""
+def check_onnx_section(data: bytes, input_names: list[str], output_names: list[str], where: str) -> None:
+    """The ONNX a plan carries parses, keeps every weight inside itself, takes the header's inputs and makes the
+    header's outputs (a header edited to name others would fail on the first call, or be read wrongly)."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -134,6 +135,10 @@ def check_onnx_section(data: bytes, input_names: list[str], where: str) -> None:
     if graph_inputs != sorted(input_names):
         listed = sorted(input_names)[:8]
         raise _fail(where, f"its ONNX model takes inputs {graph_inputs[:8]}, the header lists {listed}")
+    graph_outputs = sorted(o.name for o in model.graph.output)
+    if graph_outputs != sorted(output_names):
+        listed = sorted(output_names)[:8]
+        raise _fail(where, f"its ONNX model makes outputs {graph_outputs[:8]}, the header lists {listed}")
 
 
 def _check_tensors(value: Any, where: str, key: str) -> None:
