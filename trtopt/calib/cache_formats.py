@@ -90,6 +90,11 @@ def _read_trtopt(text: str, where: str) -> Calibration:
         raise CalibrationError(f"{where!r} has no \"thresholds\" object.", fix="Recalibrate to rewrite it.")
     amax = {str(k): _number(v, where, k) for k, v in thresholds.items()}
     data = doc.get("data") or {}
+    if not isinstance(data, dict) or not isinstance(data.get("count"), (int, type(None))) or isinstance(
+        data.get("count"), bool
+    ):
+        raise CalibrationError(f"{where!r} has a \"data\" field trtopt did not write (an object with a count).",
+                               fix="Recalibrate to rewrite it, or delete the field.")
     return Calibration(
         amax=amax,
         method=str(doc.get("method", "unknown")),

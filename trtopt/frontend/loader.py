@@ -229,7 +229,7 @@ def _check_valid(model: onnx.ModelProto, where: str) -> None:
     try:
         if model.ByteSize() < PROTOBUF_LIMIT:
             onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
+    except (onnx.checker.ValidationError, UnicodeDecodeError) as exc:  # a name that is not UTF-8 (fuzzed bytes)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
             f"{where} is not a valid ONNX model: {first}",
