@@ -178,3 +178,102 @@ def test_a_keyed_plan_refuses_forgery_and_other_keys(work: Path, capsys, monkeyp
         read_plan(work / "signed.engine")
     monkeypatch.delenv("TRTOPT_PLAN_KEY")
     assert read_plan(work / "signed.engine").outputs and read_plan(work / "unsigned.engine").outputs
+
+
+# --- the HTTP service example under load: many clients, slow clients, bombs (loopback only, bounded) ---------
+
+
+@pytest.fixture
+def service(plan: Path):  # type: ignore[no-untyped-def]
+    import importlib.util
+    import threading
+
+    import trtopt
+
+    spec = importlib.util.spec_from_file_location("http_service_load", Path(__file__).parents[1] / "examples" /
+                                                  "http_service.py")  # fmt: skip
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module.REQUEST_TIMEOUT = 1.0
+    httpd = module.make_server(trtopt.Engine.load(plan), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _request(port: int, data: bytes, timeout: float = 20.0) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _png(size: int = 48) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (size, size), "red").save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _post(port: int, body: bytes) -> bytes:
+    return _request(port, f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+def test_slow_header_clients_are_dropped_and_health_keeps_answering(service) -> None:  # type: ignore[no-untyped-def]
+    """30 clients that send a header line every 0.3 s (issue #46: they held their connections forever, and 70 of
+    them made /health answer 503): each is dropped after the header deadline, and /health answers meanwhile."""
+    import socket
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = service.server_address[1]
+
+    def slow_client() -> float:
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(b"POST /predict HTTP/1.1\r\n")
+            try:
+                for i in range(40):  # 12 s of headers if nobody stops it
+                    sock.sendall(f"X-Slow-{i}: 1\r\n".encode())
+                    time.sleep(0.3)
+            except OSError:
+                pass  # the server closed the connection: what the test waits for
+        return time.monotonic() - start
+
+    with ThreadPoolExecutor(max_workers=30) as pool:
+        slow = [pool.submit(slow_client) for _ in range(30)]
+        time.sleep(0.5)
+        health = [_request(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") for _ in range(5)]
+        durations = [f.result(timeout=30) for f in slow]
+    assert all(answer.split(b" ")[1] == b"200" for answer in health)
+    assert max(durations) < 8  # dropped near the 1 s deadline, not after the 12 s the client would take
+
+
+def test_many_clients_at_once_all_get_answers(service) -> None:  # type: ignore[no-untyped-def]
+    """40 clients, 3 images each, at once (issue #46: with a backlog of 5, 11 of 160 requests were reset)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    port, body = service.server_address[1], _png()
+    assert service.request_queue_size >= 128
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        answers = list(pool.map(lambda _: _post(port, body), range(120)))
+    assert [a.split(b" ")[1] for a in answers] == [b"200"] * 120
+
+
+def test_a_pixel_bomb_is_refused_before_it_is_decoded(service) -> None:  # type: ignore[no-untyped-def]
+    """A PNG that declares 9400 x 9400 pixels (88 M, under Pillow's bomb limit; 833 MB decoded) is refused from
+    its header, while valid requests go on being answered."""
+    from hostile_files import png_header_only
+
+    port = service.server_address[1]
+    answer = _post(port, png_header_only(9400, 9400))
+    assert answer.split(b" ")[1] == b"400" and b"88,360,000 pixels" in answer
+    assert _post(port, _png()).split(b" ")[1] == b"200"
