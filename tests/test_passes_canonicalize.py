@@ -268,3 +268,33 @@ def test_a_graph_output_read_by_the_inverse_transpose_keeps_both_outputs() -> No
     graph = optimize(graph_from_onnx(model), CLEANUP).graph
     assert [t.name for t in graph.outputs] == ["mid", "back"] and count(graph, "Transpose") == 2
     assert_same_outputs(model, graph)
+
+
+# -- hoist_transposes -----------------------------------------------------------------------------------------
+
+
+def scaled_nhwc_input(*, transpose_is_output: bool = False) -> onnx.ModelProto:
+    """input(NHWC) ─ Mul(1/127.5) ─ Sub(per-channel mean, last axis) ─ T(NCHW) ─ Conv1x1 ─ output   (Keras' input)"""
+    b = GraphBuilder("keras_input", seed=0)
+    y = b.mul(b.input("input", [1, 8, 8, 3]), b.const("scale", np.array(1 / 127.5, np.float32)))
+    y = b.node("Sub", [y, b.const("mean", np.array([0.4, 0.5, 0.6], np.float32))])
+    if transpose_is_output:
+        return b.build([b.node("Transpose", [y], perm=TO_NCHW, out="output")])
+    y = b.node("Transpose", [y], perm=TO_NCHW)
+    return b.build([b.conv(y, 3, 8, 1, pads=[0, 0, 0, 0], out="output")])
+
+
+def test_a_transpose_moves_to_the_input_and_the_scaling_into_the_conv() -> None:
+    model = scaled_nhwc_input()
+    graph, report = run_pass(model, "hoist_transposes")
+    assert ops(graph) == ["Transpose", "Mul", "Sub", "Conv"] and report.counts() == {"hoist_transpose": 1}
+    assert graph.nodes[0].inputs[0].name == "input"
+    assert_same_outputs(model, graph)
+    cleaned = optimize(graph_from_onnx(model)).graph
+    assert ops(cleaned) == ["Transpose", "Conv"]  # fold_input_affine took the Mul and the Sub
+    assert_same_outputs(model, cleaned)
+
+
+def test_a_transpose_that_writes_a_graph_output_stays_there() -> None:
+    graph, report = run_pass(scaled_nhwc_input(transpose_is_output=True), "hoist_transposes")
+    assert not report.changed and ops(graph) == ["Mul", "Sub", "Transpose"]

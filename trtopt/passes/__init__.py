@@ -18,6 +18,7 @@ from trtopt.passes import (  # noqa: F401 (register)
     fold_pad,
     fuse_cbr,
     fuse_parallel_convs,
+    hoist_transposes,
     remove_noops,
     rewrite_prelu,
     simplify,

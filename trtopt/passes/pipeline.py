@@ -26,6 +26,7 @@ DEFAULT_ORDER = (
     "simplify",
     "remove_noops",
     "sink_transposes",
+    "hoist_transposes",
     "sink_squeeze",
     "collapse_reshapes",
     "fold_pad",
