@@ -277,3 +277,33 @@ def test_a_pixel_bomb_is_refused_before_it_is_decoded(service) -> None:  # type:
     answer = _post(port, png_header_only(9400, 9400))
     assert answer.split(b" ")[1] == b"400" and b"88,360,000 pixels" in answer
     assert _post(port, _png()).split(b" ")[1] == b"200"
+
+
+# --- writes that fail: a file-size limit (ulimit -f) stands in for a full disk --------------------------------
+
+
+def _under_file_size_limit(*argv: Any, limit: int = 20_000) -> Any:
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit_writes() -> None:  # in the child: files stop at `limit` bytes, and writing past it fails (EFBIG)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return subprocess.run([sys.executable, "-m", "trtopt", *map(str, argv)], capture_output=True, text=True,
+                          preexec_fn=limit_writes, timeout=300)  # fmt: skip
+
+
+def test_a_triton_export_that_cannot_be_written_leaves_nothing(work: Path, plan: Path) -> None:
+    done = _under_file_size_limit("export", plan, "--triton", work / "repo" / "deep")
+    assert done.returncode == 2 and "ulimit -f" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (work / "repo").exists()  # not even the folders it created
+
+
+def test_a_build_that_cannot_write_its_plan_says_why_and_keeps_the_old_one(work: Path, plan: Path) -> None:
+    before = plan.read_bytes()
+    done = _under_file_size_limit("build", work / "tiny.onnx", "-o", plan)
+    assert done.returncode == 2 and "ulimit -f" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert plan.read_bytes() == before

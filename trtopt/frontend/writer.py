@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -86,8 +87,15 @@ def _os_errors_as_user_errors(target: Path) -> Iterator[None]:
     except OSError as exc:
         raise TrtoptError(
             f"Could not write {str(target)!r}: {exc.strerror or exc}. Nothing was written to it.",
-            fix="Check free disk space and permissions of the output folder, then retry.",
+            fix=write_fix(exc),
         ) from exc
+
+
+def write_fix(exc: OSError) -> str:
+    """How to fix a failed write: a file-size limit (`ulimit -f`) reads like a full disk otherwise."""
+    if exc.errno == errno.EFBIG:
+        return "This process may not write files that large (its file-size limit, `ulimit -f`): raise the limit."
+    return "Check free disk space and permissions of the output folder, then retry."
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:

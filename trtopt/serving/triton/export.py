@@ -18,6 +18,7 @@ error or an interrupt leaves nothing half-written. An existing REPO/NAME is neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -27,6 +28,7 @@ from typing import Any
 
 from trtopt.backend import TritonModel, get_backend
 from trtopt.errors import TrtoptError
+from trtopt.frontend.writer import write_fix
 from trtopt.plan import Plan, read_plan
 from trtopt.serving.triton.check import check_repository_model
 from trtopt.serving.triton.config import (
@@ -79,6 +81,7 @@ def export_triton(
     name = check_model_name(options.name or plan_path.stem)
     config = model_config(plan, options, name, model)
     files = _files(plan, plan_path, config, model)
+    created = [p for p in (Path(repo), *Path(repo).absolute().parents) if not p.exists()]  # removed on failure
     target = _target(Path(repo), name)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=target.parent))
     try:
@@ -89,8 +92,14 @@ def export_triton(
         if target.exists():  # appeared while we wrote
             raise _exists(target)
         os.rename(staging, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        for folder in created:  # deepest first: nothing of a failed export stays behind
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(exc, OSError):  # a full disk, a file-size limit: the user's to fix
+            raise TrtoptError(f"Could not write the Triton model {str(target)!r}: {exc.strerror or exc}. "
+                              "Nothing was left in the repository.", fix=write_fix(exc)) from None
         raise
     return ExportReport(
         path=target,
