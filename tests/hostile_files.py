@@ -94,3 +94,21 @@ def model_with_external_data(folder: Path, *, offset: int, length: int) -> Path:
     path = folder / "ext.onnx"
     path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
     return path
+
+
+def start_service(plan: Path, *, request_timeout: float) -> Any:
+    """The README's service example (examples/http_service.py) serving `plan` on a free loopback port, with the
+    given REQUEST_TIMEOUT, in a daemon thread; stop it with `shutdown()` and `server_close()`."""
+    import importlib.util
+    import threading
+
+    import trtopt
+
+    source = Path(__file__).resolve().parents[1] / "examples" / "http_service.py"
+    spec = importlib.util.spec_from_file_location(f"http_service_{threading.get_ident()}", source)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module.REQUEST_TIMEOUT = request_timeout
+    httpd = module.make_server(trtopt.Engine.load(plan), "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd

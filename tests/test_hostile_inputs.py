@@ -4,7 +4,6 @@ file, path or value, and checks the clean error (or the right behaviour) and tha
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import logging
@@ -12,7 +11,6 @@ import os
 import signal
 import socket
 import stat
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from hostile_files import (
     relu_model,
     sealed_plan,
     split_plan,
+    start_service,
 )
 from model_files import tiny_model_with_images
 from PIL import Image
@@ -300,19 +299,9 @@ def test_model_too_large_for_memory(tmp_path, capsys) -> None:  # type: ignore[n
     assert code == 2 and "GiB" in text and "needs about" in text
 
 
-def _load_service() -> Any:
-    spec = importlib.util.spec_from_file_location("http_service_hostile", ROOT / "examples" / "http_service.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
 @pytest.fixture(scope="module")
 def service(work):  # type: ignore[no-untyped-def]
-    module = _load_service()
-    module.REQUEST_TIMEOUT = 1.0
-    httpd = module.make_server(trtopt.Engine.load(work / "p.engine"), "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = start_service(work / "p.engine", request_timeout=1.0)
     yield httpd.server_address[1]
     httpd.shutdown()
     httpd.server_close()

@@ -185,18 +185,9 @@ def test_a_keyed_plan_refuses_forgery_and_other_keys(work: Path, capsys, monkeyp
 
 @pytest.fixture
 def service(plan: Path):  # type: ignore[no-untyped-def]
-    import importlib.util
-    import threading
+    from hostile_files import start_service
 
-    import trtopt
-
-    spec = importlib.util.spec_from_file_location("http_service_load", Path(__file__).parents[1] / "examples" /
-                                                  "http_service.py")  # fmt: skip
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    module.REQUEST_TIMEOUT = 1.0
-    httpd = module.make_server(trtopt.Engine.load(plan), "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = start_service(plan, request_timeout=1.0)
     yield httpd
     httpd.shutdown()
     httpd.server_close()
