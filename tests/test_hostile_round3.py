@@ -298,3 +298,11 @@ def test_a_build_that_cannot_write_its_plan_says_why_and_keeps_the_old_one(work:
     done = _under_file_size_limit("build", work / "tiny.onnx", "-o", plan)
     assert done.returncode == 2 and "ulimit -f" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert plan.read_bytes() == before
+
+
+def test_inspect_of_a_model_whose_weights_file_was_overwritten_is_a_clean_error(work: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """What the old `optimize -o weights.bin` left behind (issue #46): a weights file holding something else."""
+    (work / "weights.bin").write_bytes(build_model("tiny_cnn", seed=2).SerializeToString()[:1000])
+    for command in (["inspect", work / "tiny.onnx"], ["optimize", work / "tiny.onnx", "-o", work / "o.onnx"]):
+        code, text = _cli(capsys, *command)
+        assert code == 2 and "weights.bin" in text and "Traceback" not in text, text
