@@ -36,6 +36,7 @@ from trtopt.passes.base import Match, Rewrite, graph_pass
 QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
                            "ConvInteger"})
 MAX_BYTES = 1 << 30  # beyond this the graph is not serialised in memory for ONNX Runtime
+LARGE_WEIGHT = 1 << 16  # elements: a Gemm / MatMul weight this large stays out of ONNX Runtime's round trip
 # Left to `fold_batchnorm`, which folds in float64 and reports each fold (ONNX Runtime's rule names). Its Pad
 # fusion has no name `disabled_optimizers` knows: a zero Pad before a Conv is folded here, before `fold_pad`.
 LEFT_TO_TRTOPT = ("ConvBNFusion", "ConvAddFusion", "ConvMulFusion")
@@ -90,10 +91,10 @@ def simplified_graph(graph: gs.Graph) -> gs.Graph | None:
     """The graph after ONNX Runtime's basic level, or None when it does not apply (`skip_reason`) or changes
     nothing trtopt takes (`NEW_OPS_ALLOWED`).
 
-    Conv weights and biases, most of a CNN's bytes, do not travel: no basic-level rewrite reads them once the
-    Conv fusions are left to trtopt, so they go to ONNX Runtime as graph inputs of their shape and come back
-    as the same constants. Serialising ResNet-50's 100 MB for ONNX Runtime and reading them back took most
-    of the pass's time.
+    Conv weights and biases, most of a CNN's bytes, and large Gemm / MatMul weights do not travel: no basic-level
+    rewrite reads their values once the Conv fusions are left to trtopt, so they go to ONNX Runtime as graph
+    inputs of their shape and come back as the same constants. Serialising ResNet-50's 100 MB for ONNX Runtime and
+    reading them back took most of the pass's time.
     """
     if skip_reason(graph) is not None:
         return None
@@ -129,9 +130,12 @@ def _restore_names(graph: gs.Graph, result: gs.Graph) -> None:
 
 @contextmanager
 def _weights_held_back(graph: gs.Graph) -> Iterator[dict[str, gs.Constant]]:
-    """Conv weights and biases as graph inputs for the duration (restored after), by name."""
+    """Conv weights and biases, and the large weights of Gemm / MatMul (a classifier head: VGG-19's 400 MB), as
+    graph inputs for the duration (restored after), by name."""
     slots = [(node, i) for node in graph.nodes if node.op in ("Conv", "ConvTranspose") for i in (1, 2)
              if i < len(node.inputs) and isinstance(node.inputs[i], gs.Constant)]
+    slots += [(node, 1) for node in graph.nodes if node.op in ("Gemm", "MatMul") and len(node.inputs) > 1
+              and isinstance(node.inputs[1], gs.Constant) and _size(node.inputs[1]) >= LARGE_WEIGHT]
     readers: Counter[str] = Counter(node.inputs[i].name for node, i in slots)
     held = {node.inputs[i].name: node.inputs[i] for node, i in slots
             if readers[node.inputs[i].name] == len(node.inputs[i].outputs)}
@@ -148,6 +152,10 @@ def _weights_held_back(graph: gs.Graph) -> Iterator[dict[str, gs.Constant]]:
             if node.inputs[i].name in held:
                 node.inputs[i] = held[node.inputs[i].name]
         graph.inputs = original_inputs
+
+
+def _size(constant: gs.Constant) -> int:
+    return int(np.prod(constant.shape)) if constant.shape is not None else 0
 
 
 def _basic_level(model: onnx.ModelProto) -> onnx.ModelProto | None:
