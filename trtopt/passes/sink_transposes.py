@@ -207,9 +207,8 @@ def _admissible(node: gs.Node, growth: _Growth, graph: gs.Graph) -> bool:
         return False
     if node.op in REDUCE_OPS:
         return _reduce_axes(node, growth.perm) is not None
-    if node.op in AXIS_OPS and (node.op == "Concat" or opset(graph) >= 13):
-        pass
-    elif node.op not in UNARY_OPS and node.op not in ELEMENTWISE_OPS:
+    axis_op = node.op in AXIS_OPS and (node.op == "Concat" or opset(graph) >= 13)  # Softmax: one axis from 13
+    if not axis_op and node.op not in UNARY_OPS and node.op not in ELEMENTWISE_OPS:
         return False
     for index, tensor in enumerate(node.inputs):
         if id(tensor) in growth.tensors or is_missing(tensor) or index in SCALAR_INPUTS.get(node.op, ()):
