@@ -298,3 +298,13 @@ def test_a_transpose_moves_to_the_input_and_the_scaling_into_the_conv() -> None:
 def test_a_transpose_that_writes_a_graph_output_stays_there() -> None:
     graph, report = run_pass(scaled_nhwc_input(transpose_is_output=True), "hoist_transposes")
     assert not report.changed and ops(graph) == ["Mul", "Sub", "Transpose"]
+
+
+def test_a_hoist_through_a_clip_without_a_min_keeps_it_without_one() -> None:
+    """input(NHWC) ─ Clip(max 6 only) ─ T(NCHW) ─ Conv1x1 ─ output: the Clip's missing min stays missing."""
+    b = GraphBuilder("clip_max", seed=0)
+    y = b.node("Clip", [b.input("input", [1, 8, 8, 3]), "", b.const("high", np.array(6.0, np.float32))])
+    model = b.build([b.conv(b.node("Transpose", [y], perm=TO_NCHW), 3, 8, 1, pads=[0, 0, 0, 0], out="output")])
+    graph, report = run_pass(model, "hoist_transposes")
+    assert ops(graph) == ["Transpose", "Clip", "Conv"] and report.counts() == {"hoist_transpose": 1}
+    assert_same_outputs(model, graph)

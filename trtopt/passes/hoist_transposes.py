@@ -102,16 +102,17 @@ def _hoist(match: TransposeHoist, namer: Namer) -> None:
     current = moved
     for node in chain:
         for index, tensor in enumerate(node.inputs):
-            value = None if is_missing(tensor) or index in SCALAR_INPUTS.get(node.op, ()) else constant_array(tensor)
+            if is_missing(tensor) or index in SCALAR_INPUTS.get(node.op, ()):
+                continue
+            value = constant_array(tensor)
             if value is None:
-                node.inputs[index] = current if tensor is not None and constant_array(tensor) is None else tensor
+                node.inputs[index] = current  # the one computed input (`_data_input`)
             elif value.size > 1:
                 full = value.reshape((1,) * (len(perm) - value.ndim) + value.shape)
                 node.inputs[index] = gs.Constant(namer.take(f"{tensor.name}_relaid"),
                                                  np.ascontiguousarray(np.transpose(full, perm)))  # fmt: skip
-        out = result if node is chain[-1] else node.outputs[0]
         if node is chain[-1]:
             node.outputs[0] = result
-        elif out.shape is not None:
-            out.shape = [out.shape[a] for a in perm]
-        current = out
+        elif node.outputs[0].shape is not None:
+            node.outputs[0].shape = [node.outputs[0].shape[a] for a in perm]
+        current = node.outputs[0]
