@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import canonicalize
 from trtopt.passes import FusionGroup, find_fusion_groups
-from trtopt.passes.edit import canonicalize
 from trtopt.passes.query import clip_bounds, is_missing
 
 # trtopt's activation name -> FusedConv's `activation` attribute (MLAS activation kinds).

@@ -35,11 +35,11 @@ from trtopt.engine import Engine
 from trtopt.errors import ModelError
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
+from trtopt.frontend.float_types import lifted_to_float32
 from trtopt.passes import OptimizeResult, optimize
 from trtopt.passes.check import LOW_RTOL, _relative_error
 from trtopt.precision import convert_to_fp16
 from trtopt.quant import QuantConfig
-from trtopt.quant.float_types import lifted_to_float32
 from trtopt.zoo.random_graphs import RandomGraph, random_graph
 
 CALIB_SAMPLES = 4
@@ -207,7 +207,7 @@ def check_kernels_match_reference(case: Case) -> None:
 
 def check_float16_copy_builds(case: Case) -> None:
     """The model as an FP16 export gives it (float16 inputs, outputs and weights: trtopt.precision.convert_to_fp16)
-    builds INT8 on its float32 copy (trtopt.quant.float_types). The plan takes and gives float16, and its kernels
+    builds INT8 on its float32 copy (trtopt.frontend.float_types). The plan takes and gives float16, and its kernels
     stay as close to the float16 model as property 3 allows the float32 model's plan, plus float16's rounding."""
     half = convert_to_fp16(case.model, keep_io_fp32=False)
     samples = case.samples.astype(np.float16)

@@ -18,7 +18,7 @@ from trtopt.agreement import (
 from trtopt.cli.compare_cmd import _outputs_table, _warnings
 from trtopt.cli.summaries import verification_text
 from trtopt.compare import compare_outputs
-from trtopt.verify import Verification
+from trtopt.plan.verification import Verification
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:

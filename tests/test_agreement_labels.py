@@ -10,7 +10,7 @@ import pytest
 from trtopt.agreement import LABEL_MIN_IOU, Agreement, agreement, label_warning
 from trtopt.cli.summaries import verification_text
 from trtopt.metrics.labels import label_map_outputs
-from trtopt.verify import Verification
+from trtopt.plan.verification import Verification
 
 
 def _maps() -> tuple[np.ndarray, np.ndarray]:

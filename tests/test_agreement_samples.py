@@ -18,7 +18,7 @@ from task_models import text_map
 from trtopt.agreement import SAMPLE_MIN_COSINE, Agreement, agreement
 from trtopt.cli.main import main
 from trtopt.compare import ErrorStats
-from trtopt.verify import Verification
+from trtopt.plan.verification import Verification
 
 
 def _one_bad_sample(samples: int = 40, bad: int = 17, noise: float = 0.8) -> tuple[dict, dict]:

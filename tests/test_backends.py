@@ -1,8 +1,8 @@
 """Backends are registered objects that own their decisions; the build knows none of them by name.
 
-    BACKENDS: cpu, tensorrt  (trtopt/backend/<name>/backend.py, registered where defined)
-        status, quant_config, options (typed, from the build config), variants, build,
-        strict_verification, report, create_runner, CLI flags, Triton serving (triton, profiled)
+BACKENDS: cpu, tensorrt  (trtopt/backend/<name>/backend.py, registered where defined)
+    status, quant_config, options (typed, from the build config), variants, build,
+    strict_verification, report, create_runner, CLI flags, Triton serving (triton, profiled)
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from trtopt.build import BuildConfig, build_plan
 from trtopt.calib import CalibConfig
 from trtopt.errors import BackendUnavailableError, TrtoptError, UnknownNameError
 from trtopt.frontend import graph_from_onnx
-from trtopt.frontend.config import GraphConfig
+from trtopt.passes.config import GraphConfig
 from trtopt.plan import read_plan, write_plan
 from trtopt.quant import QuantConfig, plan_quantization
 from trtopt.zoo import build_model
@@ -180,12 +180,14 @@ def test_tensorrt_options_resolve_profiles_and_fp16_from_the_config_and_graph(tm
     graph = gs.import_onnx(build_model("tiny_cnn"))
     graph.inputs[0].shape = ["N", 3, 32, 32]
     config = BuildConfig(int8=False, fp16=True, backend_options=(TensorRTOptions(batch=16, workspace_mib=512),))
-    options = get_backend("tensorrt").options(config, graph)
+    options = get_backend("tensorrt").options(config.target(), graph)
     assert options.fp16 and options.workspace_mib == 512 and not options.sparsity
     assert options.profiles is not None and options.profiles["input"].max == (16, 3, 32, 32)
     assert get_backend("tensorrt").profiles(options) == options.profiles  # recorded in the plan for Triton
-    assert get_backend("cpu").profiles(get_backend("cpu").options(BuildConfig(int8=False), graph)) is None
-    assert get_backend("tensorrt").options(BuildConfig(int8=False, sparsity=True), graph).sparsity  # SPARSE_WEIGHTS
+    assert get_backend("cpu").profiles(get_backend("cpu").options(BuildConfig(int8=False).target(), graph)) is None
+    assert (
+        get_backend("tensorrt").options(BuildConfig(int8=False, sparsity=True).target(), graph).sparsity
+    )  # SPARSE_WEIGHTS
     report = get_backend("tensorrt").report(_any_plan(), options)
     assert report is not None and report.to_dict()["input"]["max"] == [16, 3, 32, 32]
     assert "TensorRT profiles" in report.rows()[0][0]
@@ -200,11 +202,11 @@ def _any_plan():  # type: ignore[no-untyped-def]
 
 def test_the_cpu_backend_refuses_fp16_before_any_work() -> None:
     with pytest.raises(TrtoptError, match="--fp16 is for the TensorRT backend") as info:
-        get_backend("cpu").options(BuildConfig(int8=False, fp16=True), _graph("tiny_cnn"))
+        get_backend("cpu").options(BuildConfig(int8=False, fp16=True).target(), _graph("tiny_cnn"))
     assert "Drop --fp16" in info.value.fix
     config = BuildConfig(int8=False, backend_options=CpuOptions(encoding="u8u8"))  # one, or a sequence
-    assert get_backend("cpu").options(config, _graph("tiny_cnn")) == CpuOptions(encoding="u8u8")
-    assert config.options_for(TensorRTOptions) == TensorRTOptions()  # absent: the backend's defaults
+    assert get_backend("cpu").options(config.target(), _graph("tiny_cnn")) == CpuOptions(encoding="u8u8")
+    assert config.target().options_for(TensorRTOptions) == TensorRTOptions()  # absent: the backend's defaults
 
 
 def test_build_config_checks_its_stages_and_options() -> None:
@@ -284,35 +286,37 @@ def _data(work: Path):  # type: ignore[no-untyped-def]
 
 
 def _optimized(path: Path) -> gs.Graph:
-    from trtopt.frontend.config import load_graph
     from trtopt.passes import optimize
+    from trtopt.passes.config import load_graph
 
     return optimize(load_graph(path, GraphConfig(), int8=True, batch=8)).graph
 
 
-def test_plan_schema_asks_the_backend_which_section_its_runner_needs(tmp_path: Path) -> None:
+def test_a_plan_without_its_runners_section_is_refused_before_it_runs(tmp_path: Path) -> None:
     from hostile_files import sealed_plan, split_plan
 
+    from trtopt.backend import RunOptions, create_runner
     from trtopt.errors import PlanError
     from trtopt.plan.format import plan_from_bytes
 
     header, sections = split_plan((ROOT / "tests" / "data" / "plans" / "v1_tiny_cpu_int8.engine").read_bytes())
     header["backend"] = "tensorrt"  # a TensorRT plan without its engine
+    plan = plan_from_bytes(sealed_plan(header, sections))  # the format is sound; what is missing is the backend's
     with pytest.raises(PlanError, match="a tensorrt plan needs an 'engine' section"):
-        plan_from_bytes(sealed_plan(header, sections))
+        create_runner(plan, RunOptions())
     assert onnx.load_from_string(sections[0]).graph.node  # the section itself is intact
 
 
 def test_tensorrt_says_to_add_fp16_for_a_float16_model(caplog: pytest.LogCaptureFixture) -> None:
-    """An INT8 build of a float16 model calibrates a float32 copy (trtopt.quant.float_types), so TensorRT's strongly
+    """An INT8 build of a float16 model calibrates a float32 copy (trtopt.frontend.float_types), so TensorRT's strongly
     typed network would run the float layers in FP32 unless --fp16 writes FP16 back: the options say so."""
     graph = gs.import_onnx(build_model("tiny_cnn"))
     graph.inputs[0].dtype = np.float16
     with caplog.at_level("WARNING", logger="trtopt.backend.tensorrt.backend"):
-        get_backend("tensorrt").options(BuildConfig(), graph)
+        get_backend("tensorrt").options(BuildConfig().target(), graph)
     assert "add --fp16" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="trtopt.backend.tensorrt.backend"):
-        get_backend("tensorrt").options(BuildConfig(fp16=True), graph)
-        get_backend("tensorrt").options(BuildConfig(), gs.import_onnx(build_model("tiny_cnn")))
+        get_backend("tensorrt").options(BuildConfig(fp16=True).target(), graph)
+        get_backend("tensorrt").options(BuildConfig().target(), gs.import_onnx(build_model("tiny_cnn")))
     assert "add --fp16" not in caplog.text

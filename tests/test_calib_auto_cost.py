@@ -100,8 +100,8 @@ def test_the_stage_passes_its_bounded_tensors(monkeypatch: pytest.MonkeyPatch, t
 @pytest.mark.parametrize("method", ["auto", "entropy"])
 def test_the_stage_finds_the_bounded_tensors_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, method: str) -> None:
     """One graph walk for the bounded set, shared by auto (which skips them) and the max rule (which sets them)."""
+    from trtopt.calib import ranges
     from trtopt.data.samples import load_samples
-    from trtopt.quant import ranges
 
     model = _relu6_net()
     graph = graph_from_onnx(model)

@@ -16,7 +16,7 @@ from trtopt.cli import args as groups
 from trtopt.cli.build_cmd import build_config
 from trtopt.cli.main import build_parser
 from trtopt.data import DataConfig
-from trtopt.frontend.config import GraphConfig
+from trtopt.passes.config import GraphConfig
 from trtopt.quant import QuantConfig
 from trtopt.verify import VerifyConfig
 
@@ -68,8 +68,8 @@ def test_every_build_flag_reaches_its_stage(tmp_path) -> None:  # type: ignore[n
     assert config.quant == QuantConfig(exclude=("Gemm",), keep_first_last=True, min_channels=4, bias_correction=False)
     assert config.graph == GraphConfig(shapes={"x": (1, 3, 8, 8), "y": (1, 2)}, passes=())  # '': no passes
     assert config.fp16 and config.int8 and config.verify.samples == 3 and config.preprocess.preset == "tf"
-    assert config.options_for(CpuOptions) == CpuOptions(gemm="on", encoding="u8u8")
-    trt = config.options_for(TensorRTOptions)
+    assert config.target().options_for(CpuOptions) == CpuOptions(gemm="on", encoding="u8u8")
+    trt = config.target().options_for(TensorRTOptions)
     assert (trt.batch, trt.workspace_mib, trt.optimization_level) == (16, 64, 5)
     assert config.sparsity  # build-wide: the plan records 2:4 layers; TensorRT's options add SPARSE_WEIGHTS
 

@@ -20,7 +20,7 @@ from trtopt.distribution_shift import (
     sampled,
     shift_warning,
 )
-from trtopt.verify import REFERENCE_MIN_COSINE, Verification
+from trtopt.plan.verification import REFERENCE_MIN_COSINE, Verification
 
 
 def _heat_map(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -12,10 +12,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtopt.build import BuildConfig, build_plan
-from trtopt.compare import ErrorStats, zero_padded
+from trtopt.compare import ErrorStats
 from trtopt.data.config import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import OrtSession
+from trtopt.metrics.arrays import zero_padded
 from trtopt.verify import agreement, collect
 
 

@@ -10,7 +10,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from trtopt.errors import format_dims, format_shape
-from trtopt.passes.edit import stable_topological_order
+from trtopt.frontend.edit import stable_topological_order
 from trtopt.passes.query import clip_bounds, input_channels, output_channels, read_clip_bounds
 
 

@@ -1,4 +1,4 @@
-"""INT8 builds of float16 and bfloat16 models run on a float32 copy (trtopt.quant.float_types); the plan keeps the
+"""INT8 builds of float16 and bfloat16 models run on a float32 copy (trtopt.frontend.float_types); the plan keeps the
 model's input and output types. They used to calibrate, then fail with "The built plan is not valid: Type Error
 ... QuantizeLinear" and blame trtopt's passes; after that, they were refused. float64 models are still refused.
 
@@ -20,9 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 from trtopt.cli.main import main
 from trtopt.engine import Engine
 from trtopt.execution import run_model
+from trtopt.frontend.float_types import lifted_to_float32, low_float_uses
 from trtopt.passes.check import LOW_RTOL
 from trtopt.precision import convert_to_fp16
-from trtopt.quant.float_types import lifted_to_float32, low_float_uses
 from trtopt.zoo.random_graphs import RandomGraph
 
 TYPES = {"float16": (np.float16, TensorProto.FLOAT16), "float64": (np.float64, TensorProto.DOUBLE)}

@@ -30,8 +30,8 @@ from zoo_fixtures import ZOO_NAMES, zoo_case
 from trtopt.cli.main import main
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx
+from trtopt.frontend.edit import canonicalize
 from trtopt.passes import DEFAULT_ORDER, PASSES, FusionGroup, find_fusion_groups, optimize
-from trtopt.passes.edit import canonicalize
 from trtopt.zoo import NAMES, GraphBuilder, build_model
 from trtopt.zoo.light import LIGHT_NAMES, light_model
 

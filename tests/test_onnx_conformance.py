@@ -57,7 +57,7 @@ def test_int8_build_of_a_vector_dot_product(tmp_path: Path) -> None:
 
 def test_int8_builds_of_the_float16_cases(tmp_path: Path) -> None:
     """onnx's float16 Attention, CausalConv and FlexAttention cases: INT8 builds calibrated their float32 copy
-    and verified (trtopt.quant.float_types). They used to fail with "The built plan is not valid: Type Error ...
+    and verified (trtopt.frontend.float_types). They used to fail with "The built plan is not valid: Type Error ...
     QuantizeLinear" and blame trtopt's passes, then were refused. In a subprocess: onnx collects its cases once
     per process, for the op type the first call names."""
     out = tmp_path / "results.jsonl"

@@ -21,9 +21,9 @@ from trtopt.data import DataConfig
 from trtopt.engine import Engine
 from trtopt.errors import TrtoptError
 from trtopt.execution import OrtSession
+from trtopt.frontend.prequantized import refuse_prequantized
 from trtopt.plan import write_plan
 from trtopt.quant import QuantConfig
-from trtopt.quant.prequantized import refuse_prequantized
 from trtopt.zoo.builder import GraphBuilder
 
 SHAPE = (1, 3, 16, 16)

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from trtopt.cli.summaries import sensitivity_row
+from trtopt.plan.verification import REFERENCE_MIN_COSINE
 from trtopt.quant.ceiling import FLOOR
 from trtopt.quant.sensitivity import CANDIDATES, LATER, MIN_COSINE, find_sensitive_layers
-from trtopt.verify import REFERENCE_MIN_COSINE
 
 MANY = CANDIDATES + 24  # more layers than the search tries alone: the test runs
 RANKED = [f"l{i:02d}" for i in range(MANY)]

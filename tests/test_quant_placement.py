@@ -163,7 +163,7 @@ def test_shared_thresholds_merge_overlapping_groups() -> None:
 def test_bounded_tensors_follow_relu6_through_zero_padding() -> None:
     """input ─ Conv ─ Clip(0,6) ─ Pad(0) ─ MaxPool ─ Conv ─ Relu ─ output: Clip, Pad and MaxPool outputs are
     bounded by 6; conv outputs and the unbounded Relu are not."""
-    from trtopt.quant.ranges import bounded_tensors
+    from trtopt.calib.ranges import bounded_tensors
 
     b = GraphBuilder("bounded", seed=5)
     x = b.input("input", [1, 8, 8, 8])

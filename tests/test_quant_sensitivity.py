@@ -382,8 +382,8 @@ def test_the_search_figure_is_the_lower_of_the_per_sample_and_all_element_cosine
     """Two logits per sample whose signs INT8 keeps but whose sizes it does not: each sample's cosine is
     near 1, the all-element cosine (what `trtopt compare` and the zoo benchmark report) is not; the
     search's figure is the lower one, and a perfect plan scores 1."""
+    from trtopt.agreement import agreement
     from trtopt.quant.trials import cosine_figure
-    from trtopt.verify import agreement
 
     want = {"logits": np.array([[4.0, -4.0], [0.5, -0.5], [3.0, -3.1], [0.4, -0.6]])}
     got = {"logits": want["logits"] * np.array([[0.5], [4.0], [0.5], [4.0]])}  # per-sample cosine exactly 1

@@ -16,6 +16,7 @@ from model_files import tiny_model_with_images
 from onnx import numpy_helper
 
 import trtopt
+from trtopt.agreement import Agreement, agreement
 from trtopt.backend import get_backend
 from trtopt.backend.cpu import builder as cpu_builder
 from trtopt.backend.cpu import runner as cpu_runner
@@ -25,16 +26,8 @@ from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.distribution_shift import MIN_ELEMENTS
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.plan import TensorSpec, read_plan, write_plan
-from trtopt.verify import (
-    KERNEL_CAP,
-    KERNEL_FLOOR,
-    Agreement,
-    Verification,
-    VerifyConfig,
-    agreement,
-    kernel_tolerance,
-    observed_outputs,
-)
+from trtopt.plan.verification import KERNEL_CAP, KERNEL_FLOOR, Verification, kernel_tolerance
+from trtopt.verify import VerifyConfig, observed_outputs
 
 
 @pytest.fixture(scope="module")

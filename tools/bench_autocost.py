@@ -45,8 +45,8 @@ def prepared(name: str, calib_count: int, workdir: Path) -> dict[str, Any] | Non
     from trtopt.data.config import DataConfig, PreprocessConfig
     from trtopt.data.samples import load_samples, preprocess_spec_for
     from trtopt.frontend import onnx_from_graph
-    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.passes import optimize
+    from trtopt.passes.config import GraphConfig, load_graph
 
     case = case_for(name, workdir)
     if case is None:

@@ -92,7 +92,7 @@ def model_spec(model_path: str) -> object:
     """The preprocessing `trtopt build` applies to this model (its sidecar preset, or the input's default)."""
     from trtopt.data import PreprocessConfig
     from trtopt.data.samples import preprocess_spec_for
-    from trtopt.frontend.config import GraphConfig, load_graph
+    from trtopt.passes.config import GraphConfig, load_graph
 
     graph = load_graph(Path(model_path), GraphConfig(), int8=False, batch=8)
     return preprocess_spec_for(Path(model_path), graph, PreprocessConfig())
@@ -136,8 +136,8 @@ def run_trtopt_calibrate(args: argparse.Namespace) -> dict:
     from trtopt.data import DataConfig, PreprocessConfig
     from trtopt.data.samples import load_samples, preprocess_spec_for
     from trtopt.frontend import onnx_from_graph
-    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.passes import optimize
+    from trtopt.passes.config import GraphConfig, load_graph
 
     data = DataConfig(sources=(args.images,), count=args.count, batch=args.batch)
     graph = optimize(load_graph(Path(args.model), GraphConfig(), int8=True, batch=data.batch)).graph

@@ -66,8 +66,8 @@ def profile(model_path: Path, photos: list[Path], batch: int, repeat: int) -> tu
     from trtopt.data.preprocess import preprocess_file
     from trtopt.data.samples import preprocess_spec_for
     from trtopt.frontend import onnx_from_graph
-    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.passes import optimize
+    from trtopt.passes.config import GraphConfig, load_graph
 
     graph = optimize(load_graph(model_path, GraphConfig(), int8=True, batch=8)).graph
     spec = preprocess_spec_for(model_path, graph, PreprocessConfig())

@@ -80,7 +80,7 @@ def trtopt_plan(path: Path, args: argparse.Namespace, encoding: str, **quant: ob
     from trtopt.backend.cpu.options import CpuOptions
     from trtopt.build import BuildConfig, build_plan
     from trtopt.data import DataConfig
-    from trtopt.frontend.config import GraphConfig
+    from trtopt.passes.config import GraphConfig
     from trtopt.quant import QuantConfig
 
     passes = quant.pop("passes", None)

@@ -144,7 +144,7 @@ def resolve_model(model: str, workdir: Path) -> ModelUnderTest:
     topology from the onnx package with random weights and a dynamic batch (trtopt.zoo.light; timing only)."""
     from trtopt.data import PreprocessConfig
     from trtopt.data.samples import preprocess_spec_for
-    from trtopt.frontend.config import GraphConfig, load_graph
+    from trtopt.passes.config import GraphConfig, load_graph
     from trtopt.zoo import NAMES, build_model
     from trtopt.zoo.light import LIGHT_NAMES, light_model
 

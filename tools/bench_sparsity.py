@@ -89,8 +89,8 @@ def zoo_model(name: str, workdir: Path) -> tuple[ModelUnderTest, Any] | None:
 
     from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
     from trtopt.data.samples import preprocess_spec_for
-    from trtopt.frontend.config import GraphConfig, load_graph
     from trtopt.frontend.loader import load_model
+    from trtopt.passes.config import GraphConfig, load_graph
 
     entry, cached = zoo.model_named(name), zoo.cached_path(name)
     if cached is None:

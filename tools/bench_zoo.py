@@ -31,7 +31,7 @@ saying so), or one ONNX file with --model. Per model:
 `--float16` benchmarks float16 copies of the models instead, as an FP16 export would give them:
 `trtopt.precision.convert_to_fp16(keep_io_fp32=False)` (float16 inputs, outputs and weights; the ops of
 `DEFAULT_KEEP_OPS` stay float32 between Casts). Every variant starts from the copy and is scored against the copy
-as ONNX Runtime runs it (trtopt calibrates a float32 copy of it: trtopt.quant.float_types).
+as ONNX Runtime runs it (trtopt calibrates a float32 copy of it: trtopt.frontend.float_types).
 """
 
 from __future__ import annotations

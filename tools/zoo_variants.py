@@ -78,7 +78,7 @@ def build_config(subject: Subject, data: Data | None, method: str | None, *, int
     from trtopt.calib.config import CalibConfig
     from trtopt.cli.preprocess_args import add_preprocess_arguments, preprocess_config
     from trtopt.data.config import DataConfig
-    from trtopt.frontend.config import GraphConfig
+    from trtopt.passes.config import GraphConfig
     from trtopt.quant.config import QuantConfig
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -96,7 +96,7 @@ def load(subject: Subject, sources: tuple[str, ...], count: int | None) -> Any:
     """The samples in `sources` preprocessed as `trtopt build` does for this subject."""
     from trtopt.data import input_infos_from_graph, load_dataset
     from trtopt.data.samples import preprocess_spec_for
-    from trtopt.frontend.config import load_graph
+    from trtopt.passes.config import load_graph
 
     assert subject.path is not None
     config = build_config(subject, None, None, int8=False)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trtopt._version import __version__
 from trtopt.errors import TrtoptError
 
-__version__ = "0.1.0"
 __all__ = ["Engine", "TrtoptError", "__version__"]
 
 if TYPE_CHECKING:

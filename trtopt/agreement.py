@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtopt.distribution_shift import distribution_shift
+from trtopt.metrics.arrays import is_distribution, row_cosines, zero_padded
 
 Outputs = dict[str, np.ndarray]
 
@@ -101,7 +102,6 @@ SAMPLE_MIN_COSINE = 0.95
 # default plan (avx2) has a line at 0.949, two of its 40 steps flipped, a string the exact-match rate counts.
 SAMPLE_MIN_VALUES = 16
 TIE = 1e-5  # a top-2 margin at most this share of the position's score range counts as a tie
-_SUM_TOLERANCE = 1e-3  # how far a probability vector's sum may be from 1 (float32 Softmax rounding)
 
 
 def class_axes(outputs: Outputs, input_hw: tuple[int, int] | None = None) -> dict[str, int]:
@@ -131,23 +131,8 @@ def class_axis(value: np.ndarray, input_hw: tuple[int, int] | None = None) -> in
     return None
 
 
-def is_distribution(value: np.ndarray, axis: int) -> bool:
-    """Probabilities (or log-probabilities) along `axis` at every position; all-zero positions (padding) pass.
-    Also `trtopt.metrics.task`'s test of a per-step distribution, for outputs of models without an image input."""
-    v = value.astype(np.float64)
-    if v.min() >= -_SUM_TOLERANCE and v.max() <= 1 + _SUM_TOLERANCE:
-        sums = v.sum(axis=axis)
-        return bool(np.all((np.abs(sums - 1) <= _SUM_TOLERANCE) | (sums == 0)))
-    if v.max() <= _SUM_TOLERANCE:
-        top = v.max(axis=axis, keepdims=True)
-        logsum = np.log(np.exp(v - top).sum(axis=axis)) + np.squeeze(top, axis)
-        return bool(np.all(np.abs(logsum) <= _SUM_TOLERANCE))
-    return False
-
-
 def argmax_counts(got: np.ndarray, want: np.ndarray, axis: int) -> tuple[int, int]:
     """(positions whose top class is the same in `got` as in `want`, untied positions of `want`)."""
-    from trtopt.compare import zero_padded
 
     got, want = zero_padded([np.asarray(got), np.asarray(want)])
     classes = want.shape[axis]
@@ -169,7 +154,6 @@ def agreement(
     `label_maps` (`trtopt.metrics.labels.label_map_outputs` of the target) get the label-map figures. With the
     number of `samples` run, the outputs with one row per sample get the worst sample's cosine (not a
     time-major [T, N, C] output, whose rows are time steps)."""
-    from trtopt.compare import row_cosines, zero_padded
 
     cosines, errors, top1, shifts, lows = [], [], [], [], []
     for name, want in target.items():
@@ -246,7 +230,6 @@ def unlabelled_cosine(outputs: Outputs, target: Outputs, label_maps: Sequence[st
 
 def _worst_label_map(outputs: Outputs, target: Outputs, names: Sequence[str]) -> tuple[float, float, str] | None:
     """(mean IoU, pixel agreement, name) of the label map with the lowest mean IoU; None: no label maps."""
-    from trtopt.compare import zero_padded
     from trtopt.metrics.labels import LabelAgreement
 
     found = []

@@ -21,26 +21,37 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.backend import BackendOptions, BackendReport, Profile, get_backend, quantizable_tensors, select_backend
+from trtopt.backend import (
+    BackendOptions,
+    BackendReport,
+    BuildTarget,
+    Profile,
+    checked_backend_options,
+    get_backend,
+    prequantized_keeps,
+    quantizable_tensors,
+    select_backend,
+)
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
-from trtopt.config_checks import checked_backend_options
 from trtopt.data.config import DataConfig, PreprocessConfig
+from trtopt.data.samples import Checks
 from trtopt.errors import InputsRejected, TrtoptError
 from trtopt.frontend import onnx_from_graph
-from trtopt.frontend.config import GraphConfig, load_graph
+from trtopt.frontend.float_types import float_precision
+from trtopt.passes.config import GraphConfig, load_graph
 from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, TensorSpec
+from trtopt.plan.verification import Verification
 from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases
 from trtopt.quant.concat_ranges import float_unlike_concats
-from trtopt.quant.float_types import float_precision
 from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
-from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
+from trtopt.verify import VerifyConfig, build_verified
 
 if TYPE_CHECKING:
     from trtopt.calib import Calibration
@@ -50,7 +61,6 @@ if TYPE_CHECKING:
     from trtopt.passes.check import OptimizeCheck
 
 log = logging.getLogger(__name__)
-Options = TypeVar("Options", bound=BackendOptions)
 
 
 @dataclass(frozen=True)
@@ -91,9 +101,9 @@ class BuildConfig:
         if self.labels is not None:
             object.__setattr__(self, "labels", tuple(self.labels))
 
-    def options_for(self, kind: type[Options]) -> Options:
-        """This config's options of `kind` (one backend's `options_type`), or that backend's defaults."""
-        return next((o for o in self.backend_options if isinstance(o, kind)), None) or kind()
+    def target(self) -> BuildTarget:
+        """What the backend is told of this config (`Backend.options`)."""
+        return BuildTarget(self.int8, self.fp16, self.sparsity, self.graph.shapes, self.backend_options)
 
 
 @dataclass
@@ -122,13 +132,14 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
     with times("load"):
-        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=shaping)
+        graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=shaping,
+                           keeps=prequantized_keeps())  # fmt: skip
     backend, reason = select_backend(config.backend)
     with times("optimize"):  # the backend's default passes leave out those that cost on its kernels
         optimized = optimize(graph, backend.passes(config.graph.passes))
     graph = optimized.graph
     labels = _labels(graph, config.labels)  # everything up to `fp32` is checked before the slow work
-    options = backend.options(config, graph)
+    options = backend.options(config.target(), graph)
     spec = preprocess_spec_for(path, graph, config.preprocess, config.data)
     data, checks = _samples(graph, spec, config)
     fp32 = onnx_from_graph(graph)
@@ -162,7 +173,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
 def _unverified(backend, model, io, options, fp32, checks, *, drawn):  # type: ignore[no-untyped-def]
     """The plan of a model that draws random numbers (Piper's VITS voices: RandomNormalLike): two runs of it differ
     whatever the kernels do, so the backend's first variant is built and the plan carries no verification."""
-    from trtopt import __version__
+    from trtopt._version import __version__
     from trtopt.execution import OrtSession
     from trtopt.plan import Plan
     from trtopt.verify import collect, observed_outputs
@@ -308,7 +319,8 @@ def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration)
     if not calibration.channel_means:
         log.warning(
             "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
-            "a trtopt cache written by this version, to get it", calibration.source or calibration.method
+            "a trtopt cache written by this version, to get it",
+            calibration.source or calibration.method,
         )
         return None
     report = correct_biases(graph, qplan, calibration.channel_means)

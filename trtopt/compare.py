@@ -13,7 +13,7 @@ for `--exclude`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,37 +21,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.agreement import SAMPLE_MIN_VALUES
 from trtopt.metrics import TaskConfig, TaskEvaluator, choose_task
-
-
-def zero_padded(arrays: Sequence[np.ndarray], *, from_axis: int = 0) -> list[np.ndarray]:
-    """`arrays` zero-padded at the end of each axis from `from_axis` on to their largest size there, so that
-    outputs whose length depends on the data (a decoder's Loop that stops at its end token, NonZero, NMS)
-    can be stacked and compared: what one run produced and the other did not counts against zero, as a
-    disagreement. Arrays of one shape, or of different ranks, come back as they are."""
-    arrays = [np.asarray(a) for a in arrays]
-    if len({a.shape for a in arrays}) <= 1 or len({a.ndim for a in arrays}) != 1:
-        return arrays
-    top = np.max([a.shape for a in arrays], axis=0)
-    return [np.pad(a, [(0, 0) if axis < from_axis else (0, int(top[axis]) - size) for axis, size in enumerate(a.shape)])
-            for a in arrays]  # fmt: skip
-
-
-def joined_batches(batches: Sequence[tuple[np.ndarray, int | None]]) -> np.ndarray:
-    """One output's values from several batches, each (value, its real rows: None for all), as one array: the
-    rows kept, concatenated along the batch axis, zero-padded where their length depends on the data
-    (`zero_padded`). A 0-d output (a count, a loss) has no rows to trim: it stays 0-d from one batch and becomes
-    one value per batch from several."""
-    values = [np.asarray(v)[:rows] if np.ndim(v) else np.asarray(v) for v, rows in batches]
-    if len(values) == 1 and not values[0].ndim:
-        return values[0]
-    return np.concatenate(zero_padded([np.atleast_1d(v) for v in values], from_axis=1))
-
-
-def row_cosines(got: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """The cosine of each row of `got` with the same row of `ref` (two all-zero rows agree)."""
-    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1)
-    both_zero = norms == 0
-    return np.where(both_zero, np.all(got == ref, axis=1), np.sum(got * ref, axis=1) / np.where(both_zero, 1, norms))
+from trtopt.metrics.arrays import row_cosines, zero_padded
 
 
 @dataclass

@@ -6,13 +6,9 @@ passed on to a backend that misbehaved; each is now a `TrtoptError` naming the o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trtopt.errors import TrtoptError
-
-if TYPE_CHECKING:
-    from trtopt.backend import BackendOptions
 
 MAX_THREADS = 1024
 MAX_BATCH = 2**20
@@ -32,24 +28,3 @@ def check_int(value: Any, option: str, low: int, high: int, *, optional: bool = 
 
 def check_threads(threads: Any) -> None:
     check_int(threads, "--threads", 1, MAX_THREADS, example="4")
-
-
-def checked_backend_options(options: BackendOptions | Sequence[BackendOptions]) -> tuple[BackendOptions, ...]:
-    """`BuildConfig.backend_options`: at most one options object per registered backend."""
-    from trtopt.backend import BackendOptions, get_backend
-
-    given = (options,) if isinstance(options, BackendOptions) else tuple(options)
-    seen: set[str] = set()
-    for item in given:
-        if not isinstance(item, BackendOptions):
-            raise TrtoptError(
-                f"BuildConfig.backend_options holds {item!r}; expected backend options such as the "
-                "`options_type` of a backend in trtopt.backend.BACKENDS.",
-                fix="Pass each backend's own options class (its `options_type`), at most one per backend.",
-            )
-        get_backend(item.backend)
-        if item.backend in seen:
-            raise TrtoptError(f"BuildConfig.backend_options has two entries for the {item.backend!r} backend.",
-                              fix="Give each backend's options once.")  # fmt: skip
-        seen.add(item.backend)
-    return given

@@ -23,8 +23,9 @@ from trtopt.backend import Runner, RunOptions, create_runner
 from trtopt.config_checks import check_threads
 from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError, format_shape
 from trtopt.execution.device_arrays import array_shape_and_dtype
+from trtopt.execution.ort_session import plan_errors
 from trtopt.plan import Plan, TensorSpec, read_plan
-from trtopt.verify import Verification, plan_errors
+from trtopt.plan.verification import Verification
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,7 @@ log = logging.getLogger(__name__)
 class Engine:
     """A deserialised plan ready to run."""
 
-    def __init__(
-        self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0
-    ) -> None:
+    def __init__(self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0) -> None:
         check_threads(threads)
         self.plan = plan
         self._closed = False
@@ -126,7 +125,7 @@ class Engine:
         parts = []
         if len(rows) == 1:
             with _runtime_errors_as_user_errors():
-                parts = [self._runner.infer({k: v[i:i + 1] for k, v in feeds.items()}) for i in range(rows.pop())]
+                parts = [self._runner.infer({k: v[i : i + 1] for k, v in feeds.items()}) for i in range(rows.pop())]
         if not parts or any(np.ndim(v) == 0 or len(v) != 1 for part in parts for v in part.values()):
             raise OneSamplePerCallError("The plan runs one sample per call, and these inputs cannot be split into "
                                         "samples, or its outputs joined back into a batch.",
@@ -278,5 +277,3 @@ def _batch_rows(feeds: Mapping[str, Any]) -> set[int]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-

@@ -12,36 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trtopt.errors import TrtoptError
+from trtopt.plan.verification import KERNEL_CAP, REFERENCE_ADVICE
 
 if TYPE_CHECKING:
-    from trtopt.agreement import Agreement
     from trtopt.backend import Backend
-    from trtopt.verify import Verification
-
-# What to do when the reference is far from FP32 (the warning's second half, and the fix of the error).
-REFERENCE_ADVICE = (
-    "Calibrate on samples like the ones the model will see (--calib with representative data), try another "
-    "--method (auto, percentile, mse), or --exclude the layers `trtopt compare --per-layer` names (on a plan "
-    "written with --write-failed). The sensitivity search, on unless --no-auto-exclude, keeps layers float only "
-    "where that reaches its aim."
-)
-
-
-def reference_warning(reference_vs_fp32: Agreement) -> str:
-    """The warning (and what to do) for a plan whose INT8 reference is far from FP32."""
-    from trtopt.verify import REFERENCE_MIN_COSINE
-
-    return (
-        f"the INT8 plan itself is far from FP32 (reference vs FP32: cosine {reference_vs_fp32.cosine:.3f} on its "
-        f"worst output, below {REFERENCE_MIN_COSINE}): expect its results to differ from the float model's. "
-        f"{REFERENCE_ADVICE}"
-    )
+    from trtopt.plan.verification import Verification
 
 
 def no_matching_variant(backend: Backend[Any], result: Verification, rejected: list[dict[str, Any]]) -> TrtoptError:
     """The error of a build none of whose variants (`rejected`; `result`: the last) passed."""
-    from trtopt.verify import KERNEL_CAP
-
     tried = ", ".join(f"{r['variant']} (relative error {r['rel_error']:.3g})" for r in rejected)
     what = (
         f"No build of this plan computes what its graph says on {backend.machine()}: tried {tried}, against a "

@@ -10,6 +10,7 @@ lazily: the CPU backend needs ONNX Runtime, the TensorRT one `tensorrt` and `cud
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trtopt.backend.base import (
@@ -17,6 +18,7 @@ from trtopt.backend.base import (
     BackendOptions,
     BackendReport,
     BackendStatus,
+    BuildTarget,
     Profile,
     Runner,
     RunOptions,
@@ -24,8 +26,8 @@ from trtopt.backend.base import (
     TritonModel,
     TritonServing,
 )
-from trtopt.errors import BackendUnavailableError, UnknownNameError
-from trtopt.registry import Registry
+from trtopt.backend.registry import BACKENDS
+from trtopt.errors import BackendUnavailableError, PlanError, TrtoptError, UnknownNameError
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
@@ -38,19 +40,20 @@ __all__ = [
     "BackendOptions",
     "BackendReport",
     "BackendStatus",
+    "BuildTarget",
     "Profile",
     "RunOptions",
     "Runner",
     "Shape",
     "TritonModel",
     "TritonServing",
+    "checked_backend_options",
     "create_runner",
     "get_backend",
+    "prequantized_keeps",
     "quantizable_tensors",
     "select_backend",
 ]
-
-BACKENDS: Registry[Backend[Any]] = Registry("backend")
 
 
 def get_backend(name: str) -> Backend[Any]:
@@ -81,9 +84,41 @@ def select_backend(name: str = "auto") -> tuple[Backend[Any], str]:
     raise BackendUnavailableError("No backend is available here: " + "; ".join(f"{b.name}: {r}" for b, r in skipped))
 
 
+def checked_backend_options(options: BackendOptions | Sequence[BackendOptions]) -> tuple[BackendOptions, ...]:
+    """`BuildConfig.backend_options`: at most one options object per registered backend."""
+    given = (options,) if isinstance(options, BackendOptions) else tuple(options)
+    seen: set[str] = set()
+    for item in given:
+        if not isinstance(item, BackendOptions):
+            raise TrtoptError(
+                f"BuildConfig.backend_options holds {item!r}; expected backend options such as the "
+                "`options_type` of a backend in trtopt.backend.BACKENDS.",
+                fix="Pass each backend's own options class (its `options_type`), at most one per backend.",
+            )
+        get_backend(item.backend)
+        if item.backend in seen:
+            raise TrtoptError(f"BuildConfig.backend_options has two entries for the {item.backend!r} backend.",
+                              fix="Give each backend's options once.")  # fmt: skip
+        seen.add(item.backend)
+    return given
+
+
+def prequantized_keeps() -> list[str]:
+    """What each backend keeps of a model another tool quantised, for the front end's advice
+    (`trtopt.frontend.prequantized.refuse_prequantized`)."""
+    return [f"the {b.title} backend takes {b.prequantized_keeps}" for b in map(BACKENDS.get, BACKENDS)
+            if b.prequantized_keeps]  # fmt: skip
+
+
 def create_runner(plan: Plan, options: RunOptions) -> Runner:
     """A runner for `plan` on the backend it was built for, or a clear error where that backend is missing."""
     backend = get_backend(plan.backend)
+    if backend.runner_section not in plan.sections:  # the plan format is read below the backends: checked here
+        raise PlanError(
+            f"This plan is damaged: a {plan.backend} plan needs an {backend.runner_section!r} section, found "
+            f"{sorted(plan.sections)}.",
+            fix="Rebuild the plan with `trtopt build`; a plan file is written whole or not at all.",
+        )
     status = backend.status()
     if not status.available:
         raise BackendUnavailableError(

@@ -47,10 +47,9 @@ if TYPE_CHECKING:
     import onnx
     import onnx_graphsurgeon as gs
 
-    from trtopt.build import BuildConfig
     from trtopt.plan import Plan
+    from trtopt.plan.verification import Verification
     from trtopt.quant import QuantConfig
-    from trtopt.verify import Verification
 
 Shape = tuple[int, ...]
 BuildSettings = TypeVar("BuildSettings")  # what a backend's `options` resolves and its `build` takes
@@ -131,6 +130,26 @@ class BackendOptions:
     backend: ClassVar[str]
 
 
+Options = TypeVar("Options", bound=BackendOptions)
+
+
+@dataclass(frozen=True)
+class BuildTarget:
+    """What a build asks of its backend, and all a backend is told of the build config (`BuildConfig.target`):
+    INT8 and FP16, whether to use 2:4 sparse kernels, the input shapes the user fixed (--shapes), and the
+    backends' own typed options, at most one per backend (`options_for` picks this backend's)."""
+
+    int8: bool = True
+    fp16: bool = False
+    sparsity: bool = False
+    shapes: Mapping[str, Shape] | None = None
+    backend_options: tuple[BackendOptions, ...] = ()
+
+    def options_for(self, kind: type[Options]) -> Options:
+        """The options of `kind` (one backend's `options_type`) given for this build, or that backend's defaults."""
+        return next((o for o in self.backend_options if isinstance(o, kind)), None) or kind()
+
+
 class BackendReport(Protocol):
     """What a backend made of a built plan, for the build summary: `key` and `to_dict()` for `--json`,
     `rows()` for the table."""
@@ -192,7 +211,7 @@ class Backend(ABC, Generic[BuildSettings]):
     strict_verification: bool = True
     mismatch_fix: ClassVar[str] = "Try "
     # What a build without --int8 keeps of a model another tool quantised, as "quantise with ..." advice
-    # (trtopt.quant.prequantized; "": nothing known), and what `build --sparsity` can say about this backend's
+    # (trtopt.frontend.prequantized; "": nothing known), and what `build --sparsity` can say about this backend's
     # kernels (trtopt.analysis.sparsity; recorded in the plan beside the qualifying layers).
     prequantized_keeps: ClassVar[str] = ""
     sparsity_note: ClassVar[str] = ""
@@ -210,9 +229,9 @@ class Backend(ABC, Generic[BuildSettings]):
         return quant
 
     @abstractmethod
-    def options(self, config: BuildConfig, graph: gs.Graph) -> BuildSettings:
-        """The settings `build` takes, from the build config (this backend's `options_type` entry in
-        `config.backend_options`, or its defaults) and the optimised graph. Raises `TrtoptError` for a
+    def options(self, target: BuildTarget, graph: gs.Graph) -> BuildSettings:
+        """The settings `build` takes, from what the build asks (`target`: this backend's `options_type` entry in
+        `target.backend_options`, or its defaults) and the optimised graph. Raises `TrtoptError` for a
         setting this backend cannot honour, before any slow work."""
 
     def variants(self, options: BuildSettings) -> list[tuple[str, BuildSettings]]:

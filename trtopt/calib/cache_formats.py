@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from trtopt import __version__
+from trtopt._version import __version__
 from trtopt.calib.calibration import Calibration
 from trtopt.calib.equalization import EqualizationRecord
 from trtopt.calib.thresholds import QMAX

@@ -40,7 +40,7 @@ class CalibConfig:
     reads:
 
     - `bounded_max` (on; --no-bounded-max turns it off): tensors with a hard activation bound (ReLU6,
-      Sigmoid outputs) keep their observed maximum as threshold (`trtopt.quant.ranges`);
+      Sigmoid outputs) keep their observed maximum as threshold (`trtopt.calib.ranges`);
     - `cache` (--calib-cache): take the thresholds from this trtopt, TensorRT or ONNX Runtime cache
       instead of measuring them;
     - `save_cache` (--save-cache): also write the measured thresholds to this trtopt cache.

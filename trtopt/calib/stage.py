@@ -75,13 +75,13 @@ def calibrate_graph(
 
 
 def _bounded(graph: gs.Graph) -> set[str]:
-    from trtopt.quant.ranges import bounded_tensors
+    from trtopt.calib.ranges import bounded_tensors
 
     return bounded_tensors(graph)
 
 
 def bounded_at_max(graph: gs.Graph, calibration: Calibration, *, bounded: set[str] | None = None) -> Calibration:
-    """Tensors with a hard activation bound keep their observed maximum (see trtopt.quant.ranges). `bounded`:
+    """Tensors with a hard activation bound keep their observed maximum (see trtopt.calib.ranges). `bounded`:
     those tensors of `graph` where the caller has them already (None: found here)."""
     histograms = calibration.histograms or {}
     amax = dict(calibration.amax)

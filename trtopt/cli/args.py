@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from trtopt.backend import BackendOptions
     from trtopt.calib import CalibConfig
     from trtopt.data.config import DataConfig
-    from trtopt.frontend.config import GraphConfig
+    from trtopt.passes.config import GraphConfig
     from trtopt.quant import QuantConfig
     from trtopt.verify import VerifyConfig
 
@@ -39,7 +39,7 @@ def add_graph_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def graph_config(args: argparse.Namespace) -> GraphConfig:
-    from trtopt.frontend.config import GraphConfig
+    from trtopt.passes.config import GraphConfig
 
     return GraphConfig.from_text(args.shapes, args.passes)
 
@@ -158,7 +158,8 @@ def backend_options(args: argparse.Namespace) -> tuple[BackendOptions, ...]:
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    from trtopt.verify import SHARED_CHECKS, VerifyConfig
+    from trtopt.data.samples import SHARED_CHECKS
+    from trtopt.verify import VerifyConfig
 
     v = parser.add_argument_group("verification (always on)")
     v.add_argument(

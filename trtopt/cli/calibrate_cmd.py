@@ -75,20 +75,20 @@ def run(args: argparse.Namespace) -> int:
 def calibrate_model(args: argparse.Namespace) -> Calibration:
     """Load and optimise the model as `trtopt build --int8` does (so the cache names exactly the tensors a
     build quantises, for every backend), then calibrate every tensor any backend may quantise."""
-    from trtopt.backend import quantizable_tensors
+    from trtopt.backend import prequantized_keeps, quantizable_tensors
     from trtopt.calib.stage import calibrate_graph
     from trtopt.cli import args as groups
     from trtopt.cli.console import phase_progress
     from trtopt.cli.preprocess_args import preprocess_config
     from trtopt.data.samples import load_samples, preprocess_spec_for
-    from trtopt.frontend.config import load_graph
     from trtopt.passes import optimize
+    from trtopt.passes.config import load_graph
 
     graph_config, data = groups.graph_config(args), groups.data_config(args)
     calib = groups.calib_config(args, keep_histograms=True if args.plot_dir else None)  # None: as the method needs
     preprocess = preprocess_config(args)
     model = Path(args.model)
-    graph = load_graph(model, graph_config, int8=True, batch=data.batch, data=data.sources)
+    graph = load_graph(model, graph_config, int8=True, batch=data.batch, data=data.sources, keeps=prequantized_keeps())
     graph = optimize(graph, _backend(args).passes(graph_config.passes)).graph  # the passes --backend's builds run
     spec = preprocess_spec_for(model, graph, preprocess, data)
     with phase_progress("calibration", disable=args.json) as on_progress:

@@ -120,7 +120,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.compare import compare_outputs
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
-    from trtopt.quant.prequantized import is_prequantized
+    from trtopt.frontend.prequantized import is_prequantized
     from trtopt.selection import find_selection
 
     config = task_config_from_args(args)
@@ -172,8 +172,8 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     from trtopt.compare import added_errors, compare_batches
     from trtopt.execution import OrtSession
     from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph
+    from trtopt.frontend.float_types import lifted_to_float32, low_float_uses
     from trtopt.passes import optimize
-    from trtopt.quant.float_types import lifted_to_float32, low_float_uses
 
     optimizer = engine.plan.metadata.optimizer
     passes = optimizer.passes if optimizer is not None else None

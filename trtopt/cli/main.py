@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from trtopt import __version__
+from trtopt._version import __version__
 from trtopt.errors import TrtoptError
 
 # name -> (module, one-line help); order is the order shown in --help.

@@ -187,7 +187,7 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
 
 def verification_text(record: dict[str, Any]) -> str:
     """The build's self-check in a few lines: what quantisation costs, and whether the kernels compute it."""
-    from trtopt.verify import Verification
+    from trtopt.plan.verification import Verification
 
     v = Verification.from_dict(record)
     float_plan = record.get("reference") in (AS_GIVEN, FLOAT_FALLBACK)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +20,6 @@ from trtopt.errors import DataError, InputsRejected, ShapeError, TrtoptError
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
-
-    from trtopt.verify import Checks
-
 log = logging.getLogger(__name__)
 
 
@@ -75,8 +73,10 @@ def preprocess_source(model_path: Path, config: PreprocessConfig) -> str:
         return f"from {sidecar}{given}"
     if flags:
         return f"the default for its input{given}"
-    return (f"the default for its input, a guess: no --preset, no flags, no {sidecar}; pass --preset or "
-            "--mean/--std/--scale/--color if the model expects other")
+    return (
+        f"the default for its input, a guess: no --preset, no flags, no {sidecar}; pass --preset or "
+        "--mean/--std/--scale/--color if the model expects other"
+    )
 
 
 def _sidecar_recipe(model_path: Path) -> dict[str, Any] | None:
@@ -118,8 +118,6 @@ def calibration_and_checks(
     boundary decides the verdict: PP-OCR's direction classifier, built on 32 text lines with gated
     equalisation, failed on 2.2% of 8-line windows of its 96 lines (0.1% without it) and passed on 16 and
     32 (kernels 0.034 and 0.028 from the reference, tolerances 0.128 and 0.100; avx2, u8u8)."""
-    from trtopt.verify import SHARED_CHECKS, Checks
-
     if data.verify_sources:
         given = data.verify_sources if len(data.verify_sources) > 1 else data.verify_sources[0]
         held = load_dataset(given, input_infos_from_graph(graph), spec, count=checks)
@@ -146,7 +144,6 @@ def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batc
     standard normal floats (zeros for integer inputs). They check the kernels, not the accuracy."""
     from trtopt.data.arrays import has_batch_axis
     from trtopt.data.preprocess import preprocess_images
-    from trtopt.verify import Checks
 
     rng = np.random.default_rng(0)
     infos = input_infos_from_graph(graph)
@@ -186,3 +183,16 @@ def refused_random_inputs(exc: InputsRejected, checks: Checks, graph: gs.Graph) 
 def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:
     value = rng.standard_normal(shape) if np.issubdtype(dtype, np.floating) else np.zeros(shape)
     return value.astype(dtype)
+
+
+SHARED_CHECKS = 4  # x `samples`, shared by a calibration set too small to hold any back (data.samples says why)
+
+
+@dataclass(frozen=True)
+class Checks:
+    """The samples a build verifies its plan on: (feeds, rows) batches, and where they came from."""
+
+    batches: list[tuple[dict[str, Any], int | None]]  # (feeds, real rows of each output; None: all)
+    source: str
+    samples: int | None = None  # None: counted from the batches' rows
+    random: bool = False  # random inputs, made up where no data was given (trtopt.data.samples.random_checks)

@@ -25,13 +25,13 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
 from trtopt.frontend.conditionals import flatten_constant_ifs
+from trtopt.frontend.edit import canonicalize
 from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
 from trtopt.frontend.io_types import check_tensor_io, zero_sizes_as_unknown
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
 from trtopt.frontend.shape_slices import spell_shape_slices
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
-from trtopt.passes.edit import canonicalize
 
 log = logging.getLogger(__name__)
 

@@ -171,7 +171,7 @@ def _classifier(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskC
 def probabilities(out: np.ndarray) -> bool:
     """[N, classes] that sum to 1 (a Softmax): a classifier's output before any other [N, C] one, which may be
     box offsets or landmarks (MTCNN's ONet: [N, 4] boxes, [N, 10] landmarks, then [N, 2] face probabilities)."""
-    from trtopt.agreement import is_distribution
+    from trtopt.metrics.arrays import is_distribution
 
     out = np.asarray(out)
     return out.ndim == 2 and out.shape[1] >= 2 and out.dtype.kind == "f" and out.size > 0 and is_distribution(out, 1)

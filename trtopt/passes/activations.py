@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.edit import Namer
+from trtopt.frontend.edit import Namer
 from trtopt.passes.query import clip_bounds, constant_array, is_missing, sole_consumer
 
 SINGLE_ACTIVATIONS = {

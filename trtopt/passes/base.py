@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.edit import canonicalize
+from trtopt.frontend.edit import canonicalize
 from trtopt.registry import Registry
 
 

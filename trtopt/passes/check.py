@@ -26,14 +26,14 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.errors import ModelError, ShapeError
-from trtopt.quant.float_types import lifted_to_float32, low_float_uses
+from trtopt.frontend.float_types import lifted_to_float32, low_float_uses
 
 RTOL = 1e-3
 # A sigmoid map saturated near 0 (PP-OCRv4-det on noise: largest value 5.9e-5) differs by float rounding alone
 # (1.5e-7 where ONNX Runtime flushes one value to 0): 2.5e-3 of its largest value. Outputs whose values are all
 # below SCALE_FLOOR are measured against it instead, allowing RTOL * SCALE_FLOOR (1e-5) absolute.
 SCALE_FLOOR = 1e-2
-# A float16 model against its float32 copy (trtopt.quant.float_types): float16 keeps 11 bits, and ONNX Runtime
+# A float16 model against its float32 copy (trtopt.frontend.float_types): float16 keeps 11 bits, and ONNX Runtime
 # rounds to it between the layers it runs in float16: 1.8e-4 of the largest output on EfficientNet-Lite0 converted
 # to float16, 7.9e-4 on torch's `.half()` ResNet-18. A lost constant or a broken Cast moves outputs far more.
 LOW_RTOL = 2e-2
@@ -152,7 +152,7 @@ def check_against_file(
     ONNX Runtime's optimisations off, on `feeds` (the first verification batch). Raises `ModelError` where they
     differ; where ONNX Runtime cannot run the file itself, says so and compares nothing.
 
-    `lifted`: an INT8 build, whose graph computes a float16 model in float32 (`trtopt.quant.float_types`). The
+    `lifted`: an INT8 build, whose graph computes a float16 model in float32 (`trtopt.frontend.float_types`). The
     file's float32 copy is then checked against the file within float16's rounding (`LOW_RTOL`), and the graph
     against the copy as closely as ever (`RTOL`)."""
     from trtopt.execution.ort_session import OrtSession

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import Namer
 from trtopt.passes.query import constant_array, graph_output_names, producer, sole_consumer
 
 SHAPE_OPS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer, bypass, can_bypass, canonicalize
 from trtopt.passes.base import Match, Rewrite, graph_pass
-from trtopt.passes.edit import Namer, bypass, can_bypass, canonicalize
 from trtopt.passes.groups import find_concat_groups
 from trtopt.passes.query import constant_array, graph_output_names, producer, sole_consumer
 

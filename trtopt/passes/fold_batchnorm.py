@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer, new_constant
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import Namer, new_constant
 from trtopt.passes.query import constant_array, graph_output_names, is_missing, output_channels, sole_consumer
 
 LINEAR_OPS = ("Conv", "ConvTranspose", "Gemm")

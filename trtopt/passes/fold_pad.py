@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import replace_uses
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import replace_uses
 from trtopt.passes.query import constant_array, graph_output_names, is_missing, sole_consumer
 
 

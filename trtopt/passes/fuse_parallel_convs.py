@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer, new_constant
 from trtopt.passes.activations import Activation, clone_activation, match_activation
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import Namer, new_constant
 from trtopt.passes.query import constant_array, conv_geometry, graph_output_names, is_missing, opset
 
 SPLIT_INPUT_OPSET = 13  # Split takes its sizes as an input from opset 13, as an attribute before

@@ -10,9 +10,9 @@ from typing import Any
 import onnx_graphsurgeon as gs
 
 from trtopt.frontend.copying import copy_graph
+from trtopt.frontend.edit import canonicalize
 from trtopt.passes.base import PASSES, PassReport
 from trtopt.passes.cost import GraphCost, estimate_cost
-from trtopt.passes.edit import canonicalize
 from trtopt.passes.groups import ConcatGroup, FusionGroup, find_concat_groups, find_fusion_groups
 
 # The generic clean-up first: ONNX Runtime's basic level, then the no-op nodes and layout round trips it leaves

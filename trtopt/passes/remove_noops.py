@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import onnx
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import bypass, can_bypass
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import bypass, can_bypass
 from trtopt.passes.query import constant_array, is_missing, producer
 
 F = onnx.TensorProto

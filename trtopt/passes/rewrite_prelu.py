@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import Namer
 from trtopt.passes.query import constant_array
 
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer, new_constant, replace_uses
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import Namer, new_constant, replace_uses
 from trtopt.passes.query import constant_array, graph_output_names, sole_consumer
 
 UNARY = frozenset({"Relu", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu", "Softplus",

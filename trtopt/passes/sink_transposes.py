@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend.edit import Namer, bypass, canonicalize
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.edit import Namer, bypass, canonicalize
 from trtopt.passes.query import constant_array, graph_output_names, is_missing, opset, producer
 
 UNARY_OPS = frozenset({

@@ -170,6 +170,6 @@ def plan_from_bytes(data: bytes, where: str = "<bytes>") -> Plan:
 
 
 def _trtopt_version() -> str:
-    from trtopt import __version__
+    from trtopt._version import __version__
 
     return __version__

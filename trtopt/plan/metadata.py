@@ -21,7 +21,7 @@ from trtopt.errors import PlanError
 
 if TYPE_CHECKING:
     from trtopt.passes import OptimizeResult
-    from trtopt.verify import Verification
+    from trtopt.plan.verification import Verification
 
 METADATA_VERSION = 2
 _QUANT_KEYS = ("calibration", "thresholds", "int8_layers", "float_layers", "bias_corrected_layers", "threshold_methods",
@@ -202,7 +202,7 @@ class PlanMetadata:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "the plan") -> PlanMetadata:
         """Read any version up to `METADATA_VERSION`; `PlanError` for a newer one or a malformed record."""
-        from trtopt.verify import Verification
+        from trtopt.plan.verification import Verification
 
         check_metadata_version(data.get("metadata_version", 1), where)
         quant = data.get("calibration") is not None  # trtopt writes the five quantisation keys together
@@ -236,7 +236,7 @@ def check_metadata_version(version: Any, where: str) -> None:
             fix="Rebuild the plan with `trtopt build`; plans edited by hand or by other tools are refused.",
         )
     if version > METADATA_VERSION:
-        from trtopt import __version__
+        from trtopt._version import __version__
 
         raise PlanError(
             f"{where} has plan metadata version {version}, written by a newer trtopt; this trtopt ({__version__}) "

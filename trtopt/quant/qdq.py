@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.calib.thresholds import QMAX, ZERO_AMAX, weight_scales
 from trtopt.errors import CalibrationError
-from trtopt.passes.edit import canonicalize
+from trtopt.frontend.edit import canonicalize
 from trtopt.quant.placement import QuantPlan, QuantSite
 
 # A tensor (or weight channel) that was all zeros still needs a positive scale: the calibrator's

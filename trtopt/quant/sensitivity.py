@@ -332,9 +332,9 @@ def float_sensitive_layers(
     TopK / NMS by what they select from (`trtopt.selection`). `progress` gets a `CalibProgress` per trial."""
     from trtopt.calib.collect import count_reporter
     from trtopt.errors import TrtoptError
+    from trtopt.execution.ort_session import plan_errors
     from trtopt.quant.placement import plan_quantization
     from trtopt.selection import judged_graph
-    from trtopt.verify import plan_errors
 
     if not plan.quantized_layers:
         return plan, None

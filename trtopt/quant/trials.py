@@ -229,7 +229,7 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     `cosine_figures`, a label map scores its mean IoU, and per-position class scores the sample's top-class
     agreement where that is lower; with `split`, the cosines without that agreement too, where they differ
     (`trtopt.quant.objective.split`)."""
-    from trtopt.compare import joined_batches, row_cosines, zero_padded
+    from trtopt.metrics.arrays import joined_batches, row_cosines, zero_padded
     from trtopt.quant.objective import split as split_rows
 
     aims, steadies = [], []
@@ -307,8 +307,8 @@ def cosine_figures(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.
 def figure_pair(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(`cosine_figures`, the same without the top-class agreement): the search's aim and steady figures
     (`trtopt.quant.objective`)."""
+    from trtopt.agreement import agreement
     from trtopt.compare import ErrorStats
-    from trtopt.verify import agreement
 
     aims, steadies = [], []
     for name, want in expected.items():

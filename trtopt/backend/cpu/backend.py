@@ -12,9 +12,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from trtopt.backend import BACKENDS
-from trtopt.backend.base import Backend, BackendStatus, Rebuild, RunOptions, SpeedChoice, TritonModel, TritonServing
+from trtopt.backend.base import (
+    Backend,
+    BackendStatus,
+    BuildTarget,
+    Rebuild,
+    RunOptions,
+    SpeedChoice,
+    TritonModel,
+    TritonServing,
+)
 from trtopt.backend.cpu.options import ENCODING_CHOICES, FALLBACK_CHOICES, GEMM_CHOICES, CpuOptions
+from trtopt.backend.registry import BACKENDS
 from trtopt.errors import TrtoptError
 
 log = logging.getLogger(__name__)
@@ -26,10 +35,9 @@ if TYPE_CHECKING:
     from trtopt.backend.base import Runner, Sections, Versions
     from trtopt.backend.cpu.builder import KernelReport
     from trtopt.backend.cpu.speed import Speed
-    from trtopt.build import BuildConfig
     from trtopt.plan import Plan
+    from trtopt.plan.verification import Verification
     from trtopt.quant import QuantConfig
-    from trtopt.verify import Verification
 
 # ONNX Runtime turns a Conv into a QLinearConv only when its output is quantised too (DQ -> Conv -> Q), and it
 # removes a Relu or Clip that feeds a QuantizeLinear whose range already clips the same values
@@ -105,14 +113,14 @@ class CpuBackend(Backend[CpuOptions]):
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         return replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading)
 
-    def options(self, config: BuildConfig, graph: gs.Graph) -> CpuOptions:
-        if config.fp16:
+    def options(self, target: BuildTarget, graph: gs.Graph) -> CpuOptions:
+        if target.fp16:
             raise TrtoptError(
                 "--fp16 is for the TensorRT backend; this build uses the CPU backend.",
                 fix="Drop --fp16 for CPU plans (ONNX Runtime's CPU kernels gain nothing from FP16), or build with "
                 "--backend tensorrt on a GPU machine. `trtopt.precision.convert_to_fp16` converts an ONNX file alone.",
             )
-        return config.options_for(CpuOptions)
+        return target.options_for(CpuOptions)
 
     def variants(self, options: CpuOptions) -> list[tuple[str, CpuOptions]]:
         """The INT8 weight encodings this CPU may run exactly, fastest first (each verified in turn)."""
@@ -151,7 +159,7 @@ class CpuBackend(Backend[CpuOptions]):
         """Which kernels ONNX Runtime made of an INT8 plan. The plan already verified, so a failure here is
         reported, not a traceback."""
         from trtopt.backend.cpu.builder import kernel_report
-        from trtopt.verify import plan_errors
+        from trtopt.execution.ort_session import plan_errors
 
         if not plan.metadata.int8:
             return None
@@ -207,7 +215,7 @@ class CpuBackend(Backend[CpuOptions]):
     def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
         from trtopt.backend.cpu.speed import measure_speed
-        from trtopt.verify import plan_errors
+        from trtopt.execution.ort_session import plan_errors
 
         failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
         runner = self.create_runner(plan, RunOptions(threads=1))

@@ -30,8 +30,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtopt.calib.ranges import VALUE_PRESERVING_OPS
 from trtopt.passes.query import read_clip_bounds
-from trtopt.quant.ranges import VALUE_PRESERVING_OPS
 
 log = logging.getLogger(__name__)
 

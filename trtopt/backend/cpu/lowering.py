@@ -33,7 +33,7 @@ from trtopt.backend.cpu.activations import fuse_activations
 from trtopt.backend.cpu.bounds import lower_bounds
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
-from trtopt.passes.edit import stable_topological_order
+from trtopt.frontend.edit import stable_topological_order
 
 # A bounded tensor's uint8 grid replaces the symmetric one only if its steps are at most this large (relative).
 FINER = 0.9

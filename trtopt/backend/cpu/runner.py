@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from trtopt.backend import RunOptions
+from trtopt.backend.base import RunOptions
 from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
 from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
 from trtopt.backend.cpu.lowering import store_unsigned_weights

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from trtopt.backend import BACKENDS
-from trtopt.backend.base import Backend, BackendStatus, Profile, RunOptions, TritonModel, TritonServing
+from trtopt.backend.base import Backend, BackendStatus, BuildTarget, Profile, RunOptions, TritonModel, TritonServing
+from trtopt.backend.registry import BACKENDS
 from trtopt.backend.tensorrt.options import TensorRTOptions
 
 if TYPE_CHECKING:
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from trtopt.backend.base import Runner, Sections, Versions
     from trtopt.backend.tensorrt.builder import EngineOptions
-    from trtopt.build import BuildConfig
     from trtopt.plan import Plan
     from trtopt.quant import QuantConfig
 
@@ -95,24 +94,24 @@ class TensorRTBackend(Backend["EngineOptions"]):
         leading = False if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         return replace(quant, quantize_outputs=False, float_leading_depthwise=leading)
 
-    def options(self, config: BuildConfig, graph: gs.Graph) -> EngineOptions:
+    def options(self, target: BuildTarget, graph: gs.Graph) -> EngineOptions:
         """The user's TensorRT options, FP16 from the build config, and one optimisation profile per dynamic
         input from the graph, --shapes and --batch (checked here, before calibration)."""
         from trtopt.backend.tensorrt.builder import EngineOptions, profiles_for
 
         _refuse_ml_ops(graph)
-        options = config.options_for(TensorRTOptions)
-        if config.int8 and not config.fp16 and any(t.dtype == np.float16 for t in [*graph.inputs, *graph.outputs]):
+        options = target.options_for(TensorRTOptions)
+        if target.int8 and not target.fp16 and any(t.dtype == np.float16 for t in [*graph.inputs, *graph.outputs]):
             log.warning("the model takes or gives float16, and INT8 calibrates a float32 copy of it "
                         "(trtopt.quant.float_types): the layers left float run in FP32 on TensorRT; add --fp16 to "
                         "run them in FP16 as the model did")  # fmt: skip
         return EngineOptions(
-            profiles=profiles_for(graph.inputs, config.graph.shapes, options.batch) or None,
+            profiles=profiles_for(graph.inputs, target.shapes, options.batch) or None,
             workspace_mib=options.workspace_mib,
             timing_cache=options.timing_cache,
             optimization_level=options.optimization_level,
-            sparsity=options.sparsity or config.sparsity,  # --sparsity: SPARSE_WEIGHTS
-            fp16=config.fp16,  # written into the graph by the builder (trtopt.precision.convert_to_fp16)
+            sparsity=options.sparsity or target.sparsity,  # --sparsity: SPARSE_WEIGHTS
+            fp16=target.fp16,  # written into the graph by the builder (trtopt.precision.convert_to_fp16)
             threads=options.threads,
         )
 

@@ -24,7 +24,7 @@ import importlib
 import logging
 from types import ModuleType
 
-from trtopt.backend import BackendStatus
+from trtopt.backend.base import BackendStatus
 from trtopt.errors import BackendUnavailableError
 
 log = logging.getLogger(__name__)

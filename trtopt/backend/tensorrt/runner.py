@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.backend import RunOptions
+from trtopt.backend.base import RunOptions
 from trtopt.backend.tensorrt import cuda
 from trtopt.errors import PlanError, ShapeError
 from trtopt.execution.device_arrays import DeviceArray, device_array_from

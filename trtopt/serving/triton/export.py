@@ -126,7 +126,7 @@ def _files(plan: Plan, plan_path: Path, config: dict[str, Any], model: TritonMod
 
 
 def _header(plan: Plan, plan_path: Path) -> str:
-    from trtopt import __version__
+    from trtopt._version import __version__
 
     versions = ", ".join(f"{k} {v}" for k, v in sorted(plan.versions.items()))
     made = f"# Written by trtopt {__version__} (`trtopt export --triton`) from {plan_path.name}: a {plan.backend} plan"

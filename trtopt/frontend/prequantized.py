@@ -16,13 +16,9 @@ constant folding turns it into a float weight, and the model is a float model fr
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
 
 from trtopt.errors import TrtoptError
-
-if TYPE_CHECKING:
-    from trtopt.backend import Backend
 
 # Nodes that quantise an activation at run time: QuantizeLinear, and the operators of ONNX's QOperator
 # format and ONNX Runtime's contrib ops (com.microsoft) that consume or produce quantised activations.
@@ -47,43 +43,37 @@ def is_prequantized(op_types: Iterable[str]) -> bool:
     return _found(op_types) is not None
 
 
-def refuse_prequantized(op_types: Iterable[str]) -> None:
+def refuse_prequantized(op_types: Iterable[str], keeps: Sequence[str] = ()) -> None:
     """Before calibration (`--int8`, `trtopt calibrate`): raise a `TrtoptError` saying what was found when the
-    graph's activations are quantised already."""
+    graph's activations are quantised already. `keeps`: what each backend keeps of such a model, for the advice
+    (`trtopt.backend.prequantized_keeps`: the backends sit above the front end, so they are named by the caller)."""
     what = _found(op_types)
     if what is None:
         return
     raise TrtoptError(
         f"{what} trtopt calibrates and quantises float models; quantising this one would stack trtopt's "
         "quantisation on the one another tool put in (static, or dynamic at run time).",
-        fix=f"Build it without --int8 to keep its own quantisation (trtopt builds and verifies it as it is{_kept()}), "
-        "or pass the float model this one was quantised from, with --int8 and --calib.",
+        fix="Build it without --int8 to keep its own quantisation (trtopt builds and verifies it as it is"
+        f"{''.join('; ' + k for k in keeps)}), or pass the float model this one was quantised from, with --int8 "
+        "and --calib.",
     )
 
 
-def prequantized_build_error(op_types: Iterable[str], backend: Backend[Any], cause: TrtoptError) -> TrtoptError | None:
+def prequantized_build_error(
+    op_types: Iterable[str], backend: str, keeps: str, cause: TrtoptError
+) -> TrtoptError | None:
     """For a build without --int8 whose plan is not valid (`cause`): the error to raise instead when the model
-    was quantised by another tool, which is then the likely reason (None: it was not). What `backend` can keep
-    is its own fact (`Backend.prequantized_keeps`)."""
+    was quantised by another tool, which is then the likely reason (None: it was not). `keeps`: what the
+    `backend` (its name) can keep, its own fact (`Backend.prequantized_keeps`)."""
     what = _found(op_types)
     if what is None:
         return None
-    keeps = backend.prequantized_keeps
     keep = f" To keep this quantisation, quantise with {keeps}." if keeps else ""
     return TrtoptError(
-        f"{what} The {backend.name} backend could not build it as it is: {cause.what}",
+        f"{what} The {backend} backend could not build it as it is: {cause.what}",
         fix="Pass the float model this one was quantised from, with --int8 and --calib (trtopt quantises, calibrates "
         f"and verifies it), or run this model with ONNX Runtime directly.{keep}",
     )
-
-
-def _kept() -> str:
-    """What each backend is known to keep of another tool's quantisation, for the advice ("" where none is)."""
-    from trtopt.backend import BACKENDS
-
-    keeps = [f"the {b.title} backend takes {b.prequantized_keeps}" for b in map(BACKENDS.get, BACKENDS)
-             if b.prequantized_keeps]  # fmt: skip
-    return "; " + "; ".join(keeps) if keeps else ""
 
 
 def _found(op_types: Iterable[str]) -> str | None:

@@ -50,24 +50,27 @@ class GraphConfig:
         return cls(shapes=parse_shapes(list(shapes) if shapes else None) or None, passes=names)
 
 
-def load_graph(path: Path, config: GraphConfig, *, int8: bool, batch: int, data: Sequence[str] = ()) -> gs.Graph:
+def load_graph(
+    path: Path, config: GraphConfig, *, int8: bool, batch: int, data: Sequence[str] = (), keeps: Sequence[str] = ()
+) -> gs.Graph:
     """The model at `path` as a graph with static shapes, ready for the passes. INT8 needs per-axis Q/DQ
     (opset 13): the front end converts older models (trtopt.frontend.opset). The memory check runs before
     anything does: a message, not an out-of-memory kill, for activations at `batch` that cannot fit. An INT8
-    build of a model quantised already is refused here (trtopt.quant.prequantized); one that computes in float16
-    works on a float32 copy (trtopt.quant.float_types). Where `data` (--calib) is one .npz or .npy file, dynamic
+    build of a model quantised already is refused here (trtopt.frontend.prequantized); one that computes in float16
+    works on a float32 copy (trtopt.frontend.float_types); `keeps` says what each backend keeps of such a model
+    (`trtopt.backend.prequantized_keeps`). Where `data` (--calib) is one .npz or .npy file, dynamic
     input sizes that --shapes leaves open are taken from its arrays."""
     from trtopt.memory import check_graph_memory
 
     model = load_model(path, min_opset=MIN_QDQ_OPSET if int8 else MIN_OPSET).model
     if int8:  # a graph quantised already has nothing to calibrate: say so before any work
-        from trtopt.quant.float_types import lifted_to_float32, low_float_uses, refuse_float64
-        from trtopt.quant.prequantized import refuse_prequantized
+        from trtopt.frontend.float_types import lifted_to_float32, low_float_uses, refuse_float64
+        from trtopt.frontend.prequantized import refuse_prequantized
 
-        refuse_prequantized(node.op_type for node in model.graph.node)
+        refuse_prequantized((node.op_type for node in model.graph.node), keeps)
         refuse_float64(model, str(path))
         uses = low_float_uses(model)
-        if uses:  # calibrated and quantised on a float32 copy (trtopt.quant.float_types)
+        if uses:  # calibrated and quantised on a float32 copy (trtopt.frontend.float_types)
             log.info("%s computes in float16 (%s): INT8 works on a float32 copy; the plan keeps its input and "
                      "output types", path, "; ".join(uses[:4]))  # fmt: skip
             model = lifted_to_float32(model)
