@@ -23,7 +23,7 @@ from trtopt.backend import Runner, RunOptions, create_runner
 from trtopt.config_checks import check_threads
 from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError, format_shape
 from trtopt.execution.device_arrays import array_shape_and_dtype
-from trtopt.execution.ort_session import plan_errors
+from trtopt.frontend.model_errors import plan_errors
 from trtopt.plan import Plan, TensorSpec, read_plan
 from trtopt.plan.verification import Verification
 

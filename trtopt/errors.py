@@ -57,6 +57,11 @@ class DataError(TrtoptError):
     """Calibration or inference data cannot be read or does not fit the model."""
 
 
+class UnreadableFileError(DataError):
+    """A data file exists in the data set but cannot be decoded (or would cost too much to: `trtopt.data.limits`);
+    data sets skip it and say why."""
+
+
 class CalibrationError(TrtoptError):
     """Calibration failed or a calibration cache does not match the model."""
 

@@ -23,12 +23,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import onnx
 
+from trtopt._version import __version__
 from trtopt.agreement import Outputs, agreement, class_axes, unlabelled_cosine
+from trtopt.compare import image_hw
 from trtopt.data.samples import Checks
 from trtopt.errors import TrtoptError
-from trtopt.execution.ort_session import plan_errors
+from trtopt.frontend.model_errors import plan_errors
+from trtopt.metrics.labels import label_map_outputs
+from trtopt.plan import Plan
 from trtopt.plan.verification import REFERENCE_MIN_COSINE, Verification, kernel_tolerance
 from trtopt.selection import Selection, find_selection, judged_model, judging
+from trtopt.verify_failure import no_matching_variant
 
 if TYPE_CHECKING:
     from trtopt.backend import Backend
@@ -222,13 +227,8 @@ def build_verified(
     lenient backend (`Backend.strict_verification`) whose graph ONNX Runtime cannot run as a reference.
     `options` are what `backend.options` resolved; with `config.write_failed`, a plan no variant of which
     passes is returned (the last variant's, its record saying it failed) instead of refused."""
-    from trtopt._version import __version__
     from trtopt.backend.cpu.isa import cpu_isa
-    from trtopt.compare import image_hw
     from trtopt.execution import OrtSession
-    from trtopt.metrics.labels import label_map_outputs
-    from trtopt.plan import Plan
-    from trtopt.verify_failure import no_matching_variant
 
     selection = find_selection(fp32)  # outputs after TopK / NMS: judged by what they select from (FP32 runs those)
     judged = collect(OrtSession(judged_model(fp32, selection) if selection else fp32).run, checks.batches)
@@ -251,9 +251,8 @@ def build_verified(
         except TrtoptError as exc:  # not valid: for a model another tool quantised, that is the likely reason
             from trtopt.frontend.prequantized import prequantized_build_error
 
-            instead = prequantized_build_error(
-                (n.op_type for n in fp32.graph.node), backend.name, backend.prequantized_keeps, exc
-            )
+            ops = (n.op_type for n in fp32.graph.node)
+            instead = prequantized_build_error(ops, backend.name, backend.prequantized_keeps, exc)
             if instead is None:
                 raise
             raise instead from None

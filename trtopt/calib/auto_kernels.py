@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.calib.thresholds import QMAX
+from trtopt.calib.config import QMAX
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from trtopt.calib.config import QMAX  # numba compiles it in as a constant
 from trtopt.calib.kernels_numba import compiled
-from trtopt.calib.thresholds import QMAX  # numba compiles it in as a constant
 
 # The sums run in LANES independent float64 accumulators, added at the end: a single one chains every add
 # to the previous one and runs at half the speed.

@@ -52,7 +52,7 @@ def relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 
 def _ort_errors() -> tuple[type[BaseException], ...]:
-    from trtopt.execution.ort_session import plan_errors
+    from trtopt.frontend.model_errors import plan_errors
 
     return plan_errors()
 

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trtopt.errors import CalibrationError
+from trtopt.registry import Registry
+
+if TYPE_CHECKING:
+    from trtopt.calib.histogram import TensorHistogram
 
 # TensorRT's entropy calibrator: 2048 histogram bins of |x|, 128 quantised levels (DESIGN.md).
 DEFAULT_METHOD = "auto"  # per tensor, the candidate that least disturbs its readers (trtopt.calib.auto)
 DEFAULT_NUM_BINS = 2048
 DEFAULT_NUM_LEVELS = 128
 DEFAULT_PERCENTILE = 99.99
+QMAX = 127  # the largest symmetric INT8 level: a threshold T gives the scale T / QMAX
 
 
 @dataclass(frozen=True)
@@ -70,8 +77,6 @@ class CalibConfig:
         self._validate()
 
     def _validate(self) -> None:
-        from trtopt.calib.thresholds import METHODS
-
         METHODS.get(self.method)  # an unknown name raises UnknownNameError listing the valid ones
         if self.num_levels < 2:
             raise CalibrationError(
@@ -93,3 +98,10 @@ class CalibConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise CalibrationError(f"CalibConfig.{name} is {value}.", fix="Use a positive thread count, or None.")
+
+
+ThresholdFn = Callable[["TensorHistogram", CalibConfig], float]
+# The calibration methods, by name: each registers itself where it is defined (`trtopt.calib.thresholds`,
+# which the `trtopt.calib` package imports before any of its modules, so the registry is full whenever a config is
+# made). It is declared here, with the config that names a method, so that arrows run from the methods to it.
+METHODS: Registry[ThresholdFn] = Registry("calibration method")

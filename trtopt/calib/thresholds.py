@@ -32,12 +32,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from trtopt.calib.config import CalibConfig
+from trtopt.calib.config import METHODS, QMAX, CalibConfig
 from trtopt.calib.histogram import TensorHistogram
 from trtopt.errors import CalibrationError
-from trtopt.registry import Registry
 
-QMAX = 127
 # The threshold of a tensor that was exactly zero on every calibration sample. Any positive scale
 # represents it exactly; this one (scale 2**-14, the smallest normal float16) survives FP16 and FP32
 # engines alike and never divides by zero.
@@ -46,8 +44,6 @@ ZERO_AMAX = QMAX * 2.0**-14
 # 1e-12 (float64 prefix sums over 2048 bins), far below any difference that matters.
 KL_TIE = 1e-9
 
-ThresholdFn = Callable[[TensorHistogram, CalibConfig], float]
-METHODS: Registry[ThresholdFn] = Registry("calibration method")
 
 
 def threshold(hist: TensorHistogram, config: CalibConfig | None = None) -> float:

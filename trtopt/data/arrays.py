@@ -27,9 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.data.images import UnreadableFileError
 from trtopt.data.inputs import InputInfo
-from trtopt.errors import DataError, format_shape
+from trtopt.errors import DataError, UnreadableFileError, format_shape
 
 log = logging.getLogger(__name__)
 

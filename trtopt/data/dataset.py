@@ -31,11 +31,11 @@ import numpy as np
 from trtopt.data.arrays import ARRAY_EXTENSIONS, ArrayFile, array_file_from_path, has_batch_axis, load_arrays
 from trtopt.data.files import EXPECTED as _EXPECTED
 from trtopt.data.files import Source, collect_files
-from trtopt.data.images import IMAGE_EXTENSIONS, UnreadableFileError, check_image_header
+from trtopt.data.images import IMAGE_EXTENSIONS, check_image_header
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import InputInfo
 from trtopt.data.preprocess import PreprocessSpec, preprocess_file
-from trtopt.errors import DataError, format_shape
+from trtopt.errors import DataError, UnreadableFileError, format_shape
 
 log = logging.getLogger(__name__)
 

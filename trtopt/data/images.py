@@ -30,7 +30,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from trtopt.errors import DataError
+from trtopt.data.limits import check_image_size
+from trtopt.errors import DataError, UnreadableFileError
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,6 @@ IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".webp", "
 
 
 # What Pillow raises for unreadable, corrupt or hostile files (UnidentifiedImageError is an OSError).
-class UnreadableFileError(DataError):
-    """A data file exists in the data set but cannot be decoded; data sets skip it and say why."""
-
-
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, MemoryError, Image.DecompressionBombError)
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
@@ -74,8 +71,6 @@ def read_image_bytes(data: bytes, where: str = "the image", *, draft: DraftSize 
 
 
 def _decode(source: Path | io.BytesIO, where: str, draft: DraftSize | None = None) -> Image.Image:
-    from trtopt.data.limits import check_image_size
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -113,8 +108,6 @@ def check_image_header(path: str | os.PathLike[str]) -> None:
     Catches empty, non-image, unreadable and many corrupt files; a truncated JPEG passes and is only
     caught by `read_image`. Raises `UnreadableFileError` with the reason.
     """
-    from trtopt.data.limits import check_image_size
-
     path = Path(path)
     try:
         with warnings.catch_warnings():

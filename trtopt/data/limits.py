@@ -7,7 +7,7 @@ data set skips them with the reason, like any other bad file, and a service answ
 
 from __future__ import annotations
 
-from trtopt.data.images import UnreadableFileError
+from trtopt.errors import UnreadableFileError
 
 # Pillow's own decompression-bomb threshold (PIL.Image.MAX_IMAGE_PIXELS): about 89.5 megapixels.
 MAX_IMAGE_PIXELS = 89_478_485

@@ -251,12 +251,3 @@ def _new_session(
         path = Path(tmp, "model.onnx")
         onnx.save_model(copy, path, save_as_external_data=True, location="model.data")
         return ort.InferenceSession(str(path), options, providers=providers, disabled_optimizers=list(disabled))
-
-
-def plan_errors() -> tuple[type[BaseException], ...]:
-    """What ONNX's checker and ONNX Runtime raise for a model they cannot take (their own types)."""
-    import onnxruntime as ort
-
-    state = ort.capi.onnxruntime_pybind11_state
-    return (onnx.checker.ValidationError, state.Fail, state.InvalidGraph, state.InvalidArgument,
-            state.NotImplemented, state.RuntimeException)  # fmt: skip

@@ -332,7 +332,7 @@ def float_sensitive_layers(
     TopK / NMS by what they select from (`trtopt.selection`). `progress` gets a `CalibProgress` per trial."""
     from trtopt.calib.collect import count_reporter
     from trtopt.errors import TrtoptError
-    from trtopt.execution.ort_session import plan_errors
+    from trtopt.frontend.model_errors import plan_errors
     from trtopt.quant.placement import plan_quantization
     from trtopt.selection import judged_graph
 

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from trtopt.zoo.builder import GraphBuilder
-
-if TYPE_CHECKING:
-    from trtopt.zoo.random_graphs import Choices
+from trtopt.zoo.choices import Choices
 
 ACTIVATIONS = ("none", "relu", "relu6", "relu6_node", "clip_pm1", "clip_min", "leaky_relu", "sigmoid", "silu",
                "hard_swish", "tanh", "gelu")  # fmt: skip

@@ -34,26 +34,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
 import numpy as np
 import onnx
 
 from trtopt.zoo.builder import GraphBuilder
+from trtopt.zoo.choices import Choices, T
 from trtopt.zoo.random_blocks import BLOCKS, Feature, Generator
-
-T = TypeVar("T")
 
 OPSETS = (13, 17)
 MAX_BLOCKS = 4
-
-
-class Choices(Protocol):
-    """Where every random decision of the generator comes from."""
-
-    def integer(self, low: int, high: int) -> int: ...  # inclusive bounds
-
-    def choice(self, options: Sequence[T]) -> T: ...
 
 
 class SeededChoices:

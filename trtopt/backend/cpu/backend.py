@@ -159,7 +159,7 @@ class CpuBackend(Backend[CpuOptions]):
         """Which kernels ONNX Runtime made of an INT8 plan. The plan already verified, so a failure here is
         reported, not a traceback."""
         from trtopt.backend.cpu.builder import kernel_report
-        from trtopt.execution.ort_session import plan_errors
+        from trtopt.frontend.model_errors import plan_errors
 
         if not plan.metadata.int8:
             return None
@@ -215,7 +215,7 @@ class CpuBackend(Backend[CpuOptions]):
     def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
         from trtopt.backend.cpu.speed import measure_speed
-        from trtopt.execution.ort_session import plan_errors
+        from trtopt.frontend.model_errors import plan_errors
 
         failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
         runner = self.create_runner(plan, RunOptions(threads=1))
