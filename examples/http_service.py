@@ -39,7 +39,7 @@ from typing import Any
 from PIL import Image
 
 import trtopt
-from trtopt.classify import top_k
+from trtopt.data.classes import top_k
 from trtopt.data.images import read_image_bytes
 
 MAX_BODY = 20 * 2**20  # refuse uploads over 20 MiB

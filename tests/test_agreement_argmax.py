@@ -1,4 +1,4 @@
-"""Argmax agreement over positions for per-position class scores (trtopt.agreement): which outputs qualify,
+"""Argmax agreement over positions for per-position class scores (trtopt.metrics.agreement): which outputs qualify,
 the figure computed exactly with ties left out, and where the build and `trtopt compare` report it."""
 
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtopt.agreement import (
+from trtopt.cli.compare_cmd import _outputs_table, _warnings
+from trtopt.cli.summaries import verification_text
+from trtopt.metrics.agreement import (
     ARGMAX_MIN_AGREEMENT,
     Agreement,
     agreement,
@@ -15,9 +17,7 @@ from trtopt.agreement import (
     class_axes,
     class_axis,
 )
-from trtopt.cli.compare_cmd import _outputs_table, _warnings
-from trtopt.cli.summaries import verification_text
-from trtopt.compare import compare_outputs
+from trtopt.metrics.compare import compare_outputs
 from trtopt.plan.verification import Verification
 
 
@@ -110,9 +110,9 @@ def test_compare_reports_the_figure_and_warns() -> None:
 
 def test_the_sensitivity_search_aims_at_the_top_class_agreement_too() -> None:
     """A tagger's [N, T, C] probabilities can keep a cosine above 0.99 while the top class changes at 5% of the
-    positions (slovorez, docs/holdout.md round 8): the search's figures (trtopt.quant.trials) take the agreement
+    positions (slovorez, docs/holdout.md round 8): the search's figures (trtopt.search._trials) take the agreement
     where it is lower, pooled and per sample; outputs that are no class scores keep their cosine."""
-    from trtopt.quant.trials import cosine_figures, output_figures, sample_cosines
+    from trtopt.search._trials import cosine_figures, output_figures, sample_cosines
 
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(4, 25, 6)) * 3

@@ -1,4 +1,4 @@
-"""Label maps (integer class ids from a graph's own ArgMax) in the build's self-check (trtopt.agreement): the
+"""Label maps (integer class ids from a graph's own ArgMax) in the build's self-check (trtopt.metrics.agreement): the
 mean IoU of the non-background classes and the share of unchanged pixels, computed exactly, recorded in the
 plan, warned of below `LABEL_MIN_IOU`, and left out for outputs that are not label maps."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtopt.agreement import LABEL_MIN_IOU, Agreement, agreement, label_warning
 from trtopt.cli.summaries import verification_text
+from trtopt.metrics.agreement import LABEL_MIN_IOU, Agreement, agreement, label_warning
 from trtopt.metrics.labels import label_map_outputs
 from trtopt.plan.verification import Verification
 
@@ -91,9 +91,9 @@ def test_build_summary_shows_warnings_as_text_not_markup(capsys: pytest.CaptureF
 
 
 def test_the_search_weighs_label_maps_by_their_mean_iou() -> None:
-    """The sensitivity search's figures (trtopt.quant.trials) for a label map: the mean IoU per sample and
+    """The sensitivity search's figures (trtopt.search._trials) for a label map: the mean IoU per sample and
     pooled, not the cosine of class ids; other outputs keep their cosine."""
-    from trtopt.quant.trials import cosine_figures, sample_cosines
+    from trtopt.search._trials import cosine_figures, sample_cosines
 
     ref, test = _maps()
     refs, tests = np.concatenate([ref, ref]), np.concatenate([test, ref])  # two samples: one changed, one not
@@ -108,7 +108,7 @@ def test_the_search_weighs_label_maps_by_their_mean_iou() -> None:
 
 def test_a_label_map_is_not_judged_far_from_fp32_by_its_cosine() -> None:
     """`far_from_fp32` reads the outputs that are not label maps; a label map has its own figure and warning."""
-    from trtopt.agreement import unlabelled_cosine
+    from trtopt.metrics.agreement import unlabelled_cosine
 
     ref, test = _maps()
     scores = np.linspace(1, 2, 10, dtype=np.float32)[np.newaxis]

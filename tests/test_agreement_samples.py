@@ -1,7 +1,7 @@
 """The worst single sample: a mean over samples can hide a plan that fails a few inputs.
 
-`trtopt.agreement.agreement` (the build's verification) and `trtopt compare` both name the sample whose output is
-farthest from FP32, and warn when it is below `SAMPLE_MIN_COSINE` while the mean is not.
+`trtopt.metrics.agreement.agreement` (the build's verification) and `trtopt compare` both name the sample whose
+output is farthest from FP32, and warn when it is below `SAMPLE_MIN_COSINE` while the mean is not.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import pytest
 from model_files import tiny_model_with_images
 from task_models import text_map
 
-from trtopt.agreement import SAMPLE_MIN_COSINE, Agreement, agreement
 from trtopt.cli.main import main
-from trtopt.compare import ErrorStats
+from trtopt.metrics.agreement import SAMPLE_MIN_COSINE, Agreement, agreement
+from trtopt.metrics.compare import ErrorStats
 from trtopt.plan.verification import Verification
 
 

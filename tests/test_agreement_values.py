@@ -1,4 +1,4 @@
-"""The agreement figures (trtopt.agreement) on outputs no calibration would produce: NaN and infinities that the
+"""The agreement figures (trtopt.metrics.agreement) on outputs no calibration would produce: NaN and infinities that the
 model itself computes (Sqrt of a negative input, 0/0), values near float's limits (onnx's own test inputs hold
 uninitialised doubles up to 1e198), 0-d outputs. An output agrees with itself whatever its values; a NaN or an
 infinity on one side only, or of the other sign, is the worst agreement."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from trtopt.agreement import agreement
+from trtopt.metrics.agreement import agreement
 
 VALUES = st.floats(allow_nan=True, allow_infinity=True, width=64)
 ARRAYS = hnp.arrays(np.float64, hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=5), elements=VALUES)

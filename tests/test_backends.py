@@ -62,9 +62,10 @@ def test_backend_objects_need_no_heavy_library_until_used() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_build_py_names_no_backend() -> None:
-    """The orchestrator imports no backend module and has no backend's name anywhere in its source."""
-    source = (ROOT / "trtopt" / "build.py").read_text()
+@pytest.mark.parametrize("module", ["build.py", "quantize.py", "plan_records.py"])
+def test_build_py_names_no_backend(module: str) -> None:
+    """The orchestrator (and the chains beside it) imports no backend module and names no backend anywhere."""
+    source = (ROOT / "trtopt" / module).read_text()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
             assert not node.module.startswith("trtopt.backend."), node.module
@@ -295,7 +296,7 @@ def _optimized(path: Path) -> gs.Graph:
 def test_a_plan_without_its_runners_section_is_refused_before_it_runs(tmp_path: Path) -> None:
     from hostile_files import sealed_plan, split_plan
 
-    from trtopt.backend import RunOptions, create_runner
+    from trtopt.engine import Engine
     from trtopt.errors import PlanError
     from trtopt.plan.format import plan_from_bytes
 
@@ -303,7 +304,7 @@ def test_a_plan_without_its_runners_section_is_refused_before_it_runs(tmp_path: 
     header["backend"] = "tensorrt"  # a TensorRT plan without its engine
     plan = plan_from_bytes(sealed_plan(header, sections))  # the format is sound; what is missing is the backend's
     with pytest.raises(PlanError, match="a tensorrt plan needs an 'engine' section"):
-        create_runner(plan, RunOptions())
+        Engine(plan)
     assert onnx.load_from_string(sections[0]).graph.node  # the section itself is intact
 
 

@@ -1,4 +1,4 @@
-"""Per-layer attribution of quantisation error (`trtopt.compare.added_errors`) on graphs with branches.
+"""Per-layer attribution of quantisation error (`trtopt.metrics.compare.added_errors`) on graphs with branches.
 
     input ─► Conv a ─────────────┐
       └────► Conv b ─► Relu r ─► Concat cat ─► MaxPool p ─► Conv c
@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
 
-from trtopt.compare import added_errors
+from trtopt.metrics.compare import added_errors
 
 
 def branchy_graph() -> gs.Graph:
@@ -52,7 +52,7 @@ def test_long_output_names_are_numbered_where_the_table_would_cut_them(width: in
     from rich.console import Console
 
     from trtopt.cli.compare_cmd import _print_fitted
-    from trtopt.compare import compare_outputs
+    from trtopt.metrics.compare import compare_outputs
 
     rng = np.random.default_rng(0)
     names = ["model/detection_head/boxes_regression_output:0", "model/classification_head/class_scores:0"]

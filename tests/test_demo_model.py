@@ -15,8 +15,8 @@ import pytest
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
-from trtopt.classify import imagenet_labels, top_k
 from trtopt.data import DataConfig, PreprocessSpec, preprocess_images
+from trtopt.data.classes import imagenet_labels, top_k
 from trtopt.execution import OrtSession
 from trtopt.frontend import load_model
 from trtopt.plan import write_plan

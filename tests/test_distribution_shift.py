@@ -1,17 +1,17 @@
-"""The distribution shift (trtopt.distribution_shift): exact on hand-made arrays, outliers count by their number,
-caught where cosine is not (a LORE-like heat map whose bulk moved), quiet on small noise, and reported by the build
-and `trtopt compare`."""
+"""The distribution shift (trtopt.metrics.distribution_shift): exact on hand-made arrays, outliers count by their
+number, caught where cosine is not (a LORE-like heat map whose bulk moved), quiet on small noise, and reported by
+the build and `trtopt compare`."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from trtopt.agreement import Agreement, agreement
 from trtopt.cli.compare_cmd import _outputs_table, _warnings
 from trtopt.cli.summaries import verification_text
-from trtopt.compare import ErrorStats, compare_batches, compare_outputs
-from trtopt.distribution_shift import (
+from trtopt.metrics.agreement import Agreement, agreement
+from trtopt.metrics.compare import ErrorStats, compare_batches, compare_outputs
+from trtopt.metrics.distribution_shift import (
     BATCH_SAMPLE,
     MAX_SHIFT,
     MIN_ELEMENTS,

@@ -12,12 +12,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtopt.build import BuildConfig, build_plan
-from trtopt.compare import ErrorStats
 from trtopt.data.config import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import OrtSession
+from trtopt.metrics.agreement import agreement
 from trtopt.metrics.arrays import zero_padded
-from trtopt.verify import agreement, collect
+from trtopt.metrics.compare import ErrorStats
+from trtopt.verify import collect
 
 
 def _prefix_model() -> onnx.ModelProto:

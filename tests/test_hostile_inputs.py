@@ -386,13 +386,10 @@ def _set(path: list[Any], value: Any) -> Any:
          "deep-metadata", "binary-header"],  # fmt: skip
 )
 def test_crafted_plans_are_plan_errors(work, edit) -> None:  # type: ignore[no-untyped-def]
-    """Refused as reading the plan, or (a section its backend's runner needs, which the backends know) before it
-    runs."""
-    from trtopt.backend import RunOptions, create_runner
-
+    """Refused as reading the plan, or (a section its backend's runner needs, which the backends know) as it loads."""
     data = _edited(work, edit)
     with pytest.raises(PlanError) as info:
-        create_runner(plan_from_bytes(data, "crafted.engine"), RunOptions())
+        trtopt.Engine(plan_from_bytes(data, "crafted.engine"))
     assert info.value.fix
 
 

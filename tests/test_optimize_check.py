@@ -145,7 +145,7 @@ def test_outputs_saturated_near_zero_are_measured_against_a_floor() -> None:
 
 
 def test_non_finite_values_follow_the_verification_rule() -> None:
-    """The graph check and the verification (trtopt.agreement.comparable) judge NaN and inf alike: the same
+    """The graph check and the verification (trtopt.metrics.agreement.comparable) judge NaN and inf alike: the same
     non-finite value in both is no difference and the finite values beside it are measured (float rounding
     there used to fail the whole output); a NaN or an infinity in one of them only, or of the other sign, fails."""
     from trtopt.passes.check import RTOL, _relative_error

@@ -1,4 +1,4 @@
-"""The sensitivity search's first test (trtopt.quant.ceiling): a search that cannot help stops at once."""
+"""The sensitivity search's first test (trtopt.search._ceiling): a search that cannot help stops at once."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 
 from trtopt.cli.summaries import sensitivity_row
 from trtopt.plan.verification import REFERENCE_MIN_COSINE
-from trtopt.quant.ceiling import FLOOR
-from trtopt.quant.sensitivity import CANDIDATES, LATER, MIN_COSINE, find_sensitive_layers
+from trtopt.search._ceiling import FLOOR
+from trtopt.search.sensitivity import CANDIDATES, LATER, MIN_COSINE, find_sensitive_layers
 
 MANY = CANDIDATES + 24  # more layers than the search tries alone: the test runs
 RANKED = [f"l{i:02d}" for i in range(MANY)]

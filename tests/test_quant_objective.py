@@ -1,4 +1,4 @@
-"""The sensitivity search's objective (trtopt.quant.objective) on random figures: what its docstring promises."""
+"""The sensitivity search's objective (trtopt.search._objective) on random figures: what its docstring promises."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trtopt.quant.objective import gain, refuted, shortfall, split, worst
+from trtopt.search._objective import gain, refuted, shortfall, split, worst
 
 AIM = 0.99
 cosine = st.floats(min_value=-1.0, max_value=1.0, allow_nan=False)
@@ -42,7 +42,7 @@ def test_a_layer_that_lifts_every_confirmation_sample_alike_is_never_refuted(bef
 def test_split_figures_aim_by_their_first_row_and_gain_by_their_second(
     data: st.DataObject, aim_rows: list[float]
 ) -> None:  # fmt: skip
-    """Two rows (trtopt.quant.objective.split): the aim row decides the worst output and the shortfall, the
+    """Two rows (trtopt.search._objective.split): the aim row decides the worst output and the shortfall, the
     steady row every gain; whatever the aim rows do, the gain is that of the steady rows alone."""
     size = len(aim_rows)
     same_size = st.lists(cosine, min_size=size, max_size=size)

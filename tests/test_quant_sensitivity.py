@@ -1,4 +1,4 @@
-"""Automatic exclusion by measured sensitivity (trtopt.quant.sensitivity; issue #16 part 3)."""
+"""Automatic exclusion by measured sensitivity (trtopt.search.sensitivity; issue #16 part 3)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from trtopt.data.config import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import OrtSession
 from trtopt.quant import QuantConfig as StageQuantConfig
-from trtopt.quant.sensitivity import (
+from trtopt.search.sensitivity import (
     CANDIDATES,
     LATER,
     MIN_COSINE,
@@ -84,7 +84,7 @@ def test_the_greedy_stage_stops_at_the_first_candidate_below_the_minimum_gain() 
     ranked.insert(3, "big")
     found = find_sensitive_layers(_measure(costs, calls), list(costs), rank=lambda: ranked)
     assert list(found.layers) == ["big"] and found.after < MIN_COSINE
-    on_top = [c for c in calls[2:] if len(c) > 1]  # after the plan and its ceiling (trtopt.quant.ceiling)
+    on_top = [c for c in calls[2:] if len(c) > 1]  # after the plan and its ceiling (trtopt.search._ceiling)
     assert LATER < CANDIDATES and found.trials == len(calls) == 2 + CANDIDATES + LATER - 1
     assert sorted(c[1] for c in on_top) == sorted(set(ranked[:LATER]) - {"big"})
     assert {c[0] for c in on_top} == {"big"}
@@ -182,7 +182,7 @@ def test_a_search_on_fewer_samples_than_it_is_made_for_says_so(
         config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npz"),)),
                              calib=StageCalibConfig(method="entropy"))  # fmt: skip
         caplog.clear()
-        with caplog.at_level("WARNING", logger="trtopt.quant.sensitivity"):
+        with caplog.at_level("WARNING", logger="trtopt.search.sensitivity"):
             result = build_plan(tmp_path / "m.onnx", config)
         assert result.plan.metadata["sensitivity"]["trials"] > 0  # the search ran both times
         said = "had 16 calibration samples: it searched on 8 and confirmed on 8; with 24 or more it searches on 16"
@@ -218,7 +218,7 @@ def test_each_trial_is_reported_and_the_report_ends_full() -> None:
 
 def test_the_build_reports_its_sensitivity_trials_to_the_progress_callback(tmp_path: Path) -> None:
     from trtopt.calib.collect import CalibProgress
-    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+    from trtopt.search.sensitivity import SENSITIVITY_PHASE
 
     onnx.save_model(heavy_tail_conv(), tmp_path / "m.onnx")
     np.savez(tmp_path / "calib.npz", x=heavy_tail_data(64, 0))
@@ -282,7 +282,7 @@ def _captured_build(tmp_path: Path, monkeypatch: Any) -> dict[str, Any]:
     """The arguments `trtopt.build` gives the sensitivity search for `_branchy` (entropy, bias correction on)."""
     from auto_models import image_like
 
-    import trtopt.build
+    import trtopt.quantize
 
     onnx.save_model(_branchy(), tmp_path / "m.onnx")
     np.savez(tmp_path / "calib.npz", x=image_like(24, (3, 12, 12), 0))
@@ -293,7 +293,7 @@ def _captured_build(tmp_path: Path, monkeypatch: Any) -> dict[str, Any]:
                     lower=lower)
         return plan, None
 
-    monkeypatch.setattr(trtopt.build, "float_sensitive_layers", capture)
+    monkeypatch.setattr(trtopt.quantize, "float_sensitive_layers", capture)
     config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(tmp_path / "calib.npz"),)),
                          calib=StageCalibConfig(method="entropy"))  # fmt: skip
     build_plan(tmp_path / "m.onnx", config)
@@ -303,16 +303,17 @@ def _captured_build(tmp_path: Path, monkeypatch: Any) -> dict[str, Any]:
 def test_a_cut_trial_measures_the_cosine_of_the_whole_trial_graph(tmp_path: Path, monkeypatch: Any) -> None:
     """Every layer kept float alone, and pairs of them, measured by the downstream-only run (with the whole
     cache and with none kept, so every boundary is recomputed) and by the full Q/DQ rebuild run whole."""
+    from trtopt.data.dataset import sample_batches
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
-    from trtopt.quant.sensitivity import quantized_model, sample_batches
-    from trtopt.quant.trials import DownstreamTrials, output_figures, worst_cosine
+    from trtopt.search._trials import DownstreamTrials, output_figures, worst_cosine
+    from trtopt.search.sensitivity import SAMPLES, quantized_model
     from trtopt.verify import collect
 
     seen = _captured_build(tmp_path, monkeypatch)
     graph, quant, calibration = seen["graph"], seen["quant"], seen["calibration"]
     layers = list(seen["plan"].quantized_layers)
-    batches = sample_batches(seen["data"], 8)
+    batches = sample_batches(seen["data"], 8, SAMPLES)
     expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
     base = quantized_model(graph, quant, calibration, True)
     cached, bare = DownstreamTrials(base, batches, layers), DownstreamTrials(base, batches, layers, budget=0)
@@ -382,8 +383,8 @@ def test_the_search_figure_is_the_lower_of_the_per_sample_and_all_element_cosine
     """Two logits per sample whose signs INT8 keeps but whose sizes it does not: each sample's cosine is
     near 1, the all-element cosine (what `trtopt compare` and the zoo benchmark report) is not; the
     search's figure is the lower one, and a perfect plan scores 1."""
-    from trtopt.agreement import agreement
-    from trtopt.quant.trials import cosine_figure
+    from trtopt.metrics.agreement import agreement
+    from trtopt.search._trials import cosine_figure
 
     want = {"logits": np.array([[4.0, -4.0], [0.5, -0.5], [3.0, -3.1], [0.4, -0.6]])}
     got = {"logits": want["logits"] * np.array([[0.5], [4.0], [0.5], [4.0]])}  # per-sample cosine exactly 1
@@ -401,7 +402,7 @@ def test_search_and_confirmation_samples_are_disjoint_and_in_order(
 ) -> None:
     from trtopt.data import load_dataset
     from trtopt.data.inputs import InputInfo
-    from trtopt.quant.sensitivity import search_samples
+    from trtopt.search.sensitivity import search_samples
 
     values = np.arange(total, dtype=np.float32).reshape(total, 1) * np.ones((1, 4), np.float32)
     np.savez(tmp_path / "d.npz", x=values)
@@ -432,7 +433,7 @@ def _if_reading_outer(weight: float) -> onnx.ModelProto:
 def test_a_graph_whose_subgraphs_read_outer_tensors_runs_whole() -> None:
     """The If node's own fingerprint cannot see the outer weight its branch reads: the trial must not
     take the plan's output for it."""
-    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.search._trials import DownstreamTrials
 
     batches = [({"x": np.array([1.0, 2.0], np.float32), "c": np.array(True)}, 2)]
     trials = DownstreamTrials(_if_reading_outer(1.0), batches, [])
@@ -559,7 +560,7 @@ def test_the_last_step_to_the_aim_is_kept_though_it_gains_less_than_the_minimum(
 
 
 def test_with_split_figures_the_search_aims_at_the_agreement_and_gains_in_cosine() -> None:
-    """A recogniser's figures in two rows (trtopt.quant.objective): the top-class agreement keeps the plan
+    """A recogniser's figures in two rows (trtopt.search._objective): the top-class agreement keeps the plan
     short of the aim, so the search runs; "flip" turns a few positions back but lowers the cosine (what one
     lucky time step looks like), "conv" and "tail" lift the cosine. Only the latter two are kept, and the
     reasons say both figures; read from the aim row, "flip" would have been kept first."""

@@ -11,11 +11,12 @@ from test_quant_sensitivity import _captured_build
 
 from trtopt.backend import get_backend
 from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
+from trtopt.data.dataset import sample_batches
 from trtopt.execution import OrtSession
 from trtopt.execution.ort_session import session_options
 from trtopt.frontend import onnx_from_graph
-from trtopt.quant.sensitivity import quantized_model, sample_batches
-from trtopt.quant.trials import DownstreamTrials, output_figures, worst_cosine
+from trtopt.search._trials import DownstreamTrials, output_figures, worst_cosine
+from trtopt.search.sensitivity import SAMPLES, quantized_model
 from trtopt.verify import collect
 
 
@@ -48,7 +49,7 @@ def test_a_trial_measures_the_cosine_of_the_cpu_plan_as_built_and_run(tmp_path: 
     seen = _captured_build(tmp_path, monkeypatch)
     graph, quant, calibration, lower = seen["graph"], seen["quant"], seen["calibration"], seen["lower"]
     layers = list(seen["plan"].quantized_layers)
-    batches = sample_batches(seen["data"], 8)
+    batches = sample_batches(seen["data"], 8, SAMPLES)
     expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
     cpu = get_backend("cpu")
     trials = DownstreamTrials(quantized_model(graph, quant, calibration, True, lower=lower), batches, layers)
@@ -69,7 +70,7 @@ def test_a_cut_trial_of_the_lowered_form_measures_the_whole_lowered_graph(tmp_pa
     seen = _captured_build(tmp_path, monkeypatch)
     graph, quant, calibration, lower = seen["graph"], seen["quant"], seen["calibration"], seen["lower"]
     layers = list(seen["plan"].quantized_layers)
-    batches = sample_batches(seen["data"], 8)
+    batches = sample_batches(seen["data"], 8, SAMPLES)
     expected = collect(OrtSession(onnx_from_graph(graph)).run, batches)
     base = quantized_model(graph, quant, calibration, True, lower=lower)
     cached, bare = DownstreamTrials(base, batches, layers), DownstreamTrials(base, batches, layers, budget=0)
@@ -90,7 +91,7 @@ def test_per_sample_cosines_are_those_whose_mean_the_search_measures() -> None:
     all-element cosine, whose lowest is the search's figure (`worst_cosine`'s)."""
     import numpy as np
 
-    from trtopt.quant.trials import output_figures, sample_cosines
+    from trtopt.search._trials import output_figures, sample_cosines
 
     rng = np.random.default_rng(0)
     want = {"a": rng.normal(size=(5, 7)), "b": rng.normal(size=(5, 3))}

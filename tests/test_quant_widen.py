@@ -1,4 +1,4 @@
-"""Wider thresholds, the sensitivity search's last stage (trtopt.quant.widen; issue #16 part 3)."""
+"""Wider thresholds, the sensitivity search's last stage (trtopt.search._widen; issue #16 part 3)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from trtopt.calib.config import CalibConfig
 from trtopt.data.config import DataConfig
 from trtopt.engine import Engine
 from trtopt.execution import OrtSession
-from trtopt.quant import QuantConfig, widen
-from trtopt.quant.sensitivity import MIN_COSINE, MIN_GAIN, find_sensitive_layers
+from trtopt.quant import QuantConfig
+from trtopt.search import _widen as widen
+from trtopt.search.sensitivity import MIN_COSINE, MIN_GAIN, find_sensitive_layers
 
 
 def _clipped(costs: dict[str, float], clip: dict[str, tuple[float, float]]):  # type: ignore[no-untyped-def]
@@ -94,7 +95,7 @@ def test_the_build_widens_a_clipped_threshold_when_float_layers_may_not_help(
     """Forced entropy clips the PP-OCR miniature's heavy-tailed input (cosine 0.85). With float layers refused
     (as where none pays), the search widens that input's threshold instead: the record, the plan's Q/DQ scale
     and the held-out cosine against the plan without the search all show it (ONNX Runtime's numbers)."""
-    from trtopt.quant import sensitivity
+    from trtopt.search import sensitivity
 
     real = sensitivity.greedy  # the greedy stage, offered threshold moves only
     monkeypatch.setattr(

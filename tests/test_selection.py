@@ -1,5 +1,5 @@
 """End-to-end detectors: outputs picked by TopK / NonMaxSuppression are judged by what they pick from
-(trtopt.selection), in the build's verification and in the sensitivity search."""
+(trtopt.verify.selection), in the build's verification and in the sensitivity search."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtopt.agreement import agreement
 from trtopt.build import BuildConfig, build_plan
 from trtopt.data import DataConfig
 from trtopt.execution import run_model
-from trtopt.selection import find_selection, judged_graph, judged_model
+from trtopt.metrics.agreement import agreement
+from trtopt.verify.selection import find_selection, judged_graph, judged_model
 
 _N = helper.make_node
 

@@ -28,7 +28,7 @@ import pytest
 
 import trtopt
 from trtopt.build import BuildConfig, build_plan
-from trtopt.classify import top_k
+from trtopt.data.classes import top_k
 from trtopt.data.config import DataConfig
 from trtopt.plan import write_plan
 from trtopt.serving.triton import TritonOptions, export_triton

@@ -16,15 +16,15 @@ from model_files import tiny_model_with_images
 from onnx import numpy_helper
 
 import trtopt
-from trtopt.agreement import Agreement, agreement
 from trtopt.backend import get_backend
 from trtopt.backend.cpu import builder as cpu_builder
 from trtopt.backend.cpu import runner as cpu_runner
 from trtopt.backend.cpu.isa import cpu_isa, isa_from_flags
 from trtopt.build import BuildConfig, build_plan
 from trtopt.data import DataConfig, PreprocessConfig
-from trtopt.distribution_shift import MIN_ELEMENTS
 from trtopt.errors import TrtoptError, UnknownNameError
+from trtopt.metrics.agreement import Agreement, agreement
+from trtopt.metrics.distribution_shift import MIN_ELEMENTS
 from trtopt.plan import TensorSpec, read_plan, write_plan
 from trtopt.plan.verification import KERNEL_CAP, KERNEL_FLOOR, Verification, kernel_tolerance
 from trtopt.verify import VerifyConfig, observed_outputs
@@ -145,7 +145,7 @@ def test_every_build_records_its_verification(workdir: Path) -> None:
     assert v.samples == 20 and v.source == "20 of the 20 calibration samples (too few to hold any back)"
     assert 0.9 < v.reference_vs_fp32.cosine <= 1.0 + 1e-9 and v.reference_vs_fp32.rel_error > 0
     assert v.kernels_vs_reference.rel_error <= v.tolerance
-    # 20 x 10 logits: too few values for a distribution shift (trtopt.distribution_shift.MIN_ELEMENTS)
+    # 20 x 10 logits: too few values for a distribution shift (trtopt.metrics.distribution_shift.MIN_ELEMENTS)
     assert MIN_ELEMENTS > 20 * 10 and v.reference_vs_fp32.shift is None and not v.warnings
     write_plan(result.plan, workdir / "tiny.engine")
     with trtopt.Engine.load(workdir / "tiny.engine") as engine:
@@ -169,7 +169,7 @@ def test_a_plan_far_from_fp32_is_flagged_loudly(workdir: Path, monkeypatch, caps
     The tiny model's plan is fine (cosine > 0.9), so the bound is raised above it to make it 'far'."""
     import json
 
-    import trtopt.verify as verify
+    import trtopt.verify.verified as verify
     from trtopt.cli.main import main
 
     assert not build_plan(workdir / "tiny.onnx", _config(workdir)).verification.far_from_fp32  # type: ignore[union-attr]
@@ -215,7 +215,7 @@ def test_loading_a_plan_far_from_fp32_repeats_the_warning_once(workdir: Path, ca
 
 
 def test_kernels_off_a_far_reference_fail_with_what_to_do(workdir: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import trtopt.verify as verify
+    import trtopt.verify.verified as verify
 
     monkeypatch.setattr(verify, "REFERENCE_MIN_COSINE", 1.01)
     monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8u8"))
@@ -392,7 +392,7 @@ def test_a_lenient_backend_writes_a_mismatching_plan_with_its_record(workdir: Pa
     """TensorRT (`strict_verification = False` until its tolerance is measured on a GPU) keeps the plan and the
     record of the mismatch; a strict backend would refuse it (test above)."""
     assert get_backend("cpu").strict_verification and not get_backend("tensorrt").strict_verification
-    import trtopt.verify as verify
+    import trtopt.verify.verified as verify
 
     monkeypatch.setattr(cpu_builder, "candidate_encodings", _candidates("u8u8"))
     monkeypatch.setattr(cpu_runner, "model_for_this_cpu", _corrupting("u8u8"))

@@ -184,7 +184,7 @@ def table(variants: list[Variant], scores: list[Scores], counts: dict[str, int])
 def _relative_errors(fp32: np.ndarray, kernels: np.ndarray, reference: np.ndarray, n: int) -> tuple[float, float]:
     """(reference vs FP32, kernels vs reference) relative L2 errors over the first n (held-out) rows, as
     trtopt.verify measures them at build time."""
-    from trtopt.agreement import agreement
+    from trtopt.metrics.agreement import agreement
 
     quantisation = agreement({"y": reference[:n]}, {"y": fp32[:n]}).rel_error
     return quantisation, agreement({"y": kernels[:n]}, {"y": reference[:n]}).rel_error

@@ -310,7 +310,7 @@ INTRO = (
     "optimisations. Each cell: the task metric, the worst output's cosine with FP32, and the calibration's wall "
     "seconds (trtopt: its calibrate and quantize stages, auto's scoring and the sensitivity analysis included; "
     "ORT: quant_pre_process + quantize_static). *default* is `trtopt build`'s default: auto thresholds and "
-    "automatic exclusion (trtopt.quant.sensitivity); *auto alone* and *entropy* force one method, without "
+    "automatic exclusion (trtopt.search.sensitivity); *auto alone* and *entropy* force one method, without "
     "exclusion (*entropy* is the previous default). "
     "1 intra-op thread, on a machine shared with other jobs (1-minute load average {load} at the start)."
 )

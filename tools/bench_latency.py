@@ -129,7 +129,8 @@ def sessions(
 def fidelity(sources: dict[str, bytes], images: np.ndarray, model: ModelUnderTest) -> dict[str, str]:
     """Per INT8 model: its kernels against its own Q/DQ graph run as float math (trtopt.verify), so a fast
     row cannot hide kernels that compute something else."""
-    from trtopt.verify import agreement, collect
+    from trtopt.metrics.agreement import agreement
+    from trtopt.verify import collect
 
     step = model.static_batch or len(images)
     batches = [({model.input_name: images[i : i + step]}, step) for i in range(0, len(images) - step + 1, step)]

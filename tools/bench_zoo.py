@@ -224,7 +224,7 @@ def excluded(v: Variant) -> str:
     layers, wider = list(record.get("layers", {})), record.get("thresholds", {})
     cosines = f"cos {record['before']:.4f} → {record['after']:.4f} on calibration samples"
     widened = ", ".join(f"{tensor} {move['from']:.3g} → {move['to']:.3g}" for tensor, move in wider.items())
-    moves = f"; {len(wider)} thresholds widened (trtopt.quant.widen): {widened}" if wider else ""
+    moves = f"; {len(wider)} thresholds widened (trtopt.search._widen): {widened}" if wider else ""
     if not layers:
         return "none" if record["before"] >= GOAL_COSINE else f"none{moves or ' helped'} ({cosines})"
     shown = ", ".join(layers[:6]) + (f" (+{len(layers) - 6} more)" if len(layers) > 6 else "")
@@ -245,8 +245,8 @@ def _counts(task: dict[str, Any]) -> str:
 
 
 def worst_input(v: Variant) -> str:
-    """The lowest one-input cosine over the outputs with one row per input (`trtopt.compare.ErrorStats`), and its
-    output: what the per-output cosine, a figure over every input at once, can hide."""
+    """The lowest one-input cosine over the outputs with one row per input (`trtopt.metrics.compare.ErrorStats`),
+    and its output: what the per-output cosine, a figure over every input at once, can hide."""
     found = min(((s.worst_sample[0], s.name) for s in v.scores["kernels"].outputs if s.worst_sample), default=None)
     return f"{found[0]:.4f} ({found[1][:24]})" if found else "–"
 

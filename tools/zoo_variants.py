@@ -291,7 +291,7 @@ def session(model: bytes | Path, *, threads: int | None = None, reference: bool 
 
 def score(fp32: Any, test: Any, batches: list[tuple[dict[str, np.ndarray], int]], task: str) -> Any:
     """The task metric and per-output statistics of `test` against `fp32` on the held-out batches."""
-    from trtopt.compare import compare_outputs
+    from trtopt.metrics.compare import compare_outputs
 
     names = [n for n in fp32.output_names if n in test.output_names]
     triples = []

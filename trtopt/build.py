@@ -1,12 +1,16 @@
-"""The whole build in one short function: load -> optimise -> calibrate -> quantise -> build -> plan.
+"""The whole build as one chain of stages: load -> optimise -> calibrate -> quantise -> build -> plan.
 
-    backend, _ = select_backend(config.backend)                  # backend: its options, checked up front
-    graph = optimize(load_graph(path), backend.passes(...)).graph # frontend, passes (the backend's defaults)
+    graph = load_graph(path, config.graph, ...)                  # passes.config: the front end and its checks
+    backend, _ = select_backend(config.backend)                  # backend: told only config.target()
+    graph = optimize(graph, backend.passes(...)).graph           # passes (the backend's defaults)
     data, checks = calibration_and_checks(graph, spec, ...)      # data: calibration and verification samples
-    amax = calibrate_graph(graph, fp32, tensors, config.calib)   # calib (or a cache)
-    insert_qdq(graph, qplan, amax)                               # quant, after bias correction
-    plan = build_verified(backend, model, options, fp32, checks) # backend variants until one verifies
+    quantized = quantize_graph(graph, fp32, quant, data, ...)    # quantize.py: calib, search, quant in order
+    plan = build_verified(backend, model, options, fp32, checks) # verify: backend variants until one verifies
     plan = backend.faster(plan, ...)                             # or a cheaper plan where it is slower than FP32
+
+This module holds `BuildConfig` (the stages' configs, nested) and the chain (`build_plan`); beside it on the same
+floor, `trtopt.quantize` is the quantisation chain and `trtopt.plan_records` what the plan records besides its
+sections.
 
 Every decision that depends on where the plan runs belongs to the backend object (`trtopt.backend.base`);
 this module names none.
@@ -15,50 +19,64 @@ this module names none.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from trtopt.backend import (
+    BackendOptions,
+    BuildTarget,
+    checked_backend_options,
+    get_backend,
+)
+from trtopt.calib.config import CalibConfig
+from trtopt.data.config import DataConfig, PreprocessConfig
+from trtopt.errors import TrtoptError
+from trtopt.passes.config import GraphConfig
+from trtopt.quant import QuantConfig
+from trtopt.verify import VerifyConfig
+
+if TYPE_CHECKING:
+    pass
+
+
+from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING
 
 import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.backend import (
-    BackendOptions,
     BackendReport,
-    BuildTarget,
-    Profile,
-    checked_backend_options,
-    get_backend,
     prequantized_keeps,
-    quantizable_tensors,
     select_backend,
 )
-from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
-from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.data.samples import Checks
-from trtopt.errors import InputsRejected, TrtoptError
+from trtopt.errors import InputsRejected
 from trtopt.frontend import onnx_from_graph
-from trtopt.frontend.float_types import float_precision
-from trtopt.passes.config import GraphConfig, load_graph
-from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, TensorSpec
+from trtopt.passes.config import load_graph
+from trtopt.plan import Plan
 from trtopt.plan.verification import Verification
-from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
-from trtopt.quant.bias import BiasReport, correct_biases
-from trtopt.quant.concat_ranges import float_unlike_concats
-from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
-from trtopt.verify import VerifyConfig, build_verified
+from trtopt.plan_records import io_specs, plan_metadata, plan_records
+from trtopt.quant import QdqReport
+from trtopt.quant.bias import BiasReport
+from trtopt.quantize import Quantized, quantize_graph
+from trtopt.verify import build_verified
 
 if TYPE_CHECKING:
     from trtopt.calib import Calibration
-    from trtopt.calib.equalization import EqualizationRecord
     from trtopt.data import Dataset, PreprocessSpec
     from trtopt.passes import OptimizeResult
     from trtopt.passes.check import OptimizeCheck
+
+
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -147,21 +165,24 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         graph_check, config, (data, checks) = _checked_graph(path, fp32, graph, spec, config, (data, checks))
     quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
     measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
-    quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
+    quantized = Quantized()
+    if config.int8:
+        quantized = quantize_graph(graph, fp32, quant, data, config.calib, config.data, times, progress, measured)
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
     with times("build"):
         drawn = random_ops(n.op for n in graph.nodes)  # no two runs agree: nothing to verify against
         build = partial(_unverified, drawn=drawn) if drawn else partial(build_verified, config=config.verify)
         try:
-            plan, verification = build(backend, model, _io(graph), options, fp32, checks)
+            plan, verification = build(backend, model, io_specs(graph), options, fp32, checks)
         except InputsRejected as exc:
             raise refused_random_inputs(exc, checks, graph) from None
-    records = _records(graph, config, backend.name, backend.profiles(options), quantized)
-    plan = replace(plan, metadata=_metadata(path, config, spec, labels, optimized, quantized, verification, records))
+    records = plan_records(graph, config.target(), backend.name, backend.profiles(options), quantized)
+    metadata = plan_metadata(path, config.target(), spec, labels, optimized, quantized, verification, records)
+    plan = replace(plan, metadata=metadata)
     speed = None
     if checks.batches and verification:  # a plan slower than FP32 may give way to a cheaper one (Backend.faster)
         with times("speed check"):
-            rebuild = partial(build, backend, io=_io(graph), options=options, fp32=fp32, checks=checks)
+            rebuild = partial(build, backend, io=io_specs(graph), options=options, fp32=fp32, checks=checks)
             choice = backend.faster(plan, options, verification, model, fp32, checks.batches[0][0], rebuild)
         plan, verification, speed = choice.written(plan), choice.verification, choice.report
     if speed is None:
@@ -208,14 +229,33 @@ def _checked_graph(
         return check_against_file(path, fp32, samples[1].batches[0][0], lifted=config.int8), config, samples
 
 
-class Quantized(NamedTuple):
-    """What the quantisation stage made (all None for an FP32 build)."""
+def _samples(graph: gs.Graph, spec: PreprocessSpec | None, config: BuildConfig) -> tuple[Dataset | None, Checks]:
+    from trtopt.data.samples import calibration_and_checks
 
-    calibration: Calibration | None = None
-    bias: BiasReport | None = None
-    qdq: QdqReport | None = None
-    sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
-    equalization: str | None = None  # what activation equalisation did, for the summary
+    from_cache = config.calib.cache is not None
+    calibrating = config.int8 and not from_cache
+    return calibration_and_checks(graph, spec, config.data, config.verify.samples, calibrating=calibrating,
+                                  from_cache=from_cache)  # fmt: skip
+
+
+def _require_thresholds(config: BuildConfig) -> None:
+    if config.int8 and not (config.data.sources or config.calib.cache):
+        raise TrtoptError(
+            "--int8 needs calibration data or a calibration cache.",
+            fix="Add --calib DIR (a folder of representative images), --calib FILE.npz (arrays named after the "
+            "model's inputs, for token ids, audio or several inputs) or --calib-cache FILE.",
+        )
+
+
+def _labels(graph: gs.Graph, given: Sequence[str] | None) -> list[str] | None:
+    from trtopt.data.classes import check_labels, default_labels
+
+    shape = graph.outputs[0].shape if graph.outputs else None
+    classes = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
+    if given is not None:
+        check_labels(list(given), classes, "--labels")
+        return list(given)
+    return default_labels(classes) if classes else None
 
 
 class StageTimes:
@@ -229,184 +269,3 @@ class StageTimes:
         start = time.perf_counter()
         yield
         self.seconds[stage] = time.perf_counter() - start
-
-
-def _samples(graph: gs.Graph, spec: PreprocessSpec | None, config: BuildConfig) -> tuple[Dataset | None, Checks]:
-    from trtopt.data.samples import calibration_and_checks
-
-    from_cache = config.calib.cache is not None
-    calibrating = config.int8 and not from_cache
-    return calibration_and_checks(graph, spec, config.data, config.verify.samples, calibrating=calibrating,
-                                  from_cache=from_cache)  # fmt: skip
-
-
-def _quantize(
-    graph: gs.Graph,
-    fp32: onnx.ModelProto,
-    quant: QuantConfig,
-    data: Dataset | None,
-    config: BuildConfig,
-    times: StageTimes,
-    progress: ProgressHook | None,
-    measured: Callable[[onnx.ModelProto], onnx.ModelProto],
-) -> Quantized:
-    """Place Q/DQ by `quant` (the backend's form), calibrate, correct biases, insert Q/DQ into `graph` (in place).
-
-    Calibration covers every tensor any backend may quantise (`quantizable_tensors`), not only this plan's:
-    one cache then serves every build of the graph, and the thresholds do not depend on the backend or on
-    --exclude. (Measuring fewer tensors is not neutral: ONNX Runtime fuses differently around the tensors
-    it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
-    from trtopt.calib.stage import calibrate_graph
-
-    cache, record, note, fp32 = _equalize(graph, fp32, quant, data, config)  # trtopt.quant.equalize_cache
-    qplan = plan_quantization(graph, quant)
-    tensors = quantizable_tensors(graph)
-    if not tensors:  # a tree ensemble, an elementwise graph: say so, not "No tensors to calibrate" from below
-        ops = ", ".join(sorted({n.op for n in graph.nodes})) or "none"
-        raise TrtoptError(
-            f"Nothing in this model can run in INT8: it has no layer trtopt quantises (Conv, ConvTranspose, MatMul, "
-            f"Gemm with activations to quantise); its ops: {ops}.",
-            fix="Build it without --int8 (the float plan is what an INT8 build would give).",
-        )
-    with times("calibrate"):
-        calibration = calibrate_graph(graph, fp32, tensors, config.calib, dataset=data, data=config.data,
-                                      progress=progress, loaded=cache, equalization=record)  # fmt: skip
-    with times("quantize"):
-        sensitivity = None
-        if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
-            qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch,
-                                                        progress, lower=measured)  # fmt: skip
-        qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
-        bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
-        qdq = insert_qdq(graph, qplan, sensitivity.amax(calibration.amax) if sensitivity else calibration.amax)
-    return Quantized(calibration, bias, qdq, sensitivity, note)
-
-
-def _equalize(
-    graph: gs.Graph, fp32: onnx.ModelProto, quant: QuantConfig, data: Dataset | None, config: BuildConfig
-) -> tuple[Calibration | None, EqualizationRecord | None, str | None, onnx.ModelProto]:
-    """Activation equalisation before calibration (exact; `trtopt.quant.equalize`), in place: measured on the
-    data and recorded for a cache, or redone from the cache's record. Returns (the cache read, or None; the
-    record; the summary's note; `graph` as ONNX, rewritten or `fp32`)."""
-    from trtopt.calib.cache import load_cache
-    from trtopt.quant.equalize_cache import equalize_recorded, not_equalized, replay
-
-    folds = quant.output_folds if quant.quantize_outputs else None
-    if config.calib.cache is not None:
-        cache = load_cache(config.calib.cache)
-        note = replay(graph, fp32, cache, equalize=quant.equalize, folds=folds)
-        rewritten = cache.equalization is not None and cache.equalization.applied and quant.equalize
-        return cache, None, note, onnx_from_graph(graph) if rewritten else fp32
-    if not quant.equalize or data is None:
-        return None, not_equalized(fp32), None, fp32
-    record, report = equalize_recorded(graph, fp32, data, config.data.batch, folds)
-    note = f"{len(report.gains)} tensors rescaled" if report.gains else None
-    return None, record, note, onnx_from_graph(graph)
-
-
-def _require_thresholds(config: BuildConfig) -> None:
-    if config.int8 and not (config.data.sources or config.calib.cache):
-        raise TrtoptError(
-            "--int8 needs calibration data or a calibration cache.",
-            fix="Add --calib DIR (a folder of representative images), --calib FILE.npz (arrays named after the "
-            "model's inputs, for token ids, audio or several inputs) or --calib-cache FILE.",
-        )
-
-
-def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration) -> BiasReport | None:
-    """Bias correction (trtopt.quant.bias) needs the FP32 channel means that trtopt's calibrator and
-    cache record; caches of other tools have none, so those builds go without it."""
-    if not calibration.channel_means:
-        log.warning(
-            "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
-            "a trtopt cache written by this version, to get it",
-            calibration.source or calibration.method,
-        )
-        return None
-    report = correct_biases(graph, qplan, calibration.channel_means)
-    log.info("bias correction: %d layers corrected, %d left as they are", len(report.corrected), len(report.skipped))
-    return report
-
-
-def _labels(graph: gs.Graph, given: Sequence[str] | None) -> list[str] | None:
-    from trtopt.classify import check_labels, default_labels
-
-    shape = graph.outputs[0].shape if graph.outputs else None
-    classes = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
-    if given is not None:
-        check_labels(list(given), classes, "--labels")
-        return list(given)
-    return default_labels(classes) if classes else None
-
-
-def _io(graph: gs.Graph) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    return _specs(graph.inputs), _specs(graph.outputs)
-
-
-def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
-    return tuple(
-        TensorSpec(
-            t.name,
-            tuple(d if isinstance(d, int) and d > 0 else -1 for d in (t.shape or [])),
-            str(onnx.helper.tensor_dtype_to_np_dtype(onnx.helper.np_dtype_to_tensor_dtype(t.dtype))),
-        )
-        for t in tensors
-    )
-
-
-def _quant_record(quantized: Quantized) -> QuantRecord | None:
-    calibration, bias, qdq, sensitivity, _ = quantized
-    if calibration is None or qdq is None:
-        return None
-    methods = {t: calibration.choices.get(t, "") for t in qdq.thresholds} if calibration.choices else {}
-    for tensor in sensitivity.thresholds if sensitivity is not None else ():  # the search moved it (quant.widen)
-        methods[tensor] = f"{methods.get(tensor) or calibration.method}, widened"
-    return QuantRecord(
-        method=calibration.method,
-        samples=calibration.num_samples,
-        method_counts=calibration.method_counts(),
-        threshold_methods=methods,
-        sensitivity=sensitivity.to_dict() if sensitivity is not None else None,
-        thresholds=qdq.thresholds,
-        int8_layers=tuple(qdq.quantized_layers),
-        float_layers=qdq.float_layers,
-        bias_corrected_layers=tuple(bias.corrected) if bias is not None else (),
-    )
-
-
-def _records(graph: gs.Graph, config: BuildConfig, backend: str, profiles: Mapping[str, Profile] | None,
-             quantized: Quantized) -> dict[str, Any]:  # fmt: skip
-    """The plan's optional records: the run-time shape profiles the backend fixed (`trtopt export --triton`
-    reads the batch limit), and with --sparsity which layers' weights are 2:4 (trtopt.analysis.sparsity)."""
-    records: dict[str, Any] = {}
-    if profiles:
-        records["profiles"] = {n: {"min": list(p.min), "opt": list(p.opt), "max": list(p.max)}
-                               for n, p in profiles.items()}  # fmt: skip
-    if config.sparsity:
-        from trtopt.analysis.sparsity import sparsity_record
-
-        layers = quantized.qdq.quantized_layers if quantized.qdq else ()
-        records["sparsity"] = sparsity_record(graph, layers, config.fp16, backend)
-    return records
-
-
-def _metadata(
-    path: Path,
-    config: BuildConfig,
-    spec: PreprocessSpec | None,
-    labels: list[str] | None,
-    optimized: OptimizeResult,
-    quantized: Quantized,
-    verification: Verification | None,
-    records: dict[str, Any],
-) -> PlanMetadata:
-    return PlanMetadata(
-        **records,
-        source_model=path.name,
-        precision=("int8" if config.int8 else float_precision(optimized.graph)) + ("+fp16" if config.fp16 else ""),
-        preprocess=spec.to_dict() if spec is not None else None,
-        labels=tuple(labels) if labels is not None else None,
-        optimizer=OptimizerRecord.from_result(optimized),
-        quant=_quant_record(quantized),
-        verification=verification,
-    )

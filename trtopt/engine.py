@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.backend import Runner, RunOptions, create_runner
+from trtopt.backend import Runner, RunOptions, check_runner_section, create_runner
 from trtopt.config_checks import check_threads
 from trtopt.errors import DataError, PlanError, ShapeError, TrtoptError, format_shape
 from trtopt.execution.device_arrays import array_shape_and_dtype
@@ -38,6 +38,7 @@ class Engine:
         self.plan = plan
         self._closed = False
         self._one_per_call = False  # the plan's model runs one sample per call (`infer` finds out)
+        check_runner_section(plan)
         try:
             self._runner: Runner = create_runner(
                 plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device)

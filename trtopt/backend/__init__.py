@@ -47,6 +47,7 @@ __all__ = [
     "Shape",
     "TritonModel",
     "TritonServing",
+    "check_runner_section",
     "checked_backend_options",
     "create_runner",
     "get_backend",
@@ -110,15 +111,21 @@ def prequantized_keeps() -> list[str]:
             if b.prequantized_keeps]  # fmt: skip
 
 
-def create_runner(plan: Plan, options: RunOptions) -> Runner:
-    """A runner for `plan` on the backend it was built for, or a clear error where that backend is missing."""
+def check_runner_section(plan: Plan) -> None:
+    """Refuse a plan without the section its backend's runner reads (`Backend.runner_section`). The plan format is
+    read below the backends, so this check of a plan's contents stands here, and `trtopt.Engine` makes it on load."""
     backend = get_backend(plan.backend)
-    if backend.runner_section not in plan.sections:  # the plan format is read below the backends: checked here
+    if backend.runner_section not in plan.sections:
         raise PlanError(
             f"This plan is damaged: a {plan.backend} plan needs an {backend.runner_section!r} section, found "
             f"{sorted(plan.sections)}.",
             fix="Rebuild the plan with `trtopt build`; a plan file is written whole or not at all.",
         )
+
+
+def create_runner(plan: Plan, options: RunOptions) -> Runner:
+    """A runner for `plan` on the backend it was built for, or a clear error where that backend is missing."""
+    backend = get_backend(plan.backend)
     status = backend.status()
     if not status.available:
         raise BackendUnavailableError(

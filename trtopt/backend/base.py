@@ -9,7 +9,7 @@ A backend is a `Backend` registered by name in `trtopt.backend.BACKENDS`, where 
   resolved from the build config and the graph (`options`);
 - **build**: the plan sections, and the variants to try until one verifies (`build`, `variants`), and the
   form of a plan whose float-math run computes what the built plan computes (`measured_form`: what the
-  sensitivity search measures, `trtopt.quant.sensitivity`);
+  sensitivity search measures, `trtopt.search.sensitivity`);
 - **verification policy**: whether a plan whose kernels miss the tolerance is refused (`strict_verification`);
 - **what it says about its kernels**: which quantisation of other tools it keeps (`prequantized_keeps`), and
   what 2:4 sparsity does on it (`sparsity_note`);
@@ -247,7 +247,7 @@ class Backend(ABC, Generic[BuildSettings]):
         (Q/DQ as float math) computes on the same grids as the built plan: what the sensitivity search
         measures each trial plan in. The model itself by default (the plan's kernels read TensorRT's Q/DQ);
         a backend that rewrites the Q/DQ graph before its kernels see it returns that rewrite, which must
-        be a pure function of the model (the trials match tensors by content, `trtopt.quant.trials`)."""
+        be a pure function of the model (the trials match tensors by content, `trtopt.search._trials`)."""
         return model
 
     def machine(self) -> str:

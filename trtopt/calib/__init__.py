@@ -8,7 +8,9 @@ One short flow::
 
 `histogram.py` and `thresholds.py` are pure numpy (no model); `collect.py` runs the model on ONNX
 Runtime; `cache.py` reads and writes trtopt, TensorRT and ONNX Runtime calibration files; `plot.py`
-draws a histogram with its thresholds (needs matplotlib).
+draws a histogram with its thresholds (needs matplotlib). The methods register into `METHODS`, declared in
+`config.py` beside `CalibConfig`; `ranges.py` says which tensors an activation bounds (their observed maximum
+is kept).
 """
 
 from trtopt.calib.cache import (

@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
 def build_config(args: argparse.Namespace) -> BuildConfig:
     """The `BuildConfig` the flags describe, stage by stage (each stage's config validates its own flags)."""
     from trtopt.build import BuildConfig
-    from trtopt.classify import read_labels
     from trtopt.cli import args as groups
     from trtopt.cli.preprocess_args import preprocess_config
+    from trtopt.data.classes import read_labels
 
     return BuildConfig(
         backend=args.backend,

@@ -117,11 +117,11 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.cli.console import out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
-    from trtopt.compare import compare_outputs
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
     from trtopt.frontend.prequantized import is_prequantized
-    from trtopt.selection import find_selection
+    from trtopt.metrics.compare import compare_outputs
+    from trtopt.verify.selection import find_selection
 
     config = task_config_from_args(args)
     model = load_model(args.model).model
@@ -169,10 +169,10 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     import onnx
 
     from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
-    from trtopt.compare import added_errors, compare_batches
     from trtopt.execution import OrtSession
     from trtopt.frontend import graph_from_onnx, load_model, onnx_from_graph
     from trtopt.frontend.float_types import lifted_to_float32, low_float_uses
+    from trtopt.metrics.compare import added_errors, compare_batches
     from trtopt.passes import optimize
 
     optimizer = engine.plan.metadata.optimizer
@@ -265,11 +265,12 @@ def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None
 
 
 def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
-    """The build's warnings for each output whose top classes change too often (trtopt.agreement.argmax_warning),
-    whose bulk of values moved (trtopt.distribution_shift.shift_warning), or whose worst input is far from FP32
-    while the output as a whole is not (trtopt.agreement.SAMPLE_MIN_COSINE)."""
-    from trtopt.agreement import SAMPLE_MIN_COSINE, argmax_warning
-    from trtopt.distribution_shift import shift_warning
+    """The build's warnings for each output whose top classes change too often
+    (trtopt.metrics.agreement.argmax_warning), whose bulk of values moved
+    (trtopt.metrics.distribution_shift.shift_warning), or whose worst input is far from FP32 while the output as a
+    whole is not (trtopt.metrics.agreement.SAMPLE_MIN_COSINE)."""
+    from trtopt.metrics.agreement import SAMPLE_MIN_COSINE, argmax_warning
+    from trtopt.metrics.distribution_shift import shift_warning
 
     found = []
     for o in outputs:

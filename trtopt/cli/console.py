@@ -88,7 +88,7 @@ def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[C
 def _named_phases() -> dict[str, str]:
     """The phases that count something other than images (trials, tensors), by what the bar calls them."""
     from trtopt.calib.collect import AUTO_PHASE
-    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+    from trtopt.search import SENSITIVITY_PHASE
 
     return {SENSITIVITY_PHASE: "sensitivity analysis, trials", AUTO_PHASE: "auto thresholds, tensors scored"}
 
@@ -111,7 +111,7 @@ def _left(report: CalibProgress) -> str:
     bound: LEADER's 105 planned trials at 48 s each, docs/holdout.md round 9, said nothing of 80 minutes)."""
     if not report.samples or not report.total_samples or report.seconds <= 0:
         return ""
-    from trtopt.quant.sensitivity import SENSITIVITY_PHASE
+    from trtopt.search import SENSITIVITY_PHASE
 
     left = report.seconds * (report.total_samples - report.samples) / report.samples
     bound = "at most " if report.phase == SENSITIVITY_PHASE else ""

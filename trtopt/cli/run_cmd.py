@@ -49,11 +49,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, engine: Engine) -> int:
-    from trtopt.classify import top_k
     from trtopt.cli.console import err, markup_safe, out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.data.arrays import has_batch_axis
+    from trtopt.data.classes import top_k
 
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
     output: str | None = None  # which output is shown: chosen on the first batch (`_shown_output`)

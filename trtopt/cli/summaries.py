@@ -141,7 +141,7 @@ def no_int8_warning(floats: dict[str, str]) -> str:
 def float_reasons(floats: dict[str, str]) -> str:
     """Layers kept float, counted by reason ("2 (fewer than 16 channels), 5 (kept float by sensitivity
     analysis)"); the search's reasons differ per layer, and its own row (`sensitivity_row`) gives them."""
-    from trtopt.quant.sensitivity import REASON
+    from trtopt.search import REASON
 
     reasons: dict[str, int] = {}
     for why in floats.values():
@@ -151,10 +151,10 @@ def float_reasons(floats: dict[str, str]) -> str:
 
 
 def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
-    """What the sensitivity search did (`trtopt.quant.sensitivity`), when it ran: the layers it kept float,
+    """What the sensitivity search did (`trtopt.search.sensitivity`), when it ran: the layers it kept float,
     and whether the plan falls short of its aim on calibration samples, with what to do then (None when the
     plan met the aim at once, or no search ran)."""
-    from trtopt.quant.sensitivity import MIN_COSINE
+    from trtopt.search import MIN_COSINE
 
     if not record:
         return None
@@ -172,7 +172,7 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
     text += f", {record['trials']} trial builds (an output's score: its cosine, or its top-class agreement or mean " \
             "IoU where lower)"
     top = record.get("ceiling") or {}
-    if top.get("hopeless"):  # the search stopped at its first test (trtopt.quant.ceiling)
+    if top.get("hopeless"):  # the search stopped at its first test (trtopt.search._ceiling)
         return "sensitivity analysis", (
             f"{text}; stopped there, short of the {MIN_COSINE} aim: with the {top['layers']} layers adding the most "
             f"error kept float at once the worst output score is only {top['worst']:.4f}, so no few layers kept "

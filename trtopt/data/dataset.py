@@ -355,3 +355,9 @@ def _describe(source: Source) -> str:
     if isinstance(source, (str, os.PathLike)):
         return repr(str(source))
     return f"{len(source)} paths"
+
+
+def sample_batches(dataset: Dataset, batch: int, count: int) -> list[tuple[dict[str, np.ndarray], int]]:
+    """The first `count` samples of `dataset` as (feeds, rows) batches of `batch` samples (the last may be short)."""
+    head = dataset.split_tail(len(dataset) - count)[0] if len(dataset) > count else dataset
+    return [(b.feeds, len(b)) for b in head.batches(batch)]

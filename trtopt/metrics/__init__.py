@@ -1,4 +1,7 @@
-"""Task-aware fidelity metrics between an FP32 model's outputs and a quantised plan's (pure numpy).
+"""Fidelity figures between an FP32 model's outputs and a quantised plan's (pure numpy): what the build's
+self-check records (`agreement`: cosine, relative error, argmax and label-map agreement; `distribution_shift`),
+what `trtopt compare` reports per output and per layer (`compare`), the array helpers they share (`arrays`), and
+the task-aware metrics:
 
 - `boxes`: detections, IoU, NMS, and box matching (recall of FP32's boxes, precision, F1);
 - `yolo`: decoding YOLOv8 / YOLOv5 / YOLOX outputs into detections;

@@ -1,6 +1,6 @@
 """Array helpers every comparison of two runs' outputs uses (pure numpy): stacking outputs whose length depends
 on the data, per-row cosines, and whether values are a probability distribution. They sit at the bottom of the
-fidelity figures, below `trtopt.metrics`' task metrics, `trtopt.agreement` and `trtopt.compare`."""
+fidelity figures, below `trtopt.metrics`' task metrics, `trtopt.metrics.agreement` and `trtopt.metrics.compare`."""
 
 from __future__ import annotations
 

@@ -8,6 +8,9 @@ Each pass is registered by name in `PASSES` with its matcher (`find_*(graph) -> 
 gs.Graph, rewrites exactly what its matcher finds, leaves the graph cleaned, sorted and uniquely
 named, and returns a `PassReport`. Fusion and concat groups are derived from any graph by
 `find_fusion_groups` / `find_concat_groups` and travel with the model as metadata.
+
+`config.py` is the graph stage's entry (`GraphConfig`, `load_graph`: the front end, its checks and the shapes
+array data fixes), and `check.py` checks the optimised graph against the model file in ONNX Runtime.
 """
 
 from trtopt.passes import (  # noqa: F401 (register)

@@ -232,9 +232,9 @@ def _float32_copy(
 
 def _relative_error(want: np.ndarray, have: np.ndarray) -> float:
     """Largest difference over the output's largest value, or over `SCALE_FLOOR` where all are smaller. NaN and
-    infinities follow the verification's rule (`trtopt.agreement.comparable`): the same non-finite value in both
+    infinities follow the verification's rule (`trtopt.metrics.agreement.comparable`): the same non-finite value in both
     is no difference, and the finite values beside it are measured; one anywhere else is an infinite error."""
-    from trtopt.agreement import comparable
+    from trtopt.metrics.agreement import comparable
 
     if not want.size:
         return 0.0

@@ -76,7 +76,7 @@ class QuantRecord:
     bias_corrected_layers: tuple[str, ...] = ()
     method_counts: dict[str, int] = field(default_factory=dict)  # tensors per method (`auto` chooses per tensor)
     threshold_methods: dict[str, str] = field(default_factory=dict)  # tensor -> method, where `auto` chose
-    sensitivity: dict[str, Any] | None = None  # layers kept float by measured sensitivity (trtopt.quant.sensitivity)
+    sensitivity: dict[str, Any] | None = None  # layers kept float by measured sensitivity (trtopt.search.sensitivity)
 
     def to_dict(self) -> dict[str, Any]:
         calibration: dict[str, Any] = {"method": self.method, "samples": self.samples}

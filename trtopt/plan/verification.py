@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from trtopt.agreement import Agreement, argmax_warning, label_warning
-from trtopt.distribution_shift import shift_warning
+from trtopt.metrics.agreement import Agreement, argmax_warning, label_warning
+from trtopt.metrics.distribution_shift import shift_warning
 
 # Kernels may round differently from the float reference, but only by rounding. Quantising a tensor moves
 # each value by at most half a step; an integer kernel whose requantisation (or QLinearAdd / pooling
@@ -42,7 +42,7 @@ KERNEL_CAP = 0.25
 # A reference whose worst output's mean cosine with FP32 is below this is flagged loudly, not refused (the
 # plan computes what was asked; its thresholds or layers are what is wrong). On the demo classifier, INT8
 # logits at mean cosine 0.92 with FP32 agreed on 74% of top-1 classes and at 0.978 on 89% (BENCHMARKS.md);
-# 0.95 sits between, well below the sensitivity search's aim (trtopt.quant.sensitivity.MIN_COSINE, 0.99).
+# 0.95 sits between, well below the sensitivity search's aim (trtopt.search.sensitivity.MIN_COSINE, 0.99).
 REFERENCE_MIN_COSINE = 0.95
 
 # What to do when the reference is far from FP32 (the warning's second half, and the fix of the error).
@@ -76,7 +76,7 @@ class Verification:
     tolerance: float  # the largest kernels-vs-reference relative error that passes
     rejected: tuple[dict[str, Any], ...] = field(default=())  # variants tried first: variant, rel_error
     far_from_fp32: bool = False  # the reference's cosine with FP32 is below REFERENCE_MIN_COSINE (a warning)
-    judged: str | None = None  # outputs judged by what they select from (`trtopt.selection.Selection.describe`)
+    judged: str | None = None  # outputs judged by what they select from (`trtopt.verify.selection.Selection.describe`)
 
     @property
     def ok(self) -> bool:
@@ -85,10 +85,10 @@ class Verification:
     @property
     def warnings(self) -> list[str]:
         """What the summary warns of: INT8 math far from FP32, top classes changed at too many positions of per-position
-        class scores (trtopt.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses its classes' regions
-        (LABEL_MIN_IOU there), an output whose bulk of values moved (trtopt.distribution_shift.MAX_SHIFT), and one
-        sample far from FP32 while the mean is not (trtopt.agreement.SAMPLE_MIN_COSINE)."""
-        from trtopt.agreement import sample_warning
+        class scores (trtopt.metrics.agreement.ARGMAX_MIN_AGREEMENT), a label map that loses its classes' regions
+        (LABEL_MIN_IOU there), an output whose bulk of values moved (trtopt.metrics.distribution_shift.MAX_SHIFT), and
+        one sample far from FP32 while the mean is not (trtopt.metrics.agreement.SAMPLE_MIN_COSINE)."""
+        from trtopt.metrics.agreement import sample_warning
 
         to_fp32 = self.reference_vs_fp32
         far = [reference_warning(to_fp32)] if self.far_from_fp32 else []

@@ -32,7 +32,7 @@ class QuantConfig:
     `bias_correction` subtracts the mean output shift that rounding a layer's weights to INT8 causes from
     its bias (`trtopt.quant.bias`); placement ignores it, the quantisation stage of a build reads it.
     `auto_exclude` keeps the fewest most sensitive layers float when an output's cosine with FP32 stays below
-    0.99 on calibration samples (`trtopt.quant.sensitivity`; also read by the build's quantisation stage).
+    0.99 on calibration samples (`trtopt.search.sensitivity`; also read by the build's quantisation stage).
     `equalize` evens out the channel ranges of the tensors that feed depthwise convs (directly, through a
     ReLU, or through a HardSwish/SiLU gate: `trtopt.quant.equalize.GATED_IN_BUILDS`; then scalar affine maps
     too) before calibration, an

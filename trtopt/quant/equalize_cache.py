@@ -45,7 +45,7 @@ def equalize_recorded(
 ) -> tuple[EqualizationRecord, EqualizeReport]:
     """Equalise `graph` (in place; `model` is it as ONNX, before) on up to 64 samples of `dataset`, as builds
     do, and the record a cache keeps of it. `folds`: `equalize_activations`'s."""
-    from trtopt.quant.sensitivity import sample_batches
+    from trtopt.data.dataset import sample_batches
 
     given = model_fingerprint(model)
     batches = [feeds for feeds, _ in sample_batches(dataset, batch, 64)]

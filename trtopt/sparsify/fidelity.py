@@ -1,7 +1,7 @@
 """What 2:4 pruning costs in output fidelity, measured on data, and the greedy choice of layers within a budget.
 
 The loss of a pruned model is 1 - cosine similarity of its outputs with the dense model's on the same inputs
-(`trtopt.compare.ErrorStats`: one cosine over every element of an output across all samples), the worst over
+(`trtopt.metrics.compare.ErrorStats`: one cosine over every element of an output across all samples), the worst over
 the model's outputs. It is the budget unit of `--max-loss`: 0 is the dense model, 0.001 keeps the outputs
 99.9 % aligned. Top-1 agreement (for [batch, classes] outputs) is reported beside it but too coarse on a few
 dozen calibration images to spend a budget on.
@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from trtopt.compare import ErrorStats, compare_batches
 from trtopt.execution import OrtSession
+from trtopt.metrics.compare import ErrorStats, compare_batches
 
 Feeds = dict[str, np.ndarray]
 Step = Callable[[str], None]  # called after each measurement with what was measured

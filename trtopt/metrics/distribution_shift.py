@@ -48,7 +48,8 @@ from __future__ import annotations
 import numpy as np
 
 SAMPLE = 1 << 20  # at most this many elements of an output enter the figure
-BATCH_SAMPLE = SAMPLE // 16  # ... and of each batch, where `trtopt compare` streams batches (trtopt.compare.ErrorStats)
+# ... and of each batch, where `trtopt compare` streams batches (trtopt.metrics.compare.ErrorStats)
+BATCH_SAMPLE = SAMPLE // 16
 MIN_ELEMENTS = 1024  # fewer: no figure (each moving value moves it by 1/n)
 # The build warns above this share. Measured (module docstring): healthy default plans at most 0.069,
 # lore-detect's heat map 0.61; 0.2 lies between (about their geometric mean), three times the healthy maximum.

@@ -2,8 +2,8 @@
 
 Per output: cosine similarity, relative error, max and mean absolute error, top-1 agreement (for [batch,
 classes] outputs), argmax agreement over positions (for per-position class scores: CTC time steps, softmaxed
-segmentation pixels; trtopt.agreement says which outputs qualify), and the distribution shift (how far the plan
-moves the bulk of the values, which the largest values carrying cosine cannot hide: trtopt.distribution_shift).
+segmentation pixels; trtopt.metrics.agreement says which outputs qualify), and the distribution shift (how far the plan
+moves the bulk of the values, which the largest values carrying cosine cannot hide: trtopt.metrics.distribution_shift).
 Per task (`compare_outputs`, trtopt.metrics): box matching for detectors, binarised score-map IoU for text
 detectors, decoded-sequence agreement for CTC recognizers. Per layer: the plan's ONNX graph keeps the
 optimised FP32 graph's tensor names (Q/DQ sit on edges), so the same intermediate tensors are exposed in both
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.agreement import SAMPLE_MIN_VALUES
 from trtopt.metrics import TaskConfig, TaskEvaluator, choose_task
+from trtopt.metrics.agreement import SAMPLE_MIN_VALUES
 from trtopt.metrics.arrays import row_cosines, zero_padded
 
 
@@ -40,18 +40,18 @@ class ErrorStats:
     top1_same: int = 0
     rows: int = 0
     argmax_same: int = 0
-    positions: int = 0  # untied positions of per-position class scores (trtopt.agreement.argmax_counts)
+    positions: int = 0  # untied positions of per-position class scores (trtopt.metrics.agreement.argmax_counts)
     shift: bool = True  # keep values for the distribution shift (per-layer statistics do not: their memory)
     sampled: int = 0  # samples seen with one row each (see `update`'s `batch`)
     worst_sample: tuple[float, int] | None = None  # the lowest one-sample cosine, and that sample's index
-    # the same positions of both, BATCH_SAMPLE per batch up to SAMPLE in all (trtopt.distribution_shift)
+    # the same positions of both, BATCH_SAMPLE per batch up to SAMPLE in all (trtopt.metrics.distribution_shift)
     kept: tuple[list[np.ndarray], list[np.ndarray]] = field(default_factory=lambda: ([], []), repr=False)
 
     def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None,
                batch: int | None = None) -> None:
         """Add a batch; `axis`: the class axis of an output of per-position class scores (None: not one);
         `batch`: the samples in it, whose one-sample cosines count towards `worst_sample` where the output has
-        a row of `trtopt.agreement.SAMPLE_MIN_VALUES` or more per sample (None: not counted)."""
+        a row of `trtopt.metrics.agreement.SAMPLE_MIN_VALUES` or more per sample (None: not counted)."""
         ref, test = zero_padded([ref, test])  # a data-dependent length: the missing part compares with 0
         if batch and ref.ndim >= 2 and ref.shape[0] == batch and ref[0].size >= SAMPLE_MIN_VALUES and axis is None \
                 and ref.dtype.kind == "f":  # class scores and label maps: their argmax agreement and IoU judge them
@@ -71,13 +71,13 @@ class ErrorStats:
             self.rows += ref.shape[0]
             self.top1_same += int((ref.argmax(axis=1) == test.argmax(axis=1)).sum())
         if axis is not None:
-            from trtopt.agreement import argmax_counts
+            from trtopt.metrics.agreement import argmax_counts
 
             same, untied = argmax_counts(test, ref, axis)
             self.argmax_same, self.positions = self.argmax_same + same, self.positions + untied
 
     def _per_sample(self, ref: np.ndarray, test: np.ndarray) -> None:
-        from trtopt.agreement import comparable
+        from trtopt.metrics.agreement import comparable
 
         got, want = comparable(*(a.astype(np.float64).reshape(len(a), -1) for a in (test, ref)))
         with np.errstate(invalid="ignore", over="ignore"):
@@ -88,7 +88,7 @@ class ErrorStats:
         self.sampled += len(cosines)
 
     def _keep(self, ref: np.ndarray, test: np.ndarray) -> None:
-        from trtopt.distribution_shift import BATCH_SAMPLE, SAMPLE, sampled
+        from trtopt.metrics.distribution_shift import BATCH_SAMPLE, SAMPLE, sampled
 
         if self.shift and sum(len(k) for k in self.kept[1]) < SAMPLE:
             for kept, values in zip(self.kept, sampled(test, ref, BATCH_SAMPLE), strict=True):
@@ -109,8 +109,8 @@ class ErrorStats:
 
     @property
     def distribution_shift(self) -> float | None:
-        """trtopt.distribution_shift over the kept values (None: too few values, or none seen)."""
-        from trtopt.distribution_shift import distribution_shift
+        """trtopt.metrics.distribution_shift over the kept values (None: too few values, or none seen)."""
+        from trtopt.metrics.distribution_shift import distribution_shift
 
         if not self.kept[1]:
             return None
@@ -190,11 +190,11 @@ def compare_outputs(
 
     The task is chosen on the first batch (`trtopt.metrics.choose_task`: FP32 outputs, batch size, and the
     height and width of the first image-shaped input); [N, C] outputs also get top-1 agreement, and outputs of
-    per-position class scores (`trtopt.agreement.class_axes`, also decided on the first batch) argmax agreement.
-    `selected` outputs (after TopK / NMS, `trtopt.selection`) get neither, nor are they chosen for a task: the
+    per-position class scores (`trtopt.metrics.agreement.class_axes`, also decided on the first batch) argmax agreement.
+    `selected` outputs (after TopK / NMS, `trtopt.verify.selection`) get neither, nor are they chosen for a task: the
     first entry of TopK's sorted scores is always the largest, so their top-1 agreement would be 100%.
     """
-    from trtopt.agreement import class_axes
+    from trtopt.metrics.agreement import class_axes
 
     config = config or TaskConfig()
     stats = {n: ErrorStats(n) for n in names}

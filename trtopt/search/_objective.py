@@ -1,4 +1,4 @@
-"""What the sensitivity search (trtopt.quant.sensitivity) weighs a trial by, over a plan's outputs.
+"""What the sensitivity search (trtopt.search.sensitivity) weighs a trial by, over a plan's outputs.
 
 A trial's figures are one cosine per output (`trials.output_figures`; one float for a plan of one output).
 The aim is every output at `aim` or above. A layer kept float gains by the larger of two figures: how far

@@ -16,11 +16,11 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
    beside FP32, every layer's output compared, as `trtopt compare --per-layer` ranks them), every output's
    cosine with that layer alone kept float; a layer that alone lifts the worst to `MIN_COSINE` (on the
    confirmation samples too) ends this stage (one layer is the fewest there can be). Before, one trial keeps
-   them all float at once (`trtopt.quant.ceiling`): the search ends there, keeping none, when even that
+   them all float at once (`trtopt.search._ceiling`): the search ends there, keeping none, when even that
    leaves the worst output below 0.95 (SLANet-plus: 107 trials in 11.5 minutes, then refused);
 3. greedy: keep float the layer that gains most, then the next, re-measuring each time, until the worst
    output reaches `MIN_COSINE` on the search and the confirmation samples or `MAX_SHARE` of the layers are
-   float. A layer's gain (`trtopt.quant.objective`) is the larger of the worst output's rise and the cut of
+   float. A layer's gain (`trtopt.search._objective`) is the larger of the worst output's rise and the cut of
    the outputs' summed shortfall below `MIN_COSINE` (one output: its rise), read from the cosines alone
    where the aim also weighs a top-class agreement (a recogniser's). A layer is kept only if it gains
    at least `MIN_GAIN` on the search samples, or lifts the worst output to `MIN_COSINE` (the last step),
@@ -32,7 +32,7 @@ confirm what it keeps (a set of 16 searches on 8 and confirms on 8; fewer than 1
 4. another round when the greedy stage kept some layers but ran out short of the aim: the first `LATER`
    (24) candidates not kept nor refused are tried again on top of the kept ones, and the greedy stage runs
    over those gains; `ROUNDS` (2) rounds at most, none after a round that kept nothing (same plans again);
-5. still short: wider thresholds for the activations those candidates read (`trtopt.quant.widen`), by the
+5. still short: wider thresholds for the activations those candidates read (`trtopt.search._widen`), by the
    greedy stage's rules; they cost no run time (layout-cdla's error is spread past what float layers mend).
 
 `MIN_GAIN` (0.001, a tenth of the error `MIN_COSINE` allows) is what a float layer must buy: it costs
@@ -80,7 +80,7 @@ crossed PP-LCNetV3's affine blocks).
 
 Every trial re-quantises a copy of the graph as the build does (unlike-range Concats, bias correction), so
 the measured cosine is that of the plan that would be built; it then runs only what that re-quantisation
-changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.quant.trials`: the
+changed, fed at the boundary with tensors of one run of the plan's own graph (`trtopt.search._trials`: the
 same ONNX Runtime kernels on the same inputs, so the same cosine to the last bit): whole default builds
 took 238 -> 163 CPU seconds on layout-cdla, 124 -> 91 on PP-OCRv4-det with the same layers and cosines
 (avx2, 1 intra-op thread). The kept tensors fill at most `trials.BUDGET` (1 GiB; PP-OCRv4-det's 8 pages
@@ -110,17 +110,18 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from trtopt.quant import widen
-from trtopt.quant.ceiling import Ceiling, ceiling
+from trtopt.data.dataset import sample_batches
 from trtopt.quant.config import QuantConfig
-from trtopt.quant.greedy import MIN_GAIN as MIN_GAIN
-from trtopt.quant.greedy import NOISE as NOISE
-from trtopt.quant.greedy import REASON as REASON
-from trtopt.quant.greedy import Greedy, greedy
-from trtopt.quant.objective import Cosines, Figures, worst, worst_mean
-from trtopt.quant.ranking import rank_by_added_error
-from trtopt.quant.trial_count import TrialCount, memo
-from trtopt.quant.trials import output_figures
+from trtopt.search import _widen as widen
+from trtopt.search._ceiling import Ceiling, ceiling
+from trtopt.search._greedy import MIN_GAIN as MIN_GAIN
+from trtopt.search._greedy import NOISE as NOISE
+from trtopt.search._greedy import REASON as REASON
+from trtopt.search._greedy import Greedy, greedy
+from trtopt.search._objective import Cosines, Figures, worst, worst_mean
+from trtopt.search._ranking import rank_by_added_error
+from trtopt.search._trial_count import TrialCount, memo
+from trtopt.search._trials import output_figures
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,8 @@ class Sensitivity:
     trials: int = 0
     confirmed: tuple[float, float] | None = None  # worst cosine before/after on the confirmation samples
     refused: dict[str, str] = field(default_factory=dict)  # layers (or moves) that gained on the search samples alone
-    ceiling: Ceiling | None = None  # the candidates kept float at once (`trtopt.quant.ceiling`), where tried
-    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # tensor -> widened (`trtopt.quant.widen`)
+    ceiling: Ceiling | None = None  # the candidates kept float at once (`trtopt.search._ceiling`), where tried
+    thresholds: dict[str, dict[str, Any]] = field(default_factory=dict)  # tensor -> widened (`trtopt.search._widen`)
 
     def to_dict(self) -> dict[str, Any]:
         found: dict[str, Any] = dict(before=self.before, after=self.after, layers=dict(self.layers), trials=self.trials)
@@ -204,12 +205,12 @@ def find_sensitive_layers(
     wider: Callable[[Sequence[str], Collection[str]], Sequence[str]] | None = None,
 ) -> Sensitivity:
     """The search of the module doc over `layers`; `measure(exclude)` is each output's cosine (one float for
-    one output) with `exclude` kept float, weighed as `trtopt.quant.objective` says. `rank()`, called only
+    one output) with `exclude` kept float, weighed as `trtopt.search._objective` says. `rank()`, called only
     when the plan falls short, orders `layers` most error first; the first `CANDIDATES` of that order are
     tried (all of `layers` without it). `confirm(exclude)`, where given, is the per-sample cosines (a row
     per output) on samples `measure` does not use: the greedy stage keeps a layer only if they do not
     refute its gain, and stops only when both sample sets reach `min_cosine`. `wider(tried, kept)`, where
-    given, is the threshold moves (`trtopt.quant.widen` keys) the last stage tries when the plan is still short.
+    given, is the threshold moves (`trtopt.search._widen` keys) the last stage tries when the plan is still short.
     `on_trial(done, most)` is called after each trial once the search runs (`most`: its upper bound)."""
     before = measure(())
     start = confirm(()) if confirm is not None and layers and worst(before) >= min_cosine else None
@@ -219,7 +220,7 @@ def find_sensitive_layers(
     steps = max(1, int(MAX_SHARE * len(layers)))
     stage = steps if confirm is None else 2 * steps + 1  # a round's first greedy trial is an alone one
     most = len(tried) * (1 + 2 * (wider is not None)) + (ROUNDS - 1) * LATER + stage  # widen: 2 moves per input
-    count = TrialCount(on_trial, 1, most + 2 * (len(tried) < len(layers)))  # + `trtopt.quant.ceiling`'s trials
+    count = TrialCount(on_trial, 1, most + 2 * (len(tried) < len(layers)))  # + `trtopt.search._ceiling`'s trials
     measure = memo(count.wrap(measure))  # a later round may try again what the greedy stage tried
     top = ceiling(measure, tried, len(layers), LATER)
     if top is not None and top.hopeless:  # no set of candidates kept float lifts the plan near the aim
@@ -243,7 +244,7 @@ def find_sensitive_layers(
         greedy(found, order[: steps - kept], gains, measure, check)
         if found.reached() or len(found.chosen) in (kept, steps):
             break  # the aim, the cap, or a round that kept nothing (the next would try the same plans)
-    if wider is not None and not found.reached():  # trtopt.quant.widen: no float layer is left that pays
+    if wider is not None and not found.reached():  # trtopt.search._widen: no float layer is left that pays
         gains = {move: measure((*found.chosen, move)) for move in wider(tried, found.chosen)}
         order = sorted((m for m in gains if found.pays(gains[m])), key=lambda m: -found.gain(gains[m]))
         greedy(found, widen.best_per_tensor(order), gains, measure, check)
@@ -263,7 +264,7 @@ def exclude_sensitive(
     """Run the analysis for the build: `layers` are the INT8 layers of its plan, `batches` the calibration
     samples it searches on, `confirm` others that only confirm the layers it keeps, `lower` the form the
     backend builds each plan in (what is measured); `on_trial` as for `find_sensitive_layers`."""
-    from trtopt.quant.trials import BUDGET
+    from trtopt.search._trials import BUDGET
 
     base = quantized_model(graph, quant, calibration, bias_correction, lower=lower)
     tried: list[Sequence[str]] = [layers]  # the layers tried alone, once ranked: what the trials' cache keeps
@@ -295,13 +296,13 @@ def _measurer(
     graph: gs.Graph, base: onnx.ModelProto, batches: Batches, build: Callable[[Sequence[str]], onnx.ModelProto],
     tried: Callable[[], Sequence[str]], budget: int, per_sample: bool = False,
 ) -> Callable[[Sequence[str]], Cosines]:  # fmt: skip
-    """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.quant.trials` (set
+    """`measure(exclude)` on `batches`: the plan's own graph run whole, a trial by `trtopt.search._trials` (set
     up at the first trial, keeping what the trials of the layers `tried()` then names will read); each
     output's figure (`trials.cosine_figures`), or with `per_sample` its cosine on each sample, a row each,
-    in both the aim and steady forms where they differ (`trtopt.quant.objective`)."""
+    in both the aim and steady forms where they differ (`trtopt.search._objective`)."""
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
-    from trtopt.quant.trials import DownstreamTrials, sample_cosines
+    from trtopt.search._trials import DownstreamTrials, sample_cosines
     from trtopt.verify import collect
 
     expected = collect(OrtSession(onnx_from_graph(graph), spin=False).run, batches)
@@ -329,12 +330,12 @@ def float_sensitive_layers(
     """For `trtopt.build`: `plan` with the sensitive layers kept float, searched and confirmed on the first
     calibration samples of `data` (`search_samples`; a `trtopt.data.Dataset`, without the build's verification
     samples), each trial measured in the form `lower` gives it (the backend's `measured_form`), outputs after
-    TopK / NMS by what they select from (`trtopt.selection`). `progress` gets a `CalibProgress` per trial."""
+    TopK / NMS by what they select from (`trtopt.verify.selection`). `progress` gets a `CalibProgress` per trial."""
     from trtopt.calib.collect import count_reporter
     from trtopt.errors import TrtoptError
     from trtopt.frontend.model_errors import plan_errors
     from trtopt.quant.placement import plan_quantization
-    from trtopt.selection import judged_graph
+    from trtopt.verify.selection import judged_graph
 
     if not plan.quantized_layers:
         return plan, None
@@ -367,9 +368,3 @@ def search_samples(dataset: Any, batch: int) -> tuple[Batches, Batches]:
     search = min(SAMPLES, total - CONFIRM)
     head, rest = dataset.split_tail(total - search)
     return sample_batches(head, batch, search), sample_batches(rest, batch, CONFIRM)
-
-
-def sample_batches(dataset: Any, batch: int, count: int = SAMPLES) -> list[tuple[Mapping[str, np.ndarray], int]]:
-    """The first `count` samples of a `trtopt.data.Dataset` as (feeds, rows) batches."""
-    head = dataset.split_tail(len(dataset) - count)[0] if len(dataset) > count else dataset
-    return [(b.feeds, len(b)) for b in head.batches(batch)]

@@ -24,16 +24,16 @@ import numpy as np
 import onnx
 
 from trtopt._version import __version__
-from trtopt.agreement import Outputs, agreement, class_axes, unlabelled_cosine
-from trtopt.compare import image_hw
 from trtopt.data.samples import Checks
 from trtopt.errors import TrtoptError
 from trtopt.frontend.model_errors import plan_errors
+from trtopt.metrics.agreement import Outputs, agreement, class_axes, unlabelled_cosine
+from trtopt.metrics.compare import image_hw
 from trtopt.metrics.labels import label_map_outputs
 from trtopt.plan import Plan
 from trtopt.plan.verification import REFERENCE_MIN_COSINE, Verification, kernel_tolerance
-from trtopt.selection import Selection, find_selection, judged_model, judging
-from trtopt.verify_failure import no_matching_variant
+from trtopt.verify.failure import no_matching_variant
+from trtopt.verify.selection import Selection, find_selection, judged_model, judging
 
 if TYPE_CHECKING:
     from trtopt.backend import Backend
@@ -154,8 +154,9 @@ def verify_plan(
 ) -> Verification:
     """Check that `plan` is valid (ONNX checker, loads in its backend, produces every output with the right
     shape) and measure reference vs `fp32` and kernels vs reference on `batches` ((feeds, rows) pairs);
-    `axes` (trtopt.agreement.class_axes) names the outputs of per-position class scores, `label_maps` those of ids.
-    Outputs of a `selection` are judged by the tensors they select from (`trtopt.selection`; `fp32` holds those):
+    `axes` (trtopt.metrics.agreement.class_axes) names the outputs of per-position class scores, `label_maps` those
+    of ids.
+    Outputs of a `selection` are judged by the tensors they select from (`trtopt.verify.selection`; `fp32` holds those):
     the reference computes them, and so do the kernels of a plan whose ONNX its backend runs (the CPU's); a
     TensorRT engine's kernels are compared on the outputs no selection computes.
 

@@ -1,4 +1,4 @@
-"""The order in which the sensitivity search (`trtopt.quant.sensitivity`) tries INT8 layers alone: the error
+"""The order in which the sensitivity search (`trtopt.search.sensitivity`) tries INT8 layers alone: the error
 each adds to its own output, most first."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ def rank_by_added_error(
     graph: gs.Graph, quantized: onnx.ModelProto, batches: Batches, layers: Sequence[str]
 ) -> list[str]:
     """`layers` ordered by the error each adds to its own output (1 - cosine with FP32, less the worst error
-    it reads: `trtopt.compare.added_errors`), most first, from one run of FP32 and of the Q/DQ reference
+    it reads: `trtopt.metrics.compare.added_errors`), most first, from one run of FP32 and of the Q/DQ reference
     with every layer's outputs exposed, compared batch by batch (nothing of a deep model is held)."""
-    from trtopt.compare import ErrorStats, added_errors
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
+    from trtopt.metrics.compare import ErrorStats, added_errors
 
     outputs = {n.name: [t.name for t in n.outputs if t.name] for n in graph.nodes if n.name in set(layers)}
     made = {t for node in quantized.graph.node for t in node.output}  # Q/DQ insertion keeps the layers' names

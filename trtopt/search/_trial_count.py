@@ -1,4 +1,4 @@
-"""Bookkeeping of the sensitivity search's trials (trtopt.quant.sensitivity): each trial run once, and
+"""Bookkeeping of the sensitivity search's trials (trtopt.search.sensitivity): each trial run once, and
 counted for the build's progress bar (`trtopt.calib.collect.count_reporter` makes the reports)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The sensitivity search's greedy stage (`trtopt.quant.sensitivity`, steps 3 to 5): keep the layers (or
-threshold moves, `trtopt.quant.widen`) that gain most, one at a time, as long as each pays and the confirmation
+"""The sensitivity search's greedy stage (`trtopt.search.sensitivity`, steps 3 to 5): keep the layers (or
+threshold moves, `trtopt.search._widen`) that gain most, one at a time, as long as each pays and the confirmation
 samples do not refute it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from trtopt.quant.objective import Cosines, Figures, gain, lift_words, refuted, worst, worst_mean
+from trtopt.search._objective import Cosines, Figures, gain, lift_words, refuted, worst, worst_mean
 
 NOISE = 2.0  # standard errors of the confirmation samples' paired gain that a refusal must clear
 MIN_GAIN = 0.001  # the least rise of the worst cosine that pays for a layer kept float (a tenth of 1 - MIN_COSINE)
@@ -16,7 +16,7 @@ REASON = "kept float by sensitivity analysis"  # how the reason of each layer it
 
 @dataclass
 class Greedy:
-    chosen: dict[str, str]  # layers kept float (and threshold moves, `trtopt.quant.widen` keys), in order -> why
+    chosen: dict[str, str]  # layers kept float (and threshold moves, `trtopt.search._widen` keys), in order -> why
     current: Figures  # each output's cosine with `chosen` float
     aim: float
     start: Cosines | None  # the confirmation samples' per-sample cosines before any layer was kept float

@@ -23,8 +23,8 @@ and is set by the background (wired-table-rec's line segmenter: cosine 0.986 wit
 FP32's label, docs/holdout.md): the mean IoU of the classes other than the background and the share of pixels
 whose label is unchanged.
 
-Every output of 1024 elements or more also gets a distribution shift (trtopt.distribution_shift): how far the plan
-moves the bulk of its values, which the few huge values that carry cosine cannot hide (LORE's heat map: cosine
+Every output of 1024 elements or more also gets a distribution shift (trtopt.metrics.distribution_shift): how far
+the plan moves the bulk of its values, which the few huge values that carry cosine cannot hide (LORE's heat map: cosine
 0.96, two thirds of the positions across the detection threshold).
 
 Positions where FP32's top two scores tie (a margin within `TIE` of the position's score range: zero-padded
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtopt.distribution_shift import distribution_shift
 from trtopt.metrics.arrays import is_distribution, row_cosines, zero_padded
+from trtopt.metrics.distribution_shift import distribution_shift
 
 Outputs = dict[str, np.ndarray]
 
@@ -54,7 +54,7 @@ class Agreement:
     top1: float | None  # share of samples with the same argmax, over outputs shaped [N, C] (C > 1); else None
     argmax: float | None = None  # share of untied positions with the same top class (see the module); else None
     positions: int | None = None  # the untied positions `argmax` counted, on the output it comes from
-    shift: float | None = None  # the largest distribution shift (trtopt.distribution_shift); None: no large output
+    shift: float | None = None  # the largest distribution shift (metrics.distribution_shift); None: no large output
     shift_output: str | None = None  # the output `shift` comes from
     labels: float | None = None  # label maps: the lowest output's mean IoU of its non-background classes
     label_pixels: float | None = None  # that output's share of pixels with an unchanged label

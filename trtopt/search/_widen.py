@@ -1,4 +1,4 @@
-"""Wider thresholds: the sensitivity search's last stage (`trtopt.quant.sensitivity`), when keeping layers float
+"""Wider thresholds: the sensitivity search's last stage (`trtopt.search.sensitivity`), when keeping layers float
 leaves the plan short of its aim.
 
 `--method auto` scores each tensor's threshold candidates by the error they add to the layers that read it
@@ -33,7 +33,7 @@ from typing import Any
 
 import onnx_graphsurgeon as gs
 
-from trtopt.quant.greedy import REASON as FLOAT_REASON
+from trtopt.search._greedy import REASON as FLOAT_REASON
 
 MARK = " @amax "  # a move's key: tensor MARK threshold (no tensor name holds it)
 FACTORS = (1.5, 2.25)  # how much wider a move's threshold is than the calibrated one (at most the maximum)

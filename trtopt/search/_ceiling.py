@@ -1,4 +1,4 @@
-"""The sensitivity search's first test (`trtopt.quant.sensitivity`): can keeping layers float save the plan?
+"""The sensitivity search's first test (`trtopt.search.sensitivity`): can keeping layers float save the plan?
 
 The search keeps float some of its `CANDIDATES` ranked layers; before it tries them one by one (48 trials,
 then the greedy stage's and a second round's: 107 trials, 11.5 minutes on 2 avx2 cores for SLANet-plus, a
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from trtopt.quant.objective import Figures, worst
+from trtopt.search._objective import Figures, worst
 
 FLOOR = 0.95  # trtopt.verify.REFERENCE_MIN_COSINE: below it the verification flags the plan
 

@@ -1,4 +1,4 @@
-"""Sensitivity trials that recompute only what a trial changes (trtopt.quant.sensitivity).
+"""Sensitivity trials that recompute only what a trial changes (trtopt.search.sensitivity).
 
 A trial keeps a few layers float: its Q/DQ graph differs from the plan's own graph around those layers
 (their Q/DQ, their weights, what bias correction and the Concat range rule redo there), and every tensor
@@ -228,9 +228,9 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
     -1), from `outputs`, one mapping per batch of `batches`, trimmed to each batch's rows. As in
     `cosine_figures`, a label map scores its mean IoU, and per-position class scores the sample's top-class
     agreement where that is lower; with `split`, the cosines without that agreement too, where they differ
-    (`trtopt.quant.objective.split`)."""
+    (`trtopt.search._objective.split`)."""
     from trtopt.metrics.arrays import joined_batches, row_cosines, zero_padded
-    from trtopt.quant.objective import split as split_rows
+    from trtopt.search._objective import split as split_rows
 
     aims, steadies = [], []
     for name, want in expected.items():
@@ -279,8 +279,8 @@ def output_figures(
 ) -> np.ndarray:
     """`cosine_figures` of outputs already computed, one mapping per batch of `batches` (their lowest is
     `worst_cosine`'s figure); with `split`, `figure_pair`'s two rows where they differ
-    (`trtopt.quant.objective.split`)."""
-    from trtopt.quant.objective import split as split_rows
+    (`trtopt.search._objective.split`)."""
+    from trtopt.search._objective import split as split_rows
     from trtopt.verify import collect
 
     runs = iter(outputs)
@@ -306,9 +306,9 @@ def cosine_figures(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.
 
 def figure_pair(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(`cosine_figures`, the same without the top-class agreement): the search's aim and steady figures
-    (`trtopt.quant.objective`)."""
-    from trtopt.agreement import agreement
-    from trtopt.compare import ErrorStats
+    (`trtopt.search._objective`)."""
+    from trtopt.metrics.agreement import agreement
+    from trtopt.metrics.compare import ErrorStats
 
     aims, steadies = [], []
     for name, want in expected.items():
@@ -331,12 +331,12 @@ def figure_pair(outputs: Mapping[str, np.ndarray], expected: Mapping[str, np.nda
 
 
 def _argmax_figure(got: np.ndarray, want: np.ndarray) -> float:
-    """For per-position class scores (`trtopt.agreement.class_axis`: a tagger's or recogniser's [N, T, C]
+    """For per-position class scores (`trtopt.metrics.agreement.class_axis`: a tagger's or recogniser's [N, T, C]
     probabilities), the share of untied positions whose top class is FP32's; 1 for any other output. The build
     warns below `ARGMAX_MIN_AGREEMENT` (99%), the search's aim: slovorez's morpheme tagger (docs/holdout.md round
     8) kept a cosine of 0.998 and changed the tag of 5.4% of held-out letters, 36% of words, all from its last
     conv; the search, reading cosines alone, stopped at once."""
-    from trtopt.agreement import argmax_counts, class_axis
+    from trtopt.metrics.agreement import argmax_counts, class_axis
 
     axis = class_axis(np.asarray(want))
     if axis is None:

@@ -1,0 +1,126 @@
+"""The quantisation chain of a build (`trtopt.build` calls `quantize_graph`): equalise, place Q/DQ by the
+backend's rules, calibrate, search for the layers INT8 costs too much on (`trtopt.search`), keep unlike concat
+inputs float, correct biases, insert Q/DQ. It composes the calib, quant and search stages, which do not know each
+other's order; it is told the configs of those stages, not the whole build's."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, NamedTuple
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from trtopt.backend import (
+    quantizable_tensors,
+)
+from trtopt.calib.config import CalibConfig
+from trtopt.calib.stage import ProgressHook
+from trtopt.data.config import DataConfig
+from trtopt.errors import TrtoptError
+from trtopt.frontend import onnx_from_graph
+from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
+from trtopt.quant.bias import BiasReport, correct_biases
+from trtopt.quant.concat_ranges import float_unlike_concats
+from trtopt.search import Sensitivity, float_sensitive_layers
+
+if TYPE_CHECKING:
+    from trtopt.calib import Calibration
+    from trtopt.calib.equalization import EqualizationRecord
+    from trtopt.data import Dataset
+
+
+log = logging.getLogger(__name__)
+
+
+class Quantized(NamedTuple):
+    """What the quantisation stage made (all None for an FP32 build)."""
+
+    calibration: Calibration | None = None
+    bias: BiasReport | None = None
+    qdq: QdqReport | None = None
+    sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
+    equalization: str | None = None  # what activation equalisation did, for the summary
+
+
+def quantize_graph(
+    graph: gs.Graph,
+    fp32: onnx.ModelProto,
+    quant: QuantConfig,
+    data: Dataset | None,
+    calib: CalibConfig,
+    data_config: DataConfig,
+    times: Callable[[str], AbstractContextManager[None]],
+    progress: ProgressHook | None,
+    measured: Callable[[onnx.ModelProto], onnx.ModelProto],
+) -> Quantized:
+    """Place Q/DQ by `quant` (the backend's form), calibrate, correct biases, insert Q/DQ into `graph` (in place).
+
+    Calibration covers every tensor any backend may quantise (`quantizable_tensors`), not only this plan's:
+    one cache then serves every build of the graph, and the thresholds do not depend on the backend or on
+    --exclude. (Measuring fewer tensors is not neutral: ONNX Runtime fuses differently around the tensors
+    it exposes, so the FP32 activations, and with them thresholds and channel means, change by rounding.)"""
+    from trtopt.calib.stage import calibrate_graph
+
+    # trtopt.quant.equalize_cache
+    cache, record, note, fp32 = _equalize(graph, fp32, quant, data, calib, data_config.batch)
+    qplan = plan_quantization(graph, quant)
+    tensors = quantizable_tensors(graph)
+    if not tensors:  # a tree ensemble, an elementwise graph: say so, not "No tensors to calibrate" from below
+        ops = ", ".join(sorted({n.op for n in graph.nodes})) or "none"
+        raise TrtoptError(
+            f"Nothing in this model can run in INT8: it has no layer trtopt quantises (Conv, ConvTranspose, MatMul, "
+            f"Gemm with activations to quantise); its ops: {ops}.",
+            fix="Build it without --int8 (the float plan is what an INT8 build would give).",
+        )
+    with times("calibrate"):
+        calibration = calibrate_graph(graph, fp32, tensors, calib, dataset=data, data=data_config,
+                                      progress=progress, loaded=cache, equalization=record)  # fmt: skip
+    with times("quantize"):
+        sensitivity = None
+        if quant.auto_exclude and data is not None:  # trtopt.search.sensitivity
+            qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, data_config.batch,
+                                                        progress, lower=measured)  # fmt: skip
+        qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
+        bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
+        qdq = insert_qdq(graph, qplan, sensitivity.amax(calibration.amax) if sensitivity else calibration.amax)
+    return Quantized(calibration, bias, qdq, sensitivity, note)
+
+
+def _equalize(
+    graph: gs.Graph, fp32: onnx.ModelProto, quant: QuantConfig, data: Dataset | None, calib: CalibConfig, batch: int
+) -> tuple[Calibration | None, EqualizationRecord | None, str | None, onnx.ModelProto]:
+    """Activation equalisation before calibration (exact; `trtopt.quant.equalize`), in place: measured on the
+    data and recorded for a cache, or redone from the cache's record. Returns (the cache read, or None; the
+    record; the summary's note; `graph` as ONNX, rewritten or `fp32`)."""
+    from trtopt.calib.cache import load_cache
+    from trtopt.quant.equalize_cache import equalize_recorded, not_equalized, replay
+
+    folds = quant.output_folds if quant.quantize_outputs else None
+    if calib.cache is not None:
+        cache = load_cache(calib.cache)
+        note = replay(graph, fp32, cache, equalize=quant.equalize, folds=folds)
+        rewritten = cache.equalization is not None and cache.equalization.applied and quant.equalize
+        return cache, None, note, onnx_from_graph(graph) if rewritten else fp32
+    if not quant.equalize or data is None:
+        return None, not_equalized(fp32), None, fp32
+    record, report = equalize_recorded(graph, fp32, data, batch, folds)
+    note = f"{len(report.gains)} tensors rescaled" if report.gains else None
+    return None, record, note, onnx_from_graph(graph)
+
+
+def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration) -> BiasReport | None:
+    """Bias correction (trtopt.quant.bias) needs the FP32 channel means that trtopt's calibrator and
+    cache record; caches of other tools have none, so those builds go without it."""
+    if not calibration.channel_means:
+        log.warning(
+            "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
+            "a trtopt cache written by this version, to get it",
+            calibration.source or calibration.method,
+        )
+        return None
+    report = correct_biases(graph, qplan, calibration.channel_means)
+    log.info("bias correction: %d layers corrected, %d left as they are", len(report.corrected), len(report.skipped))
+    return report
