@@ -13,7 +13,7 @@ tools/text_lines.py (seed 0) and are measured on others (seed 1); classifiers on
 held-out photos. Task metrics, each against FP32 on the evaluation samples: top-1 agreement
 (classifiers), whole-sequence agreement after greedy CTC decoding (recognisers), box F1 at IoU 0.5 after
 YOLOX decoding and NMS (character detector), binarised score-map IoU at 0.3 (text detector), and the
-worst output's cosine for every model. tools/bench_autocost.py times auto's calibration against entropy's.
+worst output's cosine for every model.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ from zoo_variants import (  # noqa: E402
 from trtopt.errors import TrtoptError  # noqa: E402
 
 GOAL_COSINE = 0.99  # issue #16's bar for every output, detector heads included
-# The command a report names (tools/bench_holdout.py runs this measurement and names its own).
+# The command a report names.
 COMMAND = ["tools/bench_zoo.py"]
 
 

@@ -73,7 +73,6 @@ SECTIONS = (
         ("--model", "light:resnet50", "--count", "8", "--size", "640x480"),
         False,
     ),
-    Section("draft-decoding", "tools/bench_draft_decoding.py", (), ("--count", "8", "--size", "800x600"), False),
     Section(
         "accuracy",
         "tools/bench_accuracy.py",
@@ -145,26 +144,6 @@ SECTIONS = (
          "--eval-count", "4"),  # fmt: skip
         False,
     ),
-    # Issue #21: what --method auto's scoring costs over entropy, both timed side by side in one run.
-    Section(
-        "auto-calibration-cost",
-        "tools/bench_autocost.py",
-        ("--choices", "docs/benchmarks/auto-calibration-cost-choices.json"),
-        ("--models", "demo", "--repeats", "1", "--calib-count", "16"),
-        False,
-    ),
-    # auto's scoring before and after cut graphs and memory-sized groups, on a 768 x 768 model (hold-out cache).
-    Section("auto-scoring-groups", "tools/bench_auto_groups.py", ("holdout:lore-detect",),
-            ("models/efficientnet_lite0.onnx", "--calib", "calib_data/", "--calib-count", "16"), False),
-    # GELU / SiLU as ONNX Runtime's fused kernels in CPU plans, with and without (zoo and hold-out caches).
-    Section("cpu-activations", "tools/bench_cpu_activations.py",
-            ("zoo:ddddocr-det", "zoo:ddddocr-ocr", "holdout:ppocr-v6-det", "holdout:ppocr-v6-rec"),
-            ("zoo:ddddocr-ocr", "--iterations", "3"), False),  # fmt: skip
-    # ONNX Runtime's QDQ propagation off in CPU plan sessions, against on (zoo cache, torchvision exports).
-    Section("cpu-sessions", "tools/bench_cpu_sessions.py",
-            ("zoo:open-nsfw", "zoo:table-cls", "zoo:ppocr-v4-det", "zoo:ddddocr-det", "arch:dynamo/squeezenet1_1",
-             "arch:dynamo/resnet18", "arch:dynamo/googlenet", "arch:legacy/resnet50", "arch:dynamo/mobilenet_v2"),
-            ("zoo:ppocr-cls", "--iterations", "3"), False),  # fmt: skip
     # Issue #45: trtopt's CPU placement against ORT's quantizer on a Keras-style ResNet-50, one change at a time.
     Section("cpu-placement", "tools/bench_cpu_placement.py", ("--inception",),
             ("--count", "8", "--batches", "1", "--rounds", "2"), False),  # fmt: skip
