@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLOTS = Path("docs") / "benchmarks"
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_setup import source_revision  # noqa: E402
+from benchlib import shown_path, source_revision  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -184,9 +184,9 @@ SECTIONS = (
 def run_section(section: Section, out_dir: Path, quick: bool) -> tuple[str, float]:
     """Run one script with --out (and --plot) under `out_dir`; returns (its markdown, seconds)."""
     md = out_dir / f"{section.name}.md"
-    args = [section.script, *(section.quick_args if quick else section.args), "--out", _shown(md)]
+    args = [section.script, *(section.quick_args if quick else section.args), "--out", shown_path(md)]
     if section.plot:
-        args += ["--plot", _shown(md.with_suffix(".png"))]
+        args += ["--plot", shown_path(md.with_suffix(".png"))]
     print(f"== {section.name}: python {' '.join(args)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -196,14 +196,6 @@ def run_section(section: Section, out_dir: Path, quick: bool) -> tuple[str, floa
         tail = "\n".join(done.stderr.strip().splitlines()[-20:])
         raise SystemExit(f"{section.script} failed (exit {done.returncode}); no BENCHMARKS.md written:\n{tail}")
     return md.read_text(), seconds
-
-
-def _shown(path: Path) -> str:
-    """A path relative to the repository when it is inside it, so the recorded commands read cleanly."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
 
 
 def with_plot(markdown: str, section: Section, out: Path, out_dir: Path) -> str:
