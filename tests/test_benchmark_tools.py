@@ -1,6 +1,8 @@
 """Smoke tests for the benchmark scripts (tools/bench_accuracy.py, tools/bench_latency.py and
 tools/make_benchmarks.py): tiny runs that must produce the expected tables with finite numbers.
-No timing thresholds: the numbers of a tiny run on a shared machine mean nothing."""
+No timing thresholds, and no time is checked above zero once rounded: a tiny run's times mean nothing on a
+shared machine, and on a fast CPU a tiny model's milliseconds print as 0.00. Exactness is checked as each CPU
+kind promises it (trtopt.backend.cpu.isa): u8u8 kernels everywhere, u8s8 ones only with VNNI or AMX."""
 
 from __future__ import annotations
 
@@ -145,8 +147,8 @@ def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
     int8 = ["trtopt INT8", "ORT QDQ INT8", "ORT QDQ INT8, reduce_range", "ORT QDQ INT8, no pre-process"]
     assert [r[1] for r in rows] == ["FP32 (original)", *int8]
     for row in rows:
-        values = numbers([row[0], *row[2:]])
-        assert len(values) == 5 and all(math.isfinite(v) and v > 0 for v in values), row
+        values = numbers([row[0], *row[2:]])  # batch, then measured: times and rates, rounded (0.00 ms on a fast CPU)
+        assert len(values) == 5 and values[0] == 1 and all(math.isfinite(v) and v >= 0 for v in values), row
     checked = table_rows(stdout, "| model | kernels vs its Q/DQ graph run as float math |")
     assert [r[0] for r in checked] == int8
     trtopt_error = float(re.search(r"relative error (\d+\.\d+)", checked[0][1]).group(1))  # type: ignore[union-attr]
@@ -163,8 +165,8 @@ def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice(
     from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
 
     for row in rows:
-        values = numbers([*row[2:9], row[10]])
-        assert len(values) == 8 and all(math.isfinite(v) and v > 0 for v in values), row
+        values = numbers([*row[2:9], row[10]])  # K, then measured times and ratios, rounded
+        assert len(values) == 8 and values[0] > 0 and all(math.isfinite(v) and v >= 0 for v in values), row
         dense, k = "depthwise" not in row[1], int(row[2])
         assert row[9] == ("GEMM" if dense and k >= GEMM_MIN_K else "symmetric"), row
         sym, gemm, u8u8 = (float(v) for v in row[11:14])
@@ -176,7 +178,7 @@ def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice(
 def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:
     done = subprocess.run(
         [sys.executable, "tools/bench_latency.py", "--model", "tiny_cnn", "--batches", "8", "--no-ort"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
     )
     assert done.returncode != 0 and "--batches 1" in done.stderr
 
@@ -215,7 +217,8 @@ def test_bench_calibration_on_photos_compares_with_fp32_inference(tmp_path: Path
                                     "trtopt-entropy-full-decode"]  # fmt: skip
     for row in rows:
         values = numbers([*row[1:5], row[5].removesuffix(" GiB"), row[6].removesuffix("x")])
-        assert all(math.isfinite(v) and v > 0 for v in values), row
+        assert values[0] == 8 and values[4] > 0, row  # inputs, peak memory
+        assert all(math.isfinite(v) and v >= 0 for v in values), row  # times, rounded to 0.1 s: 0.0 on a fast CPU
     assert rows[0][6] == "1.00x"
     draft = table_rows(stdout, "| tensors | median")
     assert len(draft) == 1 and int(draft[0][0]) > 10
