@@ -329,3 +329,24 @@ def test_bench_sparsity_measures_a_classifier_on_its_logits() -> None:
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
     np.testing.assert_allclose(e / e.sum(axis=1, keepdims=True), probs, rtol=1e-5, atol=1e-7)
     assert logits_model(cut) is cut  # no final Softmax: unchanged
+
+
+def test_benchlib_times_interleaved_and_pairs_each_round_with_the_baseline() -> None:
+    """tools/benchlib.py, what every benchmark times and heads its section with: the order rotates each round, the
+    speed-up is the median of the rounds' ratios to the first call, and the header says what the CPU class
+    promises on either kind (simulated: the class is a parameter)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from benchlib import Timings, cpu_class, interleaved
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    order: list[str] = []
+    timings = interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, iterations=3)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"] and timings.baseline == "a"
+    assert [len(ms) for ms in timings.ms.values()] == [3, 3]
+    paired = Timings(1, {"fp32": [2.0, 4.0, 8.0], "int8": [1.0, 4.0, 2.0]})
+    assert paired.speedup("int8") == 2.0 and paired.speedup("fp32") == 1.0 and paired.p50("int8") == 2.0
+    assert "`avx2`**: its u8s8 INT8 kernels saturate" in cpu_class("avx2")
+    assert "`amx`**: its u8s8 INT8 kernels are exact" in cpu_class("amx")
+    assert "`avx512_vnni`**: its u8s8 INT8 kernels are exact" in cpu_class("avx512_vnni")
+    assert "exactness unknown" in cpu_class("arm64")

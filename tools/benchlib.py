@@ -59,11 +59,12 @@ def cpu_flags() -> str:
     return ", ".join(f for f in wanted if f in flags) or "none of avx2/avx512/vnni/amx"
 
 
-def cpu_class() -> str:
-    """The CPU class trtopt decides its INT8 encoding by, and what it means for ONNX Runtime's kernels."""
+def cpu_class(isa: str | None = None) -> str:
+    """The CPU class trtopt decides its INT8 encoding by (`isa`, default this machine's), and what it means for
+    ONNX Runtime's kernels."""
     from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
 
-    isa = cpu_isa()
+    isa = isa or cpu_isa()
     means = {True: "its u8s8 INT8 kernels are exact", False: "its u8s8 INT8 kernels saturate (no VNNI)"}
     known = means[isa in EXACT_U8S8] if isa in EXACT_U8S8 | SATURATING_U8S8 else "INT8 kernel exactness unknown"
     return f"**CPU class `{isa}`**: {known}"
