@@ -69,15 +69,3 @@ def test_rendered_lines_have_dark_ink_on_light_paper_mostly() -> None:
     medians = [np.median(np.asarray(text_lines.render_line(rng).convert("L"))) for _ in range(20)]
     assert sum(m > 128 for m in medians) >= 15
 
-
-def test_bench_autocost_table_gives_both_ratios_the_budget_and_the_choices() -> None:
-    import bench_autocost
-
-    timing = {"collect": 1.0, "threshold": 0.5, "samples": 64}
-    result = {"entropy": {**timing, "wall": 2.0, "cpu": 1.0}, "auto": {**timing, "wall": 3.0, "cpu": 1.75},
-              "budget": 1.5, "choices": {"a": ["mse", 1.0], "b": ["max", 2.0], "c": ["mse", 0.5]}}  # fmt: skip
-    header, rule, row, missing = bench_autocost.table({"m": result, "gone": None})
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert len(cells) == header.count("|") - 1 == rule.count("|") - 1 == missing.count("|") - 1
-    assert cells[:2] == ["m", "3"] and cells[4] == "1.50x" and cells[7] == "1.75x" and cells[8] == "1.50x"
-    assert cells[-1] == "max 1, mse 2"

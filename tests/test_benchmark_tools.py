@@ -1,6 +1,8 @@
 """Smoke tests for the benchmark scripts (tools/bench_accuracy.py, tools/bench_latency.py and
 tools/make_benchmarks.py): tiny runs that must produce the expected tables with finite numbers.
-No timing thresholds: the numbers of a tiny run on a shared machine mean nothing."""
+No timing thresholds, and no time is checked above zero once rounded: a tiny run's times mean nothing on a
+shared machine, and on a fast CPU a tiny model's milliseconds print as 0.00. Exactness is checked as each CPU
+kind promises it (trtopt.backend.cpu.isa): u8u8 kernels everywhere, u8s8 ones only with VNNI or AMX."""
 
 from __future__ import annotations
 
@@ -145,8 +147,8 @@ def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
     int8 = ["trtopt INT8", "ORT QDQ INT8", "ORT QDQ INT8, reduce_range", "ORT QDQ INT8, no pre-process"]
     assert [r[1] for r in rows] == ["FP32 (original)", *int8]
     for row in rows:
-        values = numbers([row[0], *row[2:]])
-        assert len(values) == 5 and all(math.isfinite(v) and v > 0 for v in values), row
+        values = numbers([row[0], *row[2:]])  # batch, then measured: times and rates, rounded (0.00 ms on a fast CPU)
+        assert len(values) == 5 and values[0] == 1 and all(math.isfinite(v) and v >= 0 for v in values), row
     checked = table_rows(stdout, "| model | kernels vs its Q/DQ graph run as float math |")
     assert [r[0] for r in checked] == int8
     trtopt_error = float(re.search(r"relative error (\d+\.\d+)", checked[0][1]).group(1))  # type: ignore[union-attr]
@@ -163,8 +165,8 @@ def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice(
     from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
 
     for row in rows:
-        values = numbers([*row[2:9], row[10]])
-        assert len(values) == 8 and all(math.isfinite(v) and v > 0 for v in values), row
+        values = numbers([*row[2:9], row[10]])  # K, then measured times and ratios, rounded
+        assert len(values) == 8 and values[0] > 0 and all(math.isfinite(v) and v >= 0 for v in values), row
         dense, k = "depthwise" not in row[1], int(row[2])
         assert row[9] == ("GEMM" if dense and k >= GEMM_MIN_K else "symmetric"), row
         sym, gemm, u8u8 = (float(v) for v in row[11:14])
@@ -176,7 +178,7 @@ def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice(
 def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:
     done = subprocess.run(
         [sys.executable, "tools/bench_latency.py", "--model", "tiny_cnn", "--batches", "8", "--no-ort"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD,
     )
     assert done.returncode != 0 and "--batches 1" in done.stderr
 
@@ -215,7 +217,8 @@ def test_bench_calibration_on_photos_compares_with_fp32_inference(tmp_path: Path
                                     "trtopt-entropy-full-decode"]  # fmt: skip
     for row in rows:
         values = numbers([*row[1:5], row[5].removesuffix(" GiB"), row[6].removesuffix("x")])
-        assert all(math.isfinite(v) and v > 0 for v in values), row
+        assert values[0] == 8 and values[4] > 0, row  # inputs, peak memory
+        assert all(math.isfinite(v) and v >= 0 for v in values), row  # times, rounded to 0.1 s: 0.0 on a fast CPU
     assert rows[0][6] == "1.00x"
     draft = table_rows(stdout, "| tensors | median")
     assert len(draft) == 1 and int(draft[0][0]) > 10
@@ -328,131 +331,22 @@ def test_bench_sparsity_measures_a_classifier_on_its_logits() -> None:
     assert logits_model(cut) is cut  # no final Softmax: unchanged
 
 
-@pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
-def test_bench_auto_groups_times_both_scorings_and_checks_they_agree(tmp_path: Path) -> None:
-    out = tmp_path / "groups.md"
-    stdout = run_tool("tools/bench_auto_groups.py", str(DEMO), "--calib", "calib_data/", "--calib-count", "16",
-                      "--out", str(out))  # fmt: skip
-    assert out.read_text() == stdout
-    check_header(stdout, "tools/bench_auto_groups.py")
-    rows = table_rows(stdout, "| run | wall s | scoring s |")
-    assert [r[0] for r in rows] == ["before", "now"]
-    assert all(v > 0 for r in rows for v in numbers(r[1:]))
-    assert "Same thresholds and methods: yes." in stdout
-
-
-def test_bench_cpu_activations_times_plans_with_and_without_the_fused_kernels(tmp_path: Path) -> None:
-    import numpy as np
-    import onnx
-
-    from trtopt.zoo.builder import GraphBuilder
-
-    b = GraphBuilder("gelu_silu", seed=11, opset=13)
-    x = b.silu(b.conv(b.input("x", [1, 3, 32, 32]), 3, 16, 3))
-    y = b.conv(x, 16, 16, 3)
-    erf = b.node("Erf", [b.node("Div", [y, b.const("r2", np.array(2**0.5, np.float32))])])
-    one, half = b.const("one", np.array(1, np.float32)), b.const("half", np.array(0.5, np.float32))
-    y = b.mul(b.mul(y, b.add(erf, one)), half)
-    onnx.save_model(b.build([b.conv(y, 16, 8, 3, out="out")]), tmp_path / "acts.onnx")
-    out = tmp_path / "acts.md"
-    build = ("--calib", "calib_data/", "--calib-count", "8", "--preset", "imagenet")
-    stdout = run_tool("tools/bench_cpu_activations.py", str(tmp_path / "acts.onnx"), "--iterations", "3",
-                      "--out", str(out), *build)  # fmt: skip
-    assert out.read_text() == stdout
-    check_header(stdout, "tools/bench_cpu_activations.py")
-    (row,) = table_rows(stdout, "| model | fused in the plan |")
-    assert row[1] == "1 Gelu, 1 QuickGelu"
-    assert all(v > 0 for v in numbers(row[2:6])) and float(row[6]) < 1e-3  # the same values, rounding aside
-
-
-def test_bench_cpu_sessions_times_plans_with_and_without_qdq_propagation(tmp_path: Path) -> None:
-    """A float stem (3 input channels) before a MaxPool, as in tests/test_cpu_lowering.py: the row names the ops
-    the propagation would have changed and finds the outputs equal."""
-    import onnx
-
-    from trtopt.zoo.builder import GraphBuilder
-
-    b = GraphBuilder("float_stem", seed=3, opset=13)
-    x = b.maxpool(b.conv_bn(b.input("x", [1, 3, 32, 32]), 3, 16, 3), 3, stride=2)
-    onnx.save_model(b.build([b.conv(b.conv_bn(x, 16, 16, 3), 16, 8, 3, out="out")]), tmp_path / "stem.onnx")
-    build = ("--calib", "calib_data/", "--calib-count", "8", "--preset", "imagenet")
-    stdout = run_tool("tools/bench_cpu_sessions.py", str(tmp_path / "stem.onnx"), "--iterations", "3", *build)
-    check_header(stdout, "tools/bench_cpu_sessions.py")
-    (row,) = table_rows(stdout, "| model | FP32 ms |")
-    assert all(v > 0 for v in numbers(row[1:5]))
-    assert "FusedConv +1" in row[5] and float(row[6]) == 0.0
-
-
-def test_bench_architectures_records_builds_and_reports_them(tmp_path: Path) -> None:
-    """`run` on a folder holding one small model records its FP32 and INT8 builds once (a second run adds
-    nothing); `report` turns the record into the table, one row per model."""
-    import onnx
-
-    from trtopt.zoo import build_model
-
-    folder = tmp_path / "models" / "given"
-    folder.mkdir(parents=True)
-    onnx.save_model(build_model("tiny_cnn", seed=1), folder / "tiny.onnx")
-    env = {**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "zoo")}
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "tools/bench_architectures.py", "run", "--folder", str(folder)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-    records = (tmp_path / "zoo" / "architectures" / "results.jsonl").read_text().splitlines()
-    assert len(records) == 1 and not list((tmp_path / "zoo" / "architectures" / "plans").iterdir())
-    done = subprocess.run([sys.executable, "tools/bench_architectures.py", "report"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60, env=env)  # fmt: skip
-    (row,) = table_rows(done.stdout, "| model | exporter |")
-    assert row[:2] == ["tiny", "given"] and float(row[2]) > 0.99999 and row[3].startswith("ok, ")
-    assert 0.9 < float(row[4]) <= 1.0 and 0.9 < float(row[5]) <= 1.0
-
-
-def test_bench_vad_windows_follow_silero_and_an_empty_cache_says_what_to_fetch(tmp_path: Path) -> None:
-    """Each call reads the 64 samples before its 512 (zeros before the first), as silero-vad's OnnxWrapper;
-    without the fetched models and speech the run stops with the command that fetches them."""
-    import numpy as np
-
+def test_benchlib_times_interleaved_and_pairs_each_round_with_the_baseline() -> None:
+    """tools/benchlib.py, what every benchmark times and heads its section with: the order rotates each round, the
+    speed-up is the median of the rounds' ratios to the first call, and the header says what the CPU class
+    promises on either kind (simulated: the class is a parameter)."""
     sys.path.insert(0, str(ROOT / "tools"))
-    import bench_vad
-
-    rows = bench_vad.chunks(np.arange(1100, dtype=np.float32))
-    assert rows.shape == (2, 576) and not rows[0, :65].any() and rows[0, -1] == 511
-    assert rows[1, 0] == 448 and rows[1, -1] == 1023
-    env = {**os.environ, "TRTOPT_ZOO_DIR": str(tmp_path / "zoo")}
-    done = subprocess.run([sys.executable, "tools/bench_vad.py", "run"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=HANG_GUARD, env=env)  # fmt: skip
-    assert done.returncode == 2 and "python tools/bench_vad.py fetch" in done.stderr
-
-
-def test_bench_seq2seq_feeds_the_decoder_its_last_token_and_an_empty_cache_says_what_to_fetch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The package's beam search calls encode with sources padded to the batch's longest; the plans take 16
-    tokens, the padding masked, and the decoder reads only the prefix's last token (round 8). Without the
-    fetched package the run stops with the command that fetches it."""
-    import numpy as np
-
-    sys.path.insert(0, str(ROOT / "tools"))
-    import bench_seq2seq
-
-    seen: dict[str, dict[str, np.ndarray]] = {}
-
-    def encoder(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        seen["encoder"] = feed
-        n = len(feed["src"])
-        return {"memory_out": np.zeros((n, 16, 4)), "src_mask_out": feed["src_mask"], "hidden_out": np.ones((n, 2, 4))}
-
-    def decoder(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        seen["decoder"] = feed
-        return {"logprobs": np.zeros((len(feed["prefix"]), 5)), "hidden_out": feed["hidden"] + 1}
-
-    backend = bench_seq2seq.Backend(type("Vocab", (), {"pad_id": 0})(), encoder, decoder)
-    state = backend.encode(np.array([[5, 6, 2], [7, 2, 0]]), np.array([[0, 0, 0], [0, 0, 1]], bool))
-    assert seen["encoder"]["src"].shape == (2, 16) and seen["encoder"]["src"][0, :4].tolist() == [5, 6, 2, 0]
-    assert seen["encoder"]["src_mask"][1].tolist() == [False, False] + [True] * 14
-    _, after = backend.step(np.array([[1, 9], [1, 8]]), state)
-    assert seen["decoder"]["prefix"].tolist() == [[9], [8]] and (after["hidden"] == 2).all()
-    scores = bench_seq2seq._scores(["Ali", "Omar"], ["Ali", "Umar"], [("", "ali", "", ""), ("", "Umar", "", "")])
-    assert scores == {"same_as_fp32": 0.5, "index_spelling": 0.5}
-    monkeypatch.setenv("TRTOPT_ZOO_DIR", str(tmp_path / "zoo"))
-    assert bench_seq2seq.main(["run"]) == 2 and "python tools/bench_seq2seq.py fetch" in capsys.readouterr().err
+    try:
+        from benchlib import Timings, cpu_class, interleaved
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    order: list[str] = []
+    timings = interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=1, iterations=3)
+    assert order == ["a", "b", "a", "b", "b", "a", "a", "b"] and timings.baseline == "a"
+    assert [len(ms) for ms in timings.ms.values()] == [3, 3]
+    paired = Timings(1, {"fp32": [2.0, 4.0, 8.0], "int8": [1.0, 4.0, 2.0]})
+    assert paired.speedup("int8") == 2.0 and paired.speedup("fp32") == 1.0 and paired.p50("int8") == 2.0
+    assert "`avx2`**: its u8s8 INT8 kernels saturate" in cpu_class("avx2")
+    assert "`amx`**: its u8s8 INT8 kernels are exact" in cpu_class("amx")
+    assert "`avx512_vnni`**: its u8s8 INT8 kernels are exact" in cpu_class("avx512_vnni")
+    assert "exactness unknown" in cpu_class("arm64")

@@ -80,8 +80,8 @@ def test_events_time_a_copy_within_the_host_wall_time() -> None:
             cuda.event_destroy(start)
             cuda.event_destroy(end)
     assert 0 < ms <= wall_ms
-    gb_per_s = nbytes / ms / 1e6
-    assert 0.5 < gb_per_s < 500, f"{nbytes} bytes in {ms:.3f} ms"  # any PCIe/NVLink-C2C host link
+    gb_per_s = nbytes / ms / 1e6  # no lower bound: a shared or throttled link is slow, not wrong
+    assert gb_per_s < 5000, f"{nbytes} bytes in {ms:.3f} ms"  # 5x any host link today: events that timed nothing
 
 
 def test_a_captured_graph_replays_a_copy_with_fresh_host_data() -> None:

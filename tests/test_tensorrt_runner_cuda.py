@@ -371,6 +371,7 @@ def test_bench_command_times_with_cuda_events(
     assert report["backend"] == "tensorrt" and report["timing"] == "cuda-events"
     for result in report["results"]:
         assert result["iterations"] == 20
-        assert 2.0 <= result["min_ms"] <= result["p50_ms"] <= result["p99_ms"] < 2.0 + 20, result
-        # throughput is samples per host second, which includes the events' span and more
-        assert result["throughput"] <= result["batch"] / (result["min_ms"] / 1e3) * 1.01, result
+        assert 2.0 <= result["min_ms"] <= result["p50_ms"] <= result["p99_ms"], result  # the spin is 2 ms at least
+        # throughput is samples per host second, which includes the events' span and more: the host's time per
+        # call bounds the events' mean (no bound on how slow a shared GPU may be)
+        assert result["mean_ms"] <= result["batch"] / result["throughput"] * 1e3 * 1.01, result

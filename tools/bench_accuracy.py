@@ -41,19 +41,16 @@ from bench_setup import (  # noqa: E402
     ORT_METHODS,
     Kernels,
     ModelUnderTest,
-    bar_chart,
-    emit,
     even_batch,
-    header_lines,
     image_dataset,
     kernel_counts,
-    load_average,
     ort_build,
     resolve_model,
     run_isolated,
     stacked,
     trtopt_build,
 )
+from benchlib import bar_chart, emit, header_lines, load_average  # noqa: E402
 
 from trtopt.calib import METHODS  # noqa: E402
 from trtopt.calib.config import DEFAULT_METHOD  # noqa: E402

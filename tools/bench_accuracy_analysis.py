@@ -46,13 +46,12 @@ from bench_setup import (  # noqa: E402
     HELDOUT_DIR,
     HELDOUT_MORE_DIR,
     ModelUnderTest,
-    emit,
-    header_lines,
     image_dataset,
     resolve_model,
     stacked,
     trtopt_build,
 )
+from benchlib import emit, header_lines  # noqa: E402
 
 from trtopt.calib import METHODS  # noqa: E402
 from trtopt.execution.ort_session import OrtSession  # noqa: E402

@@ -13,7 +13,7 @@ tools/text_lines.py (seed 0) and are measured on others (seed 1); classifiers on
 held-out photos. Task metrics, each against FP32 on the evaluation samples: top-1 agreement
 (classifiers), whole-sequence agreement after greedy CTC decoding (recognisers), box F1 at IoU 0.5 after
 YOLOX decoding and NMS (character detector), binarised score-map IoU at 0.3 (text detector), and the
-worst output's cosine for every model. tools/bench_autocost.py times auto's calibration against entropy's.
+worst output's cosine for every model.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import text_lines  # noqa: E402
-from bench_setup import CALIB_DIR, DEMO_MODEL, HELDOUT_DIR, emit, header_lines  # noqa: E402
+from bench_setup import CALIB_DIR, DEMO_MODEL, HELDOUT_DIR  # noqa: E402
+from benchlib import emit, header_lines  # noqa: E402
 
 CACHE = Path(os.environ.get("TRTOPT_AUTOCALIB_DIR", "/work/cache-autocalib"))
 RAPID = CACHE / "rapid" / "rapidocr_onnxruntime" / "models"
@@ -317,7 +318,7 @@ INTRO = (
 
 
 def main() -> None:
-    from bench_setup import load_average
+    from benchlib import load_average
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=[*DEFAULT_MODELS])

@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_calibration import resolve_model_path  # noqa: E402
-from bench_setup import DEMO_MODEL, emit, header_lines, load_average  # noqa: E402
+from bench_setup import DEMO_MODEL  # noqa: E402
+from benchlib import emit, header_lines, load_average  # noqa: E402
 from realistic_photos import make_photos  # noqa: E402
 
 

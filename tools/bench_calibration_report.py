@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from bench_setup import cpu_class, cpu_model
+from benchlib import cpu_class, cpu_model
 
 
 @dataclass(frozen=True)

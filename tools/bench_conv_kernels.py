@@ -12,7 +12,7 @@ pair sums (trtopt.backend.cpu.isa). This is the measurement behind `trtopt.backe
 Each INT8 conv is the NHWC QLinearConv (com.microsoft, channels_last=1) that ONNX Runtime's layout pass
 makes of trtopt's CPU plans, so no transposes are timed; FP32 is the plain NCHW Conv, which ONNX
 Runtime runs in its NCHWc layout. Shapes: the convs of EfficientNet-Lite0 and ResNet-50. Timing: one
-call of each variant per round, rotating the order (tools/bench_latency.py's `interleaved`); medians.
+call of each variant per round, rotating the order (tools/benchlib.py's `interleaved`); medians.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_latency import FP32, interleaved  # noqa: E402
-from bench_setup import emit, header_lines, load_average  # noqa: E402
+from benchlib import emit, header_lines, interleaved, load_average  # noqa: E402
 
 from trtopt.backend.cpu.builder import GEMM_MIN_K, has_amx_int8  # noqa: E402
 from trtopt.backend.cpu.isa import cpu_isa  # noqa: E402
 
 # (model, C_in, C_out, H=W of the input, kernel, group)
+FP32 = "FP32"
 SHAPES = (
     ("EfficientNet-Lite0", 16, 96, 112, 1, 1),
     ("EfficientNet-Lite0", 24, 144, 56, 1, 1),
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         exact = exact_conv(cin, cout, k, group, x8)
         errors = {n: np.abs(s.run(None, {"x": x8})[0].astype(np.float64) - exact).max() for n, s in runs.items()}
         calls = {FP32: caller(fp32, x32)} | {name: caller(s, x8) for name, s in runs.items()}
-        t = interleaved(calls, args.batch, args.warmup, args.iterations)
+        t = interleaved(calls, args.warmup, args.iterations, args.batch)
         reduction = cin // group * k * k
         routed = group == 1 and reduction >= GEMM_MIN_K
         shape = f"{cin}->{cout} {k}x{k}" + (" depthwise" if group > 1 else "") + f" @ {hw}x{hw}"

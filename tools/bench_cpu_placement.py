@@ -28,11 +28,8 @@ GoogLeNet (light:inception_v1) built with and without the `fuse_parallel_convs` 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,7 +40,8 @@ from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench_setup import CALIB_DIR, HELDOUT_DIR, emit, header_lines, image_dataset, ort_build, resolve_model, stacked  # noqa: E402
+from bench_setup import CALIB_DIR, HELDOUT_DIR, image_dataset, ort_build, resolve_model, stacked  # noqa: E402
+from benchlib import emit, header_lines, interleaved  # noqa: E402
 
 from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS, kernel_report  # noqa: E402
 from trtopt.backend.cpu.lowering import store_unsigned_weights  # noqa: E402
@@ -172,20 +170,6 @@ def kernels(variant: Variant) -> str:
             f"{ops.get('QuantizeLinear', 0)} / {ops.get('DequantizeLinear', 0)} / {ops.get('Relu', 0)}")  # fmt: skip
 
 
-def speedups(calls: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median over rounds of FP32 ms / each model's ms in the same round; the order rotates each round."""
-    names = list(calls)
-    for call in calls.values():
-        call()
-    ms: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
-            calls[name]()
-            ms[name].append(time.perf_counter() - start)
-    return {n: statistics.median(f / t for f, t in zip(ms[FP32], ms[n], strict=True)) for n in names}
-
-
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Mean over samples of the cosine between rows of `a` and `b`."""
     a, b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
@@ -201,7 +185,8 @@ def measure(models: dict[str, Variant], feed: str, photos: np.ndarray, args: arg
     for batch in args.batches:
         x = np.resize(photos, (batch, *photos.shape[1:]))
         calls = {name: (lambda s=s, x=x: s.run(None, {feed: x})) for name, s in sessions.items()}
-        per_batch.append(speedups(calls, args.rounds))
+        timings = interleaved(calls, 1, args.rounds)
+        per_batch.append({name: timings.speedup(name) for name in calls})
     rows = []
     for name, v in models.items():
         speed = " / ".join(f"{r[name]:.2f}x" for r in per_batch)

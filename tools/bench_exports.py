@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus  # noqa: E402
 from bench_exports_graph import CLEANERS, Counts, graph_counts  # noqa: E402
-from bench_latency import FP32, interleaved  # noqa: E402
-from bench_setup import emit, header_lines, kernel_counts, load_average, run_isolated  # noqa: E402
+from bench_setup import kernel_counts, run_isolated  # noqa: E402
+from benchlib import emit, header_lines, interleaved, load_average  # noqa: E402
 from zoo_variants import (  # noqa: E402
     CALIB_DIR,
     Subject,
@@ -54,6 +54,7 @@ from zoo_variants import (  # noqa: E402
 
 from trtopt.errors import TrtoptError  # noqa: E402
 
+FP32 = "FP32"
 TITLE = "## Real exports: graph clean-up and INT8 speed and fidelity, trtopt vs ONNX Runtime (CPU)"
 VARIANTS = ("trtopt INT8", "ORT QDQ", "ORT QDQ reduce_range")
 TASKS = {"classify": "classify", "segment": "segment"}  # the others are scored by their outputs' cosines alone
@@ -105,7 +106,7 @@ def speedups(subject: Subject, variants: dict[str, Variant], batches: list, args
             continue
         try:
             calls = {n: (lambda m=m, f=sized: m.run(f)) for n, m in models.items()}
-            timings = interleaved(calls, batch, args.warmup, args.iterations)
+            timings = interleaved(calls, args.warmup, args.iterations, batch)
         except (TrtoptError, RuntimeError) as exc:
             result[batch] = f"does not run: {str(exc).splitlines()[0][:80]}"
             continue

@@ -18,12 +18,8 @@ over rounds of FP32 time / INT8 time, measured in the same round. Inputs are rea
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,20 +31,15 @@ from bench_setup import (  # noqa: E402
     CALIB_DIR,
     DEMO_MODEL,
     ModelUnderTest,
-    emit,
-    header_lines,
     image_dataset,
     kernel_counts,
-    load_average,
     ort_build,
-    plt_or_none,
     resolve_model,
-    save_figure,
     stacked,
     trtopt_build,
 )
+from benchlib import Timings, emit, header_lines, interleaved, load_average, plt_or_none, save_figure  # noqa: E402
 
-from trtopt.bench import median, percentile  # noqa: E402
 from trtopt.execution.ort_session import OrtSession  # noqa: E402
 
 FP32 = "FP32 (original)"
@@ -56,39 +47,6 @@ TRTOPT = "trtopt INT8"
 ORT = "ORT QDQ INT8"
 ORT_RAW = "ORT QDQ INT8, no pre-process"
 ORT_RR = "ORT QDQ INT8, reduce_range"
-
-
-@dataclass
-class Timings:
-    """Per-model latencies (ms) of one batch size, in round order."""
-
-    batch: int
-    ms: dict[str, list[float]] = field(default_factory=dict)
-
-    def p50(self, name: str) -> float:
-        return median(sorted(self.ms[name]))
-
-    def p90(self, name: str) -> float:
-        return percentile(sorted(self.ms[name]), 90)
-
-    def speedup(self, name: str) -> float:
-        """Median over rounds of FP32 ms / `name` ms, both measured in the same round."""
-        return statistics.median(f / t for f, t in zip(self.ms[FP32], self.ms[name], strict=True))
-
-
-def interleaved(calls: dict[str, Callable[[], object]], batch: int, warmup: int, iterations: int) -> Timings:
-    """Time one call of each model per round, rotating the order each round."""
-    names = list(calls)
-    for _ in range(warmup):
-        for name in names:
-            calls[name]()
-    timings = Timings(batch, {name: [] for name in names})
-    for r in range(iterations):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            start = time.perf_counter()
-            calls[name]()
-            timings.ms[name].append((time.perf_counter() - start) * 1e3)
-    return timings
 
 
 def sessions(
@@ -160,7 +118,6 @@ def table(results: list[Timings]) -> list[str]:
 def plot(path: Path, results: list[Timings], threads: int) -> None:
     plt = plt_or_none()
     if plt is None:
-        print("matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
         return
     names = list(results[0].ms)
     fig, ax = plt.subplots(figsize=(8, 4.6))
@@ -218,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     for batch in args.batches:
         feeds = {model.input_name: np.resize(images, (batch, *images.shape[1:]))}  # repeats photos if too few
         calls = {name: (lambda r=runner, f=feeds: r.run(f)) for name, runner in runners.items()}
-        results.append(interleaved(calls, batch, args.warmup, args.iterations))
+        results.append(interleaved(calls, args.warmup, args.iterations, batch))
 
     argv_used = sys.argv[1:] if argv is None else argv
     lines = [

@@ -6,31 +6,25 @@ CPU latency of original vs optimised models, with ORT's own graph optimisations 
 
 Models: the real topologies shipped in the `onnx` package (trtopt/zoo/light.py; random weights),
 models/efficientnet_lite0.onnx when present, and synthetic stacks of ResNet bottleneck + Inception
-blocks at 1x and 10x size (linearity). Latency: batch 1, intra_op_num_threads=1, median of --repeat
-runs after warm-up. Writes a markdown table to stdout (and to --out).
+blocks at 1x and 10x size (linearity). Latency: batch 1, intra_op_num_threads=1, original and optimised
+interleaved (tools/benchlib.py) over --repeat rounds after 3 warm-up; medians, and the speed-up as the median
+of the rounds' ratios. Writes a markdown table to stdout (and to --out).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import gc
-import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-import onnxruntime as ort
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_setup import cpu_class  # noqa: E402
+from benchlib import emit, header_lines, interleaved, median_seconds  # noqa: E402
 
 from trtopt.execution.ort_session import OrtSession  # noqa: E402
 from trtopt.frontend import graph_from_onnx, onnx_from_graph  # noqa: E402
@@ -49,16 +43,6 @@ def stacked_model(blocks: int) -> onnx.ModelProto:
         y = bottleneck_block(b, y, 24, 8, 24, stride=1)
         y = inception_block(b, y, 24, (8, 8, 8, 4, 4, 4))
     return b.build([y])
-
-
-def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        gc.collect()  # a collection triggered mid-run by earlier garbage would be charged to this run
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def optimisation_rows(graphs: dict[str, gs.Graph], repeat: int) -> list[str]:
@@ -88,40 +72,15 @@ def latency_rows(graphs: dict[str, gs.Graph], repeat: int) -> list[str]:
         }
         models = (onnx_from_graph(graph), onnx_from_graph(result.graph))
         for level in ("disable", "all"):
-            ms = []
-            for model in models:
-                session = OrtSession(model, threads=1, opt_level=level)  # type: ignore[arg-type]
-                for _ in range(3):
-                    session.run(feeds)
-                ms.append(median_seconds(lambda s=session, f=feeds: s.run(f), repeat) * 1e3)
+            sessions = {kind: OrtSession(model, threads=1, opt_level=level)  # type: ignore[arg-type]
+                        for kind, model in zip(("original", "optimised"), models, strict=True)}
+            calls = {kind: (lambda s=s, f=feeds: s.run(f)) for kind, s in sessions.items()}
+            t = interleaved(calls, 3, repeat)
             rows.append(
-                f"| {name} | {level} | {ms[0]:.2f} ms | {ms[1]:.2f} ms | {ms[0] / ms[1]:.2f}x "
-                f"| {result.launches_saved} | {result.bytes_saved / 2**20:.1f} |"
+                f"| {name} | {level} | {t.p50('original'):.2f} ms | {t.p50('optimised'):.2f} ms "
+                f"| {t.speedup('optimised'):.2f}x | {result.launches_saved} | {result.bytes_saved / 2**20:.1f} |"
             )
     return rows
-
-
-def machine_lines(argv: list[str]) -> list[str]:
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        cpu = next(
-            (
-                l.split(":", 1)[1].strip()
-                for l in cpuinfo.read_text().splitlines()
-                if l.startswith("model name")
-            ),
-            cpu,
-        )
-    import os
-
-    return [
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-        f"- machine: {cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}; {cpu_class()}",
-        f"- versions: Python {platform.python_version()}, onnx {onnx.__version__}, "
-        f"onnxruntime {ort.__version__}, onnx-graphsurgeon {gs.__version__}, numpy {np.__version__}",
-        f"- command: `python {' '.join(argv)}`",
-    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,17 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "## Graph optimiser",
         "",
-        *machine_lines(sys.argv if argv is None else ["tools/bench_optimizer.py", *argv]),
+        *header_lines("tools/bench_optimizer.py", sys.argv[1:] if argv is None else argv,
+                      [f"onnx-graphsurgeon {gs.__version__}"]),
     ]
     lines += ["", "### Optimisation time (default passes, median)", ""]
     lines += optimisation_rows({**graphs, **stacks}, max(5, args.repeat // 3))
     lines += ["", "### ONNX Runtime CPU latency, batch 1, 1 thread (median)", ""]
     lines += latency_rows(graphs, args.repeat)
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    emit("\n".join(lines) + "\n", args.out)
     return 0
 
 

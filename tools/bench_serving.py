@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_setup import CALIB_DIR, DEMO_MODEL, emit, header_lines, load_average  # noqa: E402
+from bench_setup import CALIB_DIR, DEMO_MODEL  # noqa: E402
+from benchlib import emit, header_lines, load_average  # noqa: E402
 from triton_env import TRITON_VERSION, find_server, stub_env  # noqa: E402
 from triton_server import TritonServer, free_ports  # noqa: E402
 

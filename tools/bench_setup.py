@@ -1,19 +1,14 @@
-"""What the accuracy and latency benchmarks share: the report header, the model under test, its image
-data preprocessed exactly as `trtopt build` does, and ONNX Runtime's own static quantizer.
+"""What the image benchmarks share besides tools/benchlib.py's header, timing and output: the model under test,
+its image data preprocessed exactly as `trtopt build` does, and ONNX Runtime's own static quantizer.
 
-Not a benchmark itself; imported by tools/bench_accuracy.py and tools/bench_latency.py.
+Not a benchmark itself; imported by tools/bench_accuracy.py, tools/bench_latency.py and others.
 """
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing
 import os
-import platform
 import resource
-import shlex
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,9 +19,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-
-import trtopt
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL = ROOT / "models" / "efficientnet_lite0.onnx"
@@ -34,71 +26,6 @@ CALIB_DIR = ROOT / "calib_data"
 HELDOUT_DIR = ROOT / "tests" / "data" / "heldout"
 HELDOUT_MORE_DIR = ROOT / "tests" / "data" / "heldout_more"
 T = TypeVar("T")
-
-
-# --- header ------------------------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def cpu_flags() -> str:
-    """The INT8-relevant instruction sets the CPU reports (what ONNX Runtime's kernels can use)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        return "unknown"
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("flags")), [])
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
-    return ", ".join(f for f in wanted if f in flags) or "none of avx2/avx512/vnni/amx"
-
-
-def cpu_class() -> str:
-    """The CPU class trtopt decides its INT8 encoding by, and what it means for ONNX Runtime's kernels."""
-    from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
-
-    isa = cpu_isa()
-    means = {True: "its u8s8 INT8 kernels are exact", False: "its u8s8 INT8 kernels saturate (no VNNI)"}
-    known = means[isa in EXACT_U8S8] if isa in EXACT_U8S8 | SATURATING_U8S8 else "INT8 kernel exactness unknown"
-    return f"**CPU class `{isa}`**: {known}"
-
-
-def load_average() -> str:
-    """The 1-minute load average: other jobs on the machine inflate wall times and latencies."""
-    try:
-        return f"{os.getloadavg()[0]:.2f}"
-    except OSError:
-        return "unknown"
-
-
-def source_revision() -> str:
-    """The git commit the benchmarked trtopt code is at, and whether trtopt/ has uncommitted changes."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "trtopt"], cwd=ROOT, capture_output=True,
-                               text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "not a git checkout"
-    return f"git {commit}" + (" + uncommitted changes in trtopt/" if dirty else "")
-
-
-def header_lines(script: str, argv: Sequence[str]) -> list[str]:
-    """date, machine, versions and the exact command, as every benchmark section states them."""
-    return [
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
-        f"- machine: {cpu_model()}, {os.cpu_count()} logical CPUs ({cpu_flags()}), "
-        f"{platform.system()} {platform.release()}; {cpu_class()}",
-        f"- versions: Python {platform.python_version()}, numpy {np.__version__}, onnx {onnx.__version__}, "
-        f"onnxruntime {ort.__version__}, trtopt {trtopt.__version__} ({source_revision()})",
-        f"- command: `python {shlex.join([script, *argv])}`",
-    ]
 
 
 def rows_per_model(
@@ -334,58 +261,3 @@ def kernel_counts(model_bytes: bytes) -> Kernels:
     ops = report.ops
     conversions = ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0)
     return Kernels(report.int8_convs, report.float_convs, conversions, ops.get("Pad", 0))
-
-
-def plt_or_none() -> Any:
-    """matplotlib.pyplot with the file-only backend, or None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def emit(text: str, out: Path | None) -> None:
-    """Print a benchmark's markdown section, and write it to `out` when given."""
-    sys.stdout.write(text)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-
-
-def save_figure(fig: Any, path: Path) -> None:
-    """Lay out, write (creating the folder) and close a matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def bar_chart(
-    path: Path, names: list[str], series: dict[str, list[float]], baseline: float | None, title: str
-) -> None:
-    """Grouped bars of shares (0..1) in percent, one group per name, with an optional dashed baseline."""
-    plt = plt_or_none()
-    if plt is None:
-        print("matplotlib is not installed; no plot written (pip install matplotlib)", file=sys.stderr)
-        return
-    fig, ax = plt.subplots(figsize=(9, 4.8))
-    width = 0.8 / len(series)
-    x = np.arange(len(names))
-    for i, (label, values) in enumerate(series.items()):
-        bars = ax.bar(x + (i - (len(series) - 1) / 2) * width, np.array(values) * 100, width, label=label)
-        ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    if baseline is not None:
-        ax.axhline(baseline * 100, color="grey", linestyle="--", linewidth=1)
-    lowest = min(min(values) for values in series.values()) * 100
-    ax.set_xticks(x, names, fontsize=8)
-    ax.set_ylabel("% (axis does not start at 0)")
-    ax.set_ylim(max(0.0, np.floor(lowest / 10) * 10 - 10), 102)
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(series))
-    save_figure(fig, path)

@@ -39,13 +39,11 @@ from bench_setup import (  # noqa: E402
     HELDOUT_DIR,
     HELDOUT_MORE_DIR,
     ModelUnderTest,
-    emit,
-    header_lines,
     image_dataset,
-    load_average,
     resolve_model,
     stacked,
 )
+from benchlib import emit, header_lines, load_average  # noqa: E402
 
 from trtopt.sparsify import Fidelity, FidelityProbe, choose_within_budget, prunable_layers, sensitivities  # noqa: E402
 from trtopt.sparsify.prune import prune_report, pruned_weights, with_weights  # noqa: E402

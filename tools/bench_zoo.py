@@ -47,14 +47,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_setup import emit, header_lines, load_average, run_isolated  # noqa: E402
+from bench_setup import run_isolated  # noqa: E402
+from benchlib import emit, header_lines, interleaved, load_average  # noqa: E402
 from zoo_variants import (  # noqa: E402
     CALIB_DIR,
     Subject,
     Variant,
     built,
     eval_feeds,
-    latencies,
     ort_build,
     score,
     session,
@@ -65,7 +65,7 @@ from zoo_variants import (  # noqa: E402
 from trtopt.errors import TrtoptError  # noqa: E402
 
 GOAL_COSINE = 0.99  # issue #16's bar for every output, detector heads included
-# The command a report names (tools/bench_holdout.py runs this measurement and names its own).
+# The command a report names.
 COMMAND = ["tools/bench_zoo.py"]
 
 
@@ -130,7 +130,9 @@ def run_subject(subject: Subject, args: argparse.Namespace, workdir: Path) -> di
     first = batches[0][0]
     rows = len(next(iter(first.values())))  # trim the batch axis only (a model's state input has none)
     feeds = {k: a[:1] if len(a) == rows else a for k, a in first.items()}
-    ms = latencies(timed, feeds, args.iterations, args.warmup)
+    calls = {name: (lambda s=s: s.run(feeds)) for name, s in timed.items()}
+    timings = interleaved(calls, args.warmup, args.iterations)
+    ms = {name: timings.p50(name) for name in timings.ms}
     return {"subject": subject, "data": data, "trtopt": trtopt, "ort": ort, "ms": ms,
             "samples": sum(rows for _, rows in batches)}  # fmt: skip
 

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLOTS = Path("docs") / "benchmarks"
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_setup import source_revision  # noqa: E402
+from benchlib import shown_path, source_revision  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,6 @@ SECTIONS = (
         ("--model", "light:resnet50", "--count", "8", "--size", "640x480"),
         False,
     ),
-    Section("draft-decoding", "tools/bench_draft_decoding.py", (), ("--count", "8", "--size", "800x600"), False),
     Section(
         "accuracy",
         "tools/bench_accuracy.py",
@@ -145,26 +144,6 @@ SECTIONS = (
          "--eval-count", "4"),  # fmt: skip
         False,
     ),
-    # Issue #21: what --method auto's scoring costs over entropy, both timed side by side in one run.
-    Section(
-        "auto-calibration-cost",
-        "tools/bench_autocost.py",
-        ("--choices", "docs/benchmarks/auto-calibration-cost-choices.json"),
-        ("--models", "demo", "--repeats", "1", "--calib-count", "16"),
-        False,
-    ),
-    # auto's scoring before and after cut graphs and memory-sized groups, on a 768 x 768 model (hold-out cache).
-    Section("auto-scoring-groups", "tools/bench_auto_groups.py", ("holdout:lore-detect",),
-            ("models/efficientnet_lite0.onnx", "--calib", "calib_data/", "--calib-count", "16"), False),
-    # GELU / SiLU as ONNX Runtime's fused kernels in CPU plans, with and without (zoo and hold-out caches).
-    Section("cpu-activations", "tools/bench_cpu_activations.py",
-            ("zoo:ddddocr-det", "zoo:ddddocr-ocr", "holdout:ppocr-v6-det", "holdout:ppocr-v6-rec"),
-            ("zoo:ddddocr-ocr", "--iterations", "3"), False),  # fmt: skip
-    # ONNX Runtime's QDQ propagation off in CPU plan sessions, against on (zoo cache, torchvision exports).
-    Section("cpu-sessions", "tools/bench_cpu_sessions.py",
-            ("zoo:open-nsfw", "zoo:table-cls", "zoo:ppocr-v4-det", "zoo:ddddocr-det", "arch:dynamo/squeezenet1_1",
-             "arch:dynamo/resnet18", "arch:dynamo/googlenet", "arch:legacy/resnet50", "arch:dynamo/mobilenet_v2"),
-            ("zoo:ppocr-cls", "--iterations", "3"), False),  # fmt: skip
     # Issue #45: trtopt's CPU placement against ORT's quantizer on a Keras-style ResNet-50, one change at a time.
     Section("cpu-placement", "tools/bench_cpu_placement.py", ("--inception",),
             ("--count", "8", "--batches", "1", "--rounds", "2"), False),  # fmt: skip
@@ -205,9 +184,9 @@ SECTIONS = (
 def run_section(section: Section, out_dir: Path, quick: bool) -> tuple[str, float]:
     """Run one script with --out (and --plot) under `out_dir`; returns (its markdown, seconds)."""
     md = out_dir / f"{section.name}.md"
-    args = [section.script, *(section.quick_args if quick else section.args), "--out", _shown(md)]
+    args = [section.script, *(section.quick_args if quick else section.args), "--out", shown_path(md)]
     if section.plot:
-        args += ["--plot", _shown(md.with_suffix(".png"))]
+        args += ["--plot", shown_path(md.with_suffix(".png"))]
     print(f"== {section.name}: python {' '.join(args)}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -217,14 +196,6 @@ def run_section(section: Section, out_dir: Path, quick: bool) -> tuple[str, floa
         tail = "\n".join(done.stderr.strip().splitlines()[-20:])
         raise SystemExit(f"{section.script} failed (exit {done.returncode}); no BENCHMARKS.md written:\n{tail}")
     return md.read_text(), seconds
-
-
-def _shown(path: Path) -> str:
-    """A path relative to the repository when it is inside it, so the recorded commands read cleanly."""
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
 
 
 def with_plot(markdown: str, section: Section, out: Path, out_dir: Path) -> str:

@@ -2,7 +2,7 @@
 inside their wheels, each pinned to a package version and to the sha256 of the wheel and of the model.
 
 Each entry says how trtopt must feed the model (`preprocess`: command-line flags, checked by running the
-FP32 model on real inputs: see `tools/zoo_sanity.py`), the static input shape to build with where the
+FP32 model on real inputs when the entry was added), the static input shape to build with where the
 model's H/W are dynamic, and the calibration data that fits it. The models were chosen by reading what
 the wheels really hold (`unzip -l`), their preprocessing by reading the packages' own code:
 

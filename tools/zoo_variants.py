@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.version_converter
+from benchlib import shown_path
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIB_DIR = ROOT / "calib_data"
@@ -113,7 +114,7 @@ def split_data(subject: Subject, count: int, eval_count: int, workdir: Path) -> 
         total = len(load(subject, (str(subject.calib),), None))
         held = min(eval_count, total // 4)
         calib = min(count, total - held)
-        text = f"{calib} calibration and the last {held} samples of `{_shown(subject.calib)}`"
+        text = f"{calib} calibration and the last {held} samples of `{shown_path(subject.calib)}`"
         return Data((str(subject.calib),), calib, (str(subject.calib),), None, total - held, text)
     count = min(count, len(load(subject, (str(subject.calib),), None)))
     if subject.calib.resolve() == CALIB_DIR.resolve():
@@ -121,7 +122,7 @@ def split_data(subject: Subject, count: int, eval_count: int, workdir: Path) -> 
         text = f"calibration: {count} photos of `calib_data/`; held-out: {eval_count} of `tests/data/heldout*`"
     else:
         eval_sources = (str(_rendered_heldout(subject.calib, eval_count, workdir)),)
-        text = (f"calibration: {count} of `{_shown(subject.calib)}`; held-out: {eval_count} rendered by "
+        text = (f"calibration: {count} of `{shown_path(subject.calib)}`; held-out: {eval_count} rendered by "
                 f"`tools/make_text_calib.py --seed {HELDOUT_SEED}`")  # fmt: skip
     data = Data((str(subject.calib),), count, eval_sources, eval_count, 0, text)
     _check_disjoint(data)
@@ -306,24 +307,3 @@ def score(fp32: Any, test: Any, batches: list[tuple[dict[str, np.ndarray], int]]
 def _rows(outputs: dict[str, np.ndarray], rows: int, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     padded = len(next(iter(feeds.values())))
     return {k: v[:rows] if padded != rows and np.ndim(v) and len(v) == padded else v for k, v in outputs.items()}
-
-
-def latencies(models: dict[str, Any], feeds: dict[str, np.ndarray], iterations: int, warmup: int) -> dict[str, float]:
-    """Median ms per model on one batch, 1 intra-op thread, interleaved: each round times every model once, in
-    an order that rotates from round to round, so drift hits all alike."""
-    names = list(models)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for round_ in range(warmup + iterations):
-        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            start = time.perf_counter()
-            models[name].run(feeds)
-            if round_ >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return {n: float(np.median(t)) for n, t in times.items()}
-
-
-def _shown(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)

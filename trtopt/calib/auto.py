@@ -33,7 +33,7 @@ outside the consumers' convolutions: numpy's four passes of fake quantisation an
 ONNX Runtime runs of elementwise consumers and Concats (with a copy of their other inputs per candidate),
 joining the cache from per-batch arrays, fresh output arrays per consumer run (page faults), and the MSE
 search (numpy over 1920 candidates x 2048 bins per tensor); each is now a single pass or gone, and the
-choices are the same (docs/benchmarks/auto-calibration-cost-choices.json).
+choices are the same (docs/benchmarks/auto-calibration-cost-choices.json in git, at 834753b).
 
 Two approximations, both deliberate. Each tensor is scored with every other tensor float: the errors of
 different layers mostly add up, and scoring them jointly would cost a model run per combination. And the

@@ -14,8 +14,8 @@ tensors (layout-cdla: 9 groups, and its scoring took 27 -> 30 s, avx2, 2 threads
 when every pass ran the whole graph; PP-OCRv4-det: 5 groups, 15 -> 11 s: fewer pages to fault). Within a
 group, a tensor leaves the cache once the last scoring that reads it is done (`release_after`). Cut graphs
 and groups of a quarter of the free memory together: lore-detect's scoring (16 pages at 768 x 768, avx2)
-245.6 -> 96.4 s with the same thresholds (BENCHMARKS *auto's scoring*, tools/bench_auto_groups.py); wired-table-
-rec's line segmenter at 1024 x 1024 over 15 minutes (stopped) -> 154 s.
+245.6 -> 96.4 s with the same thresholds (BENCHMARKS *auto's scoring* at 834753b, tools/bench_auto_groups.py);
+wired-table-rec's line segmenter at 1024 x 1024 over 15 minutes (stopped) -> 154 s.
 """
 
 from __future__ import annotations

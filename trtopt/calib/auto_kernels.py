@@ -5,7 +5,7 @@ and sums each candidate's squared error against the FP32 outputs. With numpy eac
 passes over arrays of candidates x samples x the tensor (fake quantisation alone is four: divide, round,
 clip, multiply); here each is one compiled loop (numba, `trtopt.calib.auto_kernels_numba`), with a numpy fallback
 where numba is missing. Measured on PP-OCRv4's recogniser and ddddocr's detector (issue #21,
-docs/benchmarks/auto-calibration-cost.md) these passes, and the ONNX Runtime runs of elementwise consumers
+docs/benchmarks/auto-calibration-cost.md at 834753b) these passes, and the ONNX Runtime runs of elementwise consumers
 that `elementwise_errors` replaces, were a third of auto's scoring time.
 
 - `quantize_stack`: every candidate's fake quantisation of a tensor, stacked, in float32 as
@@ -13,7 +13,7 @@ that `elementwise_errors` replaces, were a third of auto's scoring time.
 - `squared_errors`: sum (out_c - ref)^2 per candidate c, and sum ref^2, the float32 differences accumulated
   in float64 (`sum_of_squares`: sum ref^2 alone). The float32 dot products used before accumulated in
   float32, off by up to about 1e-4 relative over millions of values; no choice of the three benchmark
-  models moved (docs/benchmarks/auto-calibration-cost-choices.json, compared before and after).
+  models moved (docs/benchmarks/auto-calibration-cost-choices.json at 834753b, compared before and after).
 - `elementwise_errors`: the same sums for an Add, Sub or Mul consumer, the node's float32 result computed in
   the loop instead of by ONNX Runtime (one IEEE operation per value: the same bits as its kernels), so the
   node's output, and the other input's copy per candidate, are never written out.

@@ -253,7 +253,7 @@ def preprocess_file(path: str | os.PathLike[str], spec: PreprocessSpec) -> np.nd
     on 2880x1920 photos the demo model's samples differ by 0.4 level on average (0..255, at most 7). That
     moves some entropy thresholds (25 of 60 by up to 12%: the KL argmin is discontinuous, and swapping one
     photo of 128 moves 2 by up to 6.5%) but not the plan's agreement with FP32 beyond noise (156 vs 155 of
-    160 held-out photos; BENCHMARKS.md, draft-decoding; issue #18). Images already within 2x of the
+    160 held-out photos; BENCHMARKS.md at 834753b, draft-decoding; issue #18). Images already within 2x of the
     target decode exactly as before.
     """
     return _preprocess_drafted(lambda draft: read_image(path, draft=draft), spec)

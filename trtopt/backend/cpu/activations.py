@@ -13,8 +13,8 @@ and a second DequantizeLinear where the FP32 model pays one.
 So the CPU lowering writes the fused ops itself. The values are ONNX Runtime's own fused kernels, which its
 FP32 session of the same model runs too; both are float ops between a DequantizeLinear and a QuantizeLinear,
 so the plan's Q/DQ reference runs them as well and the verification compares like with like. Measured side by
-side (BENCHMARKS *CPU plans: GELU and SiLU*, `tools/bench_cpu_activations.py`; avx2, batch 1, 1 thread, the same
-plans built with and without): 0.93-0.98 of the time on ddddocr's YOLOX detector and recogniser (63 and 11
+side (BENCHMARKS *CPU plans: GELU and SiLU*, `tools/bench_cpu_activations.py`, at 834753b; avx2, batch 1, 1 thread,
+the same plans built with and without): 0.93-0.98 of the time on ddddocr's YOLOX detector and recogniser (63 and 11
 SiLUs) and PP-OCRv6's small detector and recogniser (13 GELUs each); the two plans' outputs there were identical.
 
 Not always bit for bit: QuickGelu computes exactly what Sigmoid and Mul do, but the fused Gelu differs from the

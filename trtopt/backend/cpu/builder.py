@@ -33,8 +33,8 @@ FLOAT_CONV_OPS = {"Conv", "FusedConv", "NchwcConv"}
 # interleaved runs; docs/holdout.md, round 4): outputs bit-identical on every plan (one random input each);
 # the six plans with such a stem ran faster (squeezenet1_1 0.67x the time, googlenet, open-nsfw and resnet18
 # 0.87-0.89x, alexnet 0.90x, resnet50 0.92x); the others kept their optimised graph's op counts, at 0.97-1.02x
-# (the 1.04-1.06x and 0.89x of three of them came back as 0.99-1.02x when timed again). BENCHMARKS.md, *CPU plans:
-# ONNX Runtime's QDQ propagation off* (tools/bench_cpu_sessions.py) has a rerunnable side-by-side run.
+# (the 1.04-1.06x and 0.89x of three of them came back as 0.99-1.02x when timed again). BENCHMARKS.md at
+# 834753b, *CPU plans: ONNX Runtime's QDQ propagation off* (tools/bench_cpu_sessions.py) has a side-by-side run.
 DISABLED_OPTIMIZERS = ["WeightBiasQuantization", "QDQPropagationTransformer"]
 
 

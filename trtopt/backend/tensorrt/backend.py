@@ -103,7 +103,7 @@ class TensorRTBackend(Backend["EngineOptions"]):
         options = target.options_for(TensorRTOptions)
         if target.int8 and not target.fp16 and any(t.dtype == np.float16 for t in [*graph.inputs, *graph.outputs]):
             log.warning("the model takes or gives float16, and INT8 calibrates a float32 copy of it "
-                        "(trtopt.quant.float_types): the layers left float run in FP32 on TensorRT; add --fp16 to "
+                        "(trtopt.frontend.float_types): the layers left float run in FP32 on TensorRT; add --fp16 to "
                         "run them in FP16 as the model did")  # fmt: skip
         return EngineOptions(
             profiles=profiles_for(graph.inputs, target.shapes, options.batch) or None,
