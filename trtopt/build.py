@@ -27,6 +27,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.backend import BackendOptions, BackendReport, Profile, get_backend, quantizable_tensors, select_backend
+from trtopt.backend.auto import build_fastest, measured_backends
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
 from trtopt.config_checks import checked_backend_options
@@ -118,6 +119,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     from trtopt.passes import optimize
     from trtopt.passes.check import random_ops
 
+    if config.backend == "auto" and len(measured_backends()) > 1:  # CPU runtimes timed against each other
+        return build_fastest(model_path, config, build_plan, progress)
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
@@ -379,15 +382,9 @@ def _records(graph: gs.Graph, config: BuildConfig, backend: str, profiles: Mappi
 
 
 def _metadata(
-    path: Path,
-    config: BuildConfig,
-    spec: PreprocessSpec | None,
-    labels: list[str] | None,
-    optimized: OptimizeResult,
-    quantized: Quantized,
-    verification: Verification | None,
-    records: dict[str, Any],
-) -> PlanMetadata:
+    path: Path, config: BuildConfig, spec: PreprocessSpec | None, labels: list[str] | None, optimized: OptimizeResult,
+    quantized: Quantized, verification: Verification | None, records: dict[str, Any],
+) -> PlanMetadata:  # fmt: skip
     return PlanMetadata(
         **records,
         source_model=path.name,
