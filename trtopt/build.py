@@ -27,7 +27,6 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trtopt.backend import BackendOptions, BackendReport, Profile, get_backend, quantizable_tensors, select_backend
-from trtopt.backend.auto import build_fastest, measured_backends
 from trtopt.calib.config import CalibConfig
 from trtopt.calib.stage import ProgressHook
 from trtopt.config_checks import checked_backend_options
@@ -115,12 +114,13 @@ class BuildResult:
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
+    from trtopt.backend import auto  # several installed runtimes of one machine: `auto` times their plans
     from trtopt.data.samples import preprocess_spec_for, refused_random_inputs
     from trtopt.passes import optimize
     from trtopt.passes.check import random_ops
 
-    if config.backend == "auto" and len(measured_backends()) > 1:  # CPU runtimes timed against each other
-        return build_fastest(model_path, config, build_plan, progress)
+    if config.backend == "auto" and len(auto.measured_backends()) > 1:
+        return auto.build_fastest(model_path, config, build_plan, progress)
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
