@@ -9,7 +9,9 @@ The `light_graph` fixture loads each light model (trtopt.zoo.light) once per ses
 
 CPU builds keep the INT8 plan they verified, whatever the build's rough timing says (`trtopt.backend.cpu.choice`
 would write a cheaper plan where INT8 runs slower than FP32, which on a busy or VNNI-less machine depends on the
-timing): a test module that sets `SPEED_CHOICE = True` tests that choice, with injected timings."""
+timing): a test module that sets `SPEED_CHOICE = True` tests that choice, with injected timings. For the same
+reason `--backend auto` builds only the CPU backend's plan here (TRTOPT_AUTO_BACKENDS=cpu), not one per installed CPU
+runtime timed against each other (`trtopt.auto_backend`, tested with injected timings in test_backend_openvino)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ from require_optional import pytest_make_collect_report, pytest_runtest_makerepo
 
 if TYPE_CHECKING:
     import onnx_graphsurgeon as gs
+
+os.environ.setdefault("TRTOPT_AUTO_BACKENDS", "cpu")  # inherited by the CLI subprocesses too
 
 
 @pytest.fixture(scope="session")

@@ -37,17 +37,17 @@ from trtopt.zoo import build_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_registry_holds_both_backends_and_names_the_valid_ones() -> None:
-    assert BACKENDS.names() == ["cpu", "tensorrt"]
+def test_the_registry_holds_the_backends_and_names_the_valid_ones() -> None:
+    assert BACKENDS.names() == ["cpu", "openvino", "tensorrt"]
     assert get_backend("tensorrt").runner_section == "engine" and get_backend("cpu").runner_section == "onnx"
-    with pytest.raises(UnknownNameError, match="auto, cpu, tensorrt"):
+    with pytest.raises(UnknownNameError, match="auto, cpu, openvino, tensorrt"):
         get_backend("fpga")
     with pytest.raises(UnknownNameError, match="Unknown backend 'fpga'"):
         BuildConfig(backend="fpga", int8=False)  # checked when the config is made, not after calibration
 
 
 def test_backend_objects_need_no_heavy_library_until_used() -> None:
-    """Constructing, listing and asking for CLI flags loads neither TensorRT, CUDA nor ONNX Runtime."""
+    """Constructing, listing and asking for CLI flags loads neither TensorRT, CUDA, ONNX Runtime nor OpenVINO."""
     code = (
         "import sys, argparse\n"
         "from trtopt.backend import BACKENDS\n"
@@ -55,7 +55,7 @@ def test_backend_objects_need_no_heavy_library_until_used() -> None:
         "for name in BACKENDS:\n"
         "    BACKENDS.get(name).add_arguments(parser.add_argument_group(name))\n"
         "    BACKENDS.get(name).options_from_args(parser.parse_args([]))\n"
-        "heavy = {'tensorrt', 'cuda', 'onnxruntime'} & {m.split('.')[0] for m in sys.modules}\n"
+        "heavy = {'tensorrt', 'cuda', 'onnxruntime', 'openvino'} & {m.split('.')[0] for m in sys.modules}\n"
         "assert not heavy, heavy\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -35,6 +35,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("analysis",),  # what `inspect` and the build report of a graph
     ("verify",),  # every plan checks itself against its Q/DQ reference and FP32
     ("search",),  # the sensitivity search (trials are verified plans)
+    ("auto_backend",),  # `--backend auto` among the installed CPU runtimes: each built, verified and timed
     ("build", "quantize", "plan_records"),  # the chain of stages, its quantisation chain, what the plan records
     ("engine", "bench", "trtopt"),  # the public runtime API
     ("sparsify", "serving", "zoo"),  # tools beside the pipeline

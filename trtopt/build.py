@@ -142,10 +142,14 @@ class BuildResult:
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
+    from trtopt import auto_backend as auto  # several installed runtimes of one machine: `auto` times their plans
     from trtopt.data.samples import preprocess_spec_for, refused_random_inputs
     from trtopt.passes import optimize
     from trtopt.passes.check import random_ops
 
+    if config.backend == "auto" and len(auto.measured_backends()) > 1:
+        return auto.build_fastest(lambda name: build_plan(model_path, replace(config, backend=name), progress=progress),
+                                  config.data.batch)  # fmt: skip
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic

@@ -147,4 +147,5 @@ def quantizable_tensors(graph: gs.Graph) -> list[str]:
 
 # Register the backends (their modules import nothing heavy); `trtopt build --help` lists them in this order.
 from trtopt.backend.cpu import backend as _cpu  # noqa: E402, F401
+from trtopt.backend.openvino import backend as _openvino  # noqa: E402, F401
 from trtopt.backend.tensorrt import backend as _tensorrt  # noqa: E402, F401

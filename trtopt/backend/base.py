@@ -205,6 +205,7 @@ class Backend(ABC, Generic[BuildSettings]):
     install_hint: ClassVar[str] = ""  # how to make it available, for "not available here" errors
     auto_rank: ClassVar[int] = 100  # `--backend auto` takes the available backend of lowest rank
     auto_reason: ClassVar[str] = ""  # why `auto` took it, when it is the first choice
+    cpu_runtime: ClassVar[bool] = False  # runs on the host CPU: `auto` times those installed (trtopt.auto_backend)
     # Verification policy (trtopt.verify.build_verified): whether a plan whose kernels miss the tolerance is
     # refused (True) or written with the record and a warning (an instance attribute, so a test can flip it),
     # and how to start the fix when no variant passes.

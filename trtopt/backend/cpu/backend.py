@@ -79,6 +79,7 @@ class CpuBackend(Backend[CpuOptions]):
     runner_section = "onnx"
     auto_rank = 1
     auto_reason = "the CPU backend is always available"
+    cpu_runtime = True
     mismatch_fix = "Build with --cpu-encoding auto (or u8u8, exact on every x86 CPU), "
     # Measured on ONNX Runtime's quantize_static output: uint8 activations build and verify in QDQ and QOperator
     # form, int8 activations in QDQ form (the lowering moves each pair's grid to uint8 exactly); int8 QOperator

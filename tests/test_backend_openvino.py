@@ -1,0 +1,189 @@
+"""The OpenVINO backend (issue #44): a build verified on OpenVINO's kernels, its runner through `trtopt.Engine`,
+the refusal where OpenVINO is missing, its Q/DQ forms, and `--backend auto`'s measured choice (injected timings)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from model_files import tiny_model_with_images
+from require_optional import missing
+
+pytest.importorskip("openvino", reason=missing("openvino", "the OpenVINO backend"))
+
+from trtopt import auto_backend as auto  # noqa: E402
+from trtopt.backend import get_backend  # noqa: E402
+from trtopt.backend.openvino import builder  # noqa: E402
+from trtopt.backend.openvino.options import SECTION_CONFIG  # noqa: E402
+from trtopt.build import BuildConfig, build_plan  # noqa: E402
+from trtopt.data import DataConfig  # noqa: E402
+from trtopt.engine import Engine  # noqa: E402
+from trtopt.errors import BackendUnavailableError, TrtoptError  # noqa: E402
+from trtopt.plan import read_plan, write_plan  # noqa: E402
+from trtopt.verify.verified import reference_runner  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """tiny_cnn built INT8 for OpenVINO from 16 images (8 held back to verify): (plan path, build result)."""
+    root = tiny_model_with_images(tmp_path_factory.mktemp("openvino"), 16)
+    config = BuildConfig(backend="openvino", data=DataConfig(sources=(str(root / "images"),)))
+    result = build_plan(root / "tiny.onnx", config)
+    return write_plan(result.plan, root / "tiny.engine"), result
+
+
+def feeds(plan_path: Path, batch: int = 2) -> dict[str, np.ndarray]:
+    plan = read_plan(plan_path)
+    return auto.made_up_feeds(plan, batch)
+
+
+def test_the_plan_verifies_on_openvino_and_reports_its_layer_precisions(built: tuple[Path, Any]) -> None:
+    path, result = built
+    assert result.plan.backend == "openvino"
+    assert result.verification is not None and result.verification.ok
+    assert result.verification.variant in builder.FORMS
+    assert result.plan.versions["openvino"]
+    report = result.report
+    assert report is not None and report.int8_layers + report.float_layers > 0
+    assert ("OpenVINO layers", report.rows()[0][1]) == report.rows()[0]
+    assert set(read_plan(path).sections) >= {"onnx", SECTION_CONFIG}
+
+
+def test_engine_runs_the_plan_as_its_q_dq_reference_says_from_many_threads(built: tuple[Path, Any]) -> None:
+    path, _ = built
+    engine = Engine.load(path, threads=1)
+    inputs = feeds(path)
+    expected = reference_runner(engine.plan.sections["onnx"])(inputs)
+    once = engine.infer(inputs)
+    for name, value in expected.items():
+        assert once[name].shape == value.shape
+        rel = np.linalg.norm(once[name] - value) / max(np.linalg.norm(value), 1e-12)
+        assert rel < 0.25  # the build's cap on kernels against the reference (trtopt.verify.KERNEL_CAP)
+    outputs: list[dict[str, np.ndarray]] = []
+    threads = [threading.Thread(target=lambda: outputs.extend(engine.infer(inputs) for _ in range(3)))
+               for _ in range(4)]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(outputs) == 12
+    for result in outputs:
+        for name, value in once.items():
+            np.testing.assert_array_equal(result[name], value)
+
+
+def test_a_plan_refuses_to_load_where_openvino_is_missing(built: tuple[Path, Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    path, _ = built
+    monkeypatch.setitem(sys.modules, "openvino", None)  # `import openvino` raises ImportError
+    status = get_backend("openvino").status()
+    assert not status.available and "not installed" in status.reason
+    with pytest.raises(BackendUnavailableError) as caught:
+        Engine.load(path)
+    assert "pip install" in (caught.value.fix or "") and "openvino" in caught.value.what
+
+
+def test_the_cli_runs_and_benches_the_plan(built: tuple[Path, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from trtopt.cli.main import main
+
+    path, _ = built
+    images = path.parent / "images"
+    assert main(["run", str(path), str(images / "img00.png"), "--json"]) == 0
+    assert main(["bench", str(path), "--iterations", "3", "--warmup", "1", "--threads", "1"]) == 0
+    assert "openvino" in capsys.readouterr().out.lower()
+
+
+def test_forms_follow_what_the_cpu_kind_computes_exactly() -> None:
+    assert builder.candidate_forms("auto", "avx512_vnni") == ["lowered"]
+    assert builder.candidate_forms("auto", "amx") == ["lowered"]
+    assert builder.candidate_forms("auto", "avx2") == ["lowered-w7"]
+    assert builder.candidate_forms("auto", "arm64") == ["lowered", "lowered-w7"]
+    assert builder.candidate_forms("qdq", "avx2") == ["qdq"]
+
+
+def test_seven_bit_weights_halve_dense_weights_and_leave_depthwise_ones() -> None:
+    """A dense conv's int8 weights go to [-64, 63] at twice the scale; a depthwise conv's stay 8-bit::
+
+        x ─ Q/DQ ─ Conv 8->8 (dense, int8 weights) ─ Conv group 8 (depthwise, int8 weights) ─ y
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    dense = numpy_helper.from_array(rng.integers(-127, 128, (8, 8, 1, 1)).astype(np.int8), "wd")
+    depthwise = numpy_helper.from_array(rng.integers(-127, 128, (8, 1, 3, 3)).astype(np.int8), "ww")
+    inits = [dense, depthwise, numpy_helper.from_array(np.full(8, 0.01, np.float32), "sd"),
+             numpy_helper.from_array(np.full(8, 0.02, np.float32), "sw")]  # fmt: skip
+    nodes = [helper.make_node("DequantizeLinear", ["wd", "sd"], ["fd"], axis=0),
+             helper.make_node("DequantizeLinear", ["ww", "sw"], ["fw"], axis=0),
+             helper.make_node("Conv", ["x", "fd"], ["h"], name="dense"),
+             helper.make_node("Conv", ["h", "fw"], ["y"], name="dw", group=8, pads=[1, 1, 1, 1])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    before = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert builder.seven_bit_weights(model) == 1
+    after = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert after["wd"].min() >= -64 and after["wd"].max() <= 63
+    np.testing.assert_allclose(after["sd"], before["sd"] * 2)
+    assert np.abs(after["wd"] * after["sd"][:, None, None, None] - before["wd"] * before["sd"][:, None, None, None]
+                  ).max() <= 0.75 * 0.02 + 1e-7  # at most 0.75 of a 7-bit step from the 8-bit value  # fmt: skip
+    np.testing.assert_array_equal(after["ww"], before["ww"])
+    onnx.checker.check_model(model)
+
+
+def test_auto_keeps_the_faster_of_equally_faithful_plans() -> None:
+    name, why = auto.choose([auto.Candidate("cpu", 10.0, 0.05), auto.Candidate("openvino", 8.0, 0.055)], 8)
+    assert name == "openvino" and "kept the fastest" in why and "batch 8" in why
+
+
+def test_auto_does_not_keep_a_faster_plan_that_is_less_faithful() -> None:
+    name, why = auto.choose([auto.Candidate("cpu", 10.0, 0.05), auto.Candidate("openvino", 5.0, 0.15)], 1)
+    assert name == "cpu" and "not as faithful" in why and "openvino" in why
+
+
+def test_auto_keeps_the_first_ranked_within_the_noise() -> None:
+    name, why = auto.choose([auto.Candidate("cpu", 10.0, 0.05), auto.Candidate("openvino", 9.9, 0.05)], 1)
+    assert name == "cpu" and "no other as faithful" in why
+    with pytest.raises(TrtoptError):
+        auto.choose([], 1)
+
+
+def test_auto_times_only_cpu_runtimes_and_those_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(auto.ENVIRONMENT, "")
+    assert [b.name for b in auto.measured_backends()] == ["cpu", "openvino"]
+    monkeypatch.setenv(auto.ENVIRONMENT, "cpu")
+    assert [b.name for b in auto.measured_backends()] == ["cpu"]
+    monkeypatch.setattr(auto, "select_backend", lambda name: (get_backend("tensorrt"), "tensorrt"))
+    monkeypatch.setenv(auto.ENVIRONMENT, "")
+    assert auto.measured_backends() == []  # a GPU with TensorRT: auto takes it, nothing is timed
+
+
+@dataclass
+class FakeResult:
+    plan: Any
+    verification: Any
+    backend_reason: str = ""
+
+
+def test_build_fastest_builds_each_runtime_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    monkeypatch.setenv(auto.ENVIRONMENT, "")
+    built: list[str] = []
+
+    def build(name: str) -> FakeResult:
+        built.append(name)
+        error = {"cpu": 0.05, "openvino": 0.052}[name]
+        verification = SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=error))
+        return FakeResult(name, verification)
+
+    monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 12.0, "openvino": 7.0})
+    result: Any = auto.build_fastest(build, 8)
+    assert built == ["cpu", "openvino"]
+    assert result.plan == "openvino" and result.backend_reason.startswith("openvino (auto: timed")

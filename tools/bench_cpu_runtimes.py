@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""CPU INT8 runtimes side by side (issue #44): trtopt on ONNX Runtime and on OpenVINO, NNCF on OpenVINO, ONNX Runtime.
+
+    python tools/bench_cpu_runtimes.py [--models demo open-nsfw keras-mobilenetv2 torch-resnet18-opset9]
+        [--count 32] [--eval-count 16] [--iterations 10] [--warmup 2] [--out FILE.md]
+
+Per model (the shipped demo, zoo models of tools/zoo.py, corpus models of tools/corpus.py), every variant
+calibrated on the same first --count photos (`tools/zoo_variants.split_data`), each build in a fresh process:
+- trtopt cpu: `build_plan(backend="cpu")`, trtopt's default CPU build; trtopt openvino: `backend="openvino"`;
+  trtopt auto is whichever of the two `--backend auto` keeps (`trtopt.auto_backend.choose` on the build's own
+  timing), shown in the last column;
+- NNCF: `nncf.quantize` of the FP32 model read by OpenVINO, default preset (performance: symmetric), default
+  settings, compiled by OpenVINO;
+- ORT: `quant_pre_process` + `quantize_static` (QDQ, per-channel, u8s8, MinMax; `tools/zoo_variants.ort_build`).
+Speed: speed-up over FP32 on ONNX Runtime at batch 1 and 8, one intra-op thread and all (`os.cpu_count()`),
+--iterations interleaved rounds (`tools/bench_latency.interleaved`), median of per-round ratios. Fidelity on the
+held-out photos: the first output's mean per-sample cosine to FP32, and top-1 agreement for classifiers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import corpus  # noqa: E402
+import zoo  # noqa: E402
+from bench_exports import subject_of  # noqa: E402
+from bench_latency import FP32, interleaved  # noqa: E402
+from bench_setup import emit, header_lines, load_average, run_isolated  # noqa: E402
+from zoo_variants import CALIB_DIR, ROOT, Subject, build_config, eval_feeds, load, ort_build, split_data  # noqa: E402
+
+VARIANTS = ("trtopt cpu", "trtopt openvino", "NNCF + OpenVINO", "ORT quantize_static")
+
+
+def subject_named(name: str) -> Subject:
+    if name == "demo":
+        return Subject("demo", ROOT / "models" / "efficientnet_lite0.onnx", "classify", (), CALIB_DIR, None, "input",
+                       "shipped")  # fmt: skip
+    if name in {m.name for m in zoo.catalog()}:
+        m = zoo.model_named(name)
+        return Subject(m.name, zoo.cached_path(m.name), m.task, tuple(m.preprocess), zoo.calib_path(m), m.input_shape,
+                       m.input_name, f"{m.package} {m.version}")  # fmt: skip
+    return subject_of(corpus.model_named(name))
+
+
+def trtopt_plan(subject: Subject, data: Any, backend: str, out: str) -> dict[str, Any]:
+    """trtopt's default build for `backend`, written to `out`; its verification's figures."""
+    from trtopt.build import build_plan
+    from trtopt.plan import write_plan
+
+    result = build_plan(subject.path, replace(build_config(subject, data, None), backend=backend))
+    write_plan(result.plan, out)
+    v = result.verification
+    return {"error_to_fp32": v.reference_vs_fp32.rel_error if v else None, "variant": v.variant if v else ""}
+
+
+def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
+    """NNCF's post-training quantisation, default preset, of the FP32 model in OpenVINO, on the calibration photos."""
+    import nncf
+    import openvino as ov
+
+    dataset = load(subject, data.calib_sources, data.calib_count)
+    feeds = [batch.feeds for batch in dataset.batches(1)]
+    model = ov.Core().read_model(str(subject.path))
+    quantized = nncf.quantize(model, nncf.Dataset(feeds), subset_size=len(feeds))
+    ov.save_model(quantized, out)
+    return {}
+
+
+def runners(subject: Subject, work: Path, threads: int) -> dict[str, Any]:
+    """name -> feeds -> first output, for FP32 and each variant that was built."""
+    import openvino as ov
+    from zoo_variants import session
+
+    from trtopt.engine import Engine
+
+    calls: dict[str, Any] = {}
+    fp32 = session(subject.path, threads=threads)
+    calls[FP32] = lambda f, s=fp32: next(iter(s.run(f).values()))
+    for name, file in (("trtopt cpu", "cpu.engine"), ("trtopt openvino", "openvino.engine")):
+        if (work / file).exists():
+            engine = Engine.load(work / file, threads=threads)
+            calls[name] = lambda f, e=engine: next(iter(e.infer(f).values()))
+    if (work / "nncf.xml").exists():
+        compiled = ov.Core().compile_model(str(work / "nncf.xml"), "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                           "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"})  # fmt: skip
+        calls["NNCF + OpenVINO"] = lambda f, c=compiled: c(f)[0]
+    if (work / "ort.onnx").exists():
+        ort_session = session(work / "ort.onnx", threads=threads)
+        calls["ORT quantize_static"] = lambda f, s=ort_session: next(iter(s.run(f).values()))
+    return calls
+
+
+def fidelity(calls: dict[str, Any], batches: list) -> dict[str, tuple[float, float | None]]:
+    """name -> (mean per-sample cosine to FP32, top-1 agreement or None) on the held-out batches."""
+    outputs: dict[str, list[np.ndarray]] = {name: [] for name in calls}
+    for feeds, rows in batches:
+        for name, call in calls.items():
+            outputs[name].append(np.asarray(call(feeds))[:rows].reshape(rows, -1).astype(np.float64))
+    ref = np.concatenate(outputs[FP32])
+    result = {}
+    for name in calls:
+        out = np.concatenate(outputs[name])
+        cos = np.sum(out * ref, 1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(ref, axis=1) + 1e-30)
+        top1 = float(np.mean(out.argmax(1) == ref.argmax(1))) if ref.shape[1] > 1 else None
+        result[name] = (float(cos.mean()), top1)
+    return result
+
+
+def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    subject = subject_named(name)
+    with tempfile.TemporaryDirectory(prefix="bench-cpu-runtimes-") as tmp:
+        work = Path(tmp)
+        data = split_data(subject, args.count, args.eval_count, work)
+        batches = eval_feeds(subject, data)
+        notes: dict[str, str] = {}
+        builds = {"trtopt cpu": (trtopt_plan, subject, data, "cpu", str(work / "cpu.engine")),
+                  "trtopt openvino": (trtopt_plan, subject, data, "openvino", str(work / "openvino.engine")),
+                  "NNCF + OpenVINO": (nncf_model, subject, data, str(work / "nncf.xml")),
+                  "ORT quantize_static": (ort_build, subject, data, str(work))}  # fmt: skip
+        for variant, (fn, *rest) in builds.items():
+            try:
+                result = run_isolated(fn, *rest)[0]
+            except Exception as exc:  # a build that fails is a cell, not the end of the run
+                notes[variant] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+                continue
+            if "kernels" in result:
+                (work / "ort.onnx").write_bytes(result["kernels"])
+            notes[variant] = str(result.get("variant") or result.get("error") or "")
+            if "error_to_fp32" in result:
+                notes[variant] += f", INT8 error to FP32 {result['error_to_fp32']:.3f}"
+        scores = fidelity(runners(subject, work, 1), batches)
+        speed = {(threads, batch): _speedups(runners(subject, work, threads), batches, batch, args)
+                 for threads in (1, os.cpu_count() or 1) for batch in (1, 8)}  # fmt: skip
+    return {"name": name, "source": subject.source, "scores": scores, "speed": speed, "notes": notes}
+
+
+def _speedups(calls: dict[str, Any], batches: list, batch: int, args: argparse.Namespace) -> dict[str, float] | str:
+    feeds = {k: v[:batch] for k, v in batches[0][0].items()}
+    if len(next(iter(feeds.values()))) < batch:
+        return "static batch 1"
+    timings = interleaved({n: (lambda c=c: c(feeds)) for n, c in calls.items()}, batch, args.warmup, args.iterations)
+    return {n: timings.speedup(n) for n in calls if n != FP32} | {"fp32 ms": timings.p50(FP32)}
+
+
+def rows(results: list[dict[str, Any]]) -> list[str]:
+    head = ["model", "threads", *(f"{v}: b1 / b8" for v in VARIANTS), *(f"{v}: cosine / top-1" for v in VARIANTS)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (2 * len(VARIANTS))]
+    for r in results:
+        for threads in sorted({t for t, _ in r["speed"]}):
+            cells = []
+            for v in VARIANTS:
+                pair = [r["speed"][(threads, b)] for b in (1, 8)]
+                cells.append(" / ".join(f"{p[v]:.2f}x" if isinstance(p, dict) and v in p else
+                                        (p if isinstance(p, str) else "—") for p in pair))  # fmt: skip
+            fids = [f"{r['scores'][v][0]:.4f}" + (f" / {r['scores'][v][1]:.0%}" if r["scores"][v][1] is not None
+                                                  else "") if v in r["scores"] else "—" for v in VARIANTS]  # fmt: skip
+            lines.append(f"| {r['name']} | {threads} | " + " | ".join(cells + (fids if threads == 1 else [""] * 4))
+                         + " |")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="*", default=["demo", "open-nsfw", "keras-mobilenetv2",
+                                                         "torch-resnet18-opset9"])  # fmt: skip
+    parser.add_argument("--count", type=int, default=32)
+    parser.add_argument("--eval-count", type=int, default=16)
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    before, results = load_average(), []
+    for name in args.models:
+        print(f"{name} ...", file=sys.stderr, flush=True)
+        results.append(measure(name, args))
+    import nncf
+    import openvino
+
+    lines = ["## CPU INT8 runtimes: trtopt on ONNX Runtime and OpenVINO, NNCF, ONNX Runtime's quantizer", "",
+             *header_lines("tools/bench_cpu_runtimes.py", list(argv if argv is not None else sys.argv[1:])),
+             f"- OpenVINO {openvino.__version__}, NNCF {nncf.__version__}; load average {before} before, "
+             f"{load_average()} after", "", *rows(results), ""]  # fmt: skip
+    lines += [f"- {r['name']}: {v}: {n}" for r in results for v, n in r["notes"].items() if n]
+    emit("\n".join(lines) + "\n", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

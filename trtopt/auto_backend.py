@@ -1,0 +1,171 @@
+"""`--backend auto` where more than one CPU runtime is installed: build for each, keep the fastest that is as faithful.
+
+Where a GPU and TensorRT answer, `auto` takes TensorRT as before (`trtopt.backend.select_backend`). Otherwise,
+with the `openvino` extra installed, both CPU backends (`Backend.cpu_runtime`: ONNX Runtime's `cpu` and
+`openvino`) can run the plan, and which is faster depends on the model and the CPU (issue #44: OpenVINO ran
+trtopt's Q/DQ graphs up to 1.35x faster than ONNX Runtime on a VNNI Xeon, slower on others). So the build is
+done for each (each verified as it always is), the verified plans are timed against each other, and the
+fastest is kept, with the reason in the summary. Without the extra there is one CPU runtime and nothing here
+runs; `TRTOPT_AUTO_BACKENDS=cpu` (`ENVIRONMENT`) keeps it to one build with the extra installed.
+
+Fidelity comes first: the backends may quantise to different grids (OpenVINO on an AVX2 CPU needs 7-bit weights
+to be exact, `trtopt.backend.openvino.builder.seven_bit_weights`), so a plan whose INT8 reference is further
+from FP32 than `FIDELITY_SLACK` times the most faithful one's error (plus `FIDELITY_FLOOR`) is not a candidate,
+however fast. Timing (`time_plans`): the plans alternate call by call on one intra-op thread at the build's
+batch, after `WARMUP` calls each, for `BUDGET_S` seconds (at least `MIN_ROUNDS` rounds), medians; a plan must be
+faster by `PAYS` to displace one of lower `auto_rank` (the CPU backend), so noise does not flip the choice.
+The choice (`choose`) reads only the figures it is given, so tests inject them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import numpy as np
+
+from trtopt.backend import BACKENDS, Backend, RunOptions, create_runner, select_backend
+from trtopt.errors import TrtoptError
+
+if TYPE_CHECKING:
+    from trtopt.plan import Plan
+    from trtopt.plan.verification import Verification
+
+log = logging.getLogger(__name__)
+
+# The CPU runtimes `auto` may build and time, comma-separated (unset: every installed one); "cpu" restores the one
+# build of the CPU backend (the test suite sets it, so its builds stay single and do not depend on timing).
+ENVIRONMENT = "TRTOPT_AUTO_BACKENDS"
+FIDELITY_SLACK = 1.25
+FIDELITY_FLOOR = 0.005
+PAYS = 1.03
+BUDGET_S = 3.0
+WARMUP = 2
+MIN_ROUNDS = 5
+MAX_ROUNDS = 30
+DYNAMIC_SIZE = 16  # the size timed for a dynamic axis other than the batch
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One backend's verified plan as `choose` sees it: its median milliseconds per call and its INT8 reference's
+    relative error to FP32 on the verification samples (0 for a float plan), in `auto_rank` order."""
+
+    name: str
+    ms: float
+    error: float
+
+
+def measured_backends() -> list[Backend[Any]]:
+    """The installed CPU runtimes `auto` builds and times, in `auto_rank` order (those `ENVIRONMENT` names, where
+    it is set), where `auto` would take a CPU runtime; else []."""
+    first, _ = select_backend("auto")
+    if not first.cpu_runtime:
+        return []
+    named = os.environ.get(ENVIRONMENT, "").replace(",", " ").split()
+    ranked = sorted((BACKENDS.get(n) for n in BACKENDS), key=lambda b: b.auto_rank)
+    return [b for b in ranked if b.cpu_runtime and (not named or b.name in named) and b.status().available]
+
+
+def choose(candidates: Sequence[Candidate], batch: int) -> tuple[str, str]:
+    """The backend to keep and why (see the module)."""
+    if not candidates:
+        raise TrtoptError("No CPU backend built a plan that verifies.", fix="Build with --backend cpu to see why.")
+    best_error = min(c.error for c in candidates)
+    faithful = [c for c in candidates if c.error <= best_error * FIDELITY_SLACK + FIDELITY_FLOOR]
+    kept = faithful[0]
+    for other in faithful[1:]:
+        if other.ms * PAYS < kept.ms:
+            kept = other
+    times = ", ".join(f"{c.name} {c.ms:.1f} ms" for c in candidates)
+    why = f"auto: timed at batch {batch}, 1 thread: {times}"
+    left = [f"{c.name}'s INT8 error to FP32 {c.error:.3f} against {best_error:.3f}" for c in candidates
+            if c not in faithful]  # fmt: skip
+    if left:
+        why += f"; not as faithful: {', '.join(left)}"
+    if kept is faithful[0] and len(faithful) > 1:
+        why += f"; kept {kept.name}: no other as faithful was {PAYS:.2f}x faster"
+    else:
+        why += f"; kept the fastest, {kept.name}" if len(faithful) > 1 else f"; kept {kept.name}"
+    return kept.name, why
+
+
+class Built(Protocol):
+    """What `build_fastest` reads of a build (`trtopt.build.BuildResult` is one)."""
+
+    plan: Plan
+    verification: Verification | None
+    backend_reason: str
+
+
+Result = TypeVar("Result", bound=Built)
+
+
+def build_fastest(build: Callable[[str], Result], batch: int) -> Result:
+    """`build(name)` (the model built for that backend: `trtopt.build.build_plan`) for each CPU runtime, and the
+    result `choose` keeps at `batch`, its `backend_reason` saying why. A backend whose build fails is left out with
+    a warning. It is handed the build as a function, so it stands below `trtopt.build`."""
+    results: dict[str, Result] = {}
+    failures: list[TrtoptError] = []
+    for backend in measured_backends():
+        try:
+            results[backend.name] = build(backend.name)
+        except TrtoptError as exc:
+            log.warning("--backend auto: the %s build was left out: %s", backend.name, exc.what)
+            failures.append(exc)
+    if not results:
+        raise failures[0]
+    if len(results) == 1:
+        return next(iter(results.values()))
+    times = time_plans({name: r.plan for name, r in results.items()}, batch)
+    candidates = [Candidate(n, times[n], _error(r)) for n, r in results.items()]
+    name, why = choose(candidates, batch)
+    kept = results[name]
+    kept.backend_reason = f"{name} ({why})"
+    return kept
+
+
+def _error(result: Built) -> float:
+    verification = result.verification
+    return 0.0 if verification is None else float(verification.reference_vs_fp32.rel_error)
+
+
+def time_plans(plans: Mapping[str, Plan], batch: int) -> dict[str, float]:
+    """Median milliseconds per call of each plan on the same made-up inputs, calls interleaved (see the module)."""
+    runners = {name: create_runner(plan, RunOptions(threads=1)) for name, plan in plans.items()}
+    feeds = made_up_feeds(next(iter(plans.values())), batch)
+    try:
+        for runner in runners.values():
+            for _ in range(WARMUP):
+                runner.infer(feeds)
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        start, rounds = time.perf_counter(), 0
+        while rounds < MAX_ROUNDS and (rounds < MIN_ROUNDS or time.perf_counter() - start < BUDGET_S):
+            order = list(runners) if rounds % 2 == 0 else list(reversed(runners))
+            for name in order:
+                began = time.perf_counter()
+                runners[name].infer(feeds)
+                times[name].append((time.perf_counter() - began) * 1e3)
+            rounds += 1
+        return {name: statistics.median(values) for name, values in times.items()}
+    finally:
+        for runner in runners.values():
+            runner.close()
+
+
+def made_up_feeds(plan: Plan, batch: int) -> dict[str, np.ndarray]:
+    """Inputs of the plan's shapes (a dynamic batch: `batch`; another dynamic axis: `DYNAMIC_SIZE`): normal noise
+    for float inputs, zeros for integer and boolean ones (token ids, masks). Values barely move a CPU's time."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for spec in plan.inputs:
+        shape = [d if d > 0 else (batch if i == 0 else DYNAMIC_SIZE) for i, d in enumerate(spec.shape)]
+        dtype = np.dtype(spec.dtype)
+        feeds[spec.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
+                            else np.zeros(shape, dtype=dtype))  # fmt: skip
+    return feeds

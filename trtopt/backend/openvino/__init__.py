@@ -1,0 +1,37 @@
+"""OpenVINO backend: OpenVINO's CPU plugin running trtopt's Q/DQ graph (``pip install "trtopt[openvino]"``).
+
+File roles as in every backend: ``backend.py`` (the registered object), ``options.py`` (`OpenvinoOptions`:
+--ov-form, --ov-streams), ``builder.py`` (Q/DQ ONNX -> plan sections, the compiled model's layer precisions),
+``runner.py`` (plan -> outputs, one infer request per thread).
+
+Design notes (measured on an AMD EPYC with AVX2 only, no VNNI/AMX, OpenVINO 2026.4.1, 1 thread, EfficientNet-Lite0
+demo calibrated on calib_data/; figures from one build each on a shared machine, so +-10% on times):
+
+- **How OpenVINO reads a Q/DQ graph.** Its ONNX frontend turns QuantizeLinear -> DequantizeLinear into
+  FakeQuantize, and its low-precision transformations (LPT) move each dequantisation below the next layer so the
+  layer reads int8/uint8 and the plugin fuses the requantisation (OpenVINO's "Quantization Scheme" guide). NNCF,
+  OpenVINO's own quantizer, marks convolutions, matmuls and elementwise Add/Multiply as taking quantised inputs on
+  the CPU (nncf/common/hardware/setups/cpu.py), per-channel symmetric weights, and by default (performance
+  preset) symmetric activations. trtopt's CPU placement (`quant_config`: layer outputs quantised after Relu/Clip,
+  both inputs of a residual Add quantised) already puts a pair on every such input, so the backend keeps it.
+- **Which form runs INT8.** The runtime model (`CompiledModel.get_runtime_model()`, rt_info runtimePrecision)
+  says per layer. The CPU backend's lowering with int8 weights (u8s8: uint8 activations, "lowered") ran 48 of 50
+  weighted layers in INT8 and the symmetric int8-activation form ("qdq", TensorRT's) 48 too, but slower (0.72x
+  FP32's time at batch 8 against 0.61x); the u8u8 encoding (uint8 weights with zero point 128, what the CPU backend
+  writes for AVX2) is exact there but 34 of 50 layers fell back to f32 (0.86-0.96x FP32's speed): OpenVINO takes
+  weights as int8 only. Layers the summary lists as float: the stem conv and any layer trtopt kept float, plus
+  INT8 layers of the plan OpenVINO runs in f32 on dequantised weights (none seen on the demo).
+- **Saturation without VNNI.** On AVX2, OpenVINO's u8 x s8 kernels add product pairs into a saturating int16
+  (as ONNX Runtime's do: trtopt.backend.cpu.isa): the lowered form's kernels were 0.23-0.35 (relative error)
+  from its Q/DQ reference, the qdq form's 0.77, far beyond the build's tolerance. NNCF meets this with its
+  overflow fix (7-bit weights, by default on the first layer only). This backend writes 7-bit dense weights where
+  the CPU kind saturates ("lowered-w7": kernels 0.03 from the reference, exact) and keeps depthwise weights 8-bit
+  (exact on OpenVINO there: no change in the kernels' error). The price is fidelity: the demo's INT8 reference
+  moved from 0.054 to 0.15 relative error to FP32 (the sensitivity search kept 5 layers float instead of 2), so
+  on an AVX2 CPU `--backend auto` keeps the CPU backend's plan (`trtopt.auto_backend`: fidelity first). On VNNI
+  and AMX CPUs the lowered form with 8-bit weights is exact, and its grids are the CPU backend's u8s8 plan's.
+- **Stored.** The Q/DQ ONNX (what `trtopt.verify` also runs as the reference) and the runner's settings
+  (streams); no compiled blob: compiling the demo takes about 0.3 s, and a blob is tied to the OpenVINO version
+  and CPU kind. Float layers run in f32 (`INFERENCE_PRECISION_HINT`), never bf16/fp16 behind the verification's
+  back.
+"""

@@ -1,0 +1,146 @@
+"""The OpenVINO backend object: OpenVINO's CPU plugin running the plan's Q/DQ graph, and what depends on it.
+
+`builder.py` writes the Q/DQ graph and reads back the compiled model's layer precisions, `runner.py` runs a
+plan; this module decides (registered as "openvino" in `trtopt.backend.BACKENDS`). Nothing here imports
+OpenVINO at import time, so `trtopt build --help` lists this backend where OpenVINO is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from trtopt.backend.base import Backend, BackendStatus, BuildTarget, RunOptions
+from trtopt.backend.openvino.options import FORM_CHOICES, OpenvinoOptions
+from trtopt.backend.registry import BACKENDS
+from trtopt.errors import TrtoptError
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    from trtopt.backend.base import Runner, Sections, Versions
+    from trtopt.backend.cpu.speed import Speed
+    from trtopt.backend.openvino.builder import PrecisionReport
+    from trtopt.plan import Plan
+    from trtopt.quant import QuantConfig
+
+INSTALL_HINT = 'Install OpenVINO with `pip install "trtopt[openvino]"` (or `pip install openvino`).'
+
+
+class OpenvinoBackend(Backend[OpenvinoOptions]):
+    name = "openvino"
+    title = "OpenVINO CPU"
+    options_type = OpenvinoOptions
+    runner_section = "onnx"
+    install_hint = INSTALL_HINT
+    auto_rank = 2  # after the CPU backend: `--backend auto` times the two (trtopt.auto_backend)
+    auto_reason = "OpenVINO is installed"
+    cpu_runtime = True
+    mismatch_fix = "Build with --backend cpu (ONNX Runtime's exact u8u8 kernels), "
+    sparsity_note = "OpenVINO's CPU plugin has no 2:4 sparse path for these plans: --sparsity only lists the layers."
+
+    def status(self) -> BackendStatus:
+        try:
+            import openvino as ov
+        except ImportError:
+            return BackendStatus(False, "OpenVINO is not installed (the `openvino` extra)")
+        return BackendStatus(True, f"OpenVINO {ov.__version__} CPU")
+
+    def quant_config(self, quant: QuantConfig) -> QuantConfig:
+        """The CPU backend's placement (quantised layer outputs after Relu / Clip, depthwise convs after float
+        layers kept float): the placement whose lowered form OpenVINO ran fastest (trtopt.backend.openvino)."""
+        from trtopt.backend.cpu.backend import ORT_OUTPUT_FOLDS
+
+        leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
+        return replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading)
+
+    def options(self, target: BuildTarget, graph: gs.Graph) -> OpenvinoOptions:
+        if target.fp16:
+            raise TrtoptError(
+                "--fp16 is for the TensorRT backend; this build uses the OpenVINO backend.",
+                fix="Drop --fp16 for OpenVINO plans (they run float layers in f32 on the CPU), or build with "
+                "--backend tensorrt on a GPU machine.",
+            )
+        return target.options_for(OpenvinoOptions)
+
+    def variants(self, options: OpenvinoOptions) -> list[tuple[str, OpenvinoOptions]]:
+        """The Q/DQ forms this CPU may run exactly, in order (`builder.candidate_forms`; each verified in turn)."""
+        from trtopt.backend.openvino.builder import candidate_forms
+
+        return [(form, replace(options, form=form)) for form in candidate_forms(options.form)]
+
+    def build(self, model: onnx.ModelProto, options: OpenvinoOptions) -> tuple[Sections, Versions]:
+        from trtopt.backend.openvino import builder
+
+        return builder.build(model, options)
+
+    def measured_form(self, model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto:
+        """The graph the plan stores (`builder.written`): OpenVINO computes on its grids."""
+        from trtopt.backend.openvino import builder
+
+        return builder.written(model, options)
+
+    def machine(self) -> str:
+        from trtopt.backend.cpu.isa import cpu_isa
+
+        return f"this {cpu_isa()} CPU (OpenVINO)"
+
+    def report(self, plan: Plan, options: OpenvinoOptions) -> PrecisionReport | None:
+        """Which layers OpenVINO's CPU plugin runs in INT8, from its compiled model (the plan already verified)."""
+        from trtopt.backend.openvino.builder import precision_report
+
+        if not plan.metadata.int8:
+            return None
+        try:
+            return precision_report(plan)
+        except RuntimeError as exc:  # OpenVINO raises RuntimeError subclasses; a summary row, not a failed build
+            log.warning("no OpenVINO layer report: %s", str(exc).strip().splitlines()[0])
+            return None
+
+    def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
+        """An INT8 plan's time against FP32 on ONNX Runtime, one thread each (`trtopt.backend.cpu.speed`)."""
+        if not plan.metadata.int8:
+            return None
+        from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
+        from trtopt.backend.cpu.speed import measure_speed
+
+        runner = self.create_runner(plan, RunOptions(threads=1))
+        try:
+            return measure_speed(fp32, runner.infer, feeds, self.machine(), cpu_isa() in EXACT_U8S8)
+        except (TrtoptError, RuntimeError) as exc:  # a figure for the summary: never a reason to fail the build
+            log.warning("no speed figure: timing the plan against FP32 failed (%s)", str(exc).strip().splitlines()[0])
+            return None
+        finally:
+            runner.close()
+
+    def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
+        from trtopt.backend.openvino import runner
+
+        return runner.create_runner(plan, options)
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        group.add_argument(
+            "--ov-form",
+            choices=FORM_CHOICES,
+            default=OpenvinoOptions.form,
+            help="OpenVINO plans: the Q/DQ graph OpenVINO compiles: lowered (uint8 activations, as the CPU backend "
+            "writes them; exact on CPUs with VNNI or AMX), lowered-w7 (the same with 7-bit weights, exact on AVX2 "
+            "CPUs too), qdq (symmetric int8 activations, as for TensorRT); auto (default): the fastest form exact "
+            "on this CPU, verified either way",
+        )
+        group.add_argument(
+            "--ov-streams", type=int, default=None,
+            help="OpenVINO plans: CPU streams, inferences run at once (default 1: the lowest latency per call)",
+        )  # fmt: skip
+
+    def options_from_args(self, args: argparse.Namespace) -> OpenvinoOptions:
+        return OpenvinoOptions(form=args.ov_form, streams=args.ov_streams)
+
+
+BACKENDS.add(OpenvinoBackend.name, OpenvinoBackend())
