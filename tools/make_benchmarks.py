@@ -134,6 +134,15 @@ SECTIONS = (
         ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
         False,
     ),
+    # Issue #44: trtopt's plans on ONNX Runtime and OpenVINO, NNCF on OpenVINO and ORT's quantizer, b1 and b8, 1 thread
+    # and all (needs the openvino extra, and nncf beside it).
+    Section(
+        "cpu-runtimes",
+        "tools/bench_cpu_runtimes.py",
+        ("--count", "16", "--eval-count", "16", "--iterations", "6"),
+        ("--models", "demo", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        False,
+    ),
     # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
     # light classifiers, with task metrics, and what auto's scoring costs.
     Section(
