@@ -7,6 +7,7 @@ import argparse
 
 import pytest
 
+from trtopt.backend import BACKENDS, get_backend
 from trtopt.backend.cpu.options import CpuOptions
 from trtopt.backend.tensorrt.options import TensorRTOptions
 from trtopt.build import BuildConfig
@@ -49,7 +50,8 @@ def test_build_without_flags_is_the_default_config() -> None:
     """A flag left out is None and the config's default applies: defaults are written once, in the configs."""
     args = build_parser().parse_args(["build", "m.onnx", "-o", "p.engine"])
     config = build_config(args)
-    assert config == BuildConfig(int8=False, backend_options=(CpuOptions(), TensorRTOptions()))
+    defaults = tuple(get_backend(name).options_type() for name in BACKENDS)  # every registered backend's
+    assert config == BuildConfig(int8=False, backend_options=defaults)
     assert config.data == DataConfig() and config.calib == CalibConfig() and config.quant == QuantConfig()
     assert config.verify == VerifyConfig() and config.graph == GraphConfig()
 
