@@ -35,11 +35,12 @@ from trtopt.errors import InputsRejected, TrtoptError
 from trtopt.frontend import onnx_from_graph
 from trtopt.frontend.config import GraphConfig, load_graph
 from trtopt.plan import OptimizerRecord, Plan, PlanMetadata, QuantRecord, TensorSpec
-from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
-from trtopt.quant.bias import BiasReport, correct_biases
+from trtopt.quant import QdqReport, QuantConfig, insert_qdq, plan_quantization
+from trtopt.quant.bias import BiasReport, correct_biases_for_build
 from trtopt.quant.concat_ranges import float_unlike_concats
 from trtopt.quant.float_types import float_precision
 from trtopt.quant.sensitivity import Sensitivity, float_sensitive_layers
+from trtopt.quant.seven_bit import SevenBit, seven_bit_for_build
 from trtopt.verify import Checks, Verification, VerifyConfig, build_verified
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     fp32 = onnx_from_graph(graph)
     with times("graph check"):  # loading and the passes against the model file (trtopt.passes.check)
         graph_check, config, (data, checks) = _checked_graph(path, fp32, graph, spec, config, (data, checks))
-    quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
+    quant = backend.quant_config(config.quant, options)  # what this backend's INT8 kernels need from placement
     measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
     quantized = _quantize(graph, fp32, quant, data, config, times, progress, measured) if config.int8 else Quantized()
     model = onnx_from_graph(graph) if config.int8 else fp32  # FP16 (--fp16) is written in by the backend's build
@@ -205,6 +206,7 @@ class Quantized(NamedTuple):
     qdq: QdqReport | None = None
     sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
     equalization: str | None = None  # what activation equalisation did, for the summary
+    seven_bit: SevenBit | None = None  # the dense layers given 7-bit weights (trtopt.quant.seven_bit)
 
 
 class StageTimes:
@@ -265,11 +267,14 @@ def _quantize(
         if quant.auto_exclude and data is not None:  # trtopt.quant.sensitivity
             qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, config.data.batch,
                                                         progress, lower=measured)  # fmt: skip
+        amax = sensitivity.amax(calibration.amax) if sensitivity else calibration.amax
+        calibrated = replace(calibration, amax=amax)  # 7-bit weights where the backend asks (trtopt.quant.seven_bit):
+        quant, seven = seven_bit_for_build(graph, quant, qplan, calibrated, data, config.data.batch, measured)
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
-        bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
-        qdq = insert_qdq(graph, qplan, sensitivity.amax(calibration.amax) if sensitivity else calibration.amax)
-    return Quantized(calibration, bias, qdq, sensitivity, note)
-
+        bias = correct_biases_for_build(graph, qplan, calibration, quant.seven_bit_layers) if quant.bias_correction \
+            else None
+        qdq = insert_qdq(graph, qplan, amax, quant.seven_bit_layers)
+    return Quantized(calibration, bias, qdq, sensitivity, note, seven)
 
 def _equalize(
     graph: gs.Graph, fp32: onnx.ModelProto, quant: QuantConfig, data: Dataset | None, config: BuildConfig
@@ -302,20 +307,6 @@ def _require_thresholds(config: BuildConfig) -> None:
         )
 
 
-def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration) -> BiasReport | None:
-    """Bias correction (trtopt.quant.bias) needs the FP32 channel means that trtopt's calibrator and
-    cache record; caches of other tools have none, so those builds go without it."""
-    if not calibration.channel_means:
-        log.warning(
-            "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
-            "a trtopt cache written by this version, to get it", calibration.source or calibration.method
-        )
-        return None
-    report = correct_biases(graph, qplan, calibration.channel_means)
-    log.info("bias correction: %d layers corrected, %d left as they are", len(report.corrected), len(report.skipped))
-    return report
-
-
 def _labels(graph: gs.Graph, given: Sequence[str] | None) -> list[str] | None:
     from trtopt.classify import check_labels, default_labels
 
@@ -343,7 +334,7 @@ def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
 
 
 def _quant_record(quantized: Quantized) -> QuantRecord | None:
-    calibration, bias, qdq, sensitivity, _ = quantized
+    calibration, bias, qdq, sensitivity = quantized[:4]
     if calibration is None or qdq is None:
         return None
     methods = {t: calibration.choices.get(t, "") for t in qdq.thresholds} if calibration.choices else {}
@@ -375,6 +366,8 @@ def _records(graph: gs.Graph, config: BuildConfig, backend: str, profiles: Mappi
 
         layers = quantized.qdq.quantized_layers if quantized.qdq else ()
         records["sparsity"] = sparsity_record(graph, layers, config.fp16, backend)
+    if quantized.seven_bit is not None:  # the dense layers given 7-bit weights (read back by `trtopt inspect`)
+        records["extra"] = {"seven_bit_weights": quantized.seven_bit.to_dict()}
     return records
 
 

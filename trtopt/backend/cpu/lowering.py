@@ -31,6 +31,7 @@ from onnx import numpy_helper
 
 from trtopt.backend.cpu.activations import fuse_activations
 from trtopt.backend.cpu.bounds import lower_bounds
+from trtopt.backend.cpu.isa import fits_seven_bits
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.passes.edit import stable_topological_order
@@ -57,11 +58,15 @@ class Encoding:
     """
 
     name: str
-    unsigned_weights: bool  # dense layers' weights as uint8 q + 128, zero point 128
+    unsigned_weights: bool  # dense layers' 8-bit weights as uint8 q + 128, zero point 128 (7-bit ones stay int8)
+    seven_bit: bool = False  # the build gives the dense layers whose fidelity allows it 7-bit weights
 
 
-# u8s8: fastest, exact where the CPU has VNNI or AMX; u8u8: exact on every x86 CPU, slower.
-ENCODINGS: dict[str, Encoding] = {e.name: e for e in (Encoding("u8s8", False), Encoding("u8u8", True))}
+# u8s8: fastest, exact where the CPU has VNNI or AMX; u8u8: exact on every x86 CPU, slower; u8s7: 7-bit weights
+# where the build measured that they cost little fidelity (exact u8s8 kernels everywhere), u8u8 elsewhere.
+ENCODINGS: dict[str, Encoding] = {
+    e.name: e for e in (Encoding("u8s8", False), Encoding("u8u8", True), Encoding("u8s7", True, seven_bit=True))
+}
 
 
 def lower_for_cpu(
@@ -104,10 +109,12 @@ def lower_for_cpu(
 
 
 def store_unsigned_weights(model: onnx.ModelProto) -> int:
-    """Store dense layers' int8 weights as uint8 q + 128 with zero point 128 (in place); returns how many.
+    """Store dense layers' 8-bit int8 weights as uint8 q + 128 with zero point 128 (in place); returns how many.
 
     The values are the same (q - zp is unchanged, GEMM-routed q - 1 with zero point -1 included), and
     ONNX Runtime's u8u8 kernels widen both sides to 16 bits before multiplying, so they cannot saturate.
+    Weights within 7 bits (`trtopt.backend.cpu.isa.fits_seven_bits`: the u8s7 encoding's) stay int8: every CPU's
+    u8s8 kernels run them exactly, and faster.
     Depthwise convs are left alone: their kernel multiplies one product at a time, exact on every CPU
     (tools/bench_cpu_encodings.py). It works on a lowered model, so a plan can be re-encoded on load.
     """
@@ -125,6 +132,8 @@ def store_unsigned_weights(model: onnx.ModelProto) -> int:
         if q_init is None or zp_init is None or q_init.data_type != onnx.TensorProto.INT8:
             continue
         q, zp = numpy_helper.to_array(q_init).astype(np.int16), numpy_helper.to_array(zp_init).astype(np.int16)
+        if fits_seven_bits(q):
+            continue  # 7-bit weights (trtopt.quant.seven_bit): the u8s8 kernels are exact with them, and faster
         if zp.size == 0 or (zp != zp.reshape(-1)[0]).any():
             continue  # not an encoding trtopt writes (its zero points are all 0, or all -1 when GEMM-routed)
         shift = 128 - int(zp.reshape(-1)[0])
