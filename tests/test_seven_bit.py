@@ -42,7 +42,8 @@ def _worst_case_conv(levels: int, channels: int = 32) -> onnx.ModelProto:
         numpy_helper.from_array(np.array(s_x, np.float32), "sx"), numpy_helper.from_array(np.array(0, np.uint8), "zx"),
         numpy_helper.from_array(weights, "w"), numpy_helper.from_array(s_w, "sw"),
         numpy_helper.from_array(np.zeros(channels, np.int8), "zw"),
-        numpy_helper.from_array(np.array(top / 127, np.float32), "sy"), numpy_helper.from_array(np.array(128, np.uint8), "zy"),
+        numpy_helper.from_array(np.array(top / 127, np.float32), "sy"),
+        numpy_helper.from_array(np.array(128, np.uint8), "zy"),
     ]  # fmt: skip
     nodes = [
         helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
@@ -147,7 +148,7 @@ def test_select_measures_each_layer_and_cuts_back_a_set_over_budget() -> None:
         return total * (2.0 if len(layers) >= 4 else 1.0)  # an interaction the sum of squares misses
 
     found = select(measure, list(alone), dict.fromkeys(alone, 1.0))
-    assert found.layers == ("a", "b", "c") and found.distance <= TOLERANCE
+    assert found.layers == ("a", "b", "c") and found.added_error <= TOLERANCE
     assert found.trials == 1 + len(alone) + 2  # all at once, each alone, two sets together
 
 
@@ -232,3 +233,11 @@ def lower_for_cpu_again(model: onnx.ModelProto) -> bytes:
             q.CopyFrom(numpy_helper.from_array(values.astype(np.int8), dq.input[0]))
             zero.CopyFrom(numpy_helper.from_array(np.zeros(numpy_helper.to_array(zero).shape, np.int8), dq.input[2]))
     return copy.SerializeToString()
+
+
+def test_added_error_counts_what_narrowing_adds_to_the_eight_bit_error() -> None:
+    from trtopt.quant.seven_bit import added_error
+
+    assert added_error(0.01, 0.01) == 0.0 and added_error(0.005, 0.01) == 0.0  # no worse: adds nothing
+    assert added_error(np.sqrt(2) * 0.01, 0.01) == pytest.approx(TOLERANCE)  # the budget: 1.41x the 8-bit error
+    assert added_error(float("nan"), 0.01) == float("inf")
