@@ -12,7 +12,9 @@ exactly):
    figure (errors of independent origin add in squares). A plan is within budget at `TOLERANCE` or less: its error
    against FP32 grows by at most sqrt(1 + TOLERANCE^2) (1.41x), and the build's verification then holds its kernels
    to the narrowed plan's own reference. (Measuring the distance from the 8-bit plan instead counts both roundings:
-   on ResNet-18 it allowed 2 of 20 layers where every layer together adds 0.77 of e8, 1.26x e8 in all.)
+   on ResNet-18 it allowed 2 of 20 layers where all 20 add 0.85 of e8.) A plan whose worst output cosine (the
+   sensitivity search's figure, `trtopt.quant.trials.cosine_figure`) falls below the search's aim (0.99), or below
+   the 8-bit plan's where that is lower, is over budget whatever it adds;
 2. every dense layer narrowed at once: kept where it is within budget (one trial; the common case);
 3. else each layer narrowed alone; the layers are taken cheapest first (squared cost per multiply-add: the u8s8
    kernels' gain over u8u8 grows with a layer's work) while the squared costs add up within the budget; the
@@ -153,8 +155,8 @@ def _measurer(graph: gs.Graph, quant: Any, calibration: Any, batches: Any, lower
               candidates: Sequence[str]) -> Measure:  # fmt: skip
     from trtopt.execution import OrtSession
     from trtopt.frontend import onnx_from_graph
-    from trtopt.quant.sensitivity import quantized_model
-    from trtopt.quant.trials import DownstreamTrials
+    from trtopt.quant.sensitivity import MIN_COSINE, quantized_model
+    from trtopt.quant.trials import DownstreamTrials, cosine_figure
     from trtopt.verify import collect
 
     fp32 = collect(OrtSession(onnx_from_graph(graph), spin=False).run, batches)
@@ -163,11 +165,14 @@ def _measurer(graph: gs.Graph, quant: Any, calibration: Any, batches: Any, lower
     eight = _joined(trials.base_outputs(), batches)
     names = [n for n, v in eight.items() if n in fp32 and np.issubdtype(v.dtype, np.floating)]
     unit = {n: max(relative_error(eight[n], fp32[n]), FLOOR) for n in names}
+    floor = min(MIN_COSINE, cosine_figure(eight, fp32))  # the sensitivity search's aim, where the plan reached it
 
     def measure(layers: Sequence[str]) -> float:
         narrowed = replace(quant, seven_bit_layers=tuple(layers))
         got = _joined(trials.run(quantized_model(graph, narrowed, calibration, quant.bias_correction, lower=lower)),
                       batches)  # fmt: skip
+        if cosine_figure(got, fp32) < floor:
+            return float("inf")  # never below the sensitivity search's aim
         return max((added_error(relative_error(got[n], fp32[n]), unit[n]) for n in names), default=0.0)
 
     return measure
