@@ -18,6 +18,7 @@ from trtopt.backend.cpu.lowering import ENCODINGS, lower_for_cpu, store_unsigned
 from trtopt.backend.cpu.options import CpuOptions
 from trtopt.backend.cpu.runner import model_for_this_cpu
 from trtopt.build import BuildConfig, build_plan
+from trtopt.cli.summaries import build_summary, print_build_summary
 from trtopt.data import DataConfig
 from trtopt.execution import run_model
 from trtopt.frontend import onnx_from_graph
@@ -185,7 +186,7 @@ def _weights(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             if n.op_type in ("Conv", "Gemm") and n.input[1] in producers and producers[n.input[1]].input[0] in inits}
 
 
-def test_a_u8s7_build_records_its_choice_verifies_and_round_trips(u8s7_plan) -> None:  # type: ignore[no-untyped-def]
+def test_a_u8s7_build_records_its_choice_verifies_and_round_trips(u8s7_plan, capsys) -> None:  # type: ignore[no-untyped-def]
     path, result = u8s7_plan
     plan = result.plan
     record = plan.metadata.extra["seven_bit_weights"]
@@ -196,6 +197,10 @@ def test_a_u8s7_build_records_its_choice_verifies_and_round_trips(u8s7_plan) -> 
         assert weights[name].dtype == np.int8 and fits_seven_bits(weights[name]), name
     loaded = read_plan(path)
     assert loaded.sections["onnx"] == plan.sections["onnx"] and loaded.metadata.extra == plan.metadata.extra
+    summary = build_summary(result, path)  # the build summary names what it chose
+    assert summary["seven_bit_weights"]["layers"] == record["layers"]
+    print_build_summary(summary, "cpu")
+    assert "7-bit weights" in capsys.readouterr().out
     # On load, a saturating CPU re-encodes only 8-bit weights; an exact one runs the plan as stored.
     for isa in ("avx2", "avx512_vnni"):
         again = _weights(onnx.load_from_string(model_for_this_cpu(loaded, isa)))
