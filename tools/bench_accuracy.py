@@ -266,8 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ort-reduce-range", nargs="*", default=["minmax"], choices=list(ORT_METHODS),
                         help="quantize_static methods with reduce_range=True (7-bit weights, ORT's remedy for "
                         "CPUs without VNNI)")
-    parser.add_argument("--u8u8", nargs="*", default=[DEFAULT_METHOD], choices=list(METHODS.names()),
-                        help="trtopt methods also built with the u8u8 encoding forced (8-bit weights everywhere)")
+    parser.add_argument("--u8u8", nargs="*", default=[DEFAULT_METHOD], help="trtopt methods also built in u8u8")
     parser.add_argument("--u8s8", nargs="*", default=["entropy"], choices=list(METHODS.names()),
                         help="trtopt methods also built with the u8s8 encoding forced and run as stored (what "
                         "a plan for VNNI CPUs computes on this one)")

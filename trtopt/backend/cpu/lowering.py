@@ -64,9 +64,11 @@ class Encoding:
     1.11x -> 1.50x (ORT 1.33x), b8 1.21x -> 1.46x (ORT 1.64x). On the demo model (EfficientNet-Lite0, its 1x1 convs
     dense; BENCHMARKS.md *accuracy*, 160 held-out photos) the search gave 7 bits too: top-1 agreement with FP32
     96.2% against 96.9% in u8u8, mean logit cosine 0.9972 against 0.9989, both far above ORT's quantizer on this CPU
-    (73.8%, 0.9205; `reduce_range` 89.4%, 0.9784). Hence u8s7 as `auto` on saturating CPUs, with the per-layer
-    search for models whose fidelity does not allow every layer; `--cpu-encoding u8u8` keeps 8-bit weights. 7-bit non-negative activations (scale
-    T/127) are exact too, but ONNX Runtime then cannot drop the ReLU6 Clip before a QuantizeLinear, and 33 of the
+    (73.8%, 0.9205; `reduce_range` 89.4%, 0.9784), and 1.28x / 1.41x FP32's speed at b1 / b8 against 1.20x / 1.31x
+    in u8u8 (ORT 1.38x / 1.50x in the same run; BENCHMARKS.md *latency*). Hence u8s7 as `auto` on saturating CPUs,
+    with the per-layer search for models whose fidelity does not allow every layer; `--cpu-encoding u8u8` keeps
+    8-bit weights. 7-bit non-negative activations (scale T/127) are exact too, but ONNX Runtime then cannot drop the
+    ReLU6 Clip before a QuantizeLinear, and 33 of the
     demo model's 49 convs fell back to float.
     """
 
