@@ -68,7 +68,7 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     out = tmp_path / "accuracy.md"
     stdout = run_tool(
         "tools/bench_accuracy.py", "--count", "4", "--eval-count", "6", "--methods", "max",
-        "--ort", "minmax", "--ort-raw", "minmax", "--ort-reduce-range", "--u8s8", "max", "--out", str(out),
+        "--ort", "minmax", "--ort-raw", "minmax", "--ort-reduce-range", "--u8u8", "--u8s8", "max", "--out", str(out),
     )
     assert out.read_text() == stdout
     check_header(stdout, "tools/bench_accuracy.py")

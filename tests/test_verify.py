@@ -123,12 +123,12 @@ def test_isa_classes_from_cpu_flags(tmp_path: Path) -> None:
 
 
 def test_auto_encoding_follows_what_the_cpu_computes_exactly() -> None:
-    assert cpu_builder.candidate_encodings("auto", "avx2") == ["u8u8"]
-    assert cpu_builder.candidate_encodings("auto", "avx512") == ["u8u8"]
+    assert cpu_builder.candidate_encodings("auto", "avx2") == ["u8s7", "u8u8"]  # 7-bit weights where they pay
+    assert cpu_builder.candidate_encodings("auto", "avx512") == ["u8s7", "u8u8"]
     assert cpu_builder.candidate_encodings("auto", "amx") == ["u8s8", "u8u8"]
     assert cpu_builder.candidate_encodings("auto", "aarch64") == ["u8s8", "u8u8"]  # unknown: verified
     assert cpu_builder.candidate_encodings("u8s8", "avx2") == ["u8s8"]  # the user's choice, verified all the same
-    assert cpu_builder.exact_encoding("avx2") == "u8u8" and cpu_builder.exact_encoding("avx_vnni") == "u8s8"
+    assert cpu_builder.exact_encoding("avx2") == "u8s7" and cpu_builder.exact_encoding("avx_vnni") == "u8s8"
     with pytest.raises(UnknownNameError, match="u8u8"):
         cpu_builder.candidate_encodings("s7")
 

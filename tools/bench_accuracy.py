@@ -83,17 +83,18 @@ class Scores:
 def build_variant(model: ModelUnderTest, kind: str, method: str, args: argparse.Namespace) -> Variant:
     """Build one INT8 variant in its own process (for its own peak memory) and open it in ONNX Runtime, as it
     runs (kernels) and as float math (reference). `kind`: "trtopt" (the plan as `Engine` runs it here),
-    "trtopt-u8s8" (the u8s8 encoding forced and run as stored: the VNNI plan on this CPU), "ort"
+    "trtopt-u8s8" (the u8s8 encoding forced and run as stored: the VNNI plan on this CPU), "trtopt-u8u8" (8-bit
+    weights everywhere, the default on CPUs without VNNI before the u8s7 encoding's 7-bit weights), "ort"
     (quant_pre_process + quantize_static), "ort-rr" (the same with reduce_range) or "ort-raw" (no pre-process)."""
     from trtopt.backend.cpu.runner import model_for_this_cpu
     from trtopt.plan import Plan
 
     data = (model, str(args.calib), args.count, method)
     if kind.startswith("trtopt"):
-        forced = kind == "trtopt-u8s8"
-        (seconds, model_bytes), peak_gib = run_isolated(trtopt_build, *data, "u8s8" if forced else "auto")
-        name = f"trtopt {method}" + (" (default)" if method == DEFAULT_METHOD else "")
-        name += ", u8s8 forced, run as stored" if forced else ""
+        forced, encoding = kind == "trtopt-u8s8", kind.removeprefix("trtopt-") if "-" in kind else "auto"
+        (seconds, model_bytes), peak_gib = run_isolated(trtopt_build, *data, encoding)
+        name = f"trtopt {method}" + (" (default)" if method == DEFAULT_METHOD and encoding == "auto" else "")
+        name += {"u8s8": ", u8s8 forced, run as stored", "u8u8": ", u8u8 (8-bit weights)"}.get(encoding, "")
         executed = model_bytes if forced else model_for_this_cpu(Plan("cpu", (), (), {"onnx": model_bytes}))
     else:
         name = f"ORT QDQ {method}" + {"ort": "", "ort-rr": ", reduce_range", "ort-raw": ", no pre-process"}[kind]
@@ -262,6 +263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ort-reduce-range", nargs="*", default=["minmax"], choices=list(ORT_METHODS),
                         help="quantize_static methods with reduce_range=True (7-bit weights, ORT's remedy for "
                         "CPUs without VNNI)")
+    parser.add_argument("--u8u8", nargs="*", default=[DEFAULT_METHOD], help="trtopt methods also built in u8u8")
     parser.add_argument("--u8s8", nargs="*", default=["entropy"], choices=list(METHODS.names()),
                         help="trtopt methods also built with the u8s8 encoding forced and run as stored (what "
                         "a plan for VNNI CPUs computes on this one)")
@@ -299,6 +301,7 @@ def evaluate(args: argparse.Namespace) -> Evaluation:
 
         variants = [Variant("FP32 (ONNX Runtime)", None, None, OrtSession(onnx.load(model.path)))]
         variants += [build_variant(model, "trtopt", m, args) for m in args.methods]
+        variants += [build_variant(model, "trtopt-u8u8", m, args) for m in args.u8u8]
         variants += [build_variant(model, "trtopt-u8s8", m, args) for m in args.u8s8]
         variants += [build_variant(model, "ort", m, args) for m in args.ort]
         variants += [build_variant(model, "ort-rr", m, args) for m in args.ort_reduce_range]

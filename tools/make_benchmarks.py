@@ -78,7 +78,7 @@ SECTIONS = (
         "tools/bench_accuracy.py",
         (),
         ("--count", "8", "--eval-count", "8", "--methods", "entropy", "--ort", "minmax", "--ort-raw",
-         "--ort-reduce-range", "--u8s8"),  # fmt: skip
+         "--ort-reduce-range", "--u8u8", "--u8s8"),  # fmt: skip
         True,
     ),
     # Cross-validated method choice and the weights/activations split behind the accuracy goal's status.

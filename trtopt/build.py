@@ -167,7 +167,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     fp32 = onnx_from_graph(graph)
     with times("graph check"):  # loading and the passes against the model file (trtopt.passes.check)
         graph_check, config, (data, checks) = _checked_graph(path, fp32, graph, spec, config, (data, checks))
-    quant = backend.quant_config(config.quant)  # what this backend's INT8 kernels need from placement
+    quant = backend.quant_config(config.quant, options)  # what this backend's INT8 kernels need from placement
     measured = partial(backend.measured_form, options=options)  # the plan's form, as the sensitivity search measures
     quantized = Quantized()
     if config.int8:

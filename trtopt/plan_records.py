@@ -41,7 +41,7 @@ def _specs(tensors: list[gs.Tensor]) -> tuple[TensorSpec, ...]:
 
 
 def quant_record(quantized: Quantized) -> QuantRecord | None:
-    calibration, bias, qdq, sensitivity, _ = quantized
+    calibration, bias, qdq, sensitivity = quantized[:4]
     if calibration is None or qdq is None:
         return None
     methods = {t: calibration.choices.get(t, "") for t in qdq.thresholds} if calibration.choices else {}
@@ -73,6 +73,8 @@ def plan_records(graph: gs.Graph, target: BuildTarget, backend: str, profiles: M
 
         layers = quantized.qdq.quantized_layers if quantized.qdq else ()
         records["sparsity"] = sparsity_record(graph, layers, target.fp16, backend)
+    if quantized.seven_bit is not None:  # the dense layers given 7-bit weights (read back by `trtopt inspect`)
+        records["extra"] = {"seven_bit_weights": quantized.seven_bit.to_dict()}
     return records
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import onnx
@@ -21,10 +22,10 @@ from trtopt.calib.stage import ProgressHook
 from trtopt.data.config import DataConfig
 from trtopt.errors import TrtoptError
 from trtopt.frontend import onnx_from_graph
-from trtopt.quant import QdqReport, QuantConfig, QuantPlan, insert_qdq, plan_quantization
-from trtopt.quant.bias import BiasReport, correct_biases
+from trtopt.quant import QdqReport, QuantConfig, insert_qdq, plan_quantization
+from trtopt.quant.bias import BiasReport, correct_biases_for_build
 from trtopt.quant.concat_ranges import float_unlike_concats
-from trtopt.search import Sensitivity, float_sensitive_layers
+from trtopt.search import Sensitivity, SevenBit, float_sensitive_layers, seven_bit_for_build
 
 if TYPE_CHECKING:
     from trtopt.calib import Calibration
@@ -43,6 +44,7 @@ class Quantized(NamedTuple):
     qdq: QdqReport | None = None
     sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
     equalization: str | None = None  # what activation equalisation did, for the summary
+    seven_bit: SevenBit | None = None  # the dense layers given 7-bit weights (trtopt.search.seven_bit)
 
 
 def quantize_graph(
@@ -56,7 +58,8 @@ def quantize_graph(
     progress: ProgressHook | None,
     measured: Callable[[onnx.ModelProto], onnx.ModelProto],
 ) -> Quantized:
-    """Place Q/DQ by `quant` (the backend's form), calibrate, correct biases, insert Q/DQ into `graph` (in place).
+    """Place Q/DQ by `quant` (the backend's form), calibrate, search, choose 7-bit weights where the backend asks,
+    correct biases, insert Q/DQ into `graph` (in place).
 
     Calibration covers every tensor any backend may quantise (`quantizable_tensors`), not only this plan's:
     one cache then serves every build of the graph, and the thresholds do not depend on the backend or on
@@ -83,10 +86,14 @@ def quantize_graph(
         if quant.auto_exclude and data is not None:  # trtopt.search.sensitivity
             qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, data_config.batch,
                                                         progress, lower=measured)  # fmt: skip
+        amax = sensitivity.amax(calibration.amax) if sensitivity else calibration.amax
+        calibrated = replace(calibration, amax=amax)  # 7-bit weights where the backend asks (trtopt.search.seven_bit)
+        quant, seven = seven_bit_for_build(graph, quant, qplan, calibrated, data, data_config.batch, measured)
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
-        bias = _correct_biases(graph, qplan, calibration) if quant.bias_correction else None
-        qdq = insert_qdq(graph, qplan, sensitivity.amax(calibration.amax) if sensitivity else calibration.amax)
-    return Quantized(calibration, bias, qdq, sensitivity, note)
+        seven_bit = quant.seven_bit_layers
+        bias = correct_biases_for_build(graph, qplan, calibration, seven_bit) if quant.bias_correction else None
+        qdq = insert_qdq(graph, qplan, amax, seven_bit)
+    return Quantized(calibration, bias, qdq, sensitivity, note, seven)
 
 
 def _equalize(
@@ -109,18 +116,3 @@ def _equalize(
     record, report = equalize_recorded(graph, fp32, data, batch, folds)
     note = f"{len(report.gains)} tensors rescaled" if report.gains else None
     return None, record, note, onnx_from_graph(graph)
-
-
-def _correct_biases(graph: gs.Graph, qplan: QuantPlan, calibration: Calibration) -> BiasReport | None:
-    """Bias correction (trtopt.quant.bias) needs the FP32 channel means that trtopt's calibrator and
-    cache record; caches of other tools have none, so those builds go without it."""
-    if not calibration.channel_means:
-        log.warning(
-            "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
-            "a trtopt cache written by this version, to get it",
-            calibration.source or calibration.method,
-        )
-        return None
-    report = correct_biases(graph, qplan, calibration.channel_means)
-    log.info("bias correction: %d layers corrected, %d left as they are", len(report.corrected), len(report.skipped))
-    return report

@@ -225,8 +225,9 @@ class Backend(ABC, Generic[BuildSettings]):
     def status(self) -> BackendStatus:
         """Whether this backend can build and run here; `reason` says what was found or what is missing."""
 
-    def quant_config(self, quant: QuantConfig) -> QuantConfig:
-        """The user's quantisation config with what this backend's INT8 kernels need filled in."""
+    def quant_config(self, quant: QuantConfig, options: BuildSettings | None = None) -> QuantConfig:
+        """The user's quantisation config with what this backend's INT8 kernels need filled in (for a build with
+        `options`, what `options` resolved, where given)."""
         return quant
 
     @abstractmethod

@@ -30,6 +30,7 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "calibration": quant.to_dict()["calibration"] if quant else None,
         "sensitivity": quant.sensitivity if quant else None,
         "equalization": result.equalization,
+        "seven_bit_weights": meta.extra.get("seven_bit_weights") if quant else None,  # trtopt.search.seven_bit
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
         "graph_check": result.graph_check.to_dict() if result.graph_check else None,
         "preprocess": meta.preprocess,  # what `trtopt run` will do to images (None: the plan takes arrays)
@@ -79,6 +80,9 @@ def print_build_summary(
     if summary.get("equalization"):
         table.add_row("equalisation", summary["equalization"])
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
+    if seven := summary.get("seven_bit_weights"):
+        table.add_row("7-bit weights", f"{len(seven['layers'])} of {seven['candidates']} dense layers (exact on u8s8 "
+                      f"kernels here; {seven['added_error']:.2f}x the 8-bit plan's error added, in squares)")
     floats = summary["float_layers"]
     if floats:
         table.add_row("float layers", float_reasons(floats))

@@ -44,14 +44,19 @@ a weight over several output positions, so both are left as they are.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.calib.thresholds import QMAX
 from trtopt.quant.placement import QuantPlan
-from trtopt.quant.qdq import quantize_weight
+from trtopt.quant.qdq import SEVEN_BIT, quantize_weight
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,10 @@ class BiasReport:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def weight_error(weight: np.ndarray, axis: int) -> np.ndarray:
-    """dW = dequantised INT8 weight - weight, with the quantisation `insert_qdq` applies (per channel)."""
-    q, scale = quantize_weight(weight, axis)
+def weight_error(weight: np.ndarray, axis: int, levels: int = QMAX) -> np.ndarray:
+    """dW = dequantised INT8 weight - weight, with the quantisation `insert_qdq` applies (per channel, on the grid of
+    `levels`: 127, or 63 for a 7-bit layer)."""
+    q, scale = quantize_weight(weight, axis, levels=levels)
     shape = [1] * weight.ndim
     shape[axis % weight.ndim] = -1
     return q.astype(np.float64) * scale.reshape(shape).astype(np.float64) - weight.astype(np.float64)
@@ -85,8 +91,11 @@ def gemm_output_shift(error: np.ndarray, input_mean: np.ndarray, *, trans_b: boo
     return error @ mean if trans_b else mean @ error
 
 
-def correct_biases(graph: gs.Graph, plan: QuantPlan, channel_means: Mapping[str, np.ndarray]) -> BiasReport:
-    """Subtract the expected output shift from the bias of every quantised Conv / Gemm, in place.
+def correct_biases(
+    graph: gs.Graph, plan: QuantPlan, channel_means: Mapping[str, np.ndarray], seven_bit: Collection[str] = ()
+) -> BiasReport:
+    """Subtract the expected output shift from the bias of every quantised Conv / Gemm, in place (for the layers in
+    `seven_bit`, the shift their 7-bit weights cause: `insert_qdq`'s `seven_bit`).
 
     Call before `insert_qdq` (the weights must still be constants). A layer without a bias gets one.
     """
@@ -95,7 +104,8 @@ def correct_biases(graph: gs.Graph, plan: QuantPlan, channel_means: Mapping[str,
     corrected, skipped = [], {}
     for name in plan.quantized_layers:
         node = nodes[name]
-        shift, why = _expected_shift(node, axes.get(name), channel_means)
+        levels = SEVEN_BIT if name in seven_bit else QMAX
+        shift, why = _expected_shift(node, axes.get(name), channel_means, levels)
         if shift is None:
             skipped[name] = why
             continue
@@ -105,7 +115,7 @@ def correct_biases(graph: gs.Graph, plan: QuantPlan, channel_means: Mapping[str,
 
 
 def _expected_shift(
-    node: gs.Node, axis: int | None, channel_means: Mapping[str, np.ndarray]
+    node: gs.Node, axis: int | None, channel_means: Mapping[str, np.ndarray], levels: int = QMAX
 ) -> tuple[np.ndarray | None, str]:
     weight = node.inputs[1] if len(node.inputs) > 1 else None
     if node.op not in ("Conv", "Gemm"):
@@ -120,7 +130,7 @@ def _expected_shift(
     expected = values.shape[1] * int(node.attrs.get("group", 1)) if node.op == "Conv" else _gemm_k(node, values)
     if mean is None or mean.size != expected:
         return None, "no channel mean for its input" if mean is None else f"input mean has {mean.size} channels"
-    error = weight_error(values, axis)
+    error = weight_error(values, axis, levels)
     if node.op == "Conv":
         return conv_output_shift(error, mean, int(node.attrs.get("group", 1))), ""
     if float(node.attrs.get("beta", 1.0)) == 0.0 and len(node.inputs) > 2:
@@ -155,3 +165,18 @@ def _set_bias(node: gs.Node, values: np.ndarray) -> None:
         node.inputs[2] = constant
     else:
         node.inputs.append(constant)
+
+
+def correct_biases_for_build(graph: gs.Graph, plan: QuantPlan, calibration: Any, seven_bit: Collection[str] = ()
+                             ) -> BiasReport | None:  # fmt: skip
+    """`correct_biases` for `trtopt.build`: it needs the FP32 channel means that trtopt's calibrator and cache record
+    (of a `trtopt.calib.Calibration`); caches of other tools have none, so those builds go without it."""
+    if not calibration.channel_means:
+        log.warning(
+            "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
+            "a trtopt cache written by this version, to get it", calibration.source or calibration.method
+        )
+        return None
+    report = correct_biases(graph, plan, calibration.channel_means, seven_bit)
+    log.info("bias correction: %d layers corrected, %d left as they are", len(report.corrected), len(report.skipped))
+    return report

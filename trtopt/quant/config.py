@@ -39,6 +39,11 @@ class QuantConfig:
     exact float rewrite (`trtopt.quant.equalize`; read by the build's quantisation stage). trtopt's calibration
     cache records the gains with the thresholds, and a build from it redoes the same rewrite
     (`trtopt.quant.equalize_cache`); a cache without them (older, or another tool's) builds without it.
+
+    `seven_bit_layers` puts the named layers' weights on a 7-bit grid (per-channel max / 63), which a CPU whose
+    u8s8 kernels saturate runs exactly at their speed (`trtopt.backend.cpu.isa`); `seven_bit_search` lets the
+    build choose those layers among the dense INT8 ones by measurement (`trtopt.search.seven_bit`). The CPU backend
+    asks for the search where its encoding needs it (its `quant_config`).
     """
 
     exclude: tuple[str, ...] = ()
@@ -51,6 +56,8 @@ class QuantConfig:
     bias_correction: bool = True
     auto_exclude: bool = True
     equalize: bool = True
+    seven_bit_layers: tuple[str, ...] = ()
+    seven_bit_search: bool = False
 
     def __post_init__(self) -> None:
         channels = self.min_channels
@@ -65,6 +72,7 @@ class QuantConfig:
                 fix="Pass e.g. exclude=('Gemm', 'conv_12').",
             )
         object.__setattr__(self, "exclude", tuple(self.exclude))
+        object.__setattr__(self, "seven_bit_layers", tuple(self.seven_bit_layers))
         object.__setattr__(self, "output_folds", frozenset(self.output_folds))
 
     @classmethod

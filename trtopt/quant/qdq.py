@@ -8,7 +8,7 @@ fuses it into the INT8 convolution itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +22,7 @@ from trtopt.quant.placement import QuantPlan, QuantSite
 # A tensor (or weight channel) that was all zeros still needs a positive scale: the calibrator's
 # choice, whose scale is float16's smallest normal number, so FP16 graphs keep it too.
 MIN_AMAX = ZERO_AMAX
+SEVEN_BIT = 63  # the 7-bit weight grid's largest level (trtopt.search.seven_bit and trtopt.backend.cpu.isa say why)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,11 @@ def shared_thresholds(amax: Mapping[str, float], shared: tuple[tuple[str, ...], 
     return result
 
 
-def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> QdqReport:
-    """Edit `graph` in place; `amax` maps each activation tensor to its calibrated threshold T."""
+def insert_qdq(
+    graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float], seven_bit: Collection[str] = ()
+) -> QdqReport:
+    """Edit `graph` in place; `amax` maps each activation tensor to its calibrated threshold T; the weights of the
+    layers in `seven_bit` go on the 7-bit grid (`QuantConfig.seven_bit_layers`)."""
     missing = [t for t in plan.activation_tensors if t not in amax]
     if missing:
         raise CalibrationError(
@@ -69,14 +73,15 @@ def insert_qdq(graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float]) -> Q
     _require_one_site_per_edge(plan)
     thresholds = shared_thresholds(amax, plan.shared)
     nodes = {n.name: n for n in graph.nodes}
-    weights: dict[tuple[str, int], gs.Variable] = {}
+    weights: dict[tuple[str, int, int], gs.Variable] = {}
     n_act = n_weight = 0
     for site in plan.sites:
         consumer = nodes[site.consumer]
         if site.kind == "weight":
-            key = (site.tensor, site.axis)
+            levels = SEVEN_BIT if site.consumer in seven_bit else QMAX
+            key = (site.tensor, site.axis, levels)
             if key not in weights:
-                weights[key] = _dequantized_weight(graph, consumer.inputs[site.index], site.axis)
+                weights[key] = _dequantized_weight(graph, consumer.inputs[site.index], site.axis, levels)
                 n_weight += 1
             consumer.inputs[site.index] = weights[key]
         else:
@@ -119,21 +124,26 @@ def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: fl
     return restored
 
 
-def quantize_weight(values: np.ndarray, axis: int, *, name: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-channel INT8: returns (int8 values, float32 scale per channel along `axis`)."""
+def quantize_weight(
+    values: np.ndarray, axis: int, *, name: str = "", levels: int = QMAX
+) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric per-channel INT8: returns (int8 values within +-`levels`, float32 scale per channel along `axis`:
+    max|w| / `levels`)."""
     axis = axis % values.ndim
     scale = weight_scales(values, axis, name=name)
+    if levels != QMAX:
+        scale = (scale.astype(np.float64) * QMAX / levels).astype(np.float32)
     shape = [1] * values.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(values / scale.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    q = np.clip(np.rint(values / scale.reshape(shape)), -levels, levels).astype(np.int8)
     return q, scale
 
 
-def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int) -> gs.Variable:
+def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int, levels: int = QMAX) -> gs.Variable:
     values = np.asarray(weight.values, dtype=np.float32)
     axis = axis % values.ndim
-    q, scale = quantize_weight(values, axis, name=weight.name)
-    base = f"{weight.name}/int8"
+    q, scale = quantize_weight(values, axis, name=weight.name, levels=levels)
+    base = f"{weight.name}/int8" if levels == QMAX else f"{weight.name}/int7"
     inputs = [
         gs.Constant(base, q),
         gs.Constant(f"{base}/scale", scale),

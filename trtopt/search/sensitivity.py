@@ -189,8 +189,8 @@ def quantized_model(
     plan = plan_quantization(copy, replace(quant, exclude=(*quant.exclude, *exclude)))
     plan = float_unlike_concats(copy, plan, calibration.ranges)
     if bias_correction and calibration.channel_means:
-        correct_biases(copy, plan, calibration.channel_means)
-    insert_qdq(copy, plan, calibration.amax)
+        correct_biases(copy, plan, calibration.channel_means, quant.seven_bit_layers)
+    insert_qdq(copy, plan, calibration.amax, quant.seven_bit_layers)
     return lower(onnx_from_graph(copy))
 
 

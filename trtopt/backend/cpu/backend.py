@@ -100,9 +100,11 @@ class CpuBackend(Backend[CpuOptions]):
 
         return BackendStatus(True, f"ONNX Runtime {ort.__version__} CPU")
 
-    def quant_config(self, quant: QuantConfig) -> QuantConfig:
-        """Quantised layer outputs (`ORT_OUTPUT_FOLDS`), and a depthwise conv fed by a float layer kept float
-        unless the user said otherwise (`QuantConfig.float_leading_depthwise`).
+    def quant_config(self, quant: QuantConfig, options: CpuOptions | None = None) -> QuantConfig:
+        """Quantised layer outputs (`ORT_OUTPUT_FOLDS`), a depthwise conv fed by a float layer kept float
+        unless the user said otherwise (`QuantConfig.float_leading_depthwise`), and for a build whose encoding
+        (`options`) has 7-bit weights (u8s7: auto on CPUs whose u8s8 kernels saturate), the search for the dense
+        layers that get them (`trtopt.search.seven_bit`).
 
         Why the depthwise default: MLAS's INT8 depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16
         depthwise convs: 0.6x to 1.8x each, 1.0x in total, 1 thread), the float -> INT8 conversion only moves
@@ -112,7 +114,13 @@ class CpuBackend(Backend[CpuOptions]):
         batch 1 and 8, and 1 - cosine to FP32 on held-out photos 0.00112 instead of 0.00154.
         """
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
-        return replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading)
+        quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading)
+        if options is None:
+            return quant
+        from trtopt.backend.cpu.builder import candidate_encodings
+        from trtopt.backend.cpu.lowering import ENCODINGS
+
+        return replace(quant, seven_bit_search=ENCODINGS[candidate_encodings(options.encoding)[0]].seven_bit)
 
     def options(self, target: BuildTarget, graph: gs.Graph) -> CpuOptions:
         if target.fp16:
@@ -234,7 +242,7 @@ class CpuBackend(Backend[CpuOptions]):
             return []
         return [
             f"{model.file} stores int8 weights (u8s8, verified on a {verification.get('isa', 'VNNI')} CPU): exact only "
-            "on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8u8, or "
+            "on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8s7, or "
             "serve with --triton-backend python, which re-encodes where needed."
         ]
 
@@ -257,8 +265,9 @@ class CpuBackend(Backend[CpuOptions]):
             default=CpuOptions.encoding,
             help="CPU plans: how INT8 weights are stored for ONNX Runtime. u8s8 (int8 weights) is fastest but exact "
             "only on CPUs with VNNI or AMX: on AVX2-only CPUs its kernels saturate 16-bit sums. u8u8 (the same "
-            "values as uint8) is exact on every x86 CPU. auto (default): u8s8 where it is exact, else u8u8; the build "
-            "verifies the choice either way",
+            "values as uint8) is exact on every x86 CPU, and slower. u8s7: the dense layers whose fidelity allows it "
+            "(measured at build) get 7-bit weights, which u8s8 kernels run exactly everywhere, the others u8u8. "
+            "auto (default): u8s8 where it is exact, else u8s7; the build verifies the choice either way",
         )
 
         group.add_argument(

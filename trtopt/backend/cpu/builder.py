@@ -56,19 +56,21 @@ def gemm_routing(choice: str) -> bool:
 
 def candidate_encodings(choice: str = "auto", isa: str | None = None) -> list[str]:
     """The encodings a build tries, fastest first. `auto` leaves out u8s8 where this CPU's u8s8 kernels are
-    known to saturate (trtopt.backend.cpu.isa): a few verification samples could miss a rare overflow.
+    known to saturate (trtopt.backend.cpu.isa): a few verification samples could miss a rare overflow; there
+    it is u8s7 (7-bit weights where they cost little fidelity: exact u8s8 kernels; u8u8 elsewhere).
     On a CPU of unknown kind (not x86) u8s8 is tried first and kept only if it verifies."""
     if choice != "auto":
         if choice not in ENCODINGS:
             raise UnknownNameError("CPU encoding", choice, ["auto", *ENCODINGS])
         return [choice]
     isa = isa or cpu_isa()
-    return ["u8u8"] if isa in SATURATING_U8S8 else ["u8s8", "u8u8"]
+    return ["u8s7", "u8u8"] if isa in SATURATING_U8S8 else ["u8s8", "u8u8"]
 
 
 def exact_encoding(isa: str | None = None) -> str:
-    """The fastest encoding whose kernels are known to be exact on this CPU (what a plan is re-encoded to)."""
-    return "u8s8" if (isa or cpu_isa()) in EXACT_U8S8 else "u8u8"
+    """The fastest encoding whose kernels are known to be exact on this CPU for any plan's weights (what a plan is
+    re-encoded to: 7-bit weights stay int8, 8-bit ones become uint8)."""
+    return "u8s8" if (isa or cpu_isa()) in EXACT_U8S8 else "u8s7"
 
 
 def build(model: onnx.ModelProto, options: CpuOptions) -> tuple[dict[str, bytes], dict[str, str]]:

@@ -11,7 +11,9 @@ depends on the instruction set, and that decides whether a plan computes what it
   reduce_range"; Intel's intrinsics guide for `_mm256_maddubs_epi16`). The same kernels are exact when
   either side is 7-bit: 127 * 127 * 2 = 32258, or 255 * 64 * 2 = 32640, both below 32767.
 
-`tools/bench_cpu_encodings.py` measures this per conv on the CPU it runs on.
+So weights within +-64 (`SEVEN_BIT_MAX`: a 7-bit grid, `trtopt.search.seven_bit`, with room for the GEMM routing's
+q - 1) run the fast u8s8 kernels exactly on every x86 CPU; `tools/bench_conv_kernels.py` measures the kernels per
+conv on the CPU it runs on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import platform
 from functools import lru_cache
 from pathlib import Path
+
+import numpy as np
 
 # From the most capable down; the first one whose flags are all present names the class.
 ISA_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -31,6 +35,12 @@ ISA_CLASSES: tuple[tuple[str, tuple[str, ...]], ...] = (
 # Classes whose u8s8 kernels accumulate in 32 bits, and classes known to saturate pairs in int16.
 EXACT_U8S8 = frozenset({"amx", "avx512_vnni", "avx_vnni"})
 SATURATING_U8S8 = frozenset({"avx512", "avx2"})
+SEVEN_BIT_MAX = 64  # the largest |weight| a saturating u8s8 pair sum holds exactly: 255 * 64 * 2 = 32640 <= 32767
+
+
+def fits_seven_bits(q: np.ndarray) -> bool:
+    """Whether int8 weights `q` meet uint8 activations exactly in every CPU's u8s8 kernels (`SEVEN_BIT_MAX`)."""
+    return bool(q.size == 0 or np.abs(q.astype(np.int16)).max() <= SEVEN_BIT_MAX)
 
 
 def isa_from_flags(flags: set[str]) -> str:

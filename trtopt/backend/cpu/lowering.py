@@ -31,6 +31,7 @@ from onnx import numpy_helper
 
 from trtopt.backend.cpu.activations import fuse_activations
 from trtopt.backend.cpu.bounds import lower_bounds
+from trtopt.backend.cpu.isa import fits_seven_bits
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.frontend.edit import stable_topological_order
@@ -43,25 +44,44 @@ WEIGHTED_OPS = ("Conv", "Gemm", "MatMul")
 
 @dataclass(frozen=True)
 class Encoding:
-    """How a CPU plan stores its INT8 weights. Both encodings describe the same values (trtopt's thresholds,
+    """How a CPU plan stores its INT8 weights. u8s8 and u8u8 describe the same values (trtopt's thresholds,
     the symmetric weight grid), so the plan means the same thing; they differ in which of ONNX Runtime's
-    integer kernels run it, and those kernels are exact on different CPUs (trtopt.backend.cpu.isa).
+    integer kernels run it, and those kernels are exact on different CPUs (trtopt.backend.cpu.isa). u8s7 also
+    changes the meaning: the build gives the dense layers whose fidelity allows it 7-bit weights
+    (`trtopt.search.seven_bit`), which every CPU's u8s8 kernels run exactly, and stores the others as u8u8 does.
 
-    Measured on an AMD EPYC with AVX2 only (`tools/bench_cpu_encodings.py`): ORT's u8s8 convs there were off
-    by up to 64 quantisation steps; u8u8 and depthwise convs matched the exact result within one step. Two
-    encodings were tried during development (one-off measurements on that CPU, not in BENCHMARKS.md) and
-    dropped: 7-bit weights (ONNX Runtime's `reduce_range`) are exact and fast there but halve the weight
-    resolution (demo model: 86.9% top-1 agreement with FP32 instead of 95.0%); 7-bit non-negative
-    activations (scale T/127) are exact too, but ONNX Runtime then cannot drop the ReLU6 Clip before a
-    QuantizeLinear, and 33 of the demo model's 49 convs fell back to float.
+    Measured on an AMD EPYC with AVX2 only (`tools/bench_conv_kernels.py`): ORT's u8s8 convs there were off
+    by up to 64 quantisation steps; u8u8 and depthwise convs matched the exact result within one step, u8u8
+    at 0.57-0.82x the u8s8 kernel's speed per dense conv. 7-bit weights everywhere (ONNX Runtime's
+    `reduce_range`) were tried once during development and dropped (demo model: 86.9% top-1 agreement with FP32
+    instead of 95.0%; how those weights were made was not recorded). How they are made matters: on the torchvision
+    ResNet-18 of the real-export corpus, the plan's 8-bit weights requantised to 7 bits (rounding twice, bias
+    correction made for the 8-bit grid) had relative error 0.038 to FP32 on the verification samples where the
+    8-bit plan had 0.0102; quantised from the float weights with bias correction for their grid, 0.0128. With
+    those (1 thread, interleaved, the machine shared), all 20 dense layers took 7 bits within the budget: held-out
+    cosine 0.99992 -> 0.99987 (ORT's `quantize_static` 0.99974), b1 1.30x -> 2.05x FP32's speed (ORT 2.02x), b8
+    1.27x -> 1.76x (ORT 1.83x); MobileNetV2 (onnx2torch): all 35, cosine unchanged at 0.99999 (ORT 0.99956), b1
+    1.11x -> 1.50x (ORT 1.33x), b8 1.21x -> 1.46x (ORT 1.64x). On the demo model (EfficientNet-Lite0, its 1x1 convs
+    dense; BENCHMARKS.md *accuracy*, 160 held-out photos) the search gave 7 bits too: top-1 agreement with FP32
+    96.2% against 96.9% in u8u8, mean logit cosine 0.9972 against 0.9989, both far above ORT's quantizer on this CPU
+    (73.8%, 0.9205; `reduce_range` 89.4%, 0.9784), and 1.28x / 1.41x FP32's speed at b1 / b8 against 1.20x / 1.31x
+    in u8u8 (ORT 1.38x / 1.50x in the same run; BENCHMARKS.md *latency*). Hence u8s7 as `auto` on saturating CPUs,
+    with the per-layer search for models whose fidelity does not allow every layer; `--cpu-encoding u8u8` keeps
+    8-bit weights. 7-bit non-negative activations (scale T/127) are exact too, but ONNX Runtime then cannot drop the
+    ReLU6 Clip before a QuantizeLinear, and 33 of the
+    demo model's 49 convs fell back to float.
     """
 
     name: str
-    unsigned_weights: bool  # dense layers' weights as uint8 q + 128, zero point 128
+    unsigned_weights: bool  # dense layers' 8-bit weights as uint8 q + 128, zero point 128 (7-bit ones stay int8)
+    seven_bit: bool = False  # the build gives the dense layers whose fidelity allows it 7-bit weights
 
 
-# u8s8: fastest, exact where the CPU has VNNI or AMX; u8u8: exact on every x86 CPU, slower.
-ENCODINGS: dict[str, Encoding] = {e.name: e for e in (Encoding("u8s8", False), Encoding("u8u8", True))}
+# u8s8: fastest, exact where the CPU has VNNI or AMX; u8u8: exact on every x86 CPU, slower; u8s7: 7-bit weights
+# where the build measured that they cost little fidelity (exact u8s8 kernels everywhere), u8u8 elsewhere.
+ENCODINGS: dict[str, Encoding] = {
+    e.name: e for e in (Encoding("u8s8", False), Encoding("u8u8", True), Encoding("u8s7", True, seven_bit=True))
+}
 
 
 def lower_for_cpu(
@@ -104,10 +124,12 @@ def lower_for_cpu(
 
 
 def store_unsigned_weights(model: onnx.ModelProto) -> int:
-    """Store dense layers' int8 weights as uint8 q + 128 with zero point 128 (in place); returns how many.
+    """Store dense layers' 8-bit int8 weights as uint8 q + 128 with zero point 128 (in place); returns how many.
 
     The values are the same (q - zp is unchanged, GEMM-routed q - 1 with zero point -1 included), and
     ONNX Runtime's u8u8 kernels widen both sides to 16 bits before multiplying, so they cannot saturate.
+    Weights within 7 bits (`trtopt.backend.cpu.isa.fits_seven_bits`: the u8s7 encoding's) stay int8: every CPU's
+    u8s8 kernels run them exactly, and faster.
     Depthwise convs are left alone: their kernel multiplies one product at a time, exact on every CPU
     (tools/bench_cpu_encodings.py). It works on a lowered model, so a plan can be re-encoded on load.
     """
@@ -125,6 +147,8 @@ def store_unsigned_weights(model: onnx.ModelProto) -> int:
         if q_init is None or zp_init is None or q_init.data_type != onnx.TensorProto.INT8:
             continue
         q, zp = numpy_helper.to_array(q_init).astype(np.int16), numpy_helper.to_array(zp_init).astype(np.int16)
+        if fits_seven_bits(q):
+            continue  # 7-bit weights (trtopt.search.seven_bit): the u8s8 kernels are exact with them, and faster
         if zp.size == 0 or (zp != zp.reshape(-1)[0]).any():
             continue  # not an encoding trtopt writes (its zero points are all 0, or all -1 when GEMM-routed)
         shift = 128 - int(zp.reshape(-1)[0])

@@ -28,9 +28,11 @@ def model_for_this_cpu(plan: Plan, isa: str | None = None) -> bytes:
     """The plan's ONNX, re-encoded where this CPU's kernels would not compute it exactly, with a one-line
     notice whenever the plan was verified on another kind of CPU (never silently).
 
-    int8 weights (the u8s8 encoding) meet saturating 16-bit sums on AVX2 / AVX-512 without VNNI; storing
-    them as uint8 (`store_unsigned_weights`: the same values) makes ONNX Runtime run exact u8u8 kernels.
-    Plans written before trtopt verified its plans carry no record and are handled the same way.
+    8-bit int8 weights (the u8s8 encoding) meet saturating 16-bit sums on AVX2 / AVX-512 without VNNI; storing
+    them as uint8 (`store_unsigned_weights`: the same values) makes ONNX Runtime run exact u8u8 kernels. 7-bit
+    weights (the u8s7 encoding's, `trtopt.search.seven_bit`) are exact in u8s8 kernels everywhere and stay int8, so
+    a u8s7 plan runs as stored on every x86 CPU. Plans written before trtopt verified its plans carry no record
+    and are handled the same way.
     """
     isa = isa or cpu_isa()
     data = plan.sections["onnx"]

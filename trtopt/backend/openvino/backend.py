@@ -52,7 +52,7 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
             return BackendStatus(False, "OpenVINO is not installed (the `openvino` extra)")
         return BackendStatus(True, f"OpenVINO {ov.__version__} CPU")
 
-    def quant_config(self, quant: QuantConfig) -> QuantConfig:
+    def quant_config(self, quant: QuantConfig, options: OpenvinoOptions | None = None) -> QuantConfig:
         """The CPU backend's placement (quantised layer outputs after Relu / Clip, depthwise convs after float
         layers kept float): the placement whose lowered form OpenVINO ran fastest (trtopt.backend.openvino)."""
         from trtopt.backend.cpu.backend import ORT_OUTPUT_FOLDS

@@ -89,7 +89,7 @@ class TensorRTBackend(Backend["EngineOptions"]):
 
         return detect.status()
 
-    def quant_config(self, quant: QuantConfig) -> QuantConfig:
+    def quant_config(self, quant: QuantConfig, options: EngineOptions | None = None) -> QuantConfig:
         """The TensorRT form: inputs of layers quantised, outputs left to TensorRT's own fusions."""
         leading = False if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         return replace(quant, quantize_outputs=False, float_leading_depthwise=leading)
