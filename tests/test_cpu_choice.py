@@ -144,12 +144,23 @@ def test_a_region_that_pays_in_float_stays_float(tiny: Any) -> None:
 def test_a_gain_within_the_margin_is_not_taken(tiny: Any) -> None:
     model, fp32 = tiny
     cheaper = quantize_count(float_regions(model, int8_regions(model)[:1]))
-    build, timer, _ = trial_world({cheaper: 0.98})
-    kept = keep_faster(Candidate(model, "verified", speed(1.0)), model, fp32, build, timer)
-    assert kept.kept_float == () and kept.speed.ratio == pytest.approx(1.0)  # below NOISE: no trial at all
-    build, timer, _ = trial_world({cheaper: 1.04, quantize_count(model): 1.02})
-    kept = keep_faster(Candidate(model, "verified", speed(1.06)), model, fp32, build, timer)
-    assert kept.kept_float == () and not kept.float_plan and kept.plan is model  # 1.04 x PAYS > 1.06; 1.02: noise
+    build, timer, _ = trial_world({cheaper: 0.95})
+    kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
+    assert kept.kept_float == () and kept.speed.ratio == pytest.approx(0.99)  # faster than FP32: no trial at all
+    build, timer, _ = trial_world({cheaper: 0.97, quantize_count(model): 0.98})
+    kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
+    assert kept.kept_float == () and not kept.float_plan and kept.plan is model
+    build, timer, _ = trial_world({cheaper: 0.99, quantize_count(model): 0.98})
+    kept = keep_faster(Candidate(model, "verified", speed(1.01)), model, fp32, build, timer)
+    assert kept.kept_float == () and not kept.float_plan and kept.plan is model  # 0.99 x PAYS > 1.01; 0.98: faster
+
+
+def test_an_int8_plan_as_fast_as_fp32_within_the_noise_gives_way_to_the_float_plan(tiny: Any) -> None:
+    """As fast, not faster (1.02x and 1.01x FP32's time): the float plan costs nothing in speed and is exact."""
+    model, fp32 = tiny
+    build, timer, _ = trial_world({}, again=1.01)
+    kept = keep_faster(Candidate(model, "verified", speed(1.02)), model, fp32, build, timer)
+    assert kept.float_plan and kept.plan is fp32
 
 
 def test_where_int8_pays_nowhere_the_float_plan_is_written(tiny: Any) -> None:
@@ -163,11 +174,11 @@ def test_where_int8_pays_nowhere_the_float_plan_is_written(tiny: Any) -> None:
     assert "without VNNI or AMX" in text
 
 
-def test_a_confirming_timing_within_the_noise_keeps_int8(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_confirming_timing_that_finds_int8_faster_keeps_it(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     model, fp32 = tiny
     monkeypatch.setattr(choice_module, "MAX_TRIALS", 0)
     calls: list[str] = []
-    timings = iter([speed(1.01)])
+    timings = iter([speed(0.99)])
     kept = keep_faster(Candidate(model, "verified", speed(1.2)), model, fp32, lambda m: calls.append("b"),  # type: ignore[arg-type,return-value]
                        lambda p: next(timings))  # fmt: skip
     assert not kept.float_plan and kept.plan is model and calls == []

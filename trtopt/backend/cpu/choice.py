@@ -1,8 +1,8 @@
 """A CPU plan is never slower than the float model: keep the fastest plan that verifies (issue #45).
 
-The build times its verified INT8 plan against the FP32 model (`trtopt.backend.cpu.speed`). Where the plan is
-the slower (its time ratio at least `NOISE`, a rough figure's noise), INT8 does not pay somewhere, and the
-backend tries cheaper plans, each built and verified as the first was and timed the same way:
+The build times its verified INT8 plan against the FP32 model (`trtopt.backend.cpu.speed`). Where the plan is not
+the faster (its time ratio at least 1), INT8 does not pay somewhere, and the backend tries cheaper plans, each
+built and verified as the first was and timed the same way:
 
 1. the INT8 regions (`trtopt.backend.cpu.regions`) in float, one more at a time: first those that run no
    integer kernel (an INT8 conv read only by float layers runs in float behind its Q/DQ: `islands` of
@@ -12,8 +12,12 @@ backend tries cheaper plans, each built and verified as the first was and timed 
    of them and never all (the float plan computes that faster and without the weights' rounding); a region
    stays float only where the plan then runs faster by `PAYS` (ratios, each against FP32 timed in the same
    rounds, so a busy machine moves both sides);
-2. where the best INT8 plan is still the slower, timed once more to confirm, the float plan (the FP32 model
-   as its own plan): INT8 cannot pay on this CPU for this model, and the summary says so and why.
+2. where the best INT8 plan is still not the faster, timed once more to confirm, the float plan (the FP32 model
+   as its own plan): INT8 cannot pay on this CPU for this model, and the summary says so and why. A plan as fast
+   as FP32 within the noise of the timing gives way too: the float plan then costs nothing in speed and computes
+   FP32's outputs exactly. (Until 2026-11-29 a plan within `NOISE` of FP32's time was kept; the real-export
+   benchmark then measured kept INT8 plans at 0.97x FP32's speed, mp-hand-landmark, where the float plan
+   would have been both faster and exact.)
 
 The decision reads only the timings it is given (`keep_faster`), so tests inject them.
 """
@@ -54,7 +58,7 @@ def keep_faster(
 ) -> Candidate:
     """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms (see the module); its speed's
     `outcome` says what was chosen and why."""
-    if first.speed.ratio < NOISE:
+    if first.speed.ratio < 1.0:
         return first
     best, dropped, regions = first, list[Region](), int8_regions(model)
     for region in regions[: min(MAX_TRIALS, len(regions) - 1)]:  # all of them in float: the float plan does better
@@ -65,9 +69,9 @@ def keep_faster(
                 break
     layers = tuple(name for region in dropped for name in region.layers)
     best = replace(best, kept_float=layers)
-    if best.speed.ratio >= NOISE:
+    if best.speed.ratio >= 1.0:
         again = timer(best.plan)
-        if again is not None and again.ratio >= NOISE:
+        if again is not None and again.ratio >= 1.0:
             floated = build(fp32)
             if floated is not None:
                 return Candidate(*floated, speed=replace(best.speed, outcome=_float_reason(best.speed, again)),
