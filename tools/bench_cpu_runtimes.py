@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
 import zoo  # noqa: E402
 from bench_exports import subject_of  # noqa: E402
-from bench_latency import FP32, interleaved  # noqa: E402
-from bench_setup import emit, header_lines, load_average, run_isolated  # noqa: E402
+from bench_latency import FP32  # noqa: E402
+from bench_setup import run_isolated  # noqa: E402
+from benchlib import emit, header_lines, interleaved, load_average  # noqa: E402
 from zoo_variants import CALIB_DIR, ROOT, Subject, build_config, eval_feeds, load, ort_build, split_data  # noqa: E402
 
 VARIANTS = ("trtopt cpu", "trtopt openvino", "NNCF + OpenVINO", "ORT quantize_static")
@@ -148,7 +149,7 @@ def _speedups(calls: dict[str, Any], batches: list, batch: int, args: argparse.N
     feeds = {k: v[:batch] for k, v in batches[0][0].items()}
     if len(next(iter(feeds.values()))) < batch:
         return "static batch 1"
-    timings = interleaved({n: (lambda c=c: c(feeds)) for n, c in calls.items()}, batch, args.warmup, args.iterations)
+    timings = interleaved({n: (lambda c=c: c(feeds)) for n, c in calls.items()}, args.warmup, args.iterations, batch)
     return {n: timings.speedup(n) for n in calls if n != FP32} | {"fp32 ms": timings.p50(FP32)}
 
 

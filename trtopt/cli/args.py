@@ -94,13 +94,13 @@ def calib_config(args: argparse.Namespace, *, keep_histograms: bool | None = Non
 
 
 def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
-    from trtopt.quant import QuantConfig
+    from trtopt.quant.config import DEFAULT_MIN_CHANNELS
 
     q = parser.add_argument_group("quantisation")
     q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
     q.add_argument("--keep-first-last", action="store_true", help="keep the first and last layers in float")
     q.add_argument("--min-channels", type=int, help="layers with fewer input or output channels stay float "
-                   f"(default {QuantConfig.min_channels})")  # fmt: skip
+                   f"(default {DEFAULT_MIN_CHANNELS}; 1 on the openvino backend)")  # fmt: skip
     q.add_argument(
         "--no-auto-exclude",
         action="store_true",

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from trtopt.errors import TrtoptError
 
+DEFAULT_MIN_CHANNELS = 16  # layers narrower than this stay float unless the backend or the user says otherwise
+
 
 @dataclass(frozen=True)
 class QuantConfig:
@@ -17,7 +19,10 @@ class QuantConfig:
     `min_channels` input or output channels stay float: TensorRT gains nothing on them (DESIGN.md,
     "leave tiny layers in floating point") and their error is large relative to their cost. On the CPU
     backend too: quantising EfficientNet-Lite0's 3-channel stem bought no measurable speed and cost
-    about two points of top-1 agreement with FP32 (measured with tools/bench_accuracy.py).
+    about two points of top-1 agreement with FP32 (measured with tools/bench_accuracy.py). `None` means
+    the backend's default (its `quant_config`; `plan_quantization` alone reads `None` as
+    `DEFAULT_MIN_CHANNELS`): OpenVINO's INT8 stem conv is worth 10% of a ResNet's time
+    (`trtopt.backend.openvino`).
 
     `quantize_outputs` also puts Q/DQ on every consumer edge of a quantised layer's output, after the
     activations in `output_folds` that follow it (those the backend's INT8 kernel applies before it
@@ -48,7 +53,7 @@ class QuantConfig:
 
     exclude: tuple[str, ...] = ()
     keep_first_last: bool = False
-    min_channels: int = 16
+    min_channels: int | None = None
     quantize_residual: bool = True
     quantize_outputs: bool = False
     output_folds: frozenset[str] = frozenset()
@@ -61,7 +66,8 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         channels = self.min_channels
-        if isinstance(channels, bool) or not isinstance(channels, int) or not 0 <= channels <= 2**31 - 1:
+        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int)
+                                     or not 0 <= channels <= 2**31 - 1):
             raise TrtoptError(
                 f"--min-channels (QuantConfig.min_channels) is {channels!r}; expected a whole number of at least 0.",
                 fix="Pass e.g. --min-channels 16 (the default), or 0 to quantise layers of every width.",
@@ -75,12 +81,17 @@ class QuantConfig:
         object.__setattr__(self, "seven_bit_layers", tuple(self.seven_bit_layers))
         object.__setattr__(self, "output_folds", frozenset(self.output_folds))
 
+    @property
+    def channels(self) -> int:
+        """`min_channels`, `None` read as `DEFAULT_MIN_CHANNELS`."""
+        return DEFAULT_MIN_CHANNELS if self.min_channels is None else self.min_channels
+
     @classmethod
     def covering(cls, configs: Sequence[QuantConfig]) -> QuantConfig:
         """A config whose placement quantises every tensor any of `configs` may quantise: no exclusions,
         the smallest `min_channels`, and every kind of site any of them asks for."""
         return cls(
-            min_channels=min((c.min_channels for c in configs), default=cls.min_channels),
+            min_channels=min((c.channels for c in configs), default=DEFAULT_MIN_CHANNELS),
             quantize_residual=any(c.quantize_residual for c in configs),
             quantize_outputs=any(c.quantize_outputs for c in configs),
             output_folds=frozenset().union(*(c.output_folds for c in configs)),

@@ -89,8 +89,8 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
             float_layers[node.name] = "excluded by --exclude"
         elif not RULES.get(node.op)(node):
             float_layers[node.name] = f"{node.op} form without an INT8 kernel"
-        elif _is_tiny(node, config.min_channels):
-            float_layers[node.name] = f"fewer than {config.min_channels} channels"
+        elif _is_tiny(node, config.channels):
+            float_layers[node.name] = f"fewer than {config.channels} channels"
         elif config.float_leading_depthwise and _is_depthwise(node) and _reads_float_layer(node, layers):
             float_layers[node.name] = "depthwise conv fed by a float layer"
         else:

@@ -19,8 +19,9 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   weighted layers in INT8 and the symmetric int8-activation form ("qdq", TensorRT's) 48 too, but slower (0.72x
   FP32's time at batch 8 against 0.61x); the u8u8 encoding (uint8 weights with zero point 128, what the CPU backend
   writes for AVX2) is exact there but 34 of 50 layers fell back to f32 (0.86-0.96x FP32's speed): OpenVINO takes
-  weights as int8 only. Layers the summary lists as float: the stem conv and any layer trtopt kept float, plus
-  INT8 layers of the plan OpenVINO runs in f32 on dequantised weights (none seen on the demo).
+  weights as int8 only. Layers the summary lists as float: any layer trtopt kept float (the sensitivity search,
+  --exclude, --min-channels), plus INT8 layers of the plan OpenVINO runs in f32 on dequantised weights (none
+  seen on the demo or the ResNets).
 - **Saturation without VNNI.** On AVX2, OpenVINO's u8 x s8 kernels add product pairs into a saturating int16
   (as ONNX Runtime's do: trtopt.backend.cpu.isa): the lowered form's kernels were 0.23-0.35 (relative error)
   from its Q/DQ reference, the qdq form's 0.77, far beyond the build's tolerance. NNCF meets this with its
@@ -30,6 +31,33 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   moved from 0.054 to 0.15 relative error to FP32 (the sensitivity search kept 5 layers float instead of 2), so
   on an AVX2 CPU `--backend auto` keeps the CPU backend's plan (`trtopt.auto_backend`: fidelity first). On VNNI
   and AMX CPUs the lowered form with 8-bit weights is exact, and its grids are the CPU backend's u8s8 plan's.
+- **Placement against NNCF's, one difference at a time** (torch-resnet18-opset9 of the corpus, 16 calibration
+  photos; each row the plan with that one change, all compiled by OpenVINO and called directly, timed
+  interleaved with FP32 on ONNX Runtime and NNCF's model, 15 rounds, medians, three runs on a shared 2-core EPYC
+  at load 1.3-2.5). The runtime models (`get_runtime_model()`) of trtopt's plan and NNCF's were the same but
+  for the stem: both run every other conv u8 x i8 with the residual Add, Relu and requantisation fused into the
+  conv (both quantise the conv output that enters the Add, and its identity input); trtopt's conv carries its
+  int32 bias as a separate f32 input (20 tiny f32 Reshape nodes beside the convs), NNCF's folds it.
+
+  | trtopt's plan, one change                    | OpenVINO's runtime model                  | b1 / b8 speed-up  |
+  |----------------------------------------------|-------------------------------------------|-------------------|
+  | before: 3-channel stem float (min_channels 16) | stem conv + max pool f32, 19 convs u8   | 1.88-1.89x / 1.89-1.94x |
+  | **stem conv INT8** (min_channels 1, default) | 20 convs u8, max pool u8 (as NNCF's) | **2.07-2.09x / 2.07-2.14x** |
+  | NNCF's model, default preset, same photos    | 20 convs u8                               | 2.07-2.10x / 2.09-2.17x |
+  | float bias, not an int32 DequantizeLinear    | the same (the Reshapes stay)              | 1.88x / 1.89x     |
+  | Q/DQ on layer inputs only (quantize_outputs off) | the same layer counts                 | 1.88x / 1.95x     |
+  | stem INT8 and layer inputs only              | as the stem row                           | 2.07x / 2.16x     |
+  | one residual Add input quantised             | +5 f32 Eltwise, +4 FakeQuantize, +4 Reorder | 1.86x / 1.88x   |
+  | global pool on the quantised tensor, FC input float | Reduce u8, FullyConnected f32 (i8 weights) | 1.89x / 1.88x |
+
+  So the whole gap was the float stem conv (with the max pool after it): 9-10% of the time. The asymmetric
+  uint8 grid of the Add's conv input (zero point 128; NNCF's is symmetric) costs nothing measurable: it is
+  folded into the conv's post-ops like NNCF's; the symmetric int8-activation form was slower on the demo
+  (above) and is not exact on AVX2. Quantising the stem kept the fidelity (INT8 reference 0.039 relative error
+  to FP32 against 0.038, kernels 0.009 from it). On the demo the sensitivity search keeps the 3-channel stem
+  float anyway (it lifts the worst output score), but its first depthwise conv now runs INT8: speed the same
+  (1.40x / 1.51x against 1.39x / 1.51x), INT8 error to FP32 0.119 instead of 0.140. Trtopt's `Engine` adds
+  the copies of its outputs to the compiled model's call: 1.84x against 1.89x at b1, nothing at b8.
 - **Stored.** The Q/DQ ONNX (what `trtopt.verify` also runs as the reference) and the runner's settings
   (streams); no compiled blob: compiling the demo takes about 0.3 s, and a blob is tied to the OpenVINO version
   and CPU kind. Float layers run in f32 (`INFERENCE_PRECISION_HINT`), never bf16/fp16 behind the verification's
