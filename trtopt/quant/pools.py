@@ -4,9 +4,11 @@ ONNX Runtime keeps a stretch of INT8 layers in uint8 and in NHWC only where ever
 kernel: a MaxPool between DequantizeLinear and QuantizeLinear of one grid becomes its uint8 NhwcMaxPool, a
 GlobalAveragePool between a DequantizeLinear and a QuantizeLinear its QLinearGlobalAveragePool, an Add read and
 written through pairs its QLinearAdd. A float op in the stretch costs a DequantizeLinear, a QuantizeLinear and
-layout Transposes around it. Measured on the real-export corpus's torchvision ResNet-18 (tools/bench_exports.py's
-builds, avx2, 1 thread, interleaved; `docs/placement.md`): its float stem conv -> Relu -> MaxPool left layer1 in
-NCHW with four Transposes, and its last residual Add and pool in float.
+layout Transposes around it. On the real-export corpus's torchvision ResNet-18 (docs/exports.md, *Placement
+against ONNX Runtime's quantizer*: avx2, 1 thread, interleaved) the float stem conv -> Relu -> MaxPool left
+layer1 in NCHW with four Transposes, and the last residual Add and pool ran in float; with the rules below
+the plan has the op counts of ONNX Runtime's own (20 QLinearConv, 8 QLinearAdd, NhwcMaxPool,
+QLinearGlobalAveragePool, one QuantizeLinear, two Transposes) and its speed.
 
 - `shared_maxpools`: a MaxPool whose input and output are both quantised shares one threshold, so both pairs
   get one grid: max pooling commutes with rounding onto a grid, so this is exact (one rounding fewer).
