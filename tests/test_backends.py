@@ -142,7 +142,8 @@ def test_each_backend_fills_in_its_quantisation_defaults() -> None:
     assert not trt.quant_config(plain).quantize_outputs and trt.quant_config(plain).float_leading_depthwise is False
     # The user's explicit choice wins over the backend's default; the user's other fields are kept.
     mine = QuantConfig(float_leading_depthwise=False, exclude=("Gemm",), min_channels=4)
-    assert cpu.quant_config(mine) == replace(mine, quantize_outputs=True, output_folds=frozenset({"Relu", "Clip"}))
+    assert cpu.quant_config(mine) == replace(mine, quantize_outputs=True, output_folds=frozenset({"Relu", "Clip"}),
+                                                  integer_pools=True)
 
 
 def test_quantizable_tensors_cover_every_backends_plan() -> None:

@@ -308,3 +308,17 @@ def test_a_hoist_through_a_clip_without_a_min_keeps_it_without_one() -> None:
     graph, report = run_pass(model, "hoist_transposes")
     assert ops(graph) == ["Transpose", "Clip", "Conv"] and report.counts() == {"hoist_transpose": 1}
     assert_same_outputs(model, graph)
+
+
+def test_simplify_keeps_the_shapes_the_residual_fusions_read() -> None:
+    """ONNX Runtime's optimised model carries few shapes; the ops its transpose optimiser rewrites come back
+    without any. The residual Adds of a port must still be known to add like shapes, or they are no fusion group
+    and the CPU plan leaves them float (tf2onnx's MobileNetV2 without its optimizers: 9 of 10)."""
+    from trtopt.passes import find_fusion_groups
+
+    graph, _ = run_pass(build_model("nhwc_port"), "simplify")
+    adds = [n for n in graph.nodes if n.op == "Add" and all(isinstance(t, gs.Variable) for t in n.inputs)]
+    assert adds and all(t.shape is not None for n in adds for t in (*n.inputs, *n.outputs))
+    optimized = optimize(graph_from_onnx(build_model("nhwc_port"))).graph
+    residual_adds = [n for n in optimized.nodes if n.op == "Add" and all(isinstance(t, gs.Variable) for t in n.inputs)]
+    assert len([g for g in find_fusion_groups(optimized) if g.residual]) == len(residual_adds) > 0

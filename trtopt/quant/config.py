@@ -30,6 +30,12 @@ class QuantConfig:
     TensorRT form leaves outputs to TensorRT; a backend whose kernels need them
     says so in its `quant_config` (the CPU backend: `trtopt.backend.cpu.backend`).
 
+    `integer_pools` (the CPU backend's `quant_config`) lets pooling run on the integer grid between INT8 layers
+    (`trtopt.quant.placement._pool_sites`): a MaxPool whose input and output are both quantised shares one
+    threshold (max pooling commutes with rounding, so it is exact), a thin stem conv that feeds only a MaxPool
+    stays INT8 under `min_channels`, and a GlobalAveragePool that feeds an INT8 layer reads and writes quantised
+    tensors (with the residual Add before it).
+
     `float_leading_depthwise` keeps a depthwise conv float when its input comes from a float layer (or
     the graph input), so that INT8 would start at it. `None` means the backend's default (its
     `quant_config`; `plan_quantization` alone reads `None` as off).
@@ -58,6 +64,7 @@ class QuantConfig:
     quantize_outputs: bool = False
     output_folds: frozenset[str] = frozenset()
     float_leading_depthwise: bool | None = None
+    integer_pools: bool = False
     bias_correction: bool = True
     auto_exclude: bool = True
     equalize: bool = True
@@ -95,5 +102,6 @@ class QuantConfig:
             quantize_residual=any(c.quantize_residual for c in configs),
             quantize_outputs=any(c.quantize_outputs for c in configs),
             output_folds=frozenset().union(*(c.output_folds for c in configs)),
+            integer_pools=any(c.integer_pools for c in configs),
             float_leading_depthwise=False,
         )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from trtopt.passes.query import input_channels, output_channels
+from trtopt.quant import pools
 from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark
 
@@ -63,8 +64,13 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
     sites += _residual_sites(graph, quantized) if config.quantize_residual else []
     if config.quantize_outputs:
         sites += _output_sites(graph, layers, sites, config.output_folds, set(float_layers))
+    pooled: list[tuple[str, ...]] = []
+    if config.integer_pools:
+        pool_sites, pooled = _pool_sites(graph, sites, config.output_folds)
+        sites += pool_sites
     concat_sites, shared = _concat_sites(graph, sites, config)
     sites += concat_sites
+    shared += pooled
     return QuantPlan(
         sites=tuple(sites),
         shared=tuple(shared),
@@ -89,7 +95,9 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
             float_layers[node.name] = "excluded by --exclude"
         elif not RULES.get(node.op)(node):
             float_layers[node.name] = f"{node.op} form without an INT8 kernel"
-        elif _is_tiny(node, config.channels):
+        elif _is_tiny(node, config.channels) and not (
+            config.integer_pools and pools.pooled_stem(node, config.output_folds)
+        ):
             float_layers[node.name] = f"fewer than {config.channels} channels"
         elif config.float_leading_depthwise and _is_depthwise(node) and _reads_float_layer(node, layers):
             float_layers[node.name] = "depthwise conv fed by a float layer"
@@ -211,6 +219,17 @@ def _output_sites(
                     added.append(QuantSite(out.name, consumer.name, index, "activation", "output"))
                     taken.add((out.name, consumer.name, index))
     return added
+
+
+def _pool_sites(
+    graph: gs.Graph, sites: list[QuantSite], folds: frozenset[str]
+) -> tuple[list[QuantSite], list[tuple[str, ...]]]:
+    """Pairs and shared thresholds that let pooling run on the integer grid (`trtopt.quant.pools`)."""
+    edges = {(s.tensor, s.consumer, s.index) for s in sites if s.kind == "activation"}
+    added, shared = pools.average_pool_edges(graph, edges, folds)
+    edges |= set(added)
+    new = [QuantSite(t, consumer, index, "activation", "pool") for t, consumer, index in added]
+    return new, [*shared, *pools.shared_maxpools(graph, edges)]
 
 
 def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str], folds: frozenset[str]) -> gs.Tensor:

@@ -1,0 +1,94 @@
+"""Pooling on the integer grid in CPU plans (`QuantConfig.integer_pools`, `trtopt.quant.pools`), checked against
+the Q/DQ reference and FP32 in ONNX Runtime."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from quant_helpers import cosine, cpu_config, feeds_for, quantize
+
+from trtopt.backend.cpu.builder import exact_encoding, kernel_report
+from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.execution import run_model
+from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.passes import optimize
+from trtopt.quant import QuantConfig, plan_quantization
+from trtopt.zoo import GraphBuilder
+
+
+def _resnet_like() -> gs.Graph:
+    """input (3ch) ─ Conv3x3/2 ─ BN ─ Relu ─ MaxPool3x3/2 ─ x ─ [Conv ─ Relu ─ Conv] + x ─ Relu ─ GAP ─ Flatten ─ Gemm:
+    a ResNet's thin stem, one residual block and its tail."""
+    b = GraphBuilder("resnet_like", seed=0)
+    x = b.maxpool(b.conv_bn(b.input("input", [1, 3, 32, 32]), 3, 16, 3, stride=2), 3, stride=2, pad=1)
+    y = b.conv_bn(b.conv_bn(x, 16, 16, 3), 16, 16, 3, act=None)
+    model = b.build([b.gemm(b.pool_flatten(b.relu(b.add(y, x))), 16, 16, out="logits")])
+    return optimize(graph_from_onnx(model)).graph
+
+
+def _ops(graph: gs.Graph, op: str) -> list[gs.Node]:
+    return [n for n in graph.nodes if n.op == op]
+
+
+def test_the_stem_pool_and_tail_are_placed_for_integer_kernels() -> None:
+    graph = _resnet_like()
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    (stem,) = [n for n in graph.nodes if n.op == "Conv" and n.inputs[0].name == "input"]
+    assert stem.name in plan.quantized_layers  # 3 input channels, under min_channels, but it feeds a MaxPool
+    (pool,) = _ops(graph, "MaxPool")
+    assert any({pool.inputs[0].name, pool.outputs[0].name} <= set(group) for group in plan.shared)
+    (gap,) = _ops(graph, "GlobalAveragePool")
+    pool_edges = {(s.tensor, s.consumer) for s in plan.sites if s.role == "pool"}
+    assert (gap.inputs[0].name, gap.name) in pool_edges and gap.outputs[0].name in {t for t, _ in pool_edges}
+    # Without the option the stem stays float, and the pools get no pairs of their own.
+    off = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_pools=False))
+    assert stem.name not in off.quantized_layers and not [s for s in off.sites if s.role == "pool"]
+
+
+def test_integer_pools_run_as_integer_kernels_and_keep_the_numbers() -> None:
+    graph = _resnet_like()
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding=exact_encoding())
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearAdd") == 1 and ops.get("QLinearGlobalAveragePool") == 1, ops
+    assert "Add" not in ops and "GlobalAveragePool" not in ops and ops.get("QLinearConv") == 3, ops
+    assert ops.get("QuantizeLinear") == 1 and not ops.get("DequantizeLinear"), ops  # only the image is converted
+    feeds = feeds_for(graph, seed=3)
+    reference = run_model(onnx_from_graph(graph), feeds)["logits"]
+    qdq_form = run_model(model, feeds, opt_level="disable")["logits"]  # what the plan means, as float math
+    cpu_form = run_model(lowered, feeds)["logits"]
+    assert cosine(qdq_form, cpu_form) > 0.999
+    assert cosine(reference, cpu_form) > 0.99
+
+
+def test_a_shared_maxpool_grid_is_exact() -> None:
+    """Max pooling commutes with rounding onto one grid: the pair after the MaxPool changes no value of the Q/DQ
+    graph (taken out, the outputs are the same bit for bit)."""
+    graph = _resnet_like()
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    (pool,) = [n for n in model.graph.node if n.op_type == "MaxPool"]
+    readers = [n for n in model.graph.node if pool.output[0] in n.input]
+    assert readers and all(n.op_type == "QuantizeLinear" for n in readers)
+    bypassed = onnx.ModelProto()
+    bypassed.CopyFrom(model)
+    dequantized = {dq.output[0] for dq in model.graph.node if dq.op_type == "DequantizeLinear"
+                   and any(dq.input[0] == q.output[0] for q in readers)}  # fmt: skip
+    for node in bypassed.graph.node:
+        node.input[:] = [pool.output[0] if name in dequantized else name for name in node.input]
+    feeds = feeds_for(graph, seed=4)
+    ours, without = (run_model(m, feeds, opt_level="disable")["logits"] for m in (model, bypassed))
+    assert np.array_equal(ours, without)
+
+
+def test_a_pool_reading_a_float_activation_stays_float() -> None:
+    """A squeeze-excite pool reads a SiLU output that stays float: quantising its whole input to pool it in
+    integer would cost more than the float pool."""
+    b = GraphBuilder("se_pool", seed=0)
+    x = b.silu(b.conv_bn(b.input("input", [1, 16, 16, 16]), 16, 32, 3, act=None))
+    model = b.build([b.gemm(b.pool_flatten(x), 32, 16, out="logits")])
+    graph = optimize(graph_from_onnx(model)).graph
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    assert not [s for s in plan.sites if s.role == "pool"]
