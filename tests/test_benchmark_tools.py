@@ -350,3 +350,17 @@ def test_benchlib_times_interleaved_and_pairs_each_round_with_the_baseline() -> 
     assert "`amx`**: its u8s8 INT8 kernels are exact" in cpu_class("amx")
     assert "`avx512_vnni`**: its u8s8 INT8 kernels are exact" in cpu_class("avx512_vnni")
     assert "exactness unknown" in cpu_class("arm64")
+
+
+def test_compare_ort_plans_lists_the_optimised_ops_and_times_each_model(tmp_path: Path) -> None:
+    import onnx
+
+    from trtopt.zoo import build_model
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save_model(build_model("tiny_cnn"), path)
+    listed = run_tool("tools/compare_ort_plans.py", "ops", str(path), f"{path}:engine")
+    assert listed.count(" nodes {") == 2 and "Conv" in listed
+    timed = run_tool("tools/compare_ort_plans.py", "time", "--rounds", "2", str(path), f"same={path}:engine")
+    rows = [line.split() for line in timed.splitlines()]
+    assert [r[0] for r in rows] == ["FP32", "same"] and all(r[2] == "ms" and r[3].endswith("x") for r in rows)
