@@ -4,8 +4,12 @@ Each backend is one registered object (`BACKENDS`; the contract is `trtopt.backe
 same file roles, so `ls trtopt/backend/*` shows the architecture: ``backend.py`` (the registered object:
 status, quantisation defaults, options, variants, verification policy, report), ``builder.py`` (ONNX ->
 plan sections) and ``runner.py`` (plan -> outputs); TensorRT adds ``detect.py``. Heavy libraries load
-lazily: the CPU backend needs ONNX Runtime, the TensorRT one `tensorrt` and `cuda-bindings`
-(``pip install trtopt[gpu]``).
+lazily: the CPU backend needs ONNX Runtime, the OpenVINO one `openvino` (``pip install trtopt[openvino]``), the
+TensorRT one `tensorrt` and `cuda-bindings` (``pip install trtopt[gpu]``).
+
+A backend is told a `BuildTarget` (INT8, FP16, sparsity, fixed shapes, its own options), never the build's
+config; it registers itself into `registry.BACKENDS`, which imports only `base`, and this package imports each
+backend module once so that the registry lists them all (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ its record `Sensitivity`, which the plan stores. `seven_bit_for_build` is the sa
 encoding u8s7 (issue #45): which dense layers take 7-bit weights, so ONNX Runtime's u8s8 kernels run them
 exactly on CPUs whose kernels saturate, at the least fidelity cost (record: `SevenBit`).
 
-Its helpers (`_trials`: running candidate plans; `_objective`: what a
-trial is judged by; `_greedy`, `_widen`, `_ceiling`, `_ranking`, `_trial_count`) are private to it.
+Its helpers (`_trials`: running candidate plans; `_objective`: what a trial is judged by; `_greedy`, `_widen`,
+`_ceiling`, `_ranking`, `_trial_count`) are private to it.
 
 It sits above verification: a trial is a quantised plan in its backend's measured form
 (`Backend.measured_form`), run as ONNX Runtime computes it and compared with FP32 by the figures a build's
