@@ -131,6 +131,33 @@ def test_cache_reuse_gives_the_same_plan(workdir: Path, built) -> None:  # type:
     }
 
 
+def test_cache_only_build_says_which_searches_it_could_not_run(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    """The sensitivity analysis and the 7-bit search measure on calibration samples: a build from the cache alone
+    skips them and records so (the summary's "not measured" row); with the images beside the cache both run, on the
+    cache's thresholds. u8s7 asks for the 7-bit search on every CPU kind."""
+    from dataclasses import replace
+
+    from trtopt.backend.cpu.options import CpuOptions
+    from trtopt.cli.summaries import build_summary, not_measured_text
+
+    u8s7 = (CpuOptions(encoding="u8s7"),)
+    cache_only = build_plan(workdir / "tiny.onnx", replace(_from_cache(workdir / "c.json"), backend_options=u8s7))
+    assert cache_only.plan.metadata.extra["not_measured"] == ["sensitivity analysis", "7-bit weight search"]
+    quant = cache_only.plan.metadata.quant
+    assert "seven_bit_weights" not in cache_only.plan.metadata.extra and quant is not None and not quant.sensitivity
+    assert "--calib DIR beside --calib-cache" in not_measured_text(["7-bit weight search"])
+    with_data = replace(_from_cache(workdir / "c.json"), backend_options=u8s7,
+                        data=DataConfig(sources=(str(workdir / "images"),)),
+                        preprocess=PreprocessConfig(preset="imagenet"))  # fmt: skip
+    both = build_plan(workdir / "tiny.onnx", with_data)
+    assert "not_measured" not in both.plan.metadata.extra and "seven_bit_weights" in both.plan.metadata.extra
+    assert both.qdq.thresholds == cache_only.qdq.thresholds
+    assert "not_measured" not in built.plan.metadata.extra
+    write_plan(cache_only.plan, workdir / "cache_only.engine")
+    summary = build_summary(cache_only, workdir / "cache_only.engine")
+    assert summary["not_measured"] == ["sensitivity analysis", "7-bit weight search"]
+
+
 def test_bias_correction_needs_channel_means_and_can_be_switched_off(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
     """A TensorRT cache has thresholds only: the plan is built as before, without bias correction, which
     is exactly what `bias_correction=False` gives from trtopt's cache."""

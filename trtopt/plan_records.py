@@ -75,6 +75,8 @@ def plan_records(graph: gs.Graph, target: BuildTarget, backend: str, profiles: M
         records["sparsity"] = sparsity_record(graph, layers, target.fp16, backend)
     if quantized.seven_bit is not None:  # the dense layers given 7-bit weights (read back by `trtopt inspect`)
         records["extra"] = {"seven_bit_weights": quantized.seven_bit.to_dict()}
+    if quantized.not_measured:  # searches a cache-only build could not run (the summary says how to run them)
+        records.setdefault("extra", {})["not_measured"] = list(quantized.not_measured)
     return records
 
 

@@ -45,6 +45,7 @@ class Quantized(NamedTuple):
     sensitivity: Sensitivity | None = None  # the layers kept float because INT8 cost too much (auto-exclude)
     equalization: str | None = None  # what activation equalisation did, for the summary
     seven_bit: SevenBit | None = None  # the dense layers given 7-bit weights (trtopt.search.seven_bit)
+    not_measured: tuple[str, ...] = ()  # the searches asked for that had no data to measure on (a cache-only build)
 
 
 def quantize_graph(
@@ -93,7 +94,17 @@ def quantize_graph(
         seven_bit = quant.seven_bit_layers
         bias = correct_biases_for_build(graph, qplan, calibration, seven_bit) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, amax, seven_bit)
-    return Quantized(calibration, bias, qdq, sensitivity, note, seven)
+    return Quantized(calibration, bias, qdq, sensitivity, note, seven, _not_measured(quant, data))
+
+
+def _not_measured(quant: QuantConfig, data: Dataset | None) -> tuple[str, ...]:
+    """The searches `quant` asks for that measure fidelity on calibration data, where a build has none (its
+    thresholds come from a cache alone): the plan then keeps every layer INT8 and, where the CPU encoding
+    wants 7-bit weights, keeps 8-bit ones (exact, slower kernels on AVX2), and the summary says so."""
+    if data is not None:
+        return ()
+    asked = {"sensitivity analysis": quant.auto_exclude, "7-bit weight search": quant.seven_bit_search}
+    return tuple(name for name, on in asked.items() if on)
 
 
 def _equalize(

@@ -31,6 +31,7 @@ def build_summary(result: BuildResult, path: Path) -> dict[str, Any]:
         "sensitivity": quant.sensitivity if quant else None,
         "equalization": result.equalization,
         "seven_bit_weights": meta.extra.get("seven_bit_weights") if quant else None,  # trtopt.search.seven_bit
+        "not_measured": meta.extra.get("not_measured") if quant else None,  # searches a cache-only build skipped
         "optimizer": meta.optimizer.to_dict() if meta.optimizer else None,
         "graph_check": result.graph_check.to_dict() if result.graph_check else None,
         "preprocess": meta.preprocess,  # what `trtopt run` will do to images (None: the plan takes arrays)
@@ -89,6 +90,8 @@ def print_build_summary(
     row = sensitivity_row(summary.get("sensitivity"))
     if row is not None:
         table.add_row(*row)
+    if skipped := summary.get("not_measured"):
+        table.add_row("not measured", not_measured_text(skipped))
     for label, text in report.rows() if report is not None else []:
         table.add_row(label, text)
     if summary.get("graph_check"):  # the optimised graph against the model file (trtopt.passes.check)
@@ -152,6 +155,16 @@ def float_reasons(floats: dict[str, str]) -> str:
         why = REASON if why.startswith(REASON) else why
         reasons[why] = reasons.get(why, 0) + 1
     return ", ".join(f"{n} ({why})" for why, n in reasons.items())
+
+
+def not_measured_text(searches: list[str]) -> str:
+    """Why a build from a calibration cache alone skipped the searches that measure fidelity, what the plan holds
+    instead, and how to run them (`trtopt.quantize._not_measured`)."""
+    effects = {"sensitivity analysis": "every layer the rules allow is INT8",
+               "7-bit weight search": "dense layers keep 8-bit weights (u8u8 kernels: exact, slower without VNNI)"}
+    held = "; ".join(effects.get(name, name) for name in searches)
+    return (f"{' and '.join(searches)}: they measure fidelity on calibration data and this build had only a cache, "
+            f"so {held}. Pass --calib DIR beside --calib-cache to run them (the cache's thresholds are kept)")
 
 
 def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
