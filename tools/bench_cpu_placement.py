@@ -12,9 +12,10 @@ can be read against its neighbour's:
 - ONNX Runtime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, after quant_pre_process)
   as written (u8s8), with its weights stored as uint8 (u8u8: the same values, `store_unsigned_weights`), and
   with `reduce_range` (7-bit weights);
-- trtopt's plan in each encoding (u8s8 forced, u8u8), with every conv INT8 (`min_channels=1`: the stem too),
-  and with its tail quantised as ONNX Runtime quantises it (the last residual Add and the GlobalAveragePool
-  as QLinearAdd / QLinearGlobalAveragePool: a Q/DQ pair inserted after the last Relu and after the pool);
+- trtopt's plan in each encoding (u8s8 forced, u8u8, and the default: u8s7 where u8s8 saturates), with every
+  conv INT8 (`min_channels=1`: the stem too), and with its tail quantised as ONNX Runtime quantises it (the last
+  residual Add and the GlobalAveragePool as QLinearAdd / QLinearGlobalAveragePool: a Q/DQ pair inserted after the
+  last Relu and after the pool);
 - trtopt's plan opened with ONNX Runtime's session defaults (no transformers disabled): the runner's options.
 
 Each row gives the kernels ONNX Runtime made of the graph (INT8 convs, float convs, Q and DQ nodes, float
@@ -141,7 +142,8 @@ def variants(path: Path, args: argparse.Namespace, images: np.ndarray) -> list[V
         Variant("ORT, weights as u8u8", _unsigned(ort_u8s8), "store_unsigned_weights on ORT's graph", ()),
         Variant("ORT, reduce_range", ort_rr, "7-bit weights", ()),
         Variant("trtopt (u8s8)", plan_u8s8, "--cpu-encoding u8s8"),
-        Variant("trtopt (u8u8)", trtopt_plan(path, args, "u8u8"), "--cpu-encoding u8u8 (auto on avx2)"),
+        Variant("trtopt (u8u8)", trtopt_plan(path, args, "u8u8"), "--cpu-encoding u8u8"),
+        Variant(f"trtopt default ({_auto_encoding()})", trtopt_plan(path, args, "auto"), "--cpu-encoding auto"),
         Variant("trtopt (u8s8), INT8 stem", trtopt_plan(path, args, "u8s8", min_channels=1), "--min-channels 1"),
         Variant(
             "trtopt (u8s8), tail quantised",
@@ -151,6 +153,13 @@ def variants(path: Path, args: argparse.Namespace, images: np.ndarray) -> list[V
         Variant("trtopt (u8s8), ORT's session defaults", plan_u8s8, "no transformer disabled", ()),
     ]
     return out
+
+
+def _auto_encoding() -> str:
+    """The encoding `--cpu-encoding auto` takes on this CPU (u8s7 where u8s8 kernels saturate, else u8s8)."""
+    from trtopt.backend.cpu.builder import candidate_encodings
+
+    return candidate_encodings("auto")[0]
 
 
 def _unsigned(model: bytes) -> bytes:
