@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import numpy as np
 
 from trtopt.backend import BACKENDS, Backend, RunOptions, create_runner, select_backend
+from trtopt.data.inputs import random_array
 from trtopt.errors import TrtoptError
 
 if TYPE_CHECKING:
@@ -165,7 +166,5 @@ def made_up_feeds(plan: Plan, batch: int) -> dict[str, np.ndarray]:
     feeds = {}
     for spec in plan.inputs:
         shape = [d if d > 0 else (batch if i == 0 else DYNAMIC_SIZE) for i, d in enumerate(spec.shape)]
-        dtype = np.dtype(spec.dtype)
-        feeds[spec.name] = (rng.standard_normal(shape).astype(dtype) if dtype.kind == "f"
-                            else np.zeros(shape, dtype=dtype))  # fmt: skip
+        feeds[spec.name] = random_array(rng, shape, spec.dtype)
     return feeds

@@ -100,6 +100,7 @@ def timing_function(engine: Any) -> tuple[Callable[[Any], Any], str]:
 
 def random_inputs(specs: Sequence[Any], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Random data shaped like each input, with the dynamic (-1) batch dimension set to `batch`."""
+    from trtopt.data.inputs import random_array
     from trtopt.memory import require_memory, tensor_bytes
 
     rng = np.random.default_rng(seed)
@@ -121,13 +122,7 @@ def random_inputs(specs: Sequence[Any], batch: int, seed: int = 0) -> dict[str, 
             )
         if any(d < 1 for d in shape):
             raise TrtoptError(f"Input {spec.name!r} has a dynamic dimension besides the batch: {spec.shape}.")
-        dtype = np.dtype(spec.dtype)
-        if dtype.kind == "f":
-            feeds[spec.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype.kind in "iu":
-            feeds[spec.name] = rng.integers(0, 2, size=shape).astype(dtype)
-        else:
-            feeds[spec.name] = np.zeros(shape, dtype=dtype)
+        feeds[spec.name] = random_array(rng, shape, spec.dtype)
     return feeds
 
 

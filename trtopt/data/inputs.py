@@ -1,4 +1,5 @@
-"""What a data set must fill: each model input's name, shape (None for a dynamic dimension) and dtype."""
+"""What a data set must fill: each model input's name, shape (None for a dynamic dimension) and dtype; and
+`random_array`, the made-up input every check and timing that has no data uses."""
 
 from __future__ import annotations
 
@@ -73,3 +74,12 @@ def _numpy_dtype(tensor: Any) -> np.dtype[Any]:
             fix="Re-export the model with typed inputs.",
         )
     return np.dtype(dtype)
+
+
+def random_array(rng: np.random.Generator, shape: Sequence[int], dtype: npt.DTypeLike) -> np.ndarray:
+    """Made-up input of `shape`: normal noise for a float dtype, zeros for integers and booleans (token ids,
+    sizes, masks: zeros are what a model accepts most often). For checks and timings that have no data; the
+    values barely move a CPU's time."""
+    kind = np.dtype(dtype)
+    value = rng.standard_normal(list(shape)) if np.issubdtype(kind, np.floating) else np.zeros(list(shape))
+    return value.astype(kind)

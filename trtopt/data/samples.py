@@ -14,7 +14,7 @@ import numpy as np
 from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.data.dataset import Dataset, holds_only_arrays, load_dataset
 from trtopt.data.input_spec import spec_for_input
-from trtopt.data.inputs import input_infos_from_graph
+from trtopt.data.inputs import input_infos_from_graph, random_array
 from trtopt.data.preprocess import PreprocessSpec
 from trtopt.errors import DataError, InputsRejected, ShapeError, TrtoptError
 
@@ -148,7 +148,7 @@ def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batc
     rng = np.random.default_rng(0)
     infos = input_infos_from_graph(graph)
     if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
-        whole = {info.name: _random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
+        whole = {info.name: random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
         source = "1 random feed (no data given: checks the kernels, not accuracy)"
         return Checks([(whole, None)], source, 1, random=True)
     fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}
@@ -160,7 +160,7 @@ def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batc
             feeds[info.name] = preprocess_images(images, spec)
             continue
         shape = [rows, *(d if isinstance(d, int) and d > 0 else 1 for d in info.shape[1:])]
-        feeds[info.name] = _random_array(rng, shape, info.dtype)
+        feeds[info.name] = random_array(rng, shape, info.dtype)
     source = f"{rows} random inputs (no data given: checks the kernels, not accuracy)"
     return Checks([(feeds, None)], source, rows, random=True)
 
@@ -178,11 +178,6 @@ def refused_random_inputs(exc: InputsRejected, checks: Checks, graph: gs.Graph) 
         fix="Give inputs it accepts with --verify-data (a .npz with one array per input, or .npy for one "
         "input; --int8 builds take them from --calib).",
     )
-
-
-def _random_array(rng: np.random.Generator, shape: list[int], dtype: Any) -> np.ndarray:
-    value = rng.standard_normal(shape) if np.issubdtype(dtype, np.floating) else np.zeros(shape)
-    return value.astype(dtype)
 
 
 SHARED_CHECKS = 4  # x `samples`, shared by a calibration set too small to hold any back (data.samples says why)

@@ -75,7 +75,7 @@ class Reference:
 def reference(graph: gs.Graph) -> Reference:
     """Run the loaded, not yet optimised `graph` on one random feed (standard normal floats, zeros for integers;
     a dynamic first dimension of 1). Dynamic sizes past it cannot be guessed: then nothing runs."""
-    from trtopt.data.inputs import input_infos_from_graph
+    from trtopt.data.inputs import input_infos_from_graph, random_array
     from trtopt.execution.ort_session import run_model
 
     drawn = random_ops(n.op for n in graph.nodes)
@@ -87,8 +87,7 @@ def reference(graph: gs.Graph) -> Reference:
         if any(d is None for d in info.shape[1:]):
             return Reference(None, None, f"input {info.name!r} has dynamic sizes (set them with --shapes to check)")
         shape = [d or 1 for d in info.shape]  # only the first can be None here
-        floats = np.issubdtype(info.dtype, np.floating)
-        feeds[info.name] = (rng.standard_normal(shape) if floats else np.zeros(shape)).astype(info.dtype)
+        feeds[info.name] = random_array(rng, shape, info.dtype)
     try:
         return Reference(feeds, run_model(graph, feeds, opt_level="disable"))
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors have many types; the model is not trtopt's
