@@ -108,7 +108,7 @@ def test_engine_validates_inputs_once(workdir: Path, built) -> None:  # type: ig
 
 def test_cache_reuse_gives_the_same_plan(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
     """The same thresholds, Q/DQ and weights from the cache as from the data. Compared in an encoding that reads
-    no data: on CPUs whose u8s8 kernels saturate the default (u8s7) picks its 7-bit layers by measuring on the
+    no data: the u8s7 encoding picks its 7-bit layers by measuring on the
     calibration samples, which a cache-only build does not have (it keeps 8-bit weights, exact too)."""
     from dataclasses import replace
 

@@ -123,8 +123,8 @@ def test_isa_classes_from_cpu_flags(tmp_path: Path) -> None:
 
 
 def test_auto_encoding_follows_what_the_cpu_computes_exactly() -> None:
-    assert cpu_builder.candidate_encodings("auto", "avx2") == ["u8s7", "u8u8"]  # 7-bit weights where they pay
-    assert cpu_builder.candidate_encodings("auto", "avx512") == ["u8s7", "u8u8"]
+    assert cpu_builder.candidate_encodings("auto", "avx2") == ["u8s8p", "u8u8"]  # pair-bounded 8-bit weights
+    assert cpu_builder.candidate_encodings("auto", "avx512") == ["u8s8p", "u8u8"]
     assert cpu_builder.candidate_encodings("auto", "amx") == ["u8s8", "u8u8"]
     assert cpu_builder.candidate_encodings("auto", "aarch64") == ["u8s8", "u8u8"]  # unknown: verified
     assert cpu_builder.candidate_encodings("u8s8", "avx2") == ["u8s8"]  # the user's choice, verified all the same

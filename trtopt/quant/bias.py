@@ -54,7 +54,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.calib.thresholds import QMAX
 from trtopt.quant.placement import QuantPlan
-from trtopt.quant.qdq import SEVEN_BIT, quantize_weight
+from trtopt.quant.qdq import SEVEN_BIT, Pairs, quantize_weight, weight_pairs
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +67,10 @@ class BiasReport:
     skipped: dict[str, str] = field(default_factory=dict)
 
 
-def weight_error(weight: np.ndarray, axis: int, levels: int = QMAX) -> np.ndarray:
+def weight_error(weight: np.ndarray, axis: int, levels: int = QMAX, pairs: Pairs | None = None) -> np.ndarray:
     """dW = dequantised INT8 weight - weight, with the quantisation `insert_qdq` applies (per channel, on the grid of
-    `levels`: 127, or 63 for a 7-bit layer)."""
-    q, scale = quantize_weight(weight, axis, levels=levels)
+    `levels`: 127, or 63 for a 7-bit layer; pair-bounded with `pairs`)."""
+    q, scale = quantize_weight(weight, axis, levels=levels, pairs=pairs)
     shape = [1] * weight.ndim
     shape[axis % weight.ndim] = -1
     return q.astype(np.float64) * scale.reshape(shape).astype(np.float64) - weight.astype(np.float64)
@@ -105,7 +105,8 @@ def correct_biases(
     for name in plan.quantized_layers:
         node = nodes[name]
         levels = SEVEN_BIT if name in seven_bit else QMAX
-        shift, why = _expected_shift(node, axes.get(name), channel_means, levels)
+        shift, why = _expected_shift(node, axes.get(name), channel_means, levels,
+                                     weight_pairs(plan, node.op, node.attrs, levels))  # fmt: skip
         if shift is None:
             skipped[name] = why
             continue
@@ -115,7 +116,8 @@ def correct_biases(
 
 
 def _expected_shift(
-    node: gs.Node, axis: int | None, channel_means: Mapping[str, np.ndarray], levels: int = QMAX
+    node: gs.Node, axis: int | None, channel_means: Mapping[str, np.ndarray], levels: int = QMAX,
+    pairs: Pairs | None = None,
 ) -> tuple[np.ndarray | None, str]:
     weight = node.inputs[1] if len(node.inputs) > 1 else None
     if node.op not in ("Conv", "Gemm"):
@@ -130,7 +132,7 @@ def _expected_shift(
     expected = values.shape[1] * int(node.attrs.get("group", 1)) if node.op == "Conv" else _gemm_k(node, values)
     if mean is None or mean.size != expected:
         return None, "no channel mean for its input" if mean is None else f"input mean has {mean.size} channels"
-    error = weight_error(values, axis, levels)
+    error = weight_error(values, axis, levels, pairs)
     if node.op == "Conv":
         return conv_output_shift(error, mean, int(node.attrs.get("group", 1))), ""
     if float(node.attrs.get("beta", 1.0)) == 0.0 and len(node.inputs) > 2:

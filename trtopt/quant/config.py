@@ -54,7 +54,9 @@ class QuantConfig:
     `seven_bit_layers` puts the named layers' weights on a 7-bit grid (per-channel max / 63), which a CPU whose
     u8s8 kernels saturate runs exactly at their speed (`trtopt.backend.cpu.isa`); `seven_bit_search` lets the
     build choose those layers among the dense INT8 ones by measurement (`trtopt.search.seven_bit`). The CPU backend
-    asks for the search where its encoding needs it (its `quant_config`).
+    asks for the search where its encoding needs it (its `quant_config`). `pair_bounded_weights` keeps the other
+    dense layers' weights 8-bit but widens the grid of each output channel whose neighbouring same-sign weights could
+    saturate those kernels' int16 pair sums (`trtopt.quant.pairs`): exact there too, at nearly 8-bit fidelity.
     """
 
     exclude: tuple[str, ...] = ()
@@ -70,6 +72,7 @@ class QuantConfig:
     equalize: bool = True
     seven_bit_layers: tuple[str, ...] = ()
     seven_bit_search: bool = False
+    pair_bounded_weights: bool = False
 
     def __post_init__(self) -> None:
         channels = self.min_channels

@@ -44,6 +44,7 @@ class QuantPlan:
     shared: tuple[tuple[str, ...], ...]  # tensors that must share one threshold (Concat groups)
     quantized_layers: tuple[str, ...]
     float_layers: dict[str, str] = field(default_factory=dict)  # node name -> why it stays float
+    pair_bounded: bool = False  # dense layers' 8-bit weights with pairs that fit (QuantConfig.pair_bounded_weights)
 
     @property
     def activation_tensors(self) -> list[str]:
@@ -76,6 +77,7 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
         shared=tuple(shared),
         quantized_layers=tuple(n.name for n in layers),
         float_layers=float_layers,
+        pair_bounded=config.pair_bounded_weights,
     )
 
 

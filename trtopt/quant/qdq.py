@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -17,7 +18,10 @@ import onnx_graphsurgeon as gs
 from trtopt.calib.thresholds import QMAX, ZERO_AMAX, weight_scales
 from trtopt.errors import CalibrationError
 from trtopt.frontend.edit import canonicalize
+from trtopt.quant.pairs import DENSE, pair_bounded
 from trtopt.quant.placement import QuantPlan, QuantSite
+
+Pairs = tuple[str, Mapping[str, Any]]  # a layer's op and attributes: how its kernels pair its weights
 
 # A tensor (or weight channel) that was all zeros still needs a positive scale: the calibrator's
 # choice, whose scale is float16's smallest normal number, so FP16 graphs keep it too.
@@ -73,15 +77,16 @@ def insert_qdq(
     _require_one_site_per_edge(plan)
     thresholds = shared_thresholds(amax, plan.shared)
     nodes = {n.name: n for n in graph.nodes}
-    weights: dict[tuple[str, int, int], gs.Variable] = {}
+    weights: dict[tuple[str, int, int, bool], gs.Variable] = {}
     n_act = n_weight = 0
     for site in plan.sites:
         consumer = nodes[site.consumer]
         if site.kind == "weight":
             levels = SEVEN_BIT if site.consumer in seven_bit else QMAX
-            key = (site.tensor, site.axis, levels)
+            pairs = weight_pairs(plan, consumer.op, consumer.attrs, levels)
+            key = (site.tensor, site.axis, levels, pairs is not None)
             if key not in weights:
-                weights[key] = _dequantized_weight(graph, consumer.inputs[site.index], site.axis, levels)
+                weights[key] = _dequantized_weight(graph, consumer.inputs[site.index], site.axis, levels, pairs)
                 n_weight += 1
             consumer.inputs[site.index] = weights[key]
         else:
@@ -125,12 +130,15 @@ def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: fl
 
 
 def quantize_weight(
-    values: np.ndarray, axis: int, *, name: str = "", levels: int = QMAX
+    values: np.ndarray, axis: int, *, name: str = "", levels: int = QMAX, pairs: Pairs | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-channel INT8: returns (int8 values within +-`levels`, float32 scale per channel along `axis`:
-    max|w| / `levels`)."""
+    max|w| / `levels`); with `pairs` (the layer's op and attributes) 8-bit weights whose neighbouring pairs fit
+    saturating kernels (`trtopt.quant.pairs`)."""
     axis = axis % values.ndim
     scale = weight_scales(values, axis, name=name)
+    if pairs is not None and levels == QMAX:
+        return pair_bounded(values, axis, scale, *pairs)
     if levels != QMAX:
         scale = (scale.astype(np.float64) * QMAX / levels).astype(np.float32)
     shape = [1] * values.ndim
@@ -139,11 +147,18 @@ def quantize_weight(
     return q, scale
 
 
-def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int, levels: int = QMAX) -> gs.Variable:
+def weight_pairs(plan: QuantPlan, op: str, attrs: Mapping[str, Any], levels: int) -> Pairs | None:
+    """The layer's (op, attributes) where its 8-bit weights are to be pair-bounded (`QuantPlan.pair_bounded`), else
+    None."""
+    return (op, attrs) if plan.pair_bounded and levels == QMAX and op in DENSE else None
+
+
+def _dequantized_weight(graph: gs.Graph, weight: gs.Constant, axis: int, levels: int = QMAX,
+                        pairs: Pairs | None = None) -> gs.Variable:  # fmt: skip
     values = np.asarray(weight.values, dtype=np.float32)
     axis = axis % values.ndim
-    q, scale = quantize_weight(values, axis, name=weight.name, levels=levels)
-    base = f"{weight.name}/int8" if levels == QMAX else f"{weight.name}/int7"
+    q, scale = quantize_weight(values, axis, name=weight.name, levels=levels, pairs=pairs)
+    base = f"{weight.name}/int7" if levels != QMAX else f"{weight.name}/int8p" if pairs else f"{weight.name}/int8"
     inputs = [
         gs.Constant(base, q),
         gs.Constant(f"{base}/scale", scale),

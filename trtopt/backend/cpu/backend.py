@@ -106,8 +106,9 @@ class CpuBackend(Backend[CpuOptions]):
         QLinearGlobalAveragePool; torchvision ResNet-18 from 0.93-0.97x to 1.00-1.01x the speed of ONNX Runtime's
         own quantizer's plan at b1 / b8, docs/exports.md), a depthwise conv fed by a float layer kept float
         unless the user said otherwise (`QuantConfig.float_leading_depthwise`), and for a build whose encoding
-        (`options`) has 7-bit weights (u8s7: auto on CPUs whose u8s8 kernels saturate), the search for the dense
-        layers that get them (`trtopt.search.seven_bit`).
+        (`options`) has 7-bit weights (u8s7), the search for the dense layers that get them
+        (`trtopt.search.seven_bit`); for u8s8p (auto on CPUs whose u8s8 kernels saturate), 8-bit weights with
+        neighbouring pairs that fit those kernels (`trtopt.quant.pairs`).
 
         Why the depthwise default: MLAS's INT8 depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16
         depthwise convs: 0.6x to 1.8x each, 1.0x in total, 1 thread), the float -> INT8 conversion only moves
@@ -124,7 +125,8 @@ class CpuBackend(Backend[CpuOptions]):
         from trtopt.backend.cpu.builder import candidate_encodings
         from trtopt.backend.cpu.lowering import ENCODINGS
 
-        return replace(quant, seven_bit_search=ENCODINGS[candidate_encodings(options.encoding)[0]].seven_bit)
+        encoding = ENCODINGS[candidate_encodings(options.encoding)[0]]
+        return replace(quant, seven_bit_search=encoding.seven_bit, pair_bounded_weights=encoding.pairs)
 
     def options(self, target: BuildTarget, graph: gs.Graph) -> CpuOptions:
         if target.fp16:

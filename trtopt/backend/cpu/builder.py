@@ -57,14 +57,15 @@ def gemm_routing(choice: str) -> bool:
 def candidate_encodings(choice: str = "auto", isa: str | None = None) -> list[str]:
     """The encodings a build tries, fastest first. `auto` leaves out u8s8 where this CPU's u8s8 kernels are
     known to saturate (trtopt.backend.cpu.isa): a few verification samples could miss a rare overflow; there
-    it is u8s7 (7-bit weights where they cost little fidelity: exact u8s8 kernels; u8u8 elsewhere).
+    it is u8s8p (8-bit weights whose neighbouring pairs fit the saturating sums: exact u8s8 kernels at nearly
+    8-bit fidelity, `trtopt.quant.pairs`), then u8u8.
     On a CPU of unknown kind (not x86) u8s8 is tried first and kept only if it verifies."""
     if choice != "auto":
         if choice not in ENCODINGS:
             raise UnknownNameError("CPU encoding", choice, ["auto", *ENCODINGS])
         return [choice]
     isa = isa or cpu_isa()
-    return ["u8s7", "u8u8"] if isa in SATURATING_U8S8 else ["u8s8", "u8u8"]
+    return ["u8s8p", "u8u8"] if isa in SATURATING_U8S8 else ["u8s8", "u8u8"]
 
 
 def exact_encoding(isa: str | None = None) -> str:

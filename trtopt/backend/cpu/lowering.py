@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from trtopt.backend.cpu.activations import fuse_activations
 from trtopt.backend.cpu.bounds import lower_bounds
@@ -35,6 +35,7 @@ from trtopt.backend.cpu.isa import fits_seven_bits
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
 from trtopt.frontend.edit import stable_topological_order
+from trtopt.quant.pairs import fits_pairs
 
 # A bounded tensor's uint8 grid replaces the symmetric one only if its steps are at most this large (relative).
 FINER = 0.9
@@ -75,12 +76,17 @@ class Encoding:
     name: str
     unsigned_weights: bool  # dense layers' 8-bit weights as uint8 q + 128, zero point 128 (7-bit ones stay int8)
     seven_bit: bool = False  # the build gives the dense layers whose fidelity allows it 7-bit weights
+    pairs: bool = False  # 8-bit weights whose neighbouring pairs fit the saturating sums (`trtopt.quant.pairs`)
 
 
 # u8s8: fastest, exact where the CPU has VNNI or AMX; u8u8: exact on every x86 CPU, slower; u8s7: 7-bit weights
-# where the build measured that they cost little fidelity (exact u8s8 kernels everywhere), u8u8 elsewhere.
+# where the build measured that they cost little fidelity (exact u8s8 kernels everywhere), u8u8 elsewhere;
+# u8s8p: 8-bit weights, each channel's grid widened where a neighbouring pair could saturate (exact u8s8 kernels
+# everywhere, at nearly 8-bit fidelity).
 ENCODINGS: dict[str, Encoding] = {
-    e.name: e for e in (Encoding("u8s8", False), Encoding("u8u8", True), Encoding("u8s7", True, seven_bit=True))
+    e.name: e
+    for e in (Encoding("u8s8", False), Encoding("u8u8", True), Encoding("u8s7", True, seven_bit=True),
+              Encoding("u8s8p", False, pairs=True))  # fmt: skip
 }
 
 
@@ -116,7 +122,7 @@ def lower_for_cpu(
     _quantize_biases(graph, inits, producers)
     if ENCODINGS[encoding].unsigned_weights:
         store_unsigned_weights(lowered)
-    elif gemm_min_k is not None:
+    elif gemm_min_k is not None and not ENCODINGS[encoding].pairs:  # routing's q - 1 could break a pair's bound
         route_to_gemm(graph, inits, producers, gemm_min_k)
     fuse_activations(lowered)  # GELU and SiLU, which ONNX Runtime cannot fuse once they read a DequantizeLinear
     _drop_unused_initializers(graph)
@@ -128,8 +134,9 @@ def store_unsigned_weights(model: onnx.ModelProto) -> int:
 
     The values are the same (q - zp is unchanged, GEMM-routed q - 1 with zero point -1 included), and
     ONNX Runtime's u8u8 kernels widen both sides to 16 bits before multiplying, so they cannot saturate.
-    Weights within 7 bits (`trtopt.backend.cpu.isa.fits_seven_bits`: the u8s7 encoding's) stay int8: every CPU's
-    u8s8 kernels run them exactly, and faster.
+    Weights within 7 bits (`trtopt.backend.cpu.isa.fits_seven_bits`: the u8s7 encoding's) or whose neighbouring
+    pairs fit (`trtopt.quant.pairs.fits_pairs`: the u8s8p encoding's) stay int8: every CPU's u8s8 kernels run them
+    exactly, and faster.
     Depthwise convs are left alone: their kernel multiplies one product at a time, exact on every CPU
     (tools/bench_cpu_encodings.py). It works on a lowered model, so a plan can be re-encoded on load.
     """
@@ -147,8 +154,9 @@ def store_unsigned_weights(model: onnx.ModelProto) -> int:
         if q_init is None or zp_init is None or q_init.data_type != onnx.TensorProto.INT8:
             continue
         q, zp = numpy_helper.to_array(q_init).astype(np.int16), numpy_helper.to_array(zp_init).astype(np.int16)
-        if fits_seven_bits(q):
-            continue  # 7-bit weights (trtopt.search.seven_bit): the u8s8 kernels are exact with them, and faster
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if fits_seven_bits(q) or fits_pairs(numpy_helper.to_array(q_init), node.op_type, attrs):
+            continue  # 7-bit (trtopt.search.seven_bit) or pair-bounded weights: exact u8s8 kernels, and faster
         if zp.size == 0 or (zp != zp.reshape(-1)[0]).any():
             continue  # not an encoding trtopt writes (its zero points are all 0, or all -1 when GEMM-routed)
         shift = 128 - int(zp.reshape(-1)[0])
