@@ -248,7 +248,7 @@ class CpuBackend(Backend[CpuOptions]):
             return []
         return [
             f"{model.file} stores int8 weights (u8s8, verified on a {verification.get('isa', 'VNNI')} CPU): exact only "
-            "on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8s7, or "
+            "on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8s8p, or "
             "serve with --triton-backend python, which re-encodes where needed."
         ]
 
@@ -273,7 +273,9 @@ class CpuBackend(Backend[CpuOptions]):
             "only on CPUs with VNNI or AMX: on AVX2-only CPUs its kernels saturate 16-bit sums. u8u8 (the same "
             "values as uint8) is exact on every x86 CPU, and slower. u8s7: the dense layers whose fidelity allows it "
             "(measured at build) get 7-bit weights, which u8s8 kernels run exactly everywhere, the others u8u8. "
-            "auto (default): u8s8 where it is exact, else u8s7; the build verifies the choice either way",
+            "u8s8p: 8-bit weights, each channel's grid widened only where two neighbouring weights could saturate "
+            "those sums: u8s8 kernels, exact everywhere, nearly 8-bit fidelity. auto (default): u8s8 where it is "
+            "exact, else u8s8p; the build verifies the choice either way",
         )
 
         group.add_argument(
