@@ -53,16 +53,22 @@ def form_of(options: OpenvinoOptions) -> str:
 
 
 def written(model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto:
-    """The Q/DQ graph the plan stores for OpenVINO, in the form `options` names (its first candidate)."""
+    """The Q/DQ graph the plan stores for OpenVINO, in the form `options` names (its first candidate), its
+    strided 1x1 convs on quantised inputs subsampled first (`strides.subsample_strided_pointwise`)."""
+    from trtopt.backend.openvino.strides import subsample_strided_pointwise
+
     form = form_of(options)
     if form == "qdq":
-        return model
-    from trtopt.backend.cpu.lowering import lower_for_cpu
+        written = onnx.ModelProto()
+        written.CopyFrom(model)
+    else:
+        from trtopt.backend.cpu.lowering import lower_for_cpu
 
-    lowered = lower_for_cpu(model, encoding="u8s8")
-    if form == "lowered-w7":
-        seven_bit_weights(lowered)
-    return lowered
+        written = lower_for_cpu(model, encoding="u8s8")
+        if form == "lowered-w7":
+            seven_bit_weights(written)
+    subsample_strided_pointwise(written)  # strided 1x1 convs stay INT8 (trtopt.backend.openvino.strides)
+    return written
 
 
 def seven_bit_weights(model: onnx.ModelProto) -> int:
