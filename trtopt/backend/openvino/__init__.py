@@ -20,17 +20,26 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   FP32's time at batch 8 against 0.61x); the u8u8 encoding (uint8 weights with zero point 128, what the CPU backend
   writes for AVX2) is exact there but 34 of 50 layers fell back to f32 (0.86-0.96x FP32's speed): OpenVINO takes
   weights as int8 only. Layers the summary lists as float: any layer trtopt kept float (the sensitivity search,
-  --exclude, --min-channels), plus INT8 layers of the plan OpenVINO runs in f32 on dequantised weights (none
-  seen on the demo or the ResNets).
+  --exclude, --min-channels), plus INT8 layers of the plan OpenVINO runs in f32 on dequantised weights. Those
+  were the stride-2 1x1 convs at a ResNet-50 v1 stage's entry (open-nsfw: 6 of 53, branch2a and the projection
+  shortcut, `brgconv_avx2_1x1_f32`): OpenVINO's StridesOptimization moves a 1x1 conv's stride up into a max
+  pool, and through a DequantizeLinear (by then elementwise Subtract / Multiply) it lands between the Convert
+  and the dequantisation, so LPT no longer sees one on the convs' input; NNCF's FakeQuantize stops the move.
+  The plan subsamples such a tensor itself after the DequantizeLinear, the convs at stride 1
+  (`strides.subsample_strided_pointwise`): 53 of 53 convs u8, the pool u8.
 - **Saturation without VNNI.** On AVX2, OpenVINO's u8 x s8 kernels add product pairs into a saturating int16
   (as ONNX Runtime's do: trtopt.backend.cpu.isa): the lowered form's kernels were 0.23-0.35 (relative error)
   from its Q/DQ reference, the qdq form's 0.77, far beyond the build's tolerance. NNCF meets this with its
-  overflow fix (7-bit weights, by default on the first layer only). This backend writes 7-bit dense weights where
-  the CPU kind saturates ("lowered-w7": kernels 0.03 from the reference, exact) and keeps depthwise weights 8-bit
-  (exact on OpenVINO there: no change in the kernels' error). The price is fidelity: the demo's INT8 reference
-  moved from 0.054 to 0.15 relative error to FP32 (the sensitivity search kept 5 layers float instead of 2), so
-  on an AVX2 CPU `--backend auto` keeps the CPU backend's plan (`trtopt.auto_backend`: fidelity first). On VNNI
-  and AMX CPUs the lowered form with 8-bit weights is exact, and its grids are the CPU backend's u8s8 plan's.
+  overflow fix (7-bit weights, by default on the first layer only). 7-bit dense weights ("lowered-w7": kernels
+  0.03 from the reference, exact) cost fidelity: the demo's INT8 reference moved from 0.054 to 0.15 relative
+  error to FP32 and the sensitivity search kept 6 layers float (28% of the time at batch 8). A pair only
+  saturates when both its weights are large and of one sign (|q0| + |q1| > 128), so where the CPU kind saturates
+  the backend writes "lowered-pairs" (`pairs.bound_weight_pairs`): 8-bit weights, an output channel rescaled
+  only as far as its largest same-sign neighbouring pair needs (demo: 33 of 49 dense layers touched; all layers
+  INT8, reference 0.10 from FP32 against 0.16 with 7-bit weights, kernels 0.041 from it against 0.040), then
+  "lowered-w7" should the kernels differ. Depthwise weights stay 8-bit (no pairs: exact on OpenVINO). The demo
+  plan now keeps no layer float and is the more faithful (held-out cosine 0.9950 against 0.9932). On VNNI and
+  AMX CPUs the lowered form with 8-bit weights is exact, and its grids are the CPU backend's u8s8 plan's.
 - **Placement against NNCF's, one difference at a time** (torch-resnet18-opset9 of the corpus, 16 calibration
   photos; each row the plan with that one change, all compiled by OpenVINO and called directly, timed
   interleaved with FP32 on ONNX Runtime and NNCF's model, 15 rounds, medians, three runs on a shared 2-core EPYC
