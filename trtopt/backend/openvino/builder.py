@@ -59,7 +59,9 @@ def form_of(options: OpenvinoOptions) -> str:
 
 def written(model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto:
     """The Q/DQ graph the plan stores for OpenVINO, in the form `options` names (its first candidate), its
-    strided 1x1 convs on quantised inputs subsampled first (`strides.subsample_strided_pointwise`)."""
+    strided 1x1 convs on quantised inputs subsampled (`strides.subsample_strided_pointwise`), its INT8 fully
+    connected layers written as 1x1 convs (`dense.fc_as_pointwise_conv`)."""
+    from trtopt.backend.openvino.dense import fc_as_pointwise_conv
     from trtopt.backend.openvino.pairs import bound_weight_pairs
     from trtopt.backend.openvino.strides import subsample_strided_pointwise
 
@@ -76,6 +78,7 @@ def written(model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto
         elif form == "lowered-pairs":
             bound_weight_pairs(written)
     subsample_strided_pointwise(written)  # strided 1x1 convs stay INT8 (trtopt.backend.openvino.strides)
+    fc_as_pointwise_conv(written)  # OpenVINO's 1x1 conv kernels beat its INT8 FullyConnected (.dense)
     return written
 
 
