@@ -67,6 +67,32 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   float anyway (it lifts the worst output score), but its first depthwise conv now runs INT8: speed the same
   (1.40x / 1.51x against 1.39x / 1.51x), INT8 error to FP32 0.119 instead of 0.140. Trtopt's `Engine` adds
   the copies of its outputs to the compiled model's call: 1.84x against 1.89x at b1, nothing at b8.
+- **open-nsfw, the demo and keras-mobilenetv2, one difference at a time** (AMD EPYC, **avx2**, no VNNI, 2 cores
+  shared, load 3.8-7.6; OpenVINO 2026.4.1, NNCF 3.4.0, onnxruntime 1.32.0; 16 calibration photos; each plan's
+  Q/DQ graph compiled by OpenVINO and called directly, interleaved with FP32 on ONNX Runtime, NNCF's model and
+  ORT's quantize_static, 25-40 rounds, medians; speed-up over FP32 at b1 / b8, 1 thread; the rows of one model
+  from one run unless marked):
+
+  | model, trtopt's plan                            | OpenVINO's runtime model            | b1 / b8        |
+  |-------------------------------------------------|-------------------------------------|----------------|
+  | open-nsfw, before                               | 47 convs u8, 6 f32 (stride-2 1x1)   | 1.50x / 1.66x  |
+  | open-nsfw, strided 1x1 convs subsampled         | 53 convs u8, 3 max pools u8          | 1.72x / 1.88x  |
+  | open-nsfw, NNCF                                 | 53 convs u8                         | 1.71x / 1.91x  |
+  | demo, before (7-bit weights, 6 layers float)    | 43 convs u8, 6 f32                  | 1.18x / 1.40x  |
+  | demo, pair-bounded 8-bit weights (none float)   | 49 convs u8                         | 1.46x / 1.71x  |
+  | demo, ORT quantize_static (cosine 0.93)         |                                     | 1.56x / 1.60x  |
+  | demo (2nd run), pair-bounded                    | FullyConnected u8 (jit_gemm_I8)     | 1.31x / 1.67x  |
+  | demo (2nd run), and the FC as a 1x1 conv        | 50 convs u8                         | 1.39x / 1.66x  |
+  | demo (2nd run), ORT quantize_static             |                                     | 1.35x / 1.63x  |
+  | keras-mobilenetv2, pair-bounded                 | 52 convs u8, FullyConnected u8      | 1.34x / 1.68x  |
+  | keras-mobilenetv2, and the FC as a 1x1 conv     | 53 convs u8                         | 1.41x / 1.66x  |
+  | keras-mobilenetv2, ORT quantize_static          |                                     | 1.32x / 1.48x  |
+
+  Fidelity on 16 held-out photos (demo, first output against FP32): trtopt's plan cosine 0.9950, top-1 100%
+  (before: 0.9932, 100%), ORT quantize_static 0.9318 / 88%, NNCF 0.9062 / 100%. What did not matter: the FC in
+  f32 instead (slower than its INT8 kernel: 951 against 851 us at b1), CPU pinning, the latency hint, denormals
+  (within 2-5%, the noise here); the engine's call costs nothing measurable over the compiled model's. ORT's
+  kernels remain the faster at b1 on some runs: what is left is kernel against kernel at one image.
 - **Stored.** The Q/DQ ONNX (what `trtopt.verify` also runs as the reference) and the runner's settings
   (streams); no compiled blob: compiling the demo takes about 0.3 s, and a blob is tied to the OpenVINO version
   and CPU kind. Float layers run in f32 (`INFERENCE_PRECISION_HINT`), never bf16/fp16 behind the verification's
