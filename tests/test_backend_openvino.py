@@ -132,8 +132,8 @@ def test_openvino_quantises_every_width_unless_told() -> None:
 def test_forms_follow_what_the_cpu_kind_computes_exactly() -> None:
     assert builder.candidate_forms("auto", "avx512_vnni") == ["lowered"]
     assert builder.candidate_forms("auto", "amx") == ["lowered"]
-    assert builder.candidate_forms("auto", "avx2") == ["lowered-w7"]
-    assert builder.candidate_forms("auto", "arm64") == ["lowered", "lowered-w7"]
+    assert builder.candidate_forms("auto", "avx2") == ["lowered-pairs", "lowered-w7"]
+    assert builder.candidate_forms("auto", "arm64") == ["lowered", "lowered-pairs", "lowered-w7"]
     assert builder.candidate_forms("qdq", "avx2") == ["qdq"]
 
 

@@ -8,8 +8,8 @@ done for each (each verified as it always is), the verified plans are timed agai
 fastest is kept, with the reason in the summary. Without the extra there is one CPU runtime and nothing here
 runs; `TRTOPT_AUTO_BACKENDS=cpu` (`ENVIRONMENT`) keeps it to one build with the extra installed.
 
-Fidelity comes first: the backends may quantise to different grids (OpenVINO on an AVX2 CPU needs 7-bit weights
-to be exact, `trtopt.backend.openvino.builder.seven_bit_weights`), so a plan whose INT8 reference is further
+Fidelity comes first: the backends may quantise to different grids (OpenVINO on an AVX2 CPU needs coarser weight
+grids to be exact, `trtopt.backend.openvino.pairs`), so a plan whose INT8 reference is further
 from FP32 than `FIDELITY_SLACK` times the most faithful one's error (plus `FIDELITY_FLOOR`) is not a candidate,
 however fast. Timing (`time_plans`): the plans alternate call by call on one intra-op thread at the build's
 batch, after `WARMUP` calls each, for `BUDGET_S` seconds (at least `MIN_ROUNDS` rounds), medians; a plan must be

@@ -20,17 +20,26 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   FP32's time at batch 8 against 0.61x); the u8u8 encoding (uint8 weights with zero point 128, what the CPU backend
   writes for AVX2) is exact there but 34 of 50 layers fell back to f32 (0.86-0.96x FP32's speed): OpenVINO takes
   weights as int8 only. Layers the summary lists as float: any layer trtopt kept float (the sensitivity search,
-  --exclude, --min-channels), plus INT8 layers of the plan OpenVINO runs in f32 on dequantised weights (none
-  seen on the demo or the ResNets).
+  --exclude, --min-channels), plus INT8 layers of the plan OpenVINO runs in f32 on dequantised weights. Those
+  were the stride-2 1x1 convs at a ResNet-50 v1 stage's entry (open-nsfw: 6 of 53, branch2a and the projection
+  shortcut, `brgconv_avx2_1x1_f32`): OpenVINO's StridesOptimization moves a 1x1 conv's stride up into a max
+  pool, and through a DequantizeLinear (by then elementwise Subtract / Multiply) it lands between the Convert
+  and the dequantisation, so LPT no longer sees one on the convs' input; NNCF's FakeQuantize stops the move.
+  The plan subsamples such a tensor itself after the DequantizeLinear, the convs at stride 1
+  (`strides.subsample_strided_pointwise`): 53 of 53 convs u8, the pool u8.
 - **Saturation without VNNI.** On AVX2, OpenVINO's u8 x s8 kernels add product pairs into a saturating int16
   (as ONNX Runtime's do: trtopt.backend.cpu.isa): the lowered form's kernels were 0.23-0.35 (relative error)
   from its Q/DQ reference, the qdq form's 0.77, far beyond the build's tolerance. NNCF meets this with its
-  overflow fix (7-bit weights, by default on the first layer only). This backend writes 7-bit dense weights where
-  the CPU kind saturates ("lowered-w7": kernels 0.03 from the reference, exact) and keeps depthwise weights 8-bit
-  (exact on OpenVINO there: no change in the kernels' error). The price is fidelity: the demo's INT8 reference
-  moved from 0.054 to 0.15 relative error to FP32 (the sensitivity search kept 5 layers float instead of 2), so
-  on an AVX2 CPU `--backend auto` keeps the CPU backend's plan (`trtopt.auto_backend`: fidelity first). On VNNI
-  and AMX CPUs the lowered form with 8-bit weights is exact, and its grids are the CPU backend's u8s8 plan's.
+  overflow fix (7-bit weights, by default on the first layer only). 7-bit dense weights ("lowered-w7": kernels
+  0.03 from the reference, exact) cost fidelity: the demo's INT8 reference moved from 0.054 to 0.15 relative
+  error to FP32 and the sensitivity search kept 6 layers float (28% of the time at batch 8). A pair only
+  saturates when both its weights are large and of one sign (|q0| + |q1| > 128), so where the CPU kind saturates
+  the backend writes "lowered-pairs" (`pairs.bound_weight_pairs`): 8-bit weights, an output channel rescaled
+  only as far as its largest same-sign neighbouring pair needs (demo: 33 of 49 dense layers touched; all layers
+  INT8, reference 0.10 from FP32 against 0.16 with 7-bit weights, kernels 0.041 from it against 0.040), then
+  "lowered-w7" should the kernels differ. Depthwise weights stay 8-bit (no pairs: exact on OpenVINO). The demo
+  plan now keeps no layer float and is the more faithful (held-out cosine 0.9950 against 0.9932). On VNNI and
+  AMX CPUs the lowered form with 8-bit weights is exact, and its grids are the CPU backend's u8s8 plan's.
 - **Placement against NNCF's, one difference at a time** (torch-resnet18-opset9 of the corpus, 16 calibration
   photos; each row the plan with that one change, all compiled by OpenVINO and called directly, timed
   interleaved with FP32 on ONNX Runtime and NNCF's model, 15 rounds, medians, three runs on a shared 2-core EPYC
@@ -58,6 +67,32 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   float anyway (it lifts the worst output score), but its first depthwise conv now runs INT8: speed the same
   (1.40x / 1.51x against 1.39x / 1.51x), INT8 error to FP32 0.119 instead of 0.140. Trtopt's `Engine` adds
   the copies of its outputs to the compiled model's call: 1.84x against 1.89x at b1, nothing at b8.
+- **open-nsfw, the demo and keras-mobilenetv2, one difference at a time** (AMD EPYC, **avx2**, no VNNI, 2 cores
+  shared, load 3.8-7.6; OpenVINO 2026.4.1, NNCF 3.4.0, onnxruntime 1.32.0; 16 calibration photos; each plan's
+  Q/DQ graph compiled by OpenVINO and called directly, interleaved with FP32 on ONNX Runtime, NNCF's model and
+  ORT's quantize_static, 25-40 rounds, medians; speed-up over FP32 at b1 / b8, 1 thread; the rows of one model
+  from one run unless marked):
+
+  | model, trtopt's plan                            | OpenVINO's runtime model            | b1 / b8        |
+  |-------------------------------------------------|-------------------------------------|----------------|
+  | open-nsfw, before                               | 47 convs u8, 6 f32 (stride-2 1x1)   | 1.50x / 1.66x  |
+  | open-nsfw, strided 1x1 convs subsampled         | 53 convs u8, 3 max pools u8          | 1.72x / 1.88x  |
+  | open-nsfw, NNCF                                 | 53 convs u8                         | 1.71x / 1.91x  |
+  | demo, before (7-bit weights, 6 layers float)    | 43 convs u8, 6 f32                  | 1.18x / 1.40x  |
+  | demo, pair-bounded 8-bit weights (none float)   | 49 convs u8                         | 1.46x / 1.71x  |
+  | demo, ORT quantize_static (cosine 0.93)         |                                     | 1.56x / 1.60x  |
+  | demo (2nd run), pair-bounded                    | FullyConnected u8 (jit_gemm_I8)     | 1.31x / 1.67x  |
+  | demo (2nd run), and the FC as a 1x1 conv        | 50 convs u8                         | 1.39x / 1.66x  |
+  | demo (2nd run), ORT quantize_static             |                                     | 1.35x / 1.63x  |
+  | keras-mobilenetv2, pair-bounded                 | 52 convs u8, FullyConnected u8      | 1.34x / 1.68x  |
+  | keras-mobilenetv2, and the FC as a 1x1 conv     | 53 convs u8                         | 1.41x / 1.66x  |
+  | keras-mobilenetv2, ORT quantize_static          |                                     | 1.32x / 1.48x  |
+
+  Fidelity on 16 held-out photos (demo, first output against FP32): trtopt's plan cosine 0.9950, top-1 100%
+  (before: 0.9932, 100%), ORT quantize_static 0.9318 / 88%, NNCF 0.9062 / 100%. What did not matter: the FC in
+  f32 instead (slower than its INT8 kernel: 951 against 851 us at b1), CPU pinning, the latency hint, denormals
+  (within 2-5%, the noise here); the engine's call costs nothing measurable over the compiled model's. ORT's
+  kernels remain the faster at b1 on some runs: what is left is kernel against kernel at one image.
 - **Stored.** The Q/DQ ONNX (what `trtopt.verify` also runs as the reference) and the runner's settings
   (streams); no compiled blob: compiling the demo takes about 0.3 s, and a blob is tied to the OpenVINO version
   and CPU kind. Float layers run in f32 (`INFERENCE_PRECISION_HINT`), never bf16/fp16 behind the verification's

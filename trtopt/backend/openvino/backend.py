@@ -138,9 +138,10 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
             choices=FORM_CHOICES,
             default=OpenvinoOptions.form,
             help="OpenVINO plans: the Q/DQ graph OpenVINO compiles: lowered (uint8 activations, as the CPU backend "
-            "writes them; exact on CPUs with VNNI or AMX), lowered-w7 (the same with 7-bit weights, exact on AVX2 "
-            "CPUs too), qdq (symmetric int8 activations, as for TensorRT); auto (default): the fastest form exact "
-            "on this CPU, verified either way",
+            "writes them; exact on CPUs with VNNI or AMX), lowered-pairs (the same with 8-bit weights rescaled "
+            "where two products could overflow AVX2's int16 sums, exact on AVX2 CPUs too), lowered-w7 (7-bit "
+            "weights), qdq (symmetric int8 activations, as for TensorRT); auto (default): the most faithful form "
+            "exact on this CPU, verified either way",
         )
         group.add_argument(
             "--ov-streams", type=int, default=None,

@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 # The forms `--ov-form` names: "qdq" is the Q/DQ graph as trtopt's quantisation wrote it for this backend
 # (symmetric int8 activations); "lowered" is the CPU backend's lowering of it (uint8 activations, twice the
 # resolution on non-negative tensors, int32 biases: trtopt.backend.cpu.lowering) in the u8s8 encoding;
-# "lowered-w7" is that with 7-bit weights (`seven_bit_weights`), exact on CPUs whose u8s8 kernels saturate.
-FORMS = ("lowered", "lowered-w7", "qdq")
+# "lowered-pairs" is that with 8-bit weights rescaled where a pair of products could overflow int16
+# (`pairs.bound_weight_pairs`) and "lowered-w7" with 7-bit weights (`seven_bit_weights`): both exact on CPUs whose
+# u8s8 kernels saturate, the first at finer weight grids.
+FORMS = ("lowered", "lowered-pairs", "lowered-w7", "qdq")
 # Runtime-model layer types that carry weights: where INT8 pays (runtimePrecision i8/u8) or not (f32).
 WEIGHTED_LAYERS = frozenset({"Convolution", "FullyConnected", "MatMul", "Deconvolution", "GroupConvolution"})
 INT8_PRECISIONS = frozenset({"i8", "u8"})
@@ -38,14 +40,17 @@ INT8_PRECISIONS = frozenset({"i8", "u8"})
 
 def candidate_forms(choice: str = "auto", isa: str | None = None) -> list[str]:
     """The forms a build tries, in order (each verified): for "auto", the lowered form with 8-bit weights where
-    this CPU's u8s8 dot products are exact (VNNI, AMX), 7-bit weights where they saturate (AVX2, AVX-512 without
-    VNNI: `trtopt.backend.cpu.isa`), and both in that order on a CPU of unknown kind."""
+    this CPU's u8s8 dot products are exact (VNNI, AMX); where they saturate (AVX2, AVX-512 without VNNI:
+    `trtopt.backend.cpu.isa`) pair-bounded 8-bit weights, then 7-bit weights should OpenVINO's kernels pair
+    products otherwise than `pairs` assumes; all three in that order on a CPU of unknown kind."""
     from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
 
     if choice != "auto":
         return [choice]
     isa = isa or cpu_isa()
-    return ["lowered"] if isa in EXACT_U8S8 else ["lowered-w7"] if isa in SATURATING_U8S8 else list(FORMS[:2])
+    if isa in EXACT_U8S8:
+        return ["lowered"]
+    return list(FORMS[1:3]) if isa in SATURATING_U8S8 else list(FORMS[:3])
 
 
 def form_of(options: OpenvinoOptions) -> str:
@@ -53,16 +58,28 @@ def form_of(options: OpenvinoOptions) -> str:
 
 
 def written(model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto:
-    """The Q/DQ graph the plan stores for OpenVINO, in the form `options` names (its first candidate)."""
+    """The Q/DQ graph the plan stores for OpenVINO, in the form `options` names (its first candidate), its
+    strided 1x1 convs on quantised inputs subsampled (`strides.subsample_strided_pointwise`), its INT8 fully
+    connected layers written as 1x1 convs (`dense.fc_as_pointwise_conv`)."""
+    from trtopt.backend.openvino.dense import fc_as_pointwise_conv
+    from trtopt.backend.openvino.pairs import bound_weight_pairs
+    from trtopt.backend.openvino.strides import subsample_strided_pointwise
+
     form = form_of(options)
     if form == "qdq":
-        return model
-    from trtopt.backend.cpu.lowering import lower_for_cpu
+        written = onnx.ModelProto()
+        written.CopyFrom(model)
+    else:
+        from trtopt.backend.cpu.lowering import lower_for_cpu
 
-    lowered = lower_for_cpu(model, encoding="u8s8")
-    if form == "lowered-w7":
-        seven_bit_weights(lowered)
-    return lowered
+        written = lower_for_cpu(model, encoding="u8s8")
+        if form == "lowered-w7":
+            seven_bit_weights(written)
+        elif form == "lowered-pairs":
+            bound_weight_pairs(written)
+    subsample_strided_pointwise(written)  # strided 1x1 convs stay INT8 (trtopt.backend.openvino.strides)
+    fc_as_pointwise_conv(written)  # OpenVINO's 1x1 conv kernels beat its INT8 FullyConnected (.dense)
+    return written
 
 
 def seven_bit_weights(model: onnx.ModelProto) -> int:

@@ -12,7 +12,7 @@ from trtopt.errors import UnknownNameError
 SECTION_CONFIG = "openvino"  # the plan section of the runner's settings (streams), JSON
 
 # The Q/DQ form written into the plan (trtopt.backend.openvino.builder.FORMS says what each is).
-FORM_CHOICES = ("auto", "lowered", "lowered-w7", "qdq")
+FORM_CHOICES = ("auto", "lowered", "lowered-pairs", "lowered-w7", "qdq")
 
 
 @dataclass(frozen=True)
