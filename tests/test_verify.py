@@ -330,11 +330,14 @@ def test_a_plan_verified_elsewhere_says_so_on_load(workdir: Path, caplog) -> Non
 
 
 def _u8s8_plan(workdir: Path):  # type: ignore[no-untyped-def]
-    """A u8s8 plan on any CPU: this CPU's plan with every uint8 weight (q + 128, zero point 128) stored as
+    """A u8s8 plan on any CPU: this CPU's u8u8 plan with every uint8 weight (q + 128, zero point 128) stored as
     int8 q with zero point 0 again, which is what a build on a VNNI CPU writes."""
     from dataclasses import replace
 
-    plan = build_plan(workdir / "tiny.onnx", _config(workdir)).plan
+    from trtopt.backend.cpu.options import CpuOptions
+
+    u8u8 = replace(_config(workdir), backend_options=(CpuOptions(encoding="u8u8"),))
+    plan = build_plan(workdir / "tiny.onnx", u8u8).plan
     model = onnx.load_from_string(plan.sections["onnx"])
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:

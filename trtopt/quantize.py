@@ -99,7 +99,7 @@ def quantize_graph(
 
 def _not_measured(quant: QuantConfig, data: Dataset | None) -> tuple[str, ...]:
     """The searches `quant` asks for that measure fidelity on calibration data, where a build has none (its
-    thresholds come from a cache alone): the plan then keeps every layer INT8 and, where the CPU encoding
+    thresholds come from a cache alone): the plan then keeps every layer INT8 and, where the backend's encoding
     wants 7-bit weights, keeps 8-bit ones (exact, slower kernels on AVX2), and the summary says so."""
     if data is not None:
         return ()

@@ -60,13 +60,18 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
         """The CPU backend's placement (quantised layer outputs after Relu / Clip, both inputs of a residual Add,
         depthwise convs after float layers kept float), with layers of every width quantised by default
         (`OPENVINO_MIN_CHANNELS`: the stem conv too, as NNCF does): the placement OpenVINO ran fastest, each
-        difference measured (trtopt.backend.openvino)."""
+        difference measured (trtopt.backend.openvino). Where the first form tried is "lowered-pairs", the weights
+        are pair-bounded when quantised, from the float weights (`QuantConfig.pair_bounded_weights`; the form's own
+        pass then only widens what oneDNN pairs otherwise: input channels padded per tap where there are an odd
+        number of them)."""
         from trtopt.backend.cpu.backend import ORT_OUTPUT_FOLDS
+        from trtopt.backend.openvino.builder import candidate_forms
 
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         channels = OPENVINO_MIN_CHANNELS if quant.min_channels is None else quant.min_channels
+        pairs = options is not None and candidate_forms(options.form)[0] == "lowered-pairs"
         return replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                       min_channels=channels)  # fmt: skip
+                       min_channels=channels, pair_bounded_weights=pairs)  # fmt: skip
 
     def options(self, target: BuildTarget, graph: gs.Graph) -> OpenvinoOptions:
         if target.fp16:

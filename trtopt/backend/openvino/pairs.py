@@ -25,19 +25,17 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-PAIR_LIMIT = 128  # |q0| + |q1| of a same-sign pair: 255 * 128 = 32640 <= 32767
+from trtopt.quant.pairs import PAIR_LIMIT
+from trtopt.quant.pairs import pair_sums as row_pair_sums
+
 _WIDENINGS = 40  # at most this many 1% steps of a channel's scale to absorb rounding up past the limit
 
 
 def pair_sums(q: np.ndarray, axis: int) -> np.ndarray:
     """The largest |q0| + |q1| over same-sign neighbouring pairs along `axis` (reduction), per index of axis 0
     (after moving the output axis there); a lone weight counts as its magnitude."""
-    q = np.moveaxis(q.astype(np.int32), axis, 1)
-    if q.shape[1] % 2:
-        q = np.concatenate([q, np.zeros_like(q[:, :1])], axis=1)
-    a, b = q[:, 0::2], q[:, 1::2]
-    sums = np.where(a * b > 0, np.abs(a) + np.abs(b), np.maximum(np.abs(a), np.abs(b)))
-    return np.asarray(sums.reshape(sums.shape[0], -1).max(axis=1))
+    rows = np.moveaxis(q, axis, -1)  # every (output, tap) a row of its reduction elements (`trtopt.quant.pairs`)
+    return np.asarray(row_pair_sums(rows.reshape(-1, rows.shape[-1])).reshape(q.shape[0], -1).max(axis=1))
 
 
 def _reduction_axes(model: onnx.ModelProto) -> dict[str, int]:
