@@ -94,9 +94,11 @@ class EqualizeReport:
     gains: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def find_sites(graph: gs.Graph, *, gates: bool = True) -> list[EqualizeSite]:
+def find_sites(graph: gs.Graph, *, gates: bool = True, integer_gates: bool = False) -> list[EqualizeSite]:
     """Every Conv whose output reaches a depthwise Conv through at most one activation, nothing else reading
-    the tensors in between (so no other reader sees the rescaled channels)."""
+    the tensors in between (so no other reader sees the rescaled channels). `integer_gates`: leave out SiLU
+    (x * Sigmoid(x)), which such a plan runs on integer kernels (`QuantConfig.integer_gates`): the gate's
+    per-channel Mul would run in float between them (`trtopt.quant.gates`)."""
     outputs = {t.name for t in graph.outputs}
     sites = []
     for node in graph.nodes:
@@ -105,9 +107,17 @@ def find_sites(graph: gs.Graph, *, gates: bool = True) -> list[EqualizeSite]:
         site = _site_from(node, outputs)
         if site is not None and site.gate_head is not None and not gates:
             continue
+        if site is not None and integer_gates and _is_silu(site):
+            continue
         if site is not None:
             sites.append(site)
     return sites
+
+
+def _is_silu(site: EqualizeSite) -> bool:
+    head = site.gate_head
+    return (head is not None and head.op == "Sigmoid" and len(head.outputs[0].outputs) == 1
+            and head.outputs[0].outputs[0].op == "Mul")  # fmt: skip
 
 
 def _site_from(producer: gs.Node, outputs: set[str]) -> EqualizeSite | None:
@@ -289,14 +299,16 @@ def equalize_activations(
     max_gain: float = MAX_GAIN,
     *,
     gates: bool = True,
+    integer_gates: bool = False,
 ) -> EqualizeReport:
     """Find the sites, measure their channel ranges on `batches`, rescale them (in place), keep `graph` canonical.
 
     `folds`: given when the backend also quantises each layer's output past these activations
     (`QuantConfig.output_folds`); a site's conv output is then a quantised tensor too, unless its activation
     is one of them, and its range bounds the gains as well. `gates=False` leaves the gated activations
-    (HardSwish, SiLU) alone, as builds do for now (`GATED_IN_BUILDS`)."""
-    sites = find_sites(graph, gates=gates)
+    (HardSwish, SiLU) alone, as builds do for now (`GATED_IN_BUILDS`); `integer_gates` leaves SiLU alone
+    (`find_sites`)."""
+    sites = find_sites(graph, gates=gates, integer_gates=integer_gates)
     if not sites:
         return EqualizeReport()
     quantized = {id(s): _quantized_tensors(s, folds) for s in sites}

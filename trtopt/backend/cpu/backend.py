@@ -118,7 +118,7 @@ class CpuBackend(Backend[CpuOptions]):
         """
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                        integer_pools=True)
+                        integer_pools=True, integer_gates=True)
         if options is None:
             return quant
         from trtopt.backend.cpu.builder import candidate_encodings
