@@ -13,8 +13,9 @@ An op of `INTEGER_OPS` goes on the grid (a pair on each input edge and on each e
 - each data input is quantised already (an INT8 layer's output, or an op put on the grid here), or is *small*
   (no spatial extent: a squeeze-excite vector after the pool, which costs nothing to quantise), and
 - every reader of its output is an INT8 layer, another op put on the grid here (through Flatten / Reshape /
-  Squeeze / Unsqueeze, sharing one threshold as `trtopt.quant.pools` does), or the output is small (a
-  DequantizeLinear of a vector for a float reader costs nothing).
+  Squeeze / Unsqueeze, sharing one threshold as `trtopt.quant.pools` does), a Concat whose output is quantised
+  (QLinearConcat: `placement._concat_sites` quantises its inputs), or the output is small (a DequantizeLinear
+  of a vector for a float reader costs nothing).
 
 Both conditions are settled together (a fixed point): an op whose output would feed float ops stays float,
 then so may the ops before it. Not decided by model name but by op pattern; the CPU backend measures whether
@@ -80,7 +81,8 @@ def _readers_ready(
     end = _past_shape_ops(out)[0]
     if out.name in outputs or end.name in outputs or not end.outputs:
         return False
-    integer = [r.name in chosen or r.name in layers for r in end.outputs]
+    integer = [r.name in chosen or r.name in layers or (r.op == "Concat" and r.outputs[0].name in quantized)
+               for r in end.outputs]  # fmt: skip
     if all(integer):
         return True
     return is_small(out) and (any(integer) or any(_on_grid(t, quantized, chosen) and not is_small(t)
