@@ -95,3 +95,14 @@ def test_tiny_squeeze_convs_stay_float_and_the_gate_still_runs_on_the_grid() -> 
     feeds = feeds_for(graph, seed=5)
     reference = run_model(onnx_from_graph(graph), feeds)["output"]
     assert cosine(reference, run_model(lowered, feeds)["output"]) > 0.99
+
+
+def test_what_the_user_keeps_float_stays_float_and_reads_its_input_unrounded() -> None:
+    """--exclude (and the sensitivity search, which excludes the same way) keeps a layer float to read its input
+    as FP32 computes it: the gate Mul before it stays float; an excluded op type is never put on the grid."""
+    graph = _se_block()
+    (last,) = [n for n in graph.nodes if n.outputs[0].name == "output"]
+    plan = plan_quantization(graph, cpu_config(QuantConfig(exclude=(last.name,))))
+    assert _on_grid(graph, plan, "Mul")[-1] is False
+    plan = plan_quantization(graph, cpu_config(QuantConfig(exclude=("Sigmoid",))))
+    assert _on_grid(graph, plan, "Sigmoid") == [False] * 3
