@@ -38,8 +38,8 @@ def gate_edges(
 ) -> tuple[list[Edge], list[tuple[str, str]]]:
     """The edges to quantise so that the ops of `INTEGER_OPS` that qualify (see the module) run on the grid,
     given the activation `edges` quantised already and the INT8 `layers` (names); and the (tensor, tensor)
-    pairs that share a threshold across shape ops. An op read by a node `excluded` names (by name or op type:
-    kept float by the user or the sensitivity search, to read its input unrounded) stays float."""
+    pairs that share a threshold across shape ops. An op that reads or is read by a node `excluded` names (by name or
+    op type: kept float by the user or the sensitivity search, to read its input unrounded) stays float."""
     quantized = {tensor for tensor, _, _ in edges}
     candidates = [n for n in graph.nodes if _candidate(n) and n.name not in excluded and n.op not in excluded]
     chosen = {n.name for n in candidates}
@@ -47,7 +47,7 @@ def gate_edges(
     while True:
         kept = {n.name for n in candidates if n.name in chosen and _inputs_ready(n, quantized, chosen)
                 and _readers_ready(n, quantized, chosen, layers, outputs)
-                and not any(r.name in excluded or r.op in excluded for r in _readers(n))}  # fmt: skip
+                and not any(r.name in excluded or r.op in excluded for r in _readers(n) + _writers(n))}  # fmt: skip
         if kept == chosen:
             break
         chosen = kept
@@ -89,6 +89,10 @@ def _readers_ready(
         return True
     return is_small(out) and (any(integer) or any(_on_grid(t, quantized, chosen) and not is_small(t)
                                                   for t in _data_inputs(node)))  # fmt: skip
+
+
+def _writers(node: gs.Node) -> list[gs.Node]:
+    return [t.inputs[0] for t in _data_inputs(node) if t.inputs]
 
 
 def _readers(node: gs.Node) -> list[gs.Node]:
