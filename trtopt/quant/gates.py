@@ -14,12 +14,20 @@ An op of `INTEGER_OPS` goes on the grid (a pair on each input edge and on each e
   (no spatial extent: a squeeze-excite vector after the pool, which costs nothing to quantise), and
 - every reader of its output is an INT8 layer, another op put on the grid here (through Flatten / Reshape /
   Squeeze / Unsqueeze, sharing one threshold as `trtopt.quant.pools` does), a Concat whose output is quantised
-  (QLinearConcat: `placement._concat_sites` quantises its inputs), or the output is small (a DequantizeLinear
-  of a vector for a float reader costs nothing).
+  (QLinearConcat: `placement._concat_sites` quantises its inputs), or the output is small and either some reader
+  is integer or some input is a large tensor on the grid (a squeeze-excite pool before float 1x1 convs under
+  `min_channels`: the DequantizeLinear of its large input saved, one of a vector paid);
+- nothing it reads or that reads it is a node `--exclude` names (the sensitivity search excludes the same way):
+  a layer kept float reads its input unrounded, as `placement._output_sites` keeps it.
 
 Both conditions are settled together (a fixed point): an op whose output would feed float ops stays float,
-then so may the ops before it. Not decided by model name but by op pattern; the CPU backend measures whether
-the plan pays (`trtopt.backend.cpu.choice`). Issue #45's measurement is in `trtopt.backend.cpu.backend`.
+then so may the ops before it. Decided by op pattern, never by model; the CPU backend measures whether the
+plan pays (`trtopt.backend.cpu.choice`). What it bought on EfficientNet-B0 (and what it cost in SiLU
+equalisation, which such plans leave out) is in `trtopt.backend.cpu.backend.CpuBackend.quant_config`.
+
+Not covered: HardSwish (ONNX Runtime has no integer kernel for it or for HardSigmoid), so MobileNetV3's blocks
+keep their HardSwish and the Mul by the squeeze-excite gate in float, and the Sigmoid output's threshold comes
+from calibration like any other tensor's.
 """
 
 from __future__ import annotations
