@@ -106,3 +106,21 @@ def test_what_the_user_keeps_float_stays_float_and_reads_its_input_unrounded() -
     assert _on_grid(graph, plan, "Mul")[-1] is False
     plan = plan_quantization(graph, cpu_config(QuantConfig(exclude=("Sigmoid",))))
     assert _on_grid(graph, plan, "Sigmoid") == [False] * 3
+
+
+def test_plans_with_integer_gates_leave_silu_out_of_equalisation() -> None:
+    """Gated equalisation feeds the gate x * (1 / s) through a float per-channel Mul; on SiLU, which such a plan
+    runs on integer kernels, that Mul would cut them apart. HardSwish (float on the CPU either way) keeps it::
+
+        input ─ Conv1x1 ─ SiLU ─ depthwise Conv3x3 ─ Conv1x1 ─ HardSwish ─ depthwise Conv3x3 ─ output
+    """
+    from trtopt.quant.equalize import find_sites
+
+    b = GraphBuilder("gated_sites", seed=0)
+    y = b.conv(b.silu(b.conv(b.input("input", [1, 16, 8, 8]), 16, 32, 1)), 32, 32, 3, group=32)
+    y = b.conv(b.hard_swish(b.conv(y, 32, 32, 1)), 32, 32, 3, group=32, out="output")
+    graph = optimize(graph_from_onnx(b.build([y]))).graph
+    heads = {s.gate_head.op for s in find_sites(graph) if s.gate_head is not None}
+    assert heads == {"Sigmoid", "HardSwish"}
+    kept = {s.gate_head.op for s in find_sites(graph, integer_gates=True) if s.gate_head is not None}
+    assert kept == {"HardSwish"}
