@@ -55,7 +55,8 @@ def islands(batch: int = 2) -> onnx.ModelProto:
 @pytest.fixture(scope="module")
 def tiny() -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """`islands` quantised for the CPU with the 16-channel minimum: two INT8 regions (the 16->16 conv; the
-    two wide convs), the Gemm float too (10 outputs)."""
+    two wide convs, with the pool on the integer grid and the Gemm, float under the minimum with its 10 outputs,
+    reading the pooled vector through a pair: `trtopt.quant.gates`)."""
     graph = optimize(graph_from_onnx(islands())).graph
     model, _, _ = quantize(graph, cpu_config(QuantConfig(min_channels=16)))
     return model, onnx_from_graph(graph)
@@ -73,7 +74,7 @@ def test_regions_split_the_int8_layers_and_float_regions_runs_them_in_float(tiny
     model, fp32 = tiny
     regions = int8_regions(model)
     layers = [name for r in regions for name in r.layers]
-    assert [len(r.layers) for r in regions] == [1, 2] and len(layers) == len(set(layers))  # disjoint
+    assert [len(r.layers) for r in regions] == [1, 3] and len(layers) == len(set(layers))  # disjoint
     assert [r.int8_kernels for r in regions] == [False, True]  # the lone conv has no INT8 reader: no kernel, first
     assert [r.weights for r in regions] == sorted(r.weights for r in regions)  # then smallest first
     feeds = feeds_for(optimize(graph_from_onnx(islands())).graph)

@@ -36,6 +36,10 @@ class QuantConfig:
     stays INT8 under `min_channels`, and a GlobalAveragePool that feeds an INT8 layer reads and writes quantised
     tensors (with the residual Add before it).
 
+    `integer_gates` (the CPU backend's `quant_config`) lets element-wise gates between INT8 layers run on the
+    integer grid (`trtopt.quant.gates`): SiLU's Sigmoid and Mul, a squeeze-excite block's pool, Sigmoid and gate
+    Mul, where their inputs are quantised already (or are per-channel vectors) and INT8 layers read their outputs.
+
     `float_leading_depthwise` keeps a depthwise conv float when its input comes from a float layer (or
     the graph input), so that INT8 would start at it. `None` means the backend's default (its
     `quant_config`; `plan_quantization` alone reads `None` as off).
@@ -67,6 +71,7 @@ class QuantConfig:
     output_folds: frozenset[str] = frozenset()
     float_leading_depthwise: bool | None = None
     integer_pools: bool = False
+    integer_gates: bool = False
     bias_correction: bool = True
     auto_exclude: bool = True
     equalize: bool = True
@@ -106,5 +111,6 @@ class QuantConfig:
             quantize_outputs=any(c.quantize_outputs for c in configs),
             output_folds=frozenset().union(*(c.output_folds for c in configs)),
             integer_pools=any(c.integer_pools for c in configs),
+            integer_gates=any(c.integer_gates for c in configs),
             float_leading_depthwise=False,
         )

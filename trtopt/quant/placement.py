@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from trtopt.passes.query import input_channels, output_channels
-from trtopt.quant import pools
+from trtopt.quant import gates, pools
 from trtopt.quant.config import QuantConfig
 from trtopt.quant.rules import RULES, Mark
 
@@ -69,6 +69,10 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
     if config.integer_pools:
         pool_sites, pooled = _pool_sites(graph, sites, config.output_folds)
         sites += pool_sites
+    if config.integer_gates:
+        gate_sites, gated = _gate_sites(graph, sites, quantized, set(config.exclude))
+        sites += gate_sites
+        pooled += gated
     concat_sites, shared = _concat_sites(graph, sites, config)
     sites += concat_sites
     shared += pooled
@@ -232,6 +236,15 @@ def _pool_sites(
     edges |= set(added)
     new = [QuantSite(t, consumer, index, "activation", "pool") for t, consumer, index in added]
     return new, [*shared, *pools.shared_maxpools(graph, edges)]
+
+
+def _gate_sites(
+    graph: gs.Graph, sites: list[QuantSite], layers: set[str], excluded: set[str]
+) -> tuple[list[QuantSite], list[tuple[str, ...]]]:
+    """Pairs that let element-wise gates (SiLU, squeeze-excite) run on the integer grid (`trtopt.quant.gates`)."""
+    edges = {(s.tensor, s.consumer, s.index) for s in sites if s.kind == "activation"}
+    added, shared = gates.gate_edges(graph, edges, layers, excluded)
+    return [QuantSite(t, consumer, index, "activation", "gate") for t, consumer, index in added], list(shared)
 
 
 def _int8_kernel_output(layer: gs.Node, graph_outputs: set[str], folds: frozenset[str]) -> gs.Tensor:

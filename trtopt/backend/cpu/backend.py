@@ -108,7 +108,26 @@ class CpuBackend(Backend[CpuOptions]):
         unless the user said otherwise (`QuantConfig.float_leading_depthwise`), and for a build whose encoding
         (`options`) has 7-bit weights (u8s7), the search for the dense layers that get them
         (`trtopt.search.seven_bit`); for u8s8p (auto on CPUs whose u8s8 kernels saturate), 8-bit weights with
-        neighbouring pairs that fit those kernels (`trtopt.quant.pairs`).
+        neighbouring pairs that fit those kernels (`trtopt.quant.pairs`). Element-wise gates between INT8 layers run on the
+        integer grid too (`QuantConfig.integer_gates`, `trtopt.quant.gates`: SiLU and squeeze-excite blocks as
+        ONNX Runtime's QLinearSigmoid, QLinearMul and QLinearGlobalAveragePool), and such a plan leaves SiLU out
+        of the gated activation equalisation (`trtopt.quant.equalize.find_sites`), whose per-channel Mul would
+        run in float between them.
+
+        Why the gates (issue #45; AMD EPYC, avx2, ONNX Runtime 1.32.0, 1 thread, calls interleaved, the
+        real-export corpus's Keras EfficientNet-B0 through tf2onnx, u8s7 plans; load average 4-12 on 2 shared
+        cores): the plan before kept 33 SiLUs as float QuickGelu, 25 Sigmoids, 47 Muls and 17 pools float
+        behind 77 DequantizeLinear and 59 QuantizeLinear, and ran at 0.85x / 0.89x FP32's speed at b1 / b8
+        (0.93x / 0.70x ONNX Runtime's own quantizer's plan), so the speed check wrote the float plan. Gates on
+        the grid with SiLU still equalised (a float Mul in each gate branch): 0.98x / 1.12x. Without SiLU
+        equalisation (56 QLinearSigmoid, 56 QLinearMul, 16 QLinearGlobalAveragePool, 6 DequantizeLinear
+        left): 1.38x / 1.72x (1.33x ONNX Runtime's at both; `tools/compare_ort_plans.py time`, 9 rounds). In
+        `tools/bench_exports.py`: 1.46x / 1.90x FP32's speed against ONNX Runtime's 1.10x / 1.36x (1.26x /
+        1.59x with reduce_range). On the zoo's pretrained models (default build, 32 calibration, 16 held-out
+        samples): ddddocr's YOLOX detector (63 SiLUs, 64 now QLinearSigmoid + QLinearMul) 1.37x -> 1.52x FP32's
+        speed at b1, worst output cosine 0.9902 -> 0.9919, box F1 92.4% -> 93.0%; table-cls unchanged (0.9953,
+        top-1 100%); PP-OCRv4-rec's three SiLUs in its neck on the grid cost fidelity: 0.9884 -> 0.9844, exact
+        lines 62.5% -> 56.3% (ONNX Runtime's quantizer: 0.9151); the sensitivity search does not yet weigh gates.
 
         Why the depthwise default: MLAS's INT8 depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16
         depthwise convs: 0.6x to 1.8x each, 1.0x in total, 1 thread), the float -> INT8 conversion only moves
@@ -119,7 +138,7 @@ class CpuBackend(Backend[CpuOptions]):
         """
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                        integer_pools=True)
+                        integer_pools=True, integer_gates=True)
         if options is None:
             return quant
         from trtopt.backend.cpu.builder import candidate_encodings

@@ -42,6 +42,10 @@ ELEMENT_WISE = {
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "Neg", "Clip", "Relu", "Sigmoid", "HardSigmoid", "HardSwish",
     "Tanh", "Erf", "Softplus", "Exp", "Abs", "Elu", "Selu", "Celu", "LeakyRelu", "Mish", "Gelu", "Identity",
 }  # fmt: skip
+PAIR_OPS = ("QuantizeLinear", "DequantizeLinear")
+# The reference evaluator runs Q/DQ from opset 19 on; with scalar scales they compute what opset 13's do, and the
+# element-wise ops of `ELEMENT_WISE` compute the same on float inputs at both.
+PAIR_OPSET = 19
 MOST_NODES = 16  # the longest element-wise chain evaluated (GELU's tanh form takes 9)
 _REMEMBERED = 4096  # chains evaluated and kept (a model repeats a few kinds; each sensitivity trial lowers again)
 _EVALUATED: dict[bytes, float | None] = {}
@@ -109,7 +113,8 @@ def _chain(
     more than one value, or more than `MOST_NODES` nodes. The chain grows back from `last` until every input is
     a constant or the one tensor not made by an element-wise node; in a Q/DQ graph, the outputs of Q/DQ pairs
     of the same tensor with the same scale and zero point are that one tensor (`_pair_key`: a SiLU whose
-    Sigmoid and Mul each read x through a pair of their own)."""
+    Sigmoid and Mul each read x through a pair of their own). A pair on a tensor that an element-wise node makes
+    is part of the chain (`_walks`: SiLU on the integer grid, whose Mul reads the Sigmoid through a pair)."""
     nodes: dict[int, onnx.NodeProto] = {}
     sources: dict[object, set[str]] = {}
     stack = [last]
@@ -128,7 +133,7 @@ def _chain(
                     return None
                 continue
             made_by = producers.get(name)
-            if made_by is not None and made_by.op_type in ELEMENT_WISE and made_by.domain in ("", "ai.onnx"):
+            if made_by is not None and _walks(made_by, producers):
                 stack.append(made_by)
             else:
                 sources.setdefault(_pair_key(name, producers, consts), set()).add(name)
@@ -136,6 +141,21 @@ def _chain(
         return None
     order = {id(n): i for i, n in enumerate(producers.values())}
     return sorted(nodes.values(), key=lambda n: order.get(id(n), 0)), next(iter(sources.values()))
+
+
+def _walks(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> bool:
+    """Whether `node` is element-wise, or a QuantizeLinear of an element-wise node's output or the
+    DequantizeLinear of such (its scale and zero point must be scalars, as `_chain` checks)."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in ELEMENT_WISE:
+        return True
+    if node.op_type == "DequantizeLinear":
+        node = producers.get(node.input[0])  # type: ignore[assignment]
+        if node is None or node.op_type != "QuantizeLinear":
+            return False
+    made_by = producers.get(node.input[0]) if node.op_type == "QuantizeLinear" else None
+    return made_by is not None and made_by.op_type in ELEMENT_WISE and made_by.domain in ("", "ai.onnx")
 
 
 def _pair_key(
@@ -174,6 +194,8 @@ def _least_value(
         copy.output[:] = [names.get(n, n) for n in node.output]
         chain.append(copy)
     read = sorted({name for node in nodes for name in node.input if name in consts})
+    if any(node.op_type in PAIR_OPS for node in nodes):
+        opset = max(opset, PAIR_OPSET)
     model = helper.make_model(
         helper.make_graph(
             chain, "bound", [helper.make_tensor_value_info(SOURCE, onnx.TensorProto.FLOAT, [None])],

@@ -1,0 +1,125 @@
+"""Element-wise gates on the integer grid in CPU plans (`QuantConfig.integer_gates`, `trtopt.quant.gates`): SiLU
+and squeeze-excite blocks as ONNX Runtime's QLinearSigmoid / QLinearMul / QLinearGlobalAveragePool, checked
+against the Q/DQ reference and FP32 in ONNX Runtime, in every encoding a CPU kind may run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import onnx_graphsurgeon as gs
+import pytest
+from quant_helpers import cosine, cpu_config, feeds_for, quantize
+
+from trtopt.backend.cpu.builder import kernel_report
+from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.execution import run_model
+from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.passes import optimize
+from trtopt.quant import QuantConfig, QuantPlan, plan_quantization
+from trtopt.quant.gates import is_small
+from trtopt.zoo import GraphBuilder
+
+
+def _se_block(squeeze: int = 16, hard: bool = False) -> gs.Graph:
+    """An EfficientNet block (``hard``: MobileNetV3's, HardSwish and a HardSigmoid gate)::
+
+        input ─ Conv3x3 ─ SiLU ─ x ─┬───────────────────────────────────────────────── Mul ─ Conv1x1 ─ output
+                                    └─ GAP ─ Conv1x1 (32->squeeze) ─ SiLU ─ Conv1x1 ─ Sigmoid ─┘
+    """
+    b = GraphBuilder("se_block", seed=0)
+    act = b.hard_swish if hard else b.silu
+    x = act(b.conv(b.input("input", [1, 16, 12, 12]), 16, 32, 3))
+    s = b.node("GlobalAveragePool", [x])
+    s = b.conv(act(b.conv(s, 32, squeeze, 1)), squeeze, 32, 1)
+    gate = b.node("HardSigmoid", [s], alpha=1 / 6, beta=0.5) if hard else b.node("Sigmoid", [s])
+    model = b.build([b.conv(b.mul(x, gate), 32, 32, 1, out="output")])
+    return optimize(graph_from_onnx(model)).graph
+
+
+def _on_grid(graph: gs.Graph, plan: QuantPlan, op: str) -> list[bool]:
+    """Per `op` node: whether it reads every input and its output is read everywhere through pairs."""
+    edges = {(s.tensor, s.consumer) for s in plan.sites if s.kind == "activation"}
+    return [all((t.name, n.name) in edges for t in n.inputs)
+            and all((n.outputs[0].name, r.name) in edges for r in n.outputs[0].outputs)
+            for n in graph.nodes if n.op == op]  # fmt: skip
+
+
+def test_silu_and_the_squeeze_excite_gate_are_placed_on_the_grid() -> None:
+    graph = _se_block()
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    for op, count in (("Sigmoid", 3), ("Mul", 3), ("GlobalAveragePool", 1)):
+        assert _on_grid(graph, plan, op) == [True] * count, op
+    (gap,) = [n for n in graph.nodes if n.op == "GlobalAveragePool"]
+    assert is_small(gap.outputs[0]) and not is_small(gap.inputs[0])
+    off = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_gates=False))
+    assert not [s for s in off.sites if s.role == "gate"]
+
+
+def test_a_gate_whose_readers_stay_float_stays_float() -> None:
+    """MobileNetV3's HardSwish has no integer kernel: the Mul by its gate reads a float tensor as large as the
+    image, and quantising it for the Mul would cost more than the float Mul."""
+    graph = _se_block(hard=True)
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    assert not [s for s in plan.sites if s.role == "gate"]
+    assert _on_grid(graph, plan, "Mul") == [False]  # the gate Mul; HardSwish is one op (opset 14)
+
+@pytest.mark.parametrize("encoding", ["u8u8", "u8s7"])
+def test_integer_gates_run_as_integer_kernels_and_keep_the_numbers(encoding: str) -> None:
+    """u8u8 is exact on every CPU kind, u8s7's 7-bit weights too (`trtopt.backend.cpu.isa`)."""
+    graph = _se_block()
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding=encoding)
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearSigmoid") == 3 and ops.get("QLinearMul") == 3, ops
+    assert ops.get("QLinearGlobalAveragePool") == 1 and ops.get("QLinearConv") == 3, ops  # the last writes float
+    assert not {"Sigmoid", "Mul", "QuickGelu", "GlobalAveragePool"} & set(ops), ops
+    feeds = feeds_for(graph, seed=3)
+    reference = run_model(onnx_from_graph(graph), feeds)["output"]
+    qdq_form = run_model(model, feeds, opt_level="disable")["output"]  # what the plan means, as float math
+    cpu_form = run_model(lowered, feeds)["output"]
+    assert cosine(qdq_form, cpu_form) > 0.999
+    assert cosine(reference, cpu_form) > 0.99
+
+
+def test_tiny_squeeze_convs_stay_float_and_the_gate_still_runs_on_the_grid() -> None:
+    """Under `min_channels` the squeeze-excite convs stay float; their vectors cost nothing to quantise, so the
+    pool and the gate's Mul on the large tensor still run integer."""
+    graph = _se_block(squeeze=8)
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    assert len(plan.float_layers) == 2
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding="u8u8")
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearGlobalAveragePool") == 1 and ops.get("QLinearMul", 0) >= 2, ops
+    feeds = feeds_for(graph, seed=5)
+    reference = run_model(onnx_from_graph(graph), feeds)["output"]
+    assert cosine(reference, run_model(lowered, feeds)["output"]) > 0.99
+
+
+def test_what_the_user_keeps_float_stays_float_and_reads_its_input_unrounded() -> None:
+    """--exclude (and the sensitivity search, which excludes the same way) keeps a layer float to read its input
+    as FP32 computes it: the gate Mul before it stays float; an excluded op type is never put on the grid."""
+    graph = _se_block()
+    (last,) = [n for n in graph.nodes if n.outputs[0].name == "output"]
+    plan = plan_quantization(graph, cpu_config(QuantConfig(exclude=(last.name,))))
+    assert _on_grid(graph, plan, "Mul")[-1] is False
+    plan = plan_quantization(graph, cpu_config(QuantConfig(exclude=("Sigmoid",))))
+    assert _on_grid(graph, plan, "Sigmoid") == [False] * 3
+
+
+def test_plans_with_integer_gates_leave_silu_out_of_equalisation() -> None:
+    """Gated equalisation feeds the gate x * (1 / s) through a float per-channel Mul; on SiLU, which such a plan
+    runs on integer kernels, that Mul would cut them apart. HardSwish (float on the CPU either way) keeps it::
+
+        input ─ Conv1x1 ─ SiLU ─ depthwise Conv3x3 ─ Conv1x1 ─ HardSwish ─ depthwise Conv3x3 ─ output
+    """
+    from trtopt.quant.equalize import find_sites
+
+    b = GraphBuilder("gated_sites", seed=0)
+    y = b.conv(b.silu(b.conv(b.input("input", [1, 16, 8, 8]), 16, 32, 1)), 32, 32, 3, group=32)
+    y = b.conv(b.hard_swish(b.conv(y, 32, 32, 1)), 32, 32, 3, group=32, out="output")
+    graph = optimize(graph_from_onnx(b.build([y]))).graph
+    heads = {s.gate_head.op for s in find_sites(graph) if s.gate_head is not None}
+    assert heads == {"Sigmoid", "HardSwish"}
+    kept = {s.gate_head.op for s in find_sites(graph, integer_gates=True) if s.gate_head is not None}
+    assert kept == {"HardSwish"}

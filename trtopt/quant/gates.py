@@ -1,0 +1,150 @@
+"""Element-wise gates on the integer grid between INT8 layers (`QuantConfig.integer_gates`, the CPU backend's default).
+
+Squeeze-excite blocks and SiLU are element-wise ops between convs: EfficientNet's x * sigmoid(x) after each
+conv, its squeeze-excite GlobalAveragePool -> 1x1 convs -> Sigmoid -> Mul(x, gate), MobileNetV3's Mul by a
+HardSigmoid gate. ONNX Runtime has integer kernels for Sigmoid (QLinearSigmoid, a 256-entry table), Mul and Add
+(QLinearMul, QLinearAdd) and GlobalAveragePool (QLinearGlobalAveragePool), which its QDQ fusions choose where
+the op reads DequantizeLinear and writes one QuantizeLinear. Left float, each such op between two INT8 convs
+costs a DequantizeLinear of the conv's output, the float op(s) on four times the bytes, a QuantizeLinear, and
+layout Transposes where the NHWC integer stretch is cut.
+
+An op of `INTEGER_OPS` goes on the grid (a pair on each input edge and on each edge that reads its output) where
+
+- each data input is quantised already (an INT8 layer's output, or an op put on the grid here), or is *small*
+  (no spatial extent: a squeeze-excite vector after the pool, which costs nothing to quantise), and
+- every reader of its output is an INT8 layer, another op put on the grid here (through Flatten / Reshape /
+  Squeeze / Unsqueeze, sharing one threshold as `trtopt.quant.pools` does), a Concat whose output is quantised
+  (QLinearConcat: `placement._concat_sites` quantises its inputs), or the output is small and either some reader
+  is integer or some input is a large tensor on the grid (a squeeze-excite pool before float 1x1 convs under
+  `min_channels`: the DequantizeLinear of its large input saved, one of a vector paid);
+- nothing it reads or that reads it is a node `--exclude` names (the sensitivity search excludes the same way):
+  a layer kept float reads its input unrounded, as `placement._output_sites` keeps it.
+
+Both conditions are settled together (a fixed point): an op whose output would feed float ops stays float,
+then so may the ops before it. Decided by op pattern, never by model; the CPU backend measures whether the
+plan pays (`trtopt.backend.cpu.choice`). What it bought on EfficientNet-B0 (and what it cost in SiLU
+equalisation, which such plans leave out) is in `trtopt.backend.cpu.backend.CpuBackend.quant_config`.
+
+Not covered: HardSwish (ONNX Runtime has no integer kernel for it or for HardSigmoid), so MobileNetV3's blocks
+keep their HardSwish and the Mul by the squeeze-excite gate in float, and the Sigmoid output's threshold comes
+from calibration like any other tensor's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import onnx_graphsurgeon as gs
+
+from trtopt.quant.pools import SHAPE_OPS, Edge
+
+INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
+
+
+def gate_edges(
+    graph: gs.Graph, edges: Collection[Edge], layers: Collection[str], excluded: Collection[str] = ()
+) -> tuple[list[Edge], list[tuple[str, str]]]:
+    """The edges to quantise so that the ops of `INTEGER_OPS` that qualify (see the module) run on the grid,
+    given the activation `edges` quantised already and the INT8 `layers` (names); and the (tensor, tensor)
+    pairs that share a threshold across shape ops. An op that reads or is read by a node `excluded` names (by name or
+    op type: kept float by the user or the sensitivity search, to read its input unrounded) stays float."""
+    quantized = {tensor for tensor, _, _ in edges}
+    candidates = [n for n in graph.nodes if _candidate(n) and n.name not in excluded and n.op not in excluded]
+    chosen = {n.name for n in candidates}
+    outputs = {t.name for t in graph.outputs}
+    while True:
+        kept = {n.name for n in candidates if n.name in chosen and _inputs_ready(n, quantized, chosen)
+                and _readers_ready(n, quantized, chosen, layers, outputs)
+                and not any(r.name in excluded or r.op in excluded for r in _readers(n) + _writers(n))}  # fmt: skip
+        if kept == chosen:
+            break
+        chosen = kept
+    return _edges_of(graph, [n for n in candidates if n.name in chosen], edges)
+
+
+def _candidate(node: gs.Node) -> bool:
+    data = _data_inputs(node)
+    if node.op not in INTEGER_OPS or len(data) != len(node.inputs) or not node.outputs:
+        return False
+    return len(data) == (2 if node.op in ("Mul", "Add") else 1)
+
+
+def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
+    return [t for t in node.inputs if isinstance(t, gs.Variable) and t.name]
+
+
+def _inputs_ready(node: gs.Node, quantized: Collection[str], chosen: Collection[str]) -> bool:
+    return all(_on_grid(t, quantized, chosen) or is_small(t) for t in _data_inputs(node))
+
+
+def _on_grid(tensor: gs.Tensor, quantized: Collection[str], chosen: Collection[str]) -> bool:
+    return tensor.name in quantized or bool(tensor.inputs and tensor.inputs[0].name in chosen)
+
+
+def _readers_ready(
+    node: gs.Node, quantized: Collection[str], chosen: Collection[str], layers: Collection[str],
+    outputs: Collection[str],
+) -> bool:  # fmt: skip
+    """Every reader integer; or a small output, where some reader is integer or some input is a large quantised
+    tensor (the DequantizeLinear saved). Never a graph output: its precision is the user's."""
+    out = node.outputs[0]
+    end = _past_shape_ops(out)[0]
+    if out.name in outputs or end.name in outputs or not end.outputs:
+        return False
+    integer = [r.name in chosen or r.name in layers or (r.op == "Concat" and r.outputs[0].name in quantized)
+               for r in end.outputs]  # fmt: skip
+    if all(integer):
+        return True
+    return is_small(out) and (any(integer) or any(_on_grid(t, quantized, chosen) and not is_small(t)
+                                                  for t in _data_inputs(node)))  # fmt: skip
+
+
+def _writers(node: gs.Node) -> list[gs.Node]:
+    return [t.inputs[0] for t in _data_inputs(node) if t.inputs]
+
+
+def _readers(node: gs.Node) -> list[gs.Node]:
+    return list(_past_shape_ops(node.outputs[0])[0].outputs)
+
+
+def _past_shape_ops(tensor: gs.Tensor) -> list[gs.Tensor]:
+    """`tensor`, or where its sole reader is a chain of shape ops, the tensor at the chain's end."""
+    while len(tensor.outputs) == 1 and tensor.outputs[0].op in SHAPE_OPS and tensor.outputs[0].outputs:
+        tensor = tensor.outputs[0].outputs[0]
+    return [tensor]
+
+
+def is_small(tensor: gs.Tensor) -> bool:
+    """Whether `tensor` has no spatial extent (N x C x 1 x 1 ..., or N x C): a vector per sample."""
+    shape = tensor.shape
+    if not shape or len(shape) < 2 or any(not isinstance(d, int) for d in shape[2:]):
+        return False
+    return all(d == 1 for d in shape[2:])
+
+
+def _edges_of(
+    graph: gs.Graph, nodes: list[gs.Node], edges: Collection[Edge]
+) -> tuple[list[Edge], list[tuple[str, str]]]:
+    taken = set(edges)
+    added: list[Edge] = []
+    shared: list[tuple[str, str]] = []
+
+    def add(tensor: gs.Tensor, reader: gs.Node) -> None:
+        for index, t in enumerate(reader.inputs):
+            if t is tensor and (tensor.name, reader.name, index) not in taken:
+                added.append((tensor.name, reader.name, index))
+                taken.add((tensor.name, reader.name, index))
+
+    graph_outputs = {t.name for t in graph.outputs}
+    for node in nodes:
+        for tensor in _data_inputs(node):
+            add(tensor, node)
+        out = node.outputs[0]
+        end = _past_shape_ops(out)[0]
+        for reader in list(out.outputs):
+            add(out, reader)
+        if end is not out and end.name not in graph_outputs:
+            for reader in list(end.outputs):
+                add(end, reader)
+            shared.append((end.name, out.name))
+    return added, shared
