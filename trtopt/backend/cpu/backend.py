@@ -108,11 +108,11 @@ class CpuBackend(Backend[CpuOptions]):
         unless the user said otherwise (`QuantConfig.float_leading_depthwise`), and for a build whose encoding
         (`options`) has 7-bit weights (u8s7), the search for the dense layers that get them
         (`trtopt.search.seven_bit`); for u8s8p (auto on CPUs whose u8s8 kernels saturate), 8-bit weights with
-        neighbouring pairs that fit those kernels (`trtopt.quant.pairs`). Element-wise gates between INT8 layers run on the
-        integer grid too (`QuantConfig.integer_gates`, `trtopt.quant.gates`: SiLU and squeeze-excite blocks as
-        ONNX Runtime's QLinearSigmoid, QLinearMul and QLinearGlobalAveragePool), and such a plan leaves SiLU out
-        of the gated activation equalisation (`trtopt.quant.equalize.find_sites`), whose per-channel Mul would
-        run in float between them.
+        neighbouring pairs that fit those kernels (`trtopt.quant.pairs`). Element-wise gates between INT8 layers
+        run on the integer grid too (`QuantConfig.integer_gates`, `trtopt.quant.gates`: SiLU and squeeze-excite
+        blocks as ONNX Runtime's QLinearSigmoid, QLinearMul and QLinearGlobalAveragePool), and such a plan leaves
+        SiLU out of the gated activation equalisation (`trtopt.quant.equalize.find_sites`), whose per-channel Mul
+        would run in float between them.
 
         Why the gates (issue #45; AMD EPYC, avx2, ONNX Runtime 1.32.0, 1 thread, calls interleaved, the
         real-export corpus's Keras EfficientNet-B0 through tf2onnx, u8s7 plans; load average 4-12 on 2 shared
