@@ -92,12 +92,13 @@ def test_builds_int8_on_cpu_with_verification(zoo_model: ZooCase, tmp_path: Path
 def test_a_plan_calibrated_on_the_wrong_data_is_called_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue #13: PP-OCRv4-det calibrated on photos (not pages) with entropy and no sensitivity search has an
     INT8 reference far from FP32. Whether its kernels then stay under the tolerance cap (plan written, flagged)
-    or not (refused), the build says the plan's own math is far from FP32 and what to change."""
+    or not (refused), the build says the plan's own math is far from FP32 and what to change. u8u8 weights: the
+    same plan on every CPU, without the 7-bit search (DEFAULT_ENCODING above)."""
     case = zoo_case("ppocr-v4-det")
     plan = tmp_path / "det.engine"
     argv = ["build", str(case.path), "--int8", "--calib", "calib_data", "--calib-count", "16", "--verify-samples", "4",
             "--calib-batch", "4", "--method", "entropy", "--no-auto-exclude", "--backend", "cpu", "-o", str(plan),
-            "--json", *case.model.preprocess, *shapes_flag(case)]  # fmt: skip
+            "--cpu-encoding", "u8u8", "--json", *case.model.preprocess, *shapes_flag(case)]  # fmt: skip
     code = main(argv)
     captured = capsys.readouterr()
     if code == 0:
