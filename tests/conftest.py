@@ -5,7 +5,8 @@ with that reason when TRTOPT_REQUIRE_GPU=1 (so a GPU CI cannot pass by skipping)
 (cuda-bindings and a GPU): the runtime's CUDA layer is checked there without TensorRT.
 
 TRTOPT_REQUIRE_OPTIONAL=1 fails the tests skipped for a missing optional dependency (require_optional.py).
-The `light_graph` fixture loads each light model (trtopt.zoo.light) once per session.
+The `light_graph` fixture loads each light model (trtopt.zoo.light) once per session; `demo_plan` builds the demo
+model's INT8 CPU plan once per run, shared by the xdist workers.
 
 CPU builds keep the INT8 plan they verified, whatever the build's rough timing says (`trtopt.backend.cpu.choice`
 would write a cheaper plan where INT8 runs slower than FP32, which on a busy or VNNI-less machine depends on the
@@ -15,9 +16,11 @@ runtime timed against each other (`trtopt.auto_backend`, tested with injected ti
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -37,6 +40,29 @@ def light_graph() -> Callable[[str], gs.Graph]:
     from trtopt.zoo.light import light_model
 
     return functools.cache(lambda name: graph_from_onnx(light_model(name)))
+
+
+@pytest.fixture(scope="session")
+def demo_plan(tmp_path_factory: pytest.TempPathFactory, _int8_plans_stay_int8: object) -> Path:
+    """models/efficientnet_lite0.onnx as an INT8 CPU plan calibrated on 16 calib_data photos (the build's defaults
+    otherwise), built once per run: the xdist workers of one run share their temporary root, and the first to
+    take the lock builds it (tests/test_http_service.py and tests/test_triton_server.py serve it). Read it only."""
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.data import DataConfig
+    from trtopt.plan import write_plan
+
+    root = Path(__file__).resolve().parents[1]
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's root under xdist
+    plan = shared / "demo-int8-16.engine"
+    with open(shared / "demo-int8-16.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not plan.is_file():
+            config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(root / "calib_data"),), count=16))
+            partial = shared / "demo-int8-16.engine.partial"
+            write_plan(build_plan(root / "models" / "efficientnet_lite0.onnx", config).plan, partial)
+            partial.rename(plan)
+    return plan
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,3 +101,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get("TRTOPT_REQUIRE_GPU") == "1":
         pytest.fail(f"TRTOPT_REQUIRE_GPU=1 but the GPU test cannot run: {status.reason}", pytrace=False)
     pytest.skip(f"needs {needs}: {status.reason}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked `slow` themselves first (a stable sort: the rest keep their order). pytest-xdist's `load`
+    schedule deals the first quarter of the tests out one by one, so the two workers start the long tests (minutes
+    each) together and the short ones fill in around them, instead of a long test starting last while the other
+    worker idles. A module marked slow as a whole (tests/test_triton_server.py: one server per module and worker)
+    stays in place. Order only: every test still runs."""
+    items.sort(key=lambda item: not any(mark.name == "slow" for mark in item.own_markers))

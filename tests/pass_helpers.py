@@ -47,8 +47,9 @@ def assert_same_outputs(before: onnx.ModelProto | gs.Graph, after: gs.Graph, see
     return error
 
 
-def assert_canonical(graph: gs.Graph) -> None:
-    """Unique non-empty names, topological order, a model onnx.checker accepts."""
+def assert_canonical(graph: gs.Graph) -> onnx.ModelProto:
+    """Unique non-empty names, topological order, a model onnx.checker accepts; returns that model (the graph
+    exported), for a caller that compares it too (one export of a 550 MB model costs seconds)."""
     names = [n.name for n in graph.nodes]
     assert all(names) and len(set(names)) == len(names), names
     seen = {t.name for t in graph.inputs} | {
@@ -61,7 +62,9 @@ def assert_canonical(graph: gs.Graph) -> None:
                 tensor.name,
             )
         seen.update(t.name for t in node.outputs)
-    onnx.checker.check_model(onnx_from_graph(graph))
+    model = onnx_from_graph(graph)
+    onnx.checker.check_model(model)
+    return model
 
 
 def run_pass(model: onnx.ModelProto, name: str) -> tuple[gs.Graph, PassReport]:

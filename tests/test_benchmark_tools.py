@@ -63,6 +63,7 @@ def check_header(markdown: str, script: str) -> None:
         assert key in markdown, key
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
 def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     out = tmp_path / "accuracy.md"
@@ -96,6 +97,7 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     assert "CPU class `" in stdout, "every figure states the CPU class it was measured on"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
 def test_bench_accuracy_analysis_tiny_run_cross_validates_and_splits_the_error() -> None:
     stdout = run_tool(
@@ -183,6 +185,7 @@ def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:
     assert done.returncode != 0 and "--batches 1" in done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
 def test_make_benchmarks_quick_assembles_sections_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "BENCHMARKS.md"
@@ -204,6 +207,7 @@ def test_make_benchmarks_quick_assembles_sections_and_plots(tmp_path: Path) -> N
     assert "](docs/benchmarks/latency.png)" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
 def test_bench_calibration_on_photos_compares_with_fp32_inference(tmp_path: Path) -> None:
     out = tmp_path / "calibration.md"

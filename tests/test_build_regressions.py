@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from graph_fuzz import Case, check_int8_plan_valid, check_qdq_reference_close
 from quant_helpers import cosine
 
@@ -36,6 +37,7 @@ def test_inception_with_pooling_branch_keeps_every_node_in_int8() -> None:
     assert (fp32.argmax(1) == int8.argmax(1)).all()
 
 
+@pytest.mark.slow
 def test_light_models_nobody_tuned_for_build_and_verify_in_int8(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Models from the onnx package (opset 9, random weights) that trtopt was never tuned on. SqueezeNet and
     Inception-v1 once failed with a cycle in the quantised graph (a fire/inception module's conv feeding a

@@ -60,6 +60,7 @@ def test_fp32_model_classifies_real_photos(labelled, batch) -> None:  # type: ig
     assert {"tabby", "tiger cat", "Egyptian cat"} & set(chelsea)
 
 
+@pytest.mark.slow
 def test_int8_plan_keeps_the_predictions(tmp_path, labelled, batch) -> None:  # type: ignore[no-untyped-def]
     config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(ROOT / "calib_data"),), count=48))
     result = build_plan(MODEL, config)

@@ -51,6 +51,7 @@ def test_light_file_converts_to_opset_13(name: str, caplog: pytest.LogCaptureFix
     assert max_relative_error(ort_outputs(light_path(name), feeds), run_model(loaded.model, feeds)) <= RTOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAST_LIGHT)  # VGG-19's optimize run is tests/test_optimize_pipeline.py's
 def test_cli_optimize_and_build_of_an_opset_9_model_match_the_original(
     name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture

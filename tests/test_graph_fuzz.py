@@ -6,6 +6,7 @@ and saves each failure as a minimal ONNX reproduction.
 
 from __future__ import annotations
 
+import pytest
 from graph_fuzz import (
     BuildVariant,
     Case,
@@ -54,6 +55,7 @@ def test_int8_kernels_match_the_qdq_reference(graph: RandomGraph) -> None:
 # or one the data decides, with branches reading a conv's output from the outer graph. Before the round that
 # added it, these graphs lost an `If` output when loaded, and the Q/DQ placement looked for a branch's node in
 # the outer graph (KeyError).
+@pytest.mark.slow
 @settings(CI, max_examples=16)
 @given(random_graphs(blocks=("conditional", "conv", "residual")))
 def test_graphs_with_conditionals_keep_every_property(graph: RandomGraph) -> None:

@@ -13,9 +13,6 @@ from pathlib import Path
 import pytest
 
 import trtopt
-from trtopt.build import BuildConfig, build_plan
-from trtopt.data import DataConfig
-from trtopt.plan import write_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,14 +25,8 @@ def _load_example():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    path = tmp_path_factory.mktemp("svc") / "demo.engine"
-    result = build_plan(
-        ROOT / "models" / "efficientnet_lite0.onnx",
-        BuildConfig(backend="cpu", data=DataConfig(sources=(str(ROOT / "calib_data"),), count=16)),
-    )
-    write_plan(result.plan, path)
-    httpd = _load_example().make_server(trtopt.Engine.load(path), "127.0.0.1", 0)
+def server(demo_plan: Path):  # type: ignore[no-untyped-def]
+    httpd = _load_example().make_server(trtopt.Engine.load(demo_plan), "127.0.0.1", 0)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"

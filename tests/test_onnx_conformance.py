@@ -14,9 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # about 1,900 builds on two processes of its own
 def test_conformance_cases_build_right_or_refuse_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "onnx_conformance.py"), "--out", str(out)],
@@ -32,6 +35,7 @@ def test_conformance_cases_build_right_or_refuse_cleanly(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_int8_build_of_a_vector_dot_product(tmp_path: Path) -> None:
     """MatMul of two 1-D inputs gives a 0-d output; the sensitivity search's per-sample cosines sliced it by
     rows and raised IndexError (a traceback on `test_matmul_1d_1d`)."""
@@ -55,6 +59,7 @@ def test_int8_build_of_a_vector_dot_product(tmp_path: Path) -> None:
     assert code == 0
 
 
+@pytest.mark.slow
 def test_int8_builds_of_the_float16_cases(tmp_path: Path) -> None:
     """onnx's float16 Attention, CausalConv and FlexAttention cases: INT8 builds calibrated their float32 copy
     and verified (trtopt.frontend.float_types). They used to fail with "The built plan is not valid: Type Error ...

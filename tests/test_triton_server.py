@@ -27,9 +27,7 @@ import numpy as np
 import pytest
 
 import trtopt
-from trtopt.build import BuildConfig, build_plan
 from trtopt.data.classes import top_k
-from trtopt.data.config import DataConfig
 from trtopt.plan import write_plan
 from trtopt.serving.triton import TritonOptions, export_triton
 
@@ -122,7 +120,7 @@ def test_tensorrt_and_onnxruntime_configs_pass_tritons_own_validation(tmp_path: 
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def triton(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
     triton_env, triton_server = _tools()
     try:
         import tritonclient.grpc  # noqa: F401
@@ -134,9 +132,7 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Any:
     if stale:
         _unavailable(f"the server venv's {', '.join(stale)}: run `python tools/triton_env.py` to align them")
     work = tmp_path_factory.mktemp("triton")
-    plan = work / "demo.engine"
-    config = BuildConfig(backend="cpu", data=DataConfig(sources=(str(ROOT / "calib_data"),), count=16))
-    write_plan(build_plan(ROOT / "models" / "efficientnet_lite0.onnx", config).plan, plan)
+    plan = request.getfixturevalue("demo_plan")  # the demo model's INT8 plan on 16 photos (tests/conftest.py)
     env = triton_env.stub_env(work / "stub-env", dist)
     options = TritonOptions(name="demo", instances=2, threads=1, queue_delay_us=2000, python_env=str(env))
     export_triton(plan, work / "repo", options)
