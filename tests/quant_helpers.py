@@ -59,3 +59,14 @@ def cpu_config(config: QuantConfig | None = None) -> QuantConfig:
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))
+
+
+def assert_plan_computes(graph: gs.Graph, model: onnx.ModelProto, lowered: onnx.ModelProto, output: str,
+                         seed: int = 3) -> None:  # fmt: skip
+    """The lowered CPU plan computes its Q/DQ model (run as float math) and stays close to the float graph."""
+    feeds = feeds_for(graph, seed=seed)
+    reference = run_model(onnx_from_graph(graph), feeds)[output]
+    qdq_form = run_model(model, feeds, opt_level="disable")[output]  # what the plan means, as float math
+    cpu_form = run_model(lowered, feeds)[output]
+    assert cosine(qdq_form, cpu_form) > 0.999
+    assert cosine(reference, cpu_form) > 0.99

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import onnx_graphsurgeon as gs
 import pytest
-from quant_helpers import cosine, cpu_config, feeds_for, quantize
+from quant_helpers import assert_plan_computes, cosine, cpu_config, feeds_for, quantize
 
 from trtopt.backend.cpu.builder import kernel_report
 from trtopt.backend.cpu.lowering import lower_for_cpu
@@ -73,12 +73,7 @@ def test_integer_gates_run_as_integer_kernels_and_keep_the_numbers(encoding: str
     assert ops.get("QLinearSigmoid") == 3 and ops.get("QLinearMul") == 3, ops
     assert ops.get("QLinearGlobalAveragePool") == 1 and ops.get("QLinearConv") == 3, ops  # the last writes float
     assert not {"Sigmoid", "Mul", "QuickGelu", "GlobalAveragePool"} & set(ops), ops
-    feeds = feeds_for(graph, seed=3)
-    reference = run_model(onnx_from_graph(graph), feeds)["output"]
-    qdq_form = run_model(model, feeds, opt_level="disable")["output"]  # what the plan means, as float math
-    cpu_form = run_model(lowered, feeds)["output"]
-    assert cosine(qdq_form, cpu_form) > 0.999
-    assert cosine(reference, cpu_form) > 0.99
+    assert_plan_computes(graph, model, lowered, "output")
 
 
 def test_tiny_squeeze_convs_stay_float_and_the_gate_still_runs_on_the_grid() -> None:
