@@ -116,3 +116,31 @@ def test_pair_bounded_weights_run_their_reference_and_stay_int8() -> None:
     np.testing.assert_allclose(_run(model, x, True), _run(model, x, False), atol=0.051)  # one output step
     plain, _ = quantize_weight(values, 0)
     assert store_unsigned_weights(_qconv(plain)) == 1  # 8-bit weights whose pairs overflow: stored as uint8
+
+
+@pytest.mark.parametrize(("first", "second", "paired"), [(0, 1, True), (1, 2, False), (2, 3, True)])
+def test_onnx_runtime_pairs_a_matmul_along_k(first: int, second: int, paired: bool) -> None:
+    """MatMul weights [K, N]: elements 2i and 2i + 1 of K pair, as `reduction_rows` says (saturating CPUs)."""
+    q = np.zeros((16, 8), np.int8)
+    q[[first, second], 0] = 127
+    inits = [numpy_helper.from_array(q, "wq"), numpy_helper.from_array(np.full(8, 0.01, np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(8, np.int8), "wz"), numpy_helper.from_array(np.float32(1 / 255), "sx"),
+             numpy_helper.from_array(np.uint8(0), "zx"), numpy_helper.from_array(np.float32(0.05), "sy"),
+             numpy_helper.from_array(np.uint8(0), "zy")]  # fmt: skip
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], axis=1),
+             helper.make_node("MatMul", ["xd", "w"], ["c"]),
+             helper.make_node("QuantizeLinear", ["c", "sy", "zy"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "sy", "zy"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)  # fmt: skip
+    model, x = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), np.ones((2, 16), np.float32)
+    assert fits_pairs(q, "MatMul", {}) != paired
+    isa = cpu_isa()
+    if isa in SATURATING_U8S8:
+        assert np.allclose(_run(model, x, True), _run(model, x, False)) != paired
+    elif isa in EXACT_U8S8:
+        assert np.allclose(_run(model, x, True), _run(model, x, False))
+    else:
+        pytest.skip(f"a {isa} CPU: its kernels' pairing is not described")
