@@ -12,10 +12,9 @@ can be read against its neighbour's:
 - ONNX Runtime's quantize_static (QDQ, per-channel int8 weights, uint8 activations, after quant_pre_process)
   as written (u8s8), with its weights stored as uint8 (u8u8: the same values, `store_unsigned_weights`), and
   with `reduce_range` (7-bit weights);
-- trtopt's plan in each encoding (u8s8 forced, u8u8, and the default: u8s7 where u8s8 saturates), with every
-  conv INT8 (`min_channels=1`: the stem too), and with its tail quantised as ONNX Runtime quantises it (the last
-  residual Add and the GlobalAveragePool as QLinearAdd / QLinearGlobalAveragePool: a Q/DQ pair inserted after the
-  last Relu and after the pool);
+- trtopt's plan in each encoding (u8s8 forced, u8u8, and the default: u8s8p where u8s8 saturates), with every
+  conv INT8 (`min_channels=1`: the stem too) (its tail, the last residual Add and the GlobalAveragePool, is
+  quantised by default since `QuantConfig.integer_pools`; the row that inserted it by hand is gone);
 - trtopt's plan opened with ONNX Runtime's session defaults (no transformers disabled): the runner's options.
 
 Each row gives the kernels ONNX Runtime made of the graph (INT8 convs, float convs, Q and DQ nodes, float
@@ -37,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -89,49 +87,6 @@ def trtopt_plan(path: Path, args: argparse.Namespace, encoding: str, **quant: ob
     return build_plan(path, config).plan.sections["onnx"]
 
 
-def quantize_tail(plan: bytes, fp32: onnx.ModelProto, images: np.ndarray) -> bytes:
-    """The plan with a uint8 Q/DQ pair after the last Relu (max calibration on `images`) and after the
-    GlobalAveragePool (the Gemm input's grid), so ONNX Runtime runs QLinearAdd and QLinearGlobalAveragePool."""
-    model = onnx.load_from_string(plan)
-    graph = model.graph
-    pool = next(n for n in graph.node if n.op_type == "GlobalAveragePool")
-    gemm_q = next(n for n in graph.node if n.op_type == "QuantizeLinear" and n.input[0] in _after(graph, pool))
-    relu_out = pool.input[0]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(fp32)
-    probe.graph.output.append(helper.make_tensor_value_info(relu_out, onnx.TensorProto.FLOAT, None))
-    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
-    peak = float(session.run([relu_out], {fp32.graph.input[0].name: images})[0].max())
-    gemm_grid = (gemm_q.input[1], gemm_q.input[2])
-    graph.initializer.extend([numpy_helper.from_array(np.array(peak / 255, np.float32), "tail/scale"),
-                              numpy_helper.from_array(np.array(0, np.uint8), "tail/zero_point")])  # fmt: skip
-    _insert_pair(graph, relu_out, ("tail/scale", "tail/zero_point"))
-    _insert_pair(graph, pool.output[0], gemm_grid)
-    return model.SerializeToString()
-
-
-def _after(graph: onnx.GraphProto, node: onnx.NodeProto) -> set[str]:
-    """`node`'s output and the outputs of the single-input ops that follow it (Reshape, Flatten)."""
-    names, frontier = set(node.output), list(node.output)
-    while frontier:
-        name = frontier.pop()
-        for n in graph.node:
-            if n.input and n.input[0] == name and n.op_type in ("Reshape", "Flatten"):
-                names.update(n.output)
-                frontier.extend(n.output)
-    return names
-
-
-def _insert_pair(graph: onnx.GraphProto, tensor: str, grid: tuple[str, str]) -> None:
-    readers = [n for n in graph.node if tensor in n.input]
-    q, dq = f"{tensor}/tail_q", f"{tensor}/tail_dq"
-    for node in readers:
-        node.input[:] = [dq if name == tensor else name for name in node.input]
-    at = next(i for i, n in enumerate(graph.node) if tensor in n.output) + 1
-    graph.node.insert(at, helper.make_node("DequantizeLinear", [q, *grid], [dq]))
-    graph.node.insert(at, helper.make_node("QuantizeLinear", [tensor, *grid], [q]))
-
-
 def variants(path: Path, args: argparse.Namespace, images: np.ndarray) -> list[Variant]:
     """Every variant of the module docstring, built here."""
     ort_u8s8 = ort_build(resolve_model(str(path), path.parent), str(args.calib), args.count, "minmax")[1]
@@ -145,11 +100,6 @@ def variants(path: Path, args: argparse.Namespace, images: np.ndarray) -> list[V
         Variant("trtopt (u8u8)", trtopt_plan(path, args, "u8u8"), "--cpu-encoding u8u8"),
         Variant(f"trtopt default ({_auto_encoding()})", trtopt_plan(path, args, "auto"), "--cpu-encoding auto"),
         Variant("trtopt (u8s8), INT8 stem", trtopt_plan(path, args, "u8s8", min_channels=1), "--min-channels 1"),
-        Variant(
-            "trtopt (u8s8), tail quantised",
-            quantize_tail(plan_u8s8, onnx.load(path), images),
-            "QLinearAdd + QLinearGlobalAveragePool at the end",
-        ),  # fmt: skip
         Variant("trtopt (u8s8), ORT's session defaults", plan_u8s8, "no transformer disabled", ()),
     ]
     return out
