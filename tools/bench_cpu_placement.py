@@ -87,7 +87,7 @@ def trtopt_plan(path: Path, args: argparse.Namespace, encoding: str, **quant: ob
     return build_plan(path, config).plan.sections["onnx"]
 
 
-def variants(path: Path, args: argparse.Namespace, images: np.ndarray) -> list[Variant]:
+def variants(path: Path, args: argparse.Namespace) -> list[Variant]:
     """Every variant of the module docstring, built here."""
     ort_u8s8 = ort_build(resolve_model(str(path), path.parent), str(args.calib), args.count, "minmax")[1]
     ort_rr = ort_build(resolve_model(str(path), path.parent), str(args.calib), args.count, "minmax", True, True)[1]
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         model = resolve_model(str(path), Path(tmp))
         photos, _ = stacked(image_dataset(model, args.heldout, 8))
         models = {FP32: Variant(FP32, path.read_bytes(), "", ())}
-        models |= {v.name: v for v in variants(path, args, photos)}
+        models |= {v.name: v for v in variants(path, args)}
         rows = measure(models, model.input_name, photos, args)
         extra = inception_rows(args, Path(tmp), args.heldout) if args.inception else []
     lines = ["## CPU plans: placement against ONNX Runtime's quantizer (ResNet-50)", "",

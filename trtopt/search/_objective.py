@@ -43,16 +43,23 @@ def split(aim: np.ndarray, steady: np.ndarray) -> np.ndarray:
     return aim if np.array_equal(aim, steady) else np.stack([aim, steady])
 
 
+def _form(values: Figures | Cosines, index: int, stacked: int) -> np.ndarray:
+    """Row `index` (0 aim, 1 steady) of `values` where `split` stacked two forms (`stacked` dimensions), else the
+    one form, as a vector (figures) or an (outputs, samples) array (per-sample cosines)."""
+    found = np.asarray(values, np.float64)
+    if found.ndim == stacked:
+        return found[index]
+    return np.atleast_1d(found) if stacked == 2 else np.atleast_2d(found)
+
+
 def figures(values: Figures) -> np.ndarray:
     """The aim figure of each output."""
-    found = np.asarray(values, np.float64)
-    return found[0] if found.ndim == 2 else np.atleast_1d(found)
+    return _form(values, 0, 2)
 
 
 def steady(values: Figures) -> np.ndarray:
     """The steady figure of each output (its aim figure where it has no other)."""
-    found = np.asarray(values, np.float64)
-    return found[1] if found.ndim == 2 else np.atleast_1d(found)
+    return _form(values, 1, 2)
 
 
 def worst(values: Figures) -> float:
@@ -74,14 +81,12 @@ def gain(new: Figures, current: Figures, aim: float) -> float:
 
 def rows(cosines: Cosines) -> np.ndarray:
     """Per-sample cosines as an (outputs, samples) array (the aim form)."""
-    found = np.asarray(cosines, np.float64)
-    return found[0] if found.ndim == 3 else np.atleast_2d(found)
+    return _form(cosines, 0, 3)
 
 
 def steady_rows(cosines: Cosines) -> np.ndarray:
     """Per-sample cosines as an (outputs, samples) array (the steady form)."""
-    found = np.asarray(cosines, np.float64)
-    return found[1] if found.ndim == 3 else np.atleast_2d(found)
+    return _form(cosines, 1, 3)
 
 
 def worst_mean(cosines: Cosines) -> float:
