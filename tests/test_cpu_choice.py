@@ -146,14 +146,26 @@ def test_a_gain_within_the_margin_is_not_taken(tiny: Any) -> None:
     model, fp32 = tiny
     cheaper = quantize_count(float_regions(model, int8_regions(model)[:1]))
     build, timer, _ = trial_world({cheaper: 0.95})
-    kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
-    assert kept.kept_float == () and kept.speed.ratio == pytest.approx(0.99)  # faster than FP32: no trial at all
+    kept = keep_faster(Candidate(model, "verified", speed(0.9)), model, fp32, build, timer)
+    assert kept.kept_float == () and kept.speed.ratio == pytest.approx(0.9)  # clearly faster than FP32: no trial
     build, timer, _ = trial_world({cheaper: 0.97, quantize_count(model): 0.98})
     kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
     assert kept.kept_float == () and not kept.float_plan and kept.plan is model
     build, timer, _ = trial_world({cheaper: 0.99, quantize_count(model): 0.98})
     kept = keep_faster(Candidate(model, "verified", speed(1.01)), model, fp32, build, timer)
     assert kept.kept_float == () and not kept.float_plan and kept.plan is model  # 0.99 x PAYS > 1.01; 0.98: faster
+
+
+def test_a_plan_faster_within_the_noise_is_timed_again(tiny: Any) -> None:
+    """0.99x FP32's time once: kept where a second timing agrees, tried cheaper where it says 1.5x."""
+    model, fp32 = tiny
+    build, timer, calls = trial_world({quantize_count(model): 0.98})
+    kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
+    assert kept.plan is model and not kept.float_plan and calls == ["time"] and kept.speed.ratio == pytest.approx(0.99)
+    build, timer, calls = trial_world({})
+    kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
+    assert kept.float_plan and kept.plan is fp32 and calls[:2] == ["time", "build"]
+    assert kept.speed.ratio == pytest.approx(1.5)  # judged by the slower timing
 
 
 def test_an_int8_plan_as_fast_as_fp32_within_the_noise_gives_way_to_the_float_plan(tiny: Any) -> None:
