@@ -326,7 +326,7 @@ def test_a_plan_verified_elsewhere_says_so_on_load(workdir: Path, caplog) -> Non
     other = "amx" if plan.metadata.verification.isa != "amx" else "avx2"
     with caplog.at_level(logging.WARNING):
         cpu_runner.model_for_this_cpu(plan, isa=other)
-    assert f"runs on a {other} CPU" in caplog.text and "exact here too" in caplog.text
+    assert f"runs on an {other} CPU" in caplog.text and "exact here too" in caplog.text
 
 
 def _u8s8_plan(workdir: Path):  # type: ignore[no-untyped-def]

@@ -41,7 +41,7 @@ def model_for_this_cpu(plan: Plan, isa: str | None = None) -> bytes:
         model = onnx.load_from_string(data)
         changed = store_unsigned_weights(model)
         if changed:
-            verified = f"verified on a {built_on} CPU" if built_on else "u8s8 encoding"
+            verified = f"verified on an {built_on} CPU" if built_on else "u8s8 encoding"
             log.warning(
                 "this plan stores int8 weights for VNNI/AMX kernels (%s), which saturate on this %s CPU: %d layers "
                 "re-encoded as uint8 (same values, exact here, slower); rebuild here for a plan verified here.",
@@ -51,7 +51,7 @@ def model_for_this_cpu(plan: Plan, isa: str | None = None) -> bytes:
     if built_on and built_on != isa:
         exact = isa in EXACT_U8S8 or isa in SATURATING_U8S8
         log.warning(
-            "this plan was verified on a %s CPU and runs on a %s CPU: %s", built_on, isa,
+            "this plan was verified on an %s CPU and runs on an %s CPU: %s", built_on, isa,
             "its encoding is exact here too" if exact else "not verified on this kind of CPU; rebuild here to check it",
         )  # fmt: skip
     return data
