@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +171,21 @@ def test_a_backend_that_runs_an_engine_is_verified_on_the_outputs_it_computes(tm
     verification = build_plan(tmp_path / "nms.onnx", config).verification
     assert verification is not None and verification.ok and verification.judged is not None
     assert verification.reference_vs_fp32.cosine > 0.98
+
+
+def test_a_long_selection_is_named_shortly_and_listed_whole_in_json(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """torchvision's SSDlite export selects its boxes from 90 Gather outputs: the note names four and counts the rest,
+    `--json` lists every one."""
+    from trtopt.cli.main import main
+    from trtopt.verify.selection import short_list
+
+    assert short_list([f"t{i}" for i in range(90)]) == "t0, t1, t2, t3 (+86 more)"
+    assert short_list(("a", "b")) == "a, b"
+    onnx.save(_detector("topk"), tmp_path / "topk.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((24, 3, 32, 32)).astype(np.float32))
+    common = [str(tmp_path / "topk.onnx")]
+    assert main(["build", *common, "--int8", "--calib", str(tmp_path / "x.npy"), "-o", str(tmp_path / "p.engine")]) == 0
+    capsys.readouterr()
+    assert main(["compare", *common, str(tmp_path / "p.engine"), "--data", str(tmp_path / "x.npy"), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["selected"] == ["top", "picked"] and sorted(found["judged"]) == ["prob", "raw_boxes"]

@@ -121,7 +121,7 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.frontend import load_model
     from trtopt.frontend.prequantized import is_prequantized
     from trtopt.metrics.compare import compare_outputs
-    from trtopt.verify.selection import find_selection
+    from trtopt.verify.selection import find_selection, short_list
 
     config = task_config_from_args(args)
     model = load_model(args.model).model
@@ -141,15 +141,16 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     layers = _per_layer(args, engine, dataset) if args.per_layer else None
     outputs = [_named_worst(s.to_dict(), sources) for s in result.outputs]
     if args.json:
-        print_json(result.to_dict() | {"outputs": outputs, "layers": layers})
+        judged = {"selected": list(selection.selected), "judged": list(selection.judged)} if selection else {}
+        print_json(result.to_dict() | {"outputs": outputs, "layers": layers} | judged)
         return 0
     what = "the model's own quantised math (ONNX Runtime, optimisations off)" if quantised else "FP32 model"
     _print_fitted(out, outputs, result.samples, engine.backend, what)
     if selection is not None:
-        out.print(f"note: {escape(', '.join(selection.selected))} come after TopK / NMS / NonZero / a max-pool peak "
+        out.print(f"note: {escape(short_list(selection.selected))} come after TopK / NMS / NonZero / a max-pool peak "
                   "mask: element by element their figures move with every swap of two entries or peak moved by a "
                   "pixel; `trtopt build` judges the tensors "
-                  f"they select from instead ({escape(', '.join(selection.judged))})")
+                  f"they select from instead ({escape(short_list(selection.judged))})")
     for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:

@@ -58,8 +58,8 @@ class Selection:
         return {k: v for k, v in outputs.items() if k not in self.selected}
 
     def describe(self) -> str:
-        return (f"after TopK / NMS / NonZero / a max-pool peak mask ({_names(self.selected)}) judged by the tensors "
-                f"they select from ({_names(self.judged)})")  # fmt: skip
+        return (f"after TopK / NMS / NonZero / a max-pool peak mask ({short_list(self.selected)}) judged by the "
+                f"tensors they select from ({short_list(self.judged)})")  # fmt: skip
 
 
 def find_selection(model: onnx.ModelProto) -> Selection | None:
@@ -237,5 +237,7 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
             if v.type.tensor_type.elem_type}  # fmt: skip
 
 
-def _names(names: tuple[str, ...], shown: int = 4) -> str:
+def short_list(names: Sequence[str], shown: int = 4) -> str:
+    """The first `shown` names, comma-separated, and how many more there are: an SSD export selects from 90 tensors."""
+    names = tuple(names)
     return ", ".join(names[:shown]) + (f" (+{len(names) - shown} more)" if len(names) > shown else "")
