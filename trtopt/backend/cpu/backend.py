@@ -138,7 +138,7 @@ class CpuBackend(Backend[CpuOptions]):
         """
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                        integer_pools=True, integer_gates=True)
+                        integer_pools=True, integer_gates=True, integer_hard_swish=True)
         if options is None:
             return quant
         from trtopt.backend.cpu.builder import candidate_encodings
@@ -209,15 +209,17 @@ class CpuBackend(Backend[CpuOptions]):
 
     def passes(self, chosen: Sequence[str] | None) -> tuple[str, ...] | None:
         """The default passes with `rewrite_prelu` after the layout clean-up: ONNX Runtime's PRelu kernel took 6.7x
-        the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); without `LEFT_OUT_PASSES`,
-        which cost on ONNX Runtime; a user's list as given."""
+        the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); `rewrite_hard_swish`, which
+        writes HardSwish and HardSigmoid spelt in Clip arithmetic as the ops this backend runs on the integer grid
+        (`trtopt.backend.cpu.hard_gates`); without `LEFT_OUT_PASSES`, which cost on ONNX Runtime; a user's list as
+        given."""
         if chosen is not None:
             return tuple(chosen)
         from trtopt.passes import DEFAULT_ORDER
 
         order = tuple(p for p in DEFAULT_ORDER if p not in LEFT_OUT_PASSES)
         at = order.index("sink_transposes") + 1
-        return (*order[:at], "rewrite_prelu", *order[at:])
+        return (*order[:at], "rewrite_prelu", "rewrite_hard_swish", *order[at:])
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""
