@@ -160,3 +160,25 @@ def test_plans_with_integer_hard_swish_leave_hard_swish_out_of_equalisation() ->
         graph = optimize(graph_from_onnx(b.build([y]))).graph
         assert len(find_sites(graph, integer_gates=True)) == 1
         assert find_sites(graph, integer_gates=True, integer_hard_swish=True) == []
+
+
+@pytest.mark.parametrize(("axes", "keepdims", "pooled"), [([2, 3], 1, True), ([-1, -2], 1, True), ([1], 1, False),
+                                                          ([2, 3], 0, False)])  # fmt: skip
+def test_only_a_mean_over_every_spatial_axis_keeping_them_becomes_a_global_pool(axes: list[int], keepdims: int,
+                                                                                 pooled: bool) -> None:  # fmt: skip
+    """input ─ Q ─ DQ ─ ReduceMean ─ Q ─ DQ ─ output: GlobalAveragePool computes the same only over H and W, kept."""
+    b = GraphBuilder("reduce_mean", seed=0, opset=18)
+    grid = [b.const("scale", np.array(0.05, np.float32)), b.const("zero", np.array(128, np.uint8))]
+    x = b.node("DequantizeLinear", [b.node("QuantizeLinear", [b.input("input", [2, 8, 5, 5]), *grid]), *grid])
+    y = b.node("ReduceMean", [x, b.const("axes", np.array(axes, np.int64))], keepdims=keepdims)
+    model = b.build([b.node("DequantizeLinear", [b.node("QuantizeLinear", [y, *grid]), *grid], out="output")])
+    for tensor in model.graph.initializer:
+        if tensor.data_type != onnx.TensorProto.INT64:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).reshape(()), tensor.name))
+    model = onnx.shape_inference.infer_shapes(model)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert write_hard_gates(rewritten.graph) == int(pooled)
+    if pooled:
+        feeds = feeds_for(graph_from_onnx(model), seed=2)
+        assert np.array_equal(run_model(model, feeds)["output"], run_model(rewritten, feeds)["output"])

@@ -31,9 +31,14 @@ PyTorch's dynamo exporter writes the squeeze-excite pool). ONNX Runtime has no i
 the CPU lowering writes them as its QLinearAdd and QLinearMul, the ReduceMean as GlobalAveragePool
 (`trtopt.backend.cpu.hard_gates`), and this module only places the pairs, so the graph keeps its ops until then.
 
-Not covered: HardSwish as Paddle's older exporters spell it (x * Clip(x + 3, 0, 6) / 6: Add, Clip, Mul, Div) stays
-float; paddle2onnx 2.1 writes x * HardSigmoid(x). The Sigmoid output's threshold comes from calibration like any
-other tensor's.
+HardSwish spelt in Clip arithmetic (x * Clip(x + 3, 0, 6) / 6: Add, Clip, Mul, Div, as PyTorch wrote it before
+opset 14 and older paddle2onnx releases did) is written as the ops by the CPU backend's `rewrite_hard_swish` pass
+before placement. Where the build writes float instead: docs/exports.md.
+
+Not covered: a HardSigmoid with alpha <= 0, and other spellings (a Relu6 then a Mul by 1/6, say) stay float; such
+plans leave HardSwish out of the gated equalisation (as SiLU), which evened out channel ranges for depthwise convs
+on document pages (`trtopt.quant.equalize`); the sensitivity search does not weigh gates. The Sigmoid output's
+threshold comes from calibration like any other tensor's.
 """
 
 from __future__ import annotations
