@@ -128,6 +128,11 @@ class CpuBackend(Backend[CpuOptions]):
         speed at b1, worst output cosine 0.9902 -> 0.9919, box F1 92.4% -> 93.0%; table-cls unchanged (0.9953,
         top-1 100%); PP-OCRv4-rec's three SiLUs in its neck on the grid cost fidelity: 0.9884 -> 0.9844, exact
         lines 62.5% -> 56.3% (ONNX Runtime's quantizer: 0.9151); the sensitivity search does not yet weigh gates.
+        MobileNetV3's HardSwish, HardSigmoid gates and global ReduceMean pools too (`QuantConfig.integer_hard_swish`:
+        ONNX Runtime's QLinearAdd and QLinearMul, `trtopt.backend.cpu.hard_gates`; avx2, docs/exports.md): the
+        corpus's mobilenet_v3_small exports from 0.72-0.97x to 1.09-1.32x FP32's speed at b1 / b8 (ONNX Runtime's
+        quantizer 0.79-1.14x), the zoo's table-cls from 1.04-1.11x to 1.44-1.61x at b1, worst held-out cosine
+        0.9924 -> 0.9884 at equal top-1 agreement (ONNX Runtime's quantizer 0.5992).
 
         Why the depthwise default: MLAS's INT8 depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16
         depthwise convs: 0.6x to 1.8x each, 1.0x in total, 1 thread), the float -> INT8 conversion only moves
