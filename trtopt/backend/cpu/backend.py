@@ -130,7 +130,7 @@ class CpuBackend(Backend[CpuOptions]):
         lines 62.5% -> 56.3% (ONNX Runtime's quantizer: 0.9151); the sensitivity search does not yet weigh gates.
         MobileNetV3's HardSwish, HardSigmoid gates and global ReduceMean pools too (`QuantConfig.integer_hard_swish`:
         ONNX Runtime's QLinearAdd and QLinearMul, `trtopt.backend.cpu.hard_gates`; avx2, docs/exports.md): the
-        corpus's mobilenet_v3_small exports from 0.72-0.97x to 1.09-1.32x FP32's speed at b1 / b8 (ONNX Runtime's
+        corpus's mobilenet_v3_small exports from 0.72-1.08x to 0.99-1.32x FP32's speed at b1 and b8 (ONNX Runtime's
         quantizer 0.79-1.14x), the zoo's table-cls from 1.04-1.11x to 1.44-1.61x at b1, worst held-out cosine
         0.9924 -> 0.9884 at equal top-1 agreement (ONNX Runtime's quantizer 0.5992).
 
