@@ -143,7 +143,7 @@ def test_each_backend_fills_in_its_quantisation_defaults() -> None:
     # The user's explicit choice wins over the backend's default; the user's other fields are kept.
     mine = QuantConfig(float_leading_depthwise=False, exclude=("Gemm",), min_channels=4)
     assert cpu.quant_config(mine) == replace(mine, quantize_outputs=True, output_folds=frozenset({"Relu", "Clip"}),
-                                                  integer_pools=True, integer_gates=True)
+                                                  integer_pools=True, integer_gates=True, integer_hard_swish=True)
 
 
 def test_quantizable_tensors_cover_every_backends_plan() -> None:

@@ -56,12 +56,14 @@ def test_silu_and_the_squeeze_excite_gate_are_placed_on_the_grid() -> None:
 
 
 def test_a_gate_whose_readers_stay_float_stays_float() -> None:
-    """MobileNetV3's HardSwish has no integer kernel: the Mul by its gate reads a float tensor as large as the
-    image, and quantising it for the Mul would cost more than the float Mul."""
+    """Without `integer_hard_swish` MobileNetV3's HardSwish runs in float: the Mul by its gate reads a float tensor as
+    large as the image, and quantising it for the Mul would cost more than the float Mul (with it:
+    tests/test_cpu_hard_gates.py)."""
     graph = _se_block(hard=True)
-    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    plan = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_hard_swish=False))
     assert not [s for s in plan.sites if s.role == "gate"]
     assert _on_grid(graph, plan, "Mul") == [False]  # the gate Mul; HardSwish is one op (opset 14)
+
 
 @pytest.mark.parametrize("encoding", ["u8u8", "u8s7"])
 def test_integer_gates_run_as_integer_kernels_and_keep_the_numbers(encoding: str) -> None:

@@ -23,6 +23,7 @@ from trtopt.passes import (  # noqa: F401 (register)
     fuse_parallel_convs,
     hoist_transposes,
     remove_noops,
+    rewrite_hard_swish,
     rewrite_prelu,
     simplify,
     sink_squeeze,

@@ -39,6 +39,9 @@ class QuantConfig:
     `integer_gates` (the CPU backend's `quant_config`) lets element-wise gates between INT8 layers run on the
     integer grid (`trtopt.quant.gates`): SiLU's Sigmoid and Mul, a squeeze-excite block's pool, Sigmoid and gate
     Mul, where their inputs are quantised already (or are per-channel vectors) and INT8 layers read their outputs.
+    `integer_hard_swish` (the CPU backend's `quant_config` too) adds MobileNetV3's HardSwish, HardSigmoid gates and
+    global ReduceMean pools to them (the CPU lowering writes them as integer ops: `trtopt.backend.cpu.hard_gates`),
+    and such builds leave HardSwish out of the gated equalisation, as `integer_gates` does SiLU.
 
     `float_leading_depthwise` keeps a depthwise conv float when its input comes from a float layer (or
     the graph input), so that INT8 would start at it. `None` means the backend's default (its
@@ -72,6 +75,7 @@ class QuantConfig:
     float_leading_depthwise: bool | None = None
     integer_pools: bool = False
     integer_gates: bool = False
+    integer_hard_swish: bool = False
     bias_correction: bool = True
     auto_exclude: bool = True
     equalize: bool = True
@@ -112,5 +116,6 @@ class QuantConfig:
             output_folds=frozenset().union(*(c.output_folds for c in configs)),
             integer_pools=any(c.integer_pools for c in configs),
             integer_gates=any(c.integer_gates for c in configs),
+            integer_hard_swish=any(c.integer_hard_swish for c in configs),
             float_leading_depthwise=False,
         )

@@ -18,11 +18,12 @@ producer's output channel c is likewise per-channel weight-quantised.
 Gated activations f(x) = x * g(x) (HardSwish written as x * Clip(x + 3, 0, 6) / 6, SiLU as
 x * Sigmoid(x)) are not homogeneous, but they become exact again by feeding the gate the rescaled
 tensor multiplied back by s_c: (x/s) * g(s * (x/s)) = f(x) / s. That costs one per-channel Mul on the
-gate branch, which runs in float anyway on the CPU backend (ONNX Runtime fuses only Relu/Clip into
-its INT8 conv, `trtopt.backend.cpu.backend.ORT_OUTPUT_FOLDS`) for HardSwish; SiLU, which a CPU plan runs on
-integer kernels (`QuantConfig.integer_gates`), the float Mul would cut out of them, so such builds leave it
-alone (`find_sites(integer_gates=True)`: on EfficientNet-B0 1.38x / 1.72x FP32's speed at b1 / b8 without,
-0.98x / 1.12x with; `trtopt.backend.cpu.backend.CpuBackend.quant_config`).
+gate branch, in float. SiLU and HardSwish, which a CPU plan runs on integer kernels (`QuantConfig.integer_gates`,
+`integer_hard_swish`), the float Mul would cut out of them, so such builds leave them alone
+(`find_sites(integer_gates=True, integer_hard_swish=True)`: on EfficientNet-B0 1.38x / 1.72x FP32's speed at b1 /
+b8 without, 0.98x / 1.12x with, `trtopt.backend.cpu.backend.CpuBackend.quant_config`; on the zoo's table-cls,
+MobileNetV3, worst held-out cosine 0.9884 without against 0.9905 with, at 1.44-1.61x FP32's speed against
+1.27-1.37x, docs/exports.md).
 
 After the activation, a scalar affine map a * y + b (PP-LCNetV3's "learnable affine block", which PP-OCRv4
 places after every HardSwish, exported as a Mul and an Add of one-element constants) keeps the rewrite exact
@@ -97,11 +98,14 @@ class EqualizeReport:
     gains: dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def find_sites(graph: gs.Graph, *, gates: bool = True, integer_gates: bool = False) -> list[EqualizeSite]:
+def find_sites(
+    graph: gs.Graph, *, gates: bool = True, integer_gates: bool = False, integer_hard_swish: bool = False
+) -> list[EqualizeSite]:
     """Every Conv whose output reaches a depthwise Conv through at most one activation, nothing else reading
     the tensors in between (so no other reader sees the rescaled channels). `integer_gates`: leave out SiLU
     (x * Sigmoid(x)), which such a plan runs on integer kernels (`QuantConfig.integer_gates`): the gate's
-    per-channel Mul would run in float between them (`trtopt.quant.gates`)."""
+    per-channel Mul would run in float between them (`trtopt.quant.gates`); `integer_hard_swish`: HardSwish
+    likewise (`QuantConfig.integer_hard_swish`)."""
     outputs = {t.name for t in graph.outputs}
     sites = []
     for node in graph.nodes:
@@ -112,6 +116,8 @@ def find_sites(graph: gs.Graph, *, gates: bool = True, integer_gates: bool = Fal
             continue
         if site is not None and integer_gates and _is_silu(site):
             continue
+        if site is not None and integer_hard_swish and _is_hard_swish(site):
+            continue
         if site is not None:
             sites.append(site)
     return sites
@@ -121,6 +127,14 @@ def _is_silu(site: EqualizeSite) -> bool:
     head = site.gate_head
     return (head is not None and head.op == "Sigmoid" and len(head.outputs[0].outputs) == 1
             and head.outputs[0].outputs[0].op == "Mul")  # fmt: skip
+
+
+def _is_hard_swish(site: EqualizeSite) -> bool:
+    """HardSwish as one node, or x * HardSigmoid(x) (below opset 14)."""
+    head = site.gate_head
+    if head is None or head.op not in ("HardSwish", "HardSigmoid"):
+        return False
+    return head.op == "HardSwish" or [r.op for r in head.outputs[0].outputs] == ["Mul"]
 
 
 def _site_from(producer: gs.Node, outputs: set[str]) -> EqualizeSite | None:
@@ -303,15 +317,16 @@ def equalize_activations(
     *,
     gates: bool = True,
     integer_gates: bool = False,
+    integer_hard_swish: bool = False,
 ) -> EqualizeReport:
     """Find the sites, measure their channel ranges on `batches`, rescale them (in place), keep `graph` canonical.
 
     `folds`: given when the backend also quantises each layer's output past these activations
     (`QuantConfig.output_folds`); a site's conv output is then a quantised tensor too, unless its activation
     is one of them, and its range bounds the gains as well. `gates=False` leaves the gated activations
-    (HardSwish, SiLU) alone, as builds do for now (`GATED_IN_BUILDS`); `integer_gates` leaves SiLU alone
-    (`find_sites`)."""
-    sites = find_sites(graph, gates=gates, integer_gates=integer_gates)
+    (HardSwish, SiLU) alone, as builds do for now (`GATED_IN_BUILDS`); `integer_gates` leaves SiLU alone,
+    `integer_hard_swish` HardSwish (`find_sites`)."""
+    sites = find_sites(graph, gates=gates, integer_gates=integer_gates, integer_hard_swish=integer_hard_swish)
     if not sites:
         return EqualizeReport()
     quantized = {id(s): _quantized_tensors(s, folds) for s in sites}

@@ -25,9 +25,20 @@ then so may the ops before it. Decided by op pattern, never by model; the CPU ba
 plan pays (`trtopt.backend.cpu.choice`). What it bought on EfficientNet-B0 (and what it cost in SiLU
 equalisation, which such plans leave out) is in `trtopt.backend.cpu.backend.CpuBackend.quant_config`.
 
-Not covered: HardSwish (ONNX Runtime has no integer kernel for it or for HardSigmoid), so MobileNetV3's blocks
-keep their HardSwish and the Mul by the squeeze-excite gate in float, and the Sigmoid output's threshold comes
-from calibration like any other tensor's.
+With `QuantConfig.integer_hard_swish` (the CPU backend's default too) MobileNetV3's ops join them: HardSwish,
+HardSigmoid (written x * HardSigmoid(x) below opset 14, or as a squeeze-excite gate) and a global ReduceMean (how
+PyTorch's dynamo exporter writes the squeeze-excite pool). ONNX Runtime has no integer kernel for the first two;
+the CPU lowering writes them as its QLinearAdd and QLinearMul, the ReduceMean as GlobalAveragePool
+(`trtopt.backend.cpu.hard_gates`), and this module only places the pairs, so the graph keeps its ops until then.
+
+HardSwish spelt in Clip arithmetic (x * Clip(x + 3, 0, 6) / 6: Add, Clip, Mul, Div, as PyTorch wrote it before
+opset 14 and older paddle2onnx releases did) is written as the ops by the CPU backend's `rewrite_hard_swish` pass
+before placement. Where the build writes float instead: docs/exports.md.
+
+Not covered: a HardSigmoid with alpha <= 0, and other spellings (a Relu6 then a Mul by 1/6, say) stay float; such
+plans leave HardSwish out of the gated equalisation (as SiLU), which evened out channel ranges for depthwise convs
+on document pages (`trtopt.quant.equalize`); the sensitivity search does not weigh gates. The Sigmoid output's
+threshold comes from calibration like any other tensor's.
 """
 
 from __future__ import annotations
@@ -39,17 +50,21 @@ import onnx_graphsurgeon as gs
 from trtopt.quant.pools import SHAPE_OPS, Edge
 
 INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
+HARD_OPS = ("HardSwish", "HardSigmoid", "ReduceMean")  # with `hard`: MobileNetV3's (see the module)
 
 
 def gate_edges(
-    graph: gs.Graph, edges: Collection[Edge], layers: Collection[str], excluded: Collection[str] = ()
+    graph: gs.Graph, edges: Collection[Edge], layers: Collection[str], excluded: Collection[str] = (), *,
+    hard: bool = False,
 ) -> tuple[list[Edge], list[tuple[str, str]]]:
     """The edges to quantise so that the ops of `INTEGER_OPS` that qualify (see the module) run on the grid,
     given the activation `edges` quantised already and the INT8 `layers` (names); and the (tensor, tensor)
     pairs that share a threshold across shape ops. An op that reads or is read by a node `excluded` names (by name or
-    op type: kept float by the user or the sensitivity search, to read its input unrounded) stays float."""
+    op type: kept float by the user or the sensitivity search, to read its input unrounded) stays float. `hard`:
+    `HARD_OPS` too."""
     quantized = {tensor for tensor, _, _ in edges}
-    candidates = [n for n in graph.nodes if _candidate(n) and n.name not in excluded and n.op not in excluded]
+    ops = INTEGER_OPS + HARD_OPS if hard else INTEGER_OPS
+    candidates = [n for n in graph.nodes if _candidate(n, ops) and n.name not in excluded and n.op not in excluded]
     chosen = {n.name for n in candidates}
     outputs = {t.name for t in graph.outputs}
     while True:
@@ -62,11 +77,26 @@ def gate_edges(
     return _edges_of(graph, [n for n in candidates if n.name in chosen], edges)
 
 
-def _candidate(node: gs.Node) -> bool:
+def _candidate(node: gs.Node, ops: Collection[str]) -> bool:
     data = _data_inputs(node)
-    if node.op not in INTEGER_OPS or len(data) != len(node.inputs) or not node.outputs:
+    if node.op not in ops or not node.outputs:
         return False
-    return len(data) == (2 if node.op in ("Mul", "Add") else 1)
+    if node.op == "ReduceMean":
+        return len(data) == 1 and node.inputs[0] is data[0] and _is_global_mean(node)
+    if node.op == "HardSigmoid" and not float(node.attrs.get("alpha", 0.2)) > 0:
+        return False  # the integer form reads x at alpha times its scale
+    return len(data) == len(node.inputs) and len(data) == (2 if node.op in ("Mul", "Add") else 1)
+
+
+def _is_global_mean(node: gs.Node) -> bool:
+    """A ReduceMean over every axis after the channels, keeping them: a GlobalAveragePool."""
+    shape = node.inputs[0].shape
+    axes = node.attrs.get("axes")
+    if len(node.inputs) > 1:
+        axes = node.inputs[1].values.tolist() if isinstance(node.inputs[1], gs.Constant) else None
+    if not shape or len(shape) < 3 or axes is None or int(node.attrs.get("keepdims", 1)) != 1:
+        return False
+    return sorted(int(a) % len(shape) for a in axes) == list(range(2, len(shape)))
 
 
 def _data_inputs(node: gs.Node) -> list[gs.Tensor]:

@@ -70,7 +70,7 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
         pool_sites, pooled = _pool_sites(graph, sites, config.output_folds)
         sites += pool_sites
     if config.integer_gates:
-        gate_sites, gated = _gate_sites(graph, sites, quantized, set(config.exclude))
+        gate_sites, gated = _gate_sites(graph, sites, quantized, set(config.exclude), config.integer_hard_swish)
         sites += gate_sites
         pooled += gated
     concat_sites, shared = _concat_sites(graph, sites, config)
@@ -239,11 +239,12 @@ def _pool_sites(
 
 
 def _gate_sites(
-    graph: gs.Graph, sites: list[QuantSite], layers: set[str], excluded: set[str]
+    graph: gs.Graph, sites: list[QuantSite], layers: set[str], excluded: set[str], hard: bool
 ) -> tuple[list[QuantSite], list[tuple[str, ...]]]:
-    """Pairs that let element-wise gates (SiLU, squeeze-excite) run on the integer grid (`trtopt.quant.gates`)."""
+    """Pairs that let element-wise gates (SiLU, squeeze-excite; `hard`: HardSwish too) run on the integer grid
+    (`trtopt.quant.gates`)."""
     edges = {(s.tensor, s.consumer, s.index) for s in sites if s.kind == "activation"}
-    added, shared = gates.gate_edges(graph, edges, layers, excluded)
+    added, shared = gates.gate_edges(graph, edges, layers, excluded, hard=hard)
     return [QuantSite(t, consumer, index, "activation", "gate") for t, consumer, index in added], list(shared)
 
 

@@ -128,6 +128,11 @@ class CpuBackend(Backend[CpuOptions]):
         speed at b1, worst output cosine 0.9902 -> 0.9919, box F1 92.4% -> 93.0%; table-cls unchanged (0.9953,
         top-1 100%); PP-OCRv4-rec's three SiLUs in its neck on the grid cost fidelity: 0.9884 -> 0.9844, exact
         lines 62.5% -> 56.3% (ONNX Runtime's quantizer: 0.9151); the sensitivity search does not yet weigh gates.
+        MobileNetV3's HardSwish, HardSigmoid gates and global ReduceMean pools too (`QuantConfig.integer_hard_swish`:
+        ONNX Runtime's QLinearAdd and QLinearMul, `trtopt.backend.cpu.hard_gates`; avx2, docs/exports.md): the
+        corpus's mobilenet_v3_small exports from 0.72-1.08x to 0.99-1.32x FP32's speed at b1 and b8 (ONNX Runtime's
+        quantizer 0.79-1.14x), the zoo's table-cls from 1.04-1.11x to 1.44-1.61x at b1, worst held-out cosine
+        0.9924 -> 0.9884 at equal top-1 agreement (ONNX Runtime's quantizer 0.5992).
 
         Why the depthwise default: MLAS's INT8 depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16
         depthwise convs: 0.6x to 1.8x each, 1.0x in total, 1 thread), the float -> INT8 conversion only moves
@@ -138,7 +143,7 @@ class CpuBackend(Backend[CpuOptions]):
         """
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                        integer_pools=True, integer_gates=True)
+                        integer_pools=True, integer_gates=True, integer_hard_swish=True)
         if options is None:
             return quant
         from trtopt.backend.cpu.builder import candidate_encodings
@@ -209,15 +214,17 @@ class CpuBackend(Backend[CpuOptions]):
 
     def passes(self, chosen: Sequence[str] | None) -> tuple[str, ...] | None:
         """The default passes with `rewrite_prelu` after the layout clean-up: ONNX Runtime's PRelu kernel took 6.7x
-        the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); without `LEFT_OUT_PASSES`,
-        which cost on ONNX Runtime; a user's list as given."""
+        the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); `rewrite_hard_swish`, which
+        writes HardSwish and HardSigmoid spelt in Clip arithmetic as the ops this backend runs on the integer grid
+        (`trtopt.backend.cpu.hard_gates`); without `LEFT_OUT_PASSES`, which cost on ONNX Runtime; a user's list as
+        given."""
         if chosen is not None:
             return tuple(chosen)
         from trtopt.passes import DEFAULT_ORDER
 
         order = tuple(p for p in DEFAULT_ORDER if p not in LEFT_OUT_PASSES)
         at = order.index("sink_transposes") + 1
-        return (*order[:at], "rewrite_prelu", *order[at:])
+        return (*order[:at], "rewrite_prelu", "rewrite_hard_swish", *order[at:])
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""

@@ -83,7 +83,7 @@ def lowered(model: onnx.ModelProto, options: CpuOptions) -> onnx.ModelProto:
     """The plan's ONNX: `model` lowered in the first encoding `options` lets this CPU try."""
     encoding = candidate_encodings(options.encoding)[0]
     gemm_min_k = GEMM_MIN_K if gemm_routing(options.gemm) else None
-    return lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding)
+    return lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding, hard_gates=True)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 
 from trtopt.backend.cpu.activations import fuse_activations
 from trtopt.backend.cpu.bounds import lower_bounds
+from trtopt.backend.cpu.hard_gates import write_hard_gates
 from trtopt.backend.cpu.isa import fits_seven_bits
 from trtopt.calib.thresholds import QMAX
 from trtopt.errors import TrtoptError
@@ -91,10 +92,11 @@ ENCODINGS: dict[str, Encoding] = {
 
 
 def lower_for_cpu(
-    model: onnx.ModelProto, *, gemm_min_k: int | None = None, encoding: str = "u8s8"
+    model: onnx.ModelProto, *, gemm_min_k: int | None = None, encoding: str = "u8s8", hard_gates: bool = False
 ) -> onnx.ModelProto:
     """The CPU form of a TensorRT-form Q/DQ model in the named encoding (see `ENCODINGS`). GEMM routing
-    (`gemm_min_k`) is for int8 weights, so the u8s8 encoding only."""
+    (`gemm_min_k`) is for int8 weights, so the u8s8 encoding only. `hard_gates`: HardSigmoid, HardSwish and global
+    ReduceMean between pairs as ONNX Runtime's integer ops (`trtopt.backend.cpu.hard_gates`; ONNX Runtime plans)."""
     lowered = onnx.ModelProto()
     lowered.CopyFrom(model)
     graph = lowered.graph
@@ -125,6 +127,8 @@ def lower_for_cpu(
     elif gemm_min_k is not None and not ENCODINGS[encoding].pairs:  # routing's q - 1 could break a pair's bound
         route_to_gemm(graph, inits, producers, gemm_min_k)
     fuse_activations(lowered)  # GELU and SiLU, which ONNX Runtime cannot fuse once they read a DequantizeLinear
+    if hard_gates:
+        write_hard_gates(graph)
     _drop_unused_initializers(graph)
     return lowered
 

@@ -1,0 +1,184 @@
+"""MobileNetV3's HardSwish, HardSigmoid gates and squeeze-excite pools on the integer grid in CPU plans
+(`QuantConfig.integer_hard_swish`: pairs placed by `trtopt.quant.gates`, ops written as ONNX Runtime's QLinearAdd /
+QLinearMul / QLinearGlobalAveragePool by `trtopt.backend.cpu.hard_gates`), checked against the Q/DQ reference and
+FP32 in ONNX Runtime, in encodings every CPU kind runs exactly (u8u8, u8s7)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from onnx import numpy_helper
+from quant_helpers import cosine, cpu_config, feeds_for, quantize
+
+from trtopt.backend.cpu.builder import kernel_report
+from trtopt.backend.cpu.hard_gates import write_hard_gates
+from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.execution import run_model
+from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.passes import optimize
+from trtopt.quant import QuantConfig, plan_quantization
+from trtopt.quant.equalize import find_sites
+from trtopt.zoo import GraphBuilder
+
+FLOAT_OPS = {"HardSigmoid", "HardSwish", "Mul", "Add", "ReduceMean", "GlobalAveragePool"}
+
+
+def _mobilenetv3_block(opset: int = 17, pool: str = "GlobalAveragePool") -> gs.Graph:
+    """A MobileNetV3 block: HardSwish after the expand and the depthwise conv, a squeeze-excite gate (HardSigmoid)
+    and its pool (`pool`: GlobalAveragePool, or ReduceMean over H and W as PyTorch's dynamo exporter writes it).
+    Below opset 14 HardSwish is x * HardSigmoid(x)::
+
+        input ─ Conv1x1 ─ HardSwish ─ dw Conv3x3 ─ HardSwish ─ x ─┬────────────────────────────── Mul ─ Conv1x1 ─ output
+                                                                   └─ pool ─ Conv1x1 ─ Relu ─ Conv1x1 ─ HardSigmoid ─┘
+    """
+    b = GraphBuilder("mobilenetv3_block", seed=0, opset=opset)
+    y = b.hard_swish(b.conv(b.input("input", [2, 16, 10, 10]), 16, 32, 1))
+    x = b.hard_swish(b.conv(y, 32, 32, 3, group=32))
+    if pool == "ReduceMean":
+        s = b.node("ReduceMean", [x, b.const("axes", np.array([2, 3], np.int64))], keepdims=1)
+    else:
+        s = b.node(pool, [x])
+    s = b.conv(b.relu(b.conv(s, 32, 16, 1)), 16, 32, 1)
+    gate = b.node("HardSigmoid", [s], alpha=1 / 6, beta=0.5)
+    model = b.build([b.conv(b.mul(x, gate), 32, 24, 1, out="output")])
+    return optimize(graph_from_onnx(model)).graph
+
+
+def _gate_ops(graph: gs.Graph, config: QuantConfig) -> set[str]:
+    """The op types that read or write a pair `trtopt.quant.gates` placed."""
+    plan = plan_quantization(graph, config)
+    nodes = {n.name: n for n in graph.nodes}
+    producers = {t.name: t.inputs[0].op for t in graph.tensors().values() if t.inputs}
+    gated = [s for s in plan.sites if s.role == "gate"]
+    return {nodes[s.consumer].op for s in gated} | {producers[s.tensor] for s in gated if s.tensor in producers}
+
+
+def test_hard_swish_and_its_squeeze_excite_gate_are_placed_on_the_grid_only_with_the_flag() -> None:
+    graph = _mobilenetv3_block()
+    assert {n.op for n in graph.nodes} >= {"HardSwish", "HardSigmoid", "GlobalAveragePool"}
+    assert _gate_ops(graph, cpu_config(QuantConfig())) == {"HardSwish", "HardSigmoid", "GlobalAveragePool", "Mul"}
+    off = replace(cpu_config(QuantConfig()), integer_hard_swish=False)
+    assert _gate_ops(graph, off) == set()
+
+
+@pytest.mark.parametrize("encoding", ["u8u8", "u8s7"])
+@pytest.mark.parametrize(("opset", "pool"), [(17, "GlobalAveragePool"), (18, "ReduceMean"), (13, "GlobalAveragePool")])
+def test_the_block_runs_as_integer_kernels_and_keeps_the_numbers(encoding: str, opset: int, pool: str) -> None:
+    """HardSwish (one op, or x * HardSigmoid(x) at opset 13) and the gate become QLinearAdd + QLinearMul in ONNX
+    Runtime's optimised graph, the pool QLinearGlobalAveragePool; nothing of the block runs in float."""
+    graph = _mobilenetv3_block(opset, pool)
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding=encoding, hard_gates=True)
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearAdd") == 3 and ops.get("QLinearMul") == 3, ops  # two HardSwish, one gate
+    assert ops.get("QLinearGlobalAveragePool") == 1 and ops.get("QLinearConv") == 4, ops  # the last writes float
+    assert not FLOAT_OPS & set(ops), ops
+    assert ops.get("QuantizeLinear") == 1 and ops.get("DequantizeLinear") == 3, ops  # input; last conv's x, w, b
+    before = lower_for_cpu(model, encoding=encoding)  # the same grids, the ops in float between them
+    assert "HardSigmoid" in kernel_report(before.SerializeToString()).ops
+    feeds = feeds_for(graph, seed=3)
+    reference = run_model(onnx_from_graph(graph), feeds)["output"]
+    integer, floating = run_model(lowered, feeds)["output"], run_model(before, feeds)["output"]
+    assert cosine(integer, floating) > 0.999  # the gate rounded on [0, 1] in 255 steps: within a step or two
+    assert cosine(reference, integer) > 0.995
+
+
+def _pair_around(op: str, scale: float, zero: int, out_scale: float, out_zero: int, **attrs: float) -> onnx.ModelProto:
+    """input ─ Q(scale, zero) ─ DQ ─ op ─ Q(out_scale, out_zero) ─ DQ ─ output, uint8 throughout."""
+    b = GraphBuilder("pair_around", seed=0)
+    grid = [b.const("scale", np.array(scale, np.float32)), b.const("zero", np.array(zero, np.uint8))]
+    out_grid = [b.const("scale", np.array(out_scale, np.float32)), b.const("zero", np.array(out_zero, np.uint8))]
+    x = b.node("DequantizeLinear", [b.node("QuantizeLinear", [b.input("input", [1, 256]), *grid]), *grid])
+    y = b.node("QuantizeLinear", [b.node(op, [x], **attrs), *out_grid])
+    model = b.build([b.node("DequantizeLinear", [y, *out_grid], out="output")])
+    for tensor in model.graph.initializer:  # scalars, as the lowering writes them
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).reshape(()), tensor.name))
+    return model
+
+
+@pytest.mark.parametrize(("op", "attrs", "out_scale", "out_zero"), [
+    ("HardSigmoid", {"alpha": 1 / 6, "beta": 0.5}, 1 / 255, 0),
+    ("HardSigmoid", {"alpha": 0.2, "beta": 0.5}, 0.8 / 255, 0),  # a calibrated top below 1: the grid's clip
+    ("HardSigmoid", {"alpha": 0.25, "beta": -0.25}, 1 / 255, 0),
+    ("HardSwish", {}, 7.5 / 255, 17),
+])  # fmt: skip
+def test_the_integer_form_is_the_op_rounded_once(op: str, attrs: dict[str, float], out_scale: float,
+                                                 out_zero: int) -> None:  # fmt: skip
+    """Every value of the input grid: the integer form (as ONNX Runtime fuses it) against the float op and its
+    QuantizeLinear. HardSigmoid: the same rounding, off by at most one step where the two round a tie apart;
+    HardSwish adds the gate's rounding on [0, 1] in 255 steps: at most |x| / 510 more."""
+    model = _pair_around(op, 0.05, 123, out_scale, out_zero, **attrs)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert write_hard_gates(rewritten.graph) == 1
+    assert {n.op_type for n in rewritten.graph.node}.isdisjoint({"HardSigmoid", "HardSwish"})
+    feeds = {"input": (0.05 * (np.arange(256, dtype=np.float32) - 123)).reshape(1, 256)}
+    reference = run_model(model, feeds, opt_level="disable")["output"]
+    fused = run_model(rewritten, feeds)["output"]
+    assert {n.op_type for n in onnx.load_model_from_string(_optimized(rewritten)).graph.node} >= (
+        {"QLinearAdd"} if op == "HardSigmoid" else {"QLinearAdd", "QLinearMul"})
+    x = feeds["input"]
+    allowed = out_scale * (1.001 if op == "HardSigmoid" else 1.001 + np.abs(x) / 510 / out_scale)
+    assert (np.abs(fused - reference) <= allowed).all()
+    assert np.mean(fused == reference) > 0.9
+
+
+def _optimized(model: onnx.ModelProto) -> bytes:
+    import tempfile
+    from pathlib import Path
+
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(Path(tmp, "optimized.onnx"))
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return Path(tmp, "optimized.onnx").read_bytes()
+
+
+@pytest.mark.parametrize(("scale", "zero"), [(1.5 / 255, 0), (1 / 255, 5)])
+def test_a_hard_sigmoid_whose_grid_does_not_clip_at_zero_and_one_stays_float(scale: float, zero: int) -> None:
+    """A top above 1 or a zero point above 0 (another tool's cache): the QuantizeLinear's saturation is not the clip."""
+    model = _pair_around("HardSigmoid", 0.05, 123, scale, zero, alpha=1 / 6, beta=0.5)
+    assert write_hard_gates(model.graph) == 0
+    assert "HardSigmoid" in {n.op_type for n in model.graph.node}
+
+
+def test_plans_with_integer_hard_swish_leave_hard_swish_out_of_equalisation() -> None:
+    """Gated equalisation's per-channel Mul on the gate branch would run in float between the integer ops::
+
+        input ─ Conv1x1 ─ HardSwish ─ depthwise Conv3x3 ─ output      (and x * HardSigmoid(x) at opset 13)
+    """
+    for opset in (13, 17):
+        b = GraphBuilder("gated_site", seed=0, opset=opset)
+        y = b.conv(b.hard_swish(b.conv(b.input("input", [1, 16, 8, 8]), 16, 32, 1)), 32, 32, 3, group=32, out="output")
+        graph = optimize(graph_from_onnx(b.build([y]))).graph
+        assert len(find_sites(graph, integer_gates=True)) == 1
+        assert find_sites(graph, integer_gates=True, integer_hard_swish=True) == []
+
+
+@pytest.mark.parametrize(("axes", "keepdims", "pooled"), [([2, 3], 1, True), ([-1, -2], 1, True), ([1], 1, False),
+                                                          ([2, 3], 0, False)])  # fmt: skip
+def test_only_a_mean_over_every_spatial_axis_keeping_them_becomes_a_global_pool(axes: list[int], keepdims: int,
+                                                                                 pooled: bool) -> None:  # fmt: skip
+    """input ─ Q ─ DQ ─ ReduceMean ─ Q ─ DQ ─ output: GlobalAveragePool computes the same only over H and W, kept."""
+    b = GraphBuilder("reduce_mean", seed=0, opset=18)
+    grid = [b.const("scale", np.array(0.05, np.float32)), b.const("zero", np.array(128, np.uint8))]
+    x = b.node("DequantizeLinear", [b.node("QuantizeLinear", [b.input("input", [2, 8, 5, 5]), *grid]), *grid])
+    y = b.node("ReduceMean", [x, b.const("axes", np.array(axes, np.int64))], keepdims=keepdims)
+    model = b.build([b.node("DequantizeLinear", [b.node("QuantizeLinear", [y, *grid]), *grid], out="output")])
+    for tensor in model.graph.initializer:
+        if tensor.data_type != onnx.TensorProto.INT64:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).reshape(()), tensor.name))
+    model = onnx.shape_inference.infer_shapes(model)
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert write_hard_gates(rewritten.graph) == int(pooled)
+    if pooled:
+        feeds = feeds_for(graph_from_onnx(model), seed=2)
+        assert np.array_equal(run_model(model, feeds)["output"], run_model(rewritten, feeds)["output"])
