@@ -76,6 +76,18 @@ def _int8_plans_stay_int8() -> Iterator[Callable[..., object]]:
         yield measured
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _speed_figures_in_few_rounds() -> Iterator[None]:
+    """The speed figure every CPU INT8 build reports (`trtopt.backend.cpu.speed`) in its fewest rounds, not its
+    2-second budget: no test reads its value (the choice it feeds is fixed above or given injected timings), and
+    the budget cost seconds per build of a large model. tests/test_cpu_speed.py sets the budget itself."""
+    from trtopt.backend.cpu import speed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(speed, "BUDGET_S", 0.0)
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _speed_choice(request: pytest.FixtureRequest, _int8_plans_stay_int8: Callable[..., object]) -> Iterator[None]:
     from trtopt.backend.cpu import choice
