@@ -76,6 +76,18 @@ def _int8_plans_stay_int8() -> Iterator[Callable[..., object]]:
         yield measured
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _speed_figures_in_few_rounds() -> Iterator[None]:
+    """The speed figure every CPU INT8 build reports (`trtopt.backend.cpu.speed`) in its fewest rounds, not its
+    2-second budget: no test reads its value (the choice it feeds is fixed above or given injected timings), and
+    the budget cost seconds per build of a large model. tests/test_cpu_speed.py sets the budget itself."""
+    from trtopt.backend.cpu import speed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(speed, "BUDGET_S", 0.0)
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _speed_choice(request: pytest.FixtureRequest, _int8_plans_stay_int8: Callable[..., object]) -> Iterator[None]:
     from trtopt.backend.cpu import choice
@@ -103,10 +115,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip(f"needs {needs}: {status.reason}")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist hands each worker its tests one or two at a time (`--maxschedchunk 1`, unless given). Its `load`
+    schedule otherwise starts each worker on a run of consecutive tests, an eighth of the suite: with the slow tests
+    first (below) the first worker got every one of them, about two thirds of the suite's CPU time, while the second
+    ran the short tests and then idled (xdist 3.8, measured: 432 CPU-s on one worker for 1,621 tests)."""
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked `slow` themselves first (a stable sort: the rest keep their order). pytest-xdist's `load`
-    schedule deals the first quarter of the tests out one by one, so the two workers start the long tests (minutes
-    each) together and the short ones fill in around them, instead of a long test starting last while the other
-    worker idles. A module marked slow as a whole (tests/test_triton_server.py: one server per module and worker)
-    stays in place. Order only: every test still runs."""
+    """The tests marked `slow` themselves first (a stable sort: the rest keep their order). Handed out one at a time
+    (pytest_configure), the two workers start the long tests (minutes each) together and the short ones fill in
+    around them, instead of a long test starting last while the other worker idles. A module marked slow as a
+    whole (tests/test_triton_server.py: one server per module and worker) stays in place. Order only: every test
+    still runs."""
     items.sort(key=lambda item: not any(mark.name == "slow" for mark in item.own_markers))
