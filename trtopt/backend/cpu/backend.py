@@ -274,8 +274,8 @@ class CpuBackend(Backend[CpuOptions]):
             return []
         return [
             f"{model.file} stores int8 weights (u8s8, verified on an {verification.get('isa', 'avx512_vnni')} CPU): "
-            "exact only on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding u8s8p, or "
-            "serve with --triton-backend python, which re-encodes where needed."
+            "exact only on servers with AVX-512 VNNI, AVX-VNNI or AMX. For AVX2 servers rebuild with --cpu-encoding "
+            "u8s8p, or serve with --triton-backend python, which re-encodes where needed."
         ]
 
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
