@@ -65,7 +65,7 @@ def keep_faster(
     `outcome` says what was chosen and why."""
     best = _confirmed(first, timer)
     if best.speed.ratio < 1.0:
-        return first
+        return best
     dropped, regions = list[Region](), int8_regions(model)
     for region in regions[: min(MAX_TRIALS, len(regions) - 1)]:  # all of them in float: the float plan does better
         trial = _attempt(float_regions(model, [*dropped, region]), build, timer)
