@@ -57,3 +57,17 @@ def test_the_last_mul_of_a_written_out_gelu_stays() -> None:
     model = b.build([b.conv(gelu, 4, 4, 1, pads=[0, 0, 0, 0], out="output")])
     graph, report = run_pass(model, "fold_input_affine")
     assert not report.changed and ops(graph).count("Mul") == 2
+
+
+def test_a_learnable_affine_after_a_hard_swish_folds() -> None:
+    """x ─ HardSigmoid ─ Mul(x) ─ Mul(w) ─ Add(b) ─ Conv1x1: PP-LCNet's learnable scale and shift after a HardSwish
+    (as `rewrite_hard_swish` writes PaddleOCR's Clip spelling) go into the conv, unlike a GELU's last Mul."""
+    b = GraphBuilder("hard_swish_affine", seed=0)
+    x = b.input("input", [1, 4, 8, 8])
+    y = b.mul(x, b.node("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5))
+    y = b.mul(y, b.const("w", np.array(1.3, np.float32)))
+    y = b.node("Add", [y, b.const("shift", np.array(-0.2, np.float32))])
+    model = b.build([b.conv(y, 4, 4, 1, pads=[0, 0, 0, 0], out="output")])
+    graph, report = run_pass(model, "fold_input_affine")
+    assert report.counts() == {"fold_input_affine": 1} and ops(graph) == ["HardSigmoid", "Mul", "Conv"]
+    assert_same_outputs(model, graph)

@@ -66,11 +66,9 @@ def test_ppocr_recognizer_keeps_its_strings_with_auto(tmp_path: Path) -> None:
     data = DataConfig(sources=(str(tmp_path / "calib.npz"),))
     result = build_plan(model, BuildConfig(backend="cpu", data=data, quant=quant,
                                            backend_options=(CpuOptions(encoding="u8u8"),)))
-    # The input of p2o.Conv.14: the scale of the learnable affine block after a HardSwish (p2o.Mul.76 writes it;
-    # fold_input_affine takes its Add into the conv). Before the CPU backend wrote Clip-spelt HardSwish as the op
-    # (rewrite_hard_swish), the chain folded was HardSwish's Div by 6, the Mul and the Add, and the conv read
-    # hardswish_42.tmp_0.
-    early = "p2o.Mul.77"
+    # The input of p2o.Conv.14: the HardSwish output, since fold_input_affine took the learnable affine block
+    # (Mul, Add: p2o.Add.103 before) into the conv's weights.
+    early = "hardswish_42.tmp_0"
     assert result.calibration.choices[early] != "entropy"
     assert result.calibration.amax[early] > 0.5 * result.calibration.ranges[early]
     reference = OrtSession(onnx.load(model))

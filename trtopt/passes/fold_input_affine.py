@@ -100,9 +100,13 @@ def _step(node: gs.Node, channels: int, rank: int) -> tuple[tuple[np.ndarray, np
 def _ends_a_gate(data: gs.Tensor) -> bool:
     """Whether `data` is a product of two computed tensors (x * gate): the affine op after it belongs to an
     activation written out (GELU's `x * (1 + erf(x / sqrt 2)) * 0.5`), which the CPU lowering runs as one fused
-    kernel only while its last Mul is there."""
+    kernel only while its last Mul is there. Not where the gate is a HardSigmoid: x * HardSigmoid(x) is a whole
+    HardSwish (`rewrite_hard_swish` writes PaddleOCR's Clip spelling so), and the affine block after it
+    (PP-LCNet's learnable scale and shift) folds into the conv as it did from the Clip spelling."""
     gate = producer(data)
-    return gate is not None and gate.op == "Mul" and all(constant_array(t) is None for t in gate.inputs)
+    if gate is None or gate.op != "Mul" or any(constant_array(t) is not None for t in gate.inputs):
+        return False
+    return not any((source := producer(t)) is not None and source.op == "HardSigmoid" for t in gate.inputs)
 
 
 def _pads(conv: gs.Node) -> bool:
