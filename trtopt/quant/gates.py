@@ -54,8 +54,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.passes.query import constant_array
 from trtopt.quant.pools import SHAPE_OPS, Edge
 
 INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
@@ -100,12 +102,10 @@ def _candidate(node: gs.Node, ops: Collection[str]) -> bool:
 def _is_global_mean(node: gs.Node) -> bool:
     """A ReduceMean over every axis after the channels, keeping them: a GlobalAveragePool."""
     shape = node.inputs[0].shape
-    axes = node.attrs.get("axes")
-    if len(node.inputs) > 1:
-        axes = node.inputs[1].values.tolist() if isinstance(node.inputs[1], gs.Constant) else None
+    axes = constant_array(node.inputs[1]) if len(node.inputs) > 1 else node.attrs.get("axes")
     if not shape or len(shape) < 3 or axes is None or int(node.attrs.get("keepdims", 1)) != 1:
         return False
-    return sorted(int(a) % len(shape) for a in axes) == list(range(2, len(shape)))
+    return sorted(int(a) % len(shape) for a in np.atleast_1d(np.asarray(axes)).tolist()) == list(range(2, len(shape)))
 
 
 def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
