@@ -17,7 +17,7 @@ from quant_helpers import cosine, cpu_config, feeds_for, quantize
 from trtopt.backend.cpu import choice as choice_module
 from trtopt.backend.cpu.backend import CpuBackend
 from trtopt.backend.cpu.builder import kernel_report
-from trtopt.backend.cpu.choice import MAX_TRIALS, Candidate, keep_faster
+from trtopt.backend.cpu.choice import MAX_TRIALS, USELESS_COSINE, Candidate, keep_faster
 from trtopt.backend.cpu.lowering import lower_for_cpu
 from trtopt.backend.cpu.options import CpuOptions
 from trtopt.backend.cpu.regions import float_regions, int8_regions
@@ -26,8 +26,10 @@ from trtopt.build import BuildConfig, build_plan
 from trtopt.cli.summaries import FLOAT_FALLBACK, build_summary, verification_text
 from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
+from trtopt.metrics.agreement import Agreement
 from trtopt.passes import optimize
 from trtopt.plan import write_plan
+from trtopt.plan.verification import Verification
 from trtopt.quant import QuantConfig
 
 SPEED_CHOICE = True  # conftest leaves the choice on in this module
@@ -185,6 +187,25 @@ def test_where_int8_pays_nowhere_the_float_plan_is_written(tiny: Any) -> None:
     text = kept.speed.text()
     assert "the float plan is the faster on this avx2 CPU" in text and "1.50x and 1.50x" in text
     assert "without VNNI or AMX" in text
+
+
+def checked(cosine: float) -> Verification:
+    """A verification record whose Q/DQ reference has `cosine` with FP32 on its worst output."""
+    return Verification(samples=8, source="held back", isa="avx2", variant="u8s8p",
+                        reference_vs_fp32=Agreement(cosine, 1.0 - cosine, None),
+                        kernels_vs_reference=Agreement(0.9999, 0.01, None), tolerance=0.25)  # fmt: skip
+
+
+def test_an_int8_plan_unrelated_to_fp32_gives_way_to_the_float_plan_however_fast(tiny: Any) -> None:
+    """A MobileNetV3 with random weights returned zeros at 1.2x FP32's speed: no timing keeps such a plan."""
+    model, fp32 = tiny
+    build, timer, calls = trial_world({})
+    kept = keep_faster(Candidate(model, checked(0.0), speed(0.6)), model, fp32, build, timer)
+    assert kept.float_plan and kept.plan is fp32 and calls == ["build"]
+    assert "nothing in common with FP32's" in kept.speed.text() and "cosine 0.000" in kept.speed.text()
+    build, timer, calls = trial_world({})
+    kept = keep_faster(Candidate(model, checked(USELESS_COSINE + 0.1), speed(0.6)), model, fp32, build, timer)
+    assert not kept.float_plan and kept.plan is model and calls == []  # far from FP32 is a warning, not this
 
 
 def test_a_confirming_timing_that_finds_int8_faster_keeps_it(tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:

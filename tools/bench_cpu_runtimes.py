@@ -13,7 +13,10 @@ calibrated on the same first --count photos (`tools/zoo_variants.split_data`), e
   settings, compiled by OpenVINO;
 - ORT: `quant_pre_process` + `quantize_static` (QDQ, per-channel, u8s8, MinMax; `tools/zoo_variants.ort_build`).
 Speed: speed-up over FP32 on ONNX Runtime at batch 1 and 8, one intra-op thread and all (`os.cpu_count()`),
---iterations interleaved rounds (`tools/bench_latency.interleaved`), median of per-round ratios. Fidelity on the
+--iterations interleaved rounds (`tools/bench_latency.interleaved`), median of per-round ratios. Every ONNX Runtime
+session here runs with its intra-op threads' spinning off (`Engine.load(spin=False)`): with it on, a session's
+threads busy-wait after each call and slow the next session's call on the same cores, so that with 2 threads the
+order of the calls, not the plans, decided the ratios (the 2-thread rows before this change). Fidelity on the
 held-out photos: the first output's mean per-sample cosine to FP32, and top-1 agreement for classifiers.
 """
 
@@ -85,18 +88,18 @@ def runners(subject: Subject, work: Path, threads: int) -> dict[str, Any]:
     from trtopt.engine import Engine
 
     calls: dict[str, Any] = {}
-    fp32 = session(subject.path, threads=threads)
+    fp32 = session(subject.path, threads=threads, spin=False)
     calls[FP32] = lambda f, s=fp32: next(iter(s.run(f).values()))
     for name, file in (("trtopt cpu", "cpu.engine"), ("trtopt openvino", "openvino.engine")):
         if (work / file).exists():
-            engine = Engine.load(work / file, threads=threads)
+            engine = Engine.load(work / file, threads=threads, spin=False)
             calls[name] = lambda f, e=engine: next(iter(e.infer(f).values()))
     if (work / "nncf.xml").exists():
         compiled = ov.Core().compile_model(str(work / "nncf.xml"), "CPU", {"INFERENCE_NUM_THREADS": threads,
                                            "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"})  # fmt: skip
         calls["NNCF + OpenVINO"] = lambda f, c=compiled: c(f)[0]
     if (work / "ort.onnx").exists():
-        ort_session = session(work / "ort.onnx", threads=threads)
+        ort_session = session(work / "ort.onnx", threads=threads, spin=False)
         calls["ORT quantize_static"] = lambda f, s=ort_session: next(iter(s.run(f).values()))
     return calls
 

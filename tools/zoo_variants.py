@@ -278,15 +278,18 @@ def task_config(task: str, input_hw: tuple[int, int] | None = None) -> Any:
     return configs.get(task, TaskConfig(task="raw"))
 
 
-def session(model: bytes | Path, *, threads: int | None = None, reference: bool = False, engine: bool = False) -> Any:
+def session(
+    model: bytes | Path, *, threads: int | None = None, reference: bool = False, engine: bool = False, spin: bool = True
+) -> Any:
     """An ONNX Runtime session over `model`; `engine`: with the session settings `trtopt.Engine` runs a CPU plan
     with (`trtopt.backend.cpu.builder.DISABLED_OPTIMIZERS`), so that trtopt's kernels are timed and scored as
-    they run; ONNX Runtime's own quantised models get its defaults."""
+    they run; ONNX Runtime's own quantised models get its defaults. `spin=False`: intra-op threads sleep after
+    each run (see `trtopt.Engine.load`), for timings where several multi-threaded sessions share a process."""
     from trtopt.backend.cpu.builder import DISABLED_OPTIMIZERS
     from trtopt.execution.ort_session import OrtSession
 
     proto = onnx.load(str(model)) if isinstance(model, Path) else onnx.load_from_string(model)
-    return OrtSession(proto, threads=threads, opt_level="disable" if reference else "all",
+    return OrtSession(proto, threads=threads, opt_level="disable" if reference else "all", spin=spin,
                       disabled_optimizers=DISABLED_OPTIMIZERS if engine else ())  # fmt: skip
 
 

@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 class Engine:
     """A deserialised plan ready to run."""
 
-    def __init__(self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0) -> None:
+    def __init__(
+        self, plan: Plan, *, threads: int | None = None, cuda_graph: bool = False, device: int = 0, spin: bool = True
+    ) -> None:
         check_threads(threads)
         self.plan = plan
         self._closed = False
@@ -41,7 +43,7 @@ class Engine:
         check_runner_section(plan)
         try:
             self._runner: Runner = create_runner(
-                plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device)
+                plan, RunOptions(threads=threads, cuda_graph=cuda_graph, device=device, spin=spin)
             )
         except plan_errors() as exc:  # a plan whose model the runtime refuses (crafted or corrupt section)
             raise PlanError(
@@ -57,12 +59,18 @@ class Engine:
         threads: int | None = None,
         cuda_graph: bool = False,
         device: int = 0,
+        spin: bool = True,
     ) -> Engine:
         """Read, verify and deserialise a plan file (see `trtopt.plan.format` for what is checked).
 
         A plan whose build found its INT8 math far from FP32 (`Verification.far_from_fp32`) says so again here,
-        in one warning line with what to do: the build's own warning is long gone when a service loads it."""
-        engine = cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device)
+        in one warning line with what to do: the build's own warning is long gone when a service loads it.
+
+        `spin=False` (CPU plans) stops ONNX Runtime's intra-op threads from busy-waiting after each call. Its
+        default (spinning) suits one engine alone on its cores; a process that runs several engines, or does
+        CPU work between calls, is faster without it: with two 2-thread sessions alive in one process on a
+        2-core machine, each call took about 1.6x as long with spinning on (see BENCHMARKS.md, CPU runtimes)."""
+        engine = cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device, spin=spin)
         verification = engine.verification
         if verification is not None and verification.warning is not None:
             log.warning("%s: %s (recorded when it was built; rebuild the plan to fix it)", os.fspath(path),

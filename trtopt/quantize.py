@@ -93,7 +93,7 @@ def quantize_graph(
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         seven_bit = quant.seven_bit_layers
         bias = correct_biases_for_build(graph, qplan, calibration, seven_bit) if quant.bias_correction else None
-        qdq = insert_qdq(graph, qplan, amax, seven_bit)
+        qdq = insert_qdq(graph, qplan, amax, seven_bit, quant.min_amax)
     return Quantized(calibration, bias, qdq, sensitivity, note, seven, _not_measured(quant, data))
 
 
@@ -124,7 +124,6 @@ def _equalize(
         return cache, None, note, onnx_from_graph(graph) if rewritten else fp32
     if not quant.equalize or data is None:
         return None, not_equalized(fp32), None, fp32
-    record, report = equalize_recorded(graph, fp32, data, batch, folds, quant.integer_gates,
-                                       quant.integer_hard_swish)
+    record, report = equalize_recorded(graph, fp32, data, batch, folds, quant.integer_gates, quant.integer_hard_swish)
     note = f"{len(report.gains)} tensors rescaled" if report.gains else None
     return None, record, note, onnx_from_graph(graph)

@@ -73,6 +73,7 @@ class RunOptions:
     threads: int | None = None
     cuda_graph: bool = False
     device: int = 0
+    spin: bool = True  # CPU backend: ONNX Runtime's intra-op threads busy-wait between runs (its default)
 
 
 @dataclass(frozen=True)

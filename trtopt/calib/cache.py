@@ -26,6 +26,7 @@ from trtopt.calib.cache_formats import (
     trt_scale_to_hex,
 )
 from trtopt.calib.calibration import Calibration
+from trtopt.calib.thresholds import FP32_AMAX
 from trtopt.errors import CalibrationError
 from trtopt.frontend.writer import write_atomic
 
@@ -97,9 +98,10 @@ def save_cache(
 
 
 # Thresholds a cache may hold. Calibration from data gives 127 * 2**-14 (~0.008) for all-zero tensors and
-# rarely anything above 1e4; 1e30 or 1e-30 (a hand-edited or corrupted cache) would quantise every value to
-# zero or saturate it, a useless plan.
-MIN_AMAX = 1e-6
+# rarely anything above 1e4, and a tensor whose values are tiny its own range, down to the FP32 backends' floor
+# (`trtopt.calib.thresholds.FP32_AMAX`, ~1e-28); 1e30 or 1e-30 (a hand-edited or corrupted cache) would quantise
+# every value to zero or saturate it, a useless plan.
+MIN_AMAX = FP32_AMAX
 MAX_AMAX = 1e9
 
 

@@ -40,10 +40,15 @@ from trtopt.errors import CalibrationError
 # represents it exactly; this one (scale 2**-14, the smallest normal float16) survives FP16 and FP32
 # engines alike and never divides by zero.
 ZERO_AMAX = QMAX * 2.0**-14
+# The smallest threshold a backend whose scales are float32 (CPU, OpenVINO) gives a tensor that is not all zero:
+# scale 2**-100. A product with any weight scale (at least 2**-14 / 127, `weight_scales`), the int32 bias's scale,
+# stays a normal float32 (above 2**-126). ZERO_AMAX, float16's floor, is for engines that may hold scales in FP16
+# (TensorRT); on FP32 backends it put every tensor whose range lay below ~0.008 on a coarser grid than its own, and
+# a tensor below ~6e-5 entirely on zero (MobileNetV3 with random weights: logits ~1e-9, the plan's outputs all 0).
+FP32_AMAX = QMAX * 2.0**-100
 # KL values closer than this (in nats) count as equal: the vectorised search's rounding error is about
 # 1e-12 (float64 prefix sums over 2048 bins), far below any difference that matters.
 KL_TIE = 1e-9
-
 
 
 def threshold(hist: TensorHistogram, config: CalibConfig | None = None) -> float:

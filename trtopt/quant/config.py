@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trtopt.calib.thresholds import ZERO_AMAX
 from trtopt.errors import TrtoptError
 
 DEFAULT_MIN_CHANNELS = 16  # layers narrower than this stay float unless the backend or the user says otherwise
@@ -64,6 +65,10 @@ class QuantConfig:
     asks for the search where its encoding needs it (its `quant_config`). `pair_bounded_weights` keeps the other
     dense layers' weights 8-bit but widens the grid of each output channel whose neighbouring same-sign weights could
     saturate those kernels' int16 pair sums (`trtopt.quant.pairs`): exact there too, at nearly 8-bit fidelity.
+
+    `min_amax` is the smallest activation threshold a Q/DQ pair gets. The default, `ZERO_AMAX` (scale 2**-14),
+    keeps every scale representable in FP16 (TensorRT); the CPU and OpenVINO backends, whose scales are float32,
+    set `FP32_AMAX` (`trtopt.calib.thresholds`), so a tensor whose whole range is tiny keeps its own grid.
     """
 
     exclude: tuple[str, ...] = ()
@@ -82,11 +87,13 @@ class QuantConfig:
     seven_bit_layers: tuple[str, ...] = ()
     seven_bit_search: bool = False
     pair_bounded_weights: bool = False
+    min_amax: float = ZERO_AMAX
 
     def __post_init__(self) -> None:
         channels = self.min_channels
-        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int)
-                                     or not 0 <= channels <= 2**31 - 1):
+        if channels is not None and (
+            isinstance(channels, bool) or not isinstance(channels, int) or not 0 <= channels <= 2**31 - 1
+        ):
             raise TrtoptError(
                 f"--min-channels (QuantConfig.min_channels) is {channels!r}; expected a whole number of at least 0.",
                 fix="Pass e.g. --min-channels 16 (the default), or 0 to quantise layers of every width.",

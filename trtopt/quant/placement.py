@@ -26,6 +26,7 @@ from trtopt.quant.rules import RULES, Mark
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class QuantSite:
     """One Q/DQ pair to insert: on input `index` of node `consumer`, reading `tensor`."""

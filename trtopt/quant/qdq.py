@@ -24,7 +24,8 @@ from trtopt.quant.placement import QuantPlan, QuantSite
 Pairs = tuple[str, Mapping[str, Any]]  # a layer's op and attributes: how its kernels pair its weights
 
 # A tensor (or weight channel) that was all zeros still needs a positive scale: the calibrator's
-# choice, whose scale is float16's smallest normal number, so FP16 graphs keep it too.
+# choice, whose scale is float16's smallest normal number, so FP16 graphs keep it too. The default floor of
+# activation thresholds (`QuantConfig.min_amax`: FP32 backends lower it).
 MIN_AMAX = ZERO_AMAX
 SEVEN_BIT = 63  # the 7-bit weight grid's largest level (trtopt.search.seven_bit and trtopt.backend.cpu.isa say why)
 
@@ -63,10 +64,15 @@ def shared_thresholds(amax: Mapping[str, float], shared: tuple[tuple[str, ...], 
 
 
 def insert_qdq(
-    graph: gs.Graph, plan: QuantPlan, amax: Mapping[str, float], seven_bit: Collection[str] = ()
+    graph: gs.Graph,
+    plan: QuantPlan,
+    amax: Mapping[str, float],
+    seven_bit: Collection[str] = (),
+    min_amax: float = MIN_AMAX,
 ) -> QdqReport:
-    """Edit `graph` in place; `amax` maps each activation tensor to its calibrated threshold T; the weights of the
-    layers in `seven_bit` go on the 7-bit grid (`QuantConfig.seven_bit_layers`)."""
+    """Edit `graph` in place; `amax` maps each activation tensor to its calibrated threshold T, raised to at least
+    `min_amax` (`QuantConfig.min_amax`); the weights of the layers in `seven_bit` go on the 7-bit grid
+    (`QuantConfig.seven_bit_layers`)."""
     missing = [t for t in plan.activation_tensors if t not in amax]
     if missing:
         raise CalibrationError(
@@ -75,7 +81,7 @@ def insert_qdq(
             fix="Recalibrate this model (the cache was made for another graph or other options).",
         )
     _require_one_site_per_edge(plan)
-    thresholds = shared_thresholds(amax, plan.shared)
+    thresholds = {t: max(value, min_amax) for t, value in shared_thresholds(amax, plan.shared).items()}
     nodes = {n.name: n for n in graph.nodes}
     weights: dict[tuple[str, int, int, bool], gs.Variable] = {}
     n_act = n_weight = 0
@@ -90,9 +96,7 @@ def insert_qdq(
                 n_weight += 1
             consumer.inputs[site.index] = weights[key]
         else:
-            consumer.inputs[site.index] = _qdq_pair(
-                graph, consumer.inputs[site.index], site, thresholds[site.tensor]
-            )
+            consumer.inputs[site.index] = _qdq_pair(graph, consumer.inputs[site.index], site, thresholds[site.tensor])
             n_act += 1
     canonicalize(graph)
     return QdqReport(
@@ -116,16 +120,12 @@ def _require_one_site_per_edge(plan: QuantPlan) -> None:
 
 def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: float) -> gs.Variable:
     base = f"{site.tensor}/{site.consumer}.{site.index}"
-    scale = gs.Constant(f"{base}/scale", np.array(max(threshold, MIN_AMAX) / QMAX, dtype=np.float32))
+    scale = gs.Constant(f"{base}/scale", np.array(threshold / QMAX, dtype=np.float32))
     zero = gs.Constant(f"{base}/zero_point", np.array(0, dtype=np.int8))
     quantized = gs.Variable(f"{base}/quantized", dtype=np.int8, shape=tensor.shape)
     restored = gs.Variable(f"{base}/dequantized", dtype=np.float32, shape=tensor.shape)
-    graph.nodes.append(
-        gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized])
-    )
-    graph.nodes.append(
-        gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored])
-    )
+    graph.nodes.append(gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized]))
+    graph.nodes.append(gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored]))
     return restored
 
 

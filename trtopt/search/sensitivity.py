@@ -190,7 +190,7 @@ def quantized_model(
     plan = float_unlike_concats(copy, plan, calibration.ranges)
     if bias_correction and calibration.channel_means:
         correct_biases(copy, plan, calibration.channel_means, quant.seven_bit_layers)
-    insert_qdq(copy, plan, calibration.amax, quant.seven_bit_layers)
+    insert_qdq(copy, plan, calibration.amax, quant.seven_bit_layers, quant.min_amax)
     return lower(onnx_from_graph(copy))
 
 

@@ -19,6 +19,12 @@ built and verified as the first was and timed the same way:
    benchmark then measured kept INT8 plans at 0.97x FP32's speed, mp-hand-landmark, where the float plan
    would have been both faster and exact.)
 
+Before any timing matters: a plan whose INT8 math has nothing in common with FP32's (its Q/DQ reference's worst
+output at cosine below `USELESS_COSINE` with FP32's on the check samples, after the sensitivity search) gives way to
+the float plan too, however fast it is, and the summary says why. Such a plan is no faster model, only a wrong one:
+a MobileNetV3 with random weights (issue #45's corpus), whose logits are about 1e-9, ran 1.2x FP32's speed and
+returned zeros (cosine 0.000) while activation thresholds had a floor of 127 * 2**-14 on every backend.
+
 A plan faster than FP32 by less than that noise is timed once more before it is kept, and judged by the slower
 of its two timings: a 1 ms model's single timing called its INT8 plan faster where the benchmark then measured
 it at 0.91x / 0.95x FP32's speed (fer-emotion, issue #45; on an avx2 EPYC a rebuild of the same model timed
@@ -37,7 +43,9 @@ import onnx
 
 from trtopt.backend.cpu.regions import Region, float_regions, int8_regions
 from trtopt.backend.cpu.speed import NOISE, Speed
+from trtopt.plan.verification import Verification
 
+USELESS_COSINE = 0.5  # below this, the INT8 reference's outputs are unrelated to FP32's: the float plan is written
 PAYS = 1.03  # a cheaper plan replaces the kept one only when its time ratio is lower by this factor
 MAX_TRIALS = 4  # regions tried in float (each trial: a build, a verification and a timing)
 
@@ -63,6 +71,11 @@ def keep_faster(
 ) -> Candidate:
     """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms (see the module); its speed's
     `outcome` says what was chosen and why."""
+    if _useless(first.verification):
+        floated = build(fp32)
+        if floated is not None:
+            reason = _useless_reason(first.verification.reference_vs_fp32.cosine)
+            return Candidate(*floated, speed=replace(first.speed, outcome=reason), float_plan=True)
     best = _confirmed(first, timer)
     if best.speed.ratio < 1.0:
         return best
@@ -85,6 +98,16 @@ def keep_faster(
     if layers:
         return replace(best, speed=replace(best.speed, outcome=_region_reason(dropped, first.speed)))
     return best
+
+
+def _useless(verification: Any) -> bool:
+    return isinstance(verification, Verification) and verification.reference_vs_fp32.cosine < USELESS_COSINE
+
+
+def _useless_reason(cosine: float) -> str:
+    return (f"the float plan was written instead of the INT8 plan, whose outputs have nothing in common with FP32's "
+            f"(its Q/DQ reference's worst output: cosine {cosine:.3f} with FP32's, below {USELESS_COSINE}); "
+            "calibrate on samples like the ones the model will see, or see `trtopt compare --per-layer`")  # fmt: skip
 
 
 def _confirmed(first: Candidate, timer: Timer) -> Candidate:

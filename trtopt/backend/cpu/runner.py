@@ -63,7 +63,7 @@ class CpuRunner:
     def __init__(self, plan: Plan, options: RunOptions) -> None:
         self.session = ort.InferenceSession(
             model_for_this_cpu(plan),
-            session_options(threads=options.threads),
+            session_options(threads=options.threads, spin=options.spin),
             providers=["CPUExecutionProvider"],
             disabled_optimizers=DISABLED_OPTIMIZERS,
         )

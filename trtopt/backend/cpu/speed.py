@@ -102,5 +102,11 @@ def measure_speed(
             times[index].append((time.perf_counter() - began) * 1e3)
     first = next(iter(feeds.values()), None)
     batch = int(first.shape[0]) if first is not None and np.ndim(first) else 1
-    return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine,
-                 int8_dot_products=int8_dot_products)
+    return Speed(
+        statistics.median(times[0]),
+        statistics.median(times[1]),
+        len(times[0]),
+        batch,
+        machine,
+        int8_dot_products=int8_dot_products,
+    )

@@ -66,12 +66,13 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
         number of them)."""
         from trtopt.backend.cpu.backend import ORT_OUTPUT_FOLDS
         from trtopt.backend.openvino.builder import candidate_forms
+        from trtopt.calib.thresholds import FP32_AMAX
 
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         channels = OPENVINO_MIN_CHANNELS if quant.min_channels is None else quant.min_channels
         pairs = options is not None and candidate_forms(options.form)[0] == "lowered-pairs"
         return replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                       min_channels=channels, pair_bounded_weights=pairs)  # fmt: skip
+                       min_channels=channels, pair_bounded_weights=pairs, min_amax=FP32_AMAX)  # fmt: skip
 
     def options(self, target: BuildTarget, graph: gs.Graph) -> OpenvinoOptions:
         if target.fp16:
