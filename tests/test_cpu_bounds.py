@@ -143,6 +143,8 @@ def test_uint8_grid_reaches_the_bound_and_the_threshold_in_finer_steps() -> None
     assert -zero * finer <= -0.375 and (255 - zero) * finer >= 6.0 - 1e-6
     assert uint8_grid(scale, None) == (scale, 128) and uint8_grid(scale, 0.0) == (scale * 127 / 255, 0)
     assert uint8_grid(scale, -5.9) == (scale, 128), "a bound near -T saves nothing: the symmetric grid"
+    tiny = 1e-9 / 127  # a HardSwish whose values are ~1e-9 (random-weight MobileNetV3): its bound, -0.375, is far below
+    assert uint8_grid(tiny, -0.375) == (tiny, 128)
 
 
 def test_gated_activations_get_finer_cpu_grids_and_the_plan_comes_closer_to_fp32(monkeypatch) -> None:  # type: ignore[no-untyped-def]

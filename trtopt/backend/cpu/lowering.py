@@ -349,6 +349,8 @@ def uint8_grid(scale: float, low: float | None) -> tuple[float, int]:
         return scale * (QMAX / 255.0), 0  # T / QMAX over the int8 range becomes T / 255 over uint8's
     threshold = scale * QMAX
     below = int(np.ceil(255 * -low / (threshold - low)))
+    if below >= 255:  # T is tiny beside |low| (a HardSwish of ~1e-9, bounded at -0.375): the bound cannot help
+        return scale, QMAX + 1
     finer = max(threshold / (255 - below), -low / below)
     return (finer, below) if finer <= FINER * scale else (scale, QMAX + 1)
 
