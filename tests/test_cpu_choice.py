@@ -4,6 +4,7 @@ timings: no test here depends on how fast anything runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,24 @@ def test_a_build_writes_the_float_plan_where_int8_is_slower(workdir: Path, monke
     assert summary["verification"]["reference"] == FLOAT_FALLBACK and summary["int8_layers"] == 0
     assert "the float plan, written as the faster" in verification_text(summary["verification"])
     assert "the float plan is the faster" in summary["speed"]["outcome"]
+
+
+def test_openvino_builds_write_the_float_plan_where_int8_is_slower(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenVINO plans follow the same rule (`OpenvinoBackend.faster`), and say which runtime's kernels gained little."""
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    from trtopt.backend.openvino.backend import OpenvinoBackend
+
+    def timed(self: OpenvinoBackend, plan: Any, fp32: onnx.ModelProto, feeds: Any) -> Speed:
+        count = quantize_count(onnx.load_from_string(plan.sections["onnx"]))
+        return replace(speed(1.6 if count else 1.0), runtime="OpenVINO")
+
+    monkeypatch.setattr(OpenvinoBackend, "_timed", timed)
+    data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
+    result = build_plan(workdir / "tiny.onnx", BuildConfig(backend="openvino", data=data, preprocess=preset))
+    assert result.plan.backend == "openvino" and not result.plan.metadata.int8
+    assert "the float plan is the faster" in result.speed.text() and "OpenVINO's INT8 kernels" in result.speed.text()
 
 
 def test_a_build_keeps_float_the_region_that_does_not_pay(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

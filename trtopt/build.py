@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from trtopt.passes.check import OptimizeCheck
 
 
+
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager

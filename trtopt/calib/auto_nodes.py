@@ -43,6 +43,7 @@ def quiet_run() -> Any:
     return options
 
 
+
 def relative_errors(stacked: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """||part - reference||^2 / ||reference||^2 for each of the equal parts of `stacked` along axis 0 (its
     copies of `reference`'s shape)."""
@@ -108,7 +109,9 @@ class NodeRunner:
             errors += relative_errors(out, reference)
         return errors
 
-    def _run(self, node: onnx.NodeProto, feeds: Feeds, references: list[np.ndarray], copies: int) -> list[np.ndarray]:
+    def _run(
+        self, node: onnx.NodeProto, feeds: Feeds, references: list[np.ndarray], copies: int
+    ) -> list[np.ndarray]:
         """The node's outputs on `feeds`, of the FP32 outputs' dtypes and `copies` times their rows, written
         by ONNX Runtime into scratch arrays reused from node to node (IO binding): fresh output arrays of
         candidates x samples cost page faults on every run. Raises if an output has another shape or dtype.

@@ -81,23 +81,20 @@ def _read_trtopt(text: str, where: str) -> Calibration:
     version = doc.get("version")
     if not isinstance(version, int) or version > TRTOPT_VERSION:
         raise CalibrationError(
-            f"{where!r} is trtopt calibration format version {version!r}; this trtopt reads up to {TRTOPT_VERSION}.",
+            f"{where!r} is trtopt calibration format version {version!r}; this trtopt reads up to "
+            f"{TRTOPT_VERSION}.",
             fix="Upgrade trtopt, or recalibrate with this one.",
         )
     thresholds = doc.get("thresholds")
     if not isinstance(thresholds, dict):
-        raise CalibrationError(f'{where!r} has no "thresholds" object.', fix="Recalibrate to rewrite it.")
+        raise CalibrationError(f"{where!r} has no \"thresholds\" object.", fix="Recalibrate to rewrite it.")
     amax = {str(k): _number(v, where, k) for k, v in thresholds.items()}
     data = doc.get("data") or {}
-    if (
-        not isinstance(data, dict)
-        or not isinstance(data.get("count"), (int, type(None)))
-        or isinstance(data.get("count"), bool)
+    if not isinstance(data, dict) or not isinstance(data.get("count"), (int, type(None))) or isinstance(
+        data.get("count"), bool
     ):
-        raise CalibrationError(
-            f'{where!r} has a "data" field trtopt did not write (an object with a count).',
-            fix="Recalibrate to rewrite it, or delete the field.",
-        )
+        raise CalibrationError(f"{where!r} has a \"data\" field trtopt did not write (an object with a count).",
+                               fix="Recalibrate to rewrite it, or delete the field.")
     return Calibration(
         amax=amax,
         method=str(doc.get("method", "unknown")),
@@ -137,8 +134,8 @@ def _read_choices(raw: Any, where: str) -> dict[str, str] | None:
         return None
     if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
         raise CalibrationError(
-            f'{where!r}: "methods" must map tensor names to method names.',
-            fix='Recalibrate to rewrite the cache (or delete the "methods" key: the thresholds do not need it).',
+            f"{where!r}: \"methods\" must map tensor names to method names.",
+            fix="Recalibrate to rewrite the cache (or delete the \"methods\" key: the thresholds do not need it).",
         )
     return {str(k): v for k, v in raw.items()}
 
@@ -148,8 +145,8 @@ def _read_channel_means(raw: Any, where: str) -> dict[str, np.ndarray] | None:
         return None
     if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
         raise CalibrationError(
-            f'{where!r}: "channel_means" must map tensor names to lists of numbers.',
-            fix='Recalibrate to rewrite the cache (or delete the "channel_means" key to build without bias '
+            f"{where!r}: \"channel_means\" must map tensor names to lists of numbers.",
+            fix="Recalibrate to rewrite the cache (or delete the \"channel_means\" key to build without bias "
             "correction).",
         )
     return {str(name): np.array([_number(v, where, name) for v in values]) for name, values in raw.items()}
@@ -189,8 +186,7 @@ def _read_tensorrt(text: str, where: str) -> Calibration:
         except (ValueError, OverflowError, struct.error):
             raise _line_error(where, number, line, "tensor_name: 8 hex digits") from None
     return Calibration(
-        amax=amax,
-        method=TRT_ALGORITHMS[header.group(2)],
+        amax=amax, method=TRT_ALGORITHMS[header.group(2)],
         source=f"{where} (TensorRT {header.group(1)} {header.group(2)})",
     )
 
@@ -276,14 +272,12 @@ def _write_ort_json(calibration: Calibration, options: Mapping[str, Any]) -> str
         return {"data": value, "dtype": "float32", "CLS": "numpy.array"}
 
     data = {
-        name: {"lowest": array(-t), "highest": array(t), "CLS": "TensorData"} for name, t in calibration.amax.items()
+        name: {"lowest": array(-t), "highest": array(t), "CLS": "TensorData"}
+        for name, t in calibration.amax.items()
     }
     method = _ORT_METHODS.get(calibration.method, "Entropy")
-    doc = {
-        "CLS": "TensorsData",
-        "data": data,
-        "calibration_method": {"CLS": "CalibrationMethod", "value": f"CalibrationMethod.{method}"},
-    }
+    doc = {"CLS": "TensorsData", "data": data,
+           "calibration_method": {"CLS": "CalibrationMethod", "value": f"CalibrationMethod.{method}"}}
     return json.dumps(doc)
 
 
@@ -340,10 +334,8 @@ def _parse_json(text: str, where: str) -> dict[str, Any]:
         ) from None
     except (ValueError, RecursionError) as exc:  # a number of over 4300 digits, nesting beyond the stack
         reason = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise CalibrationError(
-            f"{where!r} is not a calibration cache trtopt reads ({reason}).",
-            fix="Recalibrate, or restore the file from where it came.",
-        ) from None
+        raise CalibrationError(f"{where!r} is not a calibration cache trtopt reads ({reason}).",
+                               fix="Recalibrate, or restore the file from where it came.") from None
     if not isinstance(doc, dict):
         raise CalibrationError(f"{where!r} holds JSON of type {type(doc).__name__}, not an object.")
     return doc

@@ -167,11 +167,7 @@ def calibrate(
     timings = CalibTimings(collect_s=collected.seconds, threshold_s=threshold_s, num_samples=collected.num_samples)
     log.info(
         "calibrated %d tensors (%s) on %d samples in %.2f s (%.1f samples/s)",
-        len(amax),
-        config.method,
-        collected.num_samples,
-        timings.total_s,
-        timings.images_per_s,
+        len(amax), config.method, collected.num_samples, timings.total_s, timings.images_per_s,
     )
     return Calibration(
         amax=amax,
@@ -370,7 +366,9 @@ def _unique_names(tensors: Sequence[str]) -> list[str]:
         raise CalibrationError(f"`tensors` is the string {tensors!r}.", fix="Pass a list of tensor names.")
     names = list(dict.fromkeys(tensors))
     if not names:
-        raise CalibrationError("No tensors to calibrate.", fix="Name the activation tensors that get INT8 thresholds.")
+        raise CalibrationError(
+            "No tensors to calibrate.", fix="Name the activation tensors that get INT8 thresholds."
+        )
     return names
 
 

@@ -27,7 +27,9 @@ def model_fingerprint(model: ModelLike) -> str:
     proto = _as_proto(model)
     graph = proto.graph
     digest = hashlib.sha256(b"trtopt-fingerprint-1\n")
-    lines = sorted(f"node {n.domain}:{n.op_type} in={','.join(n.input)} out={','.join(n.output)}" for n in graph.node)
+    lines = sorted(
+        f"node {n.domain}:{n.op_type} in={','.join(n.input)} out={','.join(n.output)}" for n in graph.node
+    )
     lines += [f"input {_value_key(v)}" for v in graph.input]
     lines += [f"output {_value_key(v)}" for v in graph.output]
     lines += sorted(f"init {t.name} {t.data_type} {list(t.dims)}" for t in graph.initializer)

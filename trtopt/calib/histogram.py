@@ -221,11 +221,7 @@ class HistogramCollector:
         padded[: min(used, padded.size)] = self.grid[:used]
         counts = padded.reshape(self.num_bins, run).sum(axis=1)
         return TensorHistogram(
-            name=self.name,
-            counts=counts,
-            amax=amax,
-            zeros=zeros,
-            top=self.num_bins * run * fine_width,
+            name=self.name, counts=counts, amax=amax, zeros=zeros, top=self.num_bins * run * fine_width,
             channel_mean=mean,
         )
 

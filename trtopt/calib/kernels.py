@@ -90,7 +90,8 @@ def _count_fn() -> CountFn:
     try:
         import numba  # noqa: F401 - heavy (LLVM): imported on the first calibration, not with trtopt
     except ImportError:  # pragma: no cover - numba is a dependency; this keeps odd platforms working
-        log.warning("numba is not installed: calibration counts with numpy, several times slower (pip install numba)")
+        log.warning("numba is not installed: calibration counts with numpy, several times slower "
+                    "(pip install numba)")
         return _count_abs_numpy
     from trtopt.calib.kernels_numba import count_abs as compiled_count_abs
 

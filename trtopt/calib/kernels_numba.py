@@ -42,9 +42,7 @@ def compiled(function: Callable[..., Any]) -> Any:
             log.warning(
                 "numba found no writable cache directory (%s): calibration's compiled loops are compiled "
                 "again in every process, a few seconds each time. Set NUMBA_CACHE_DIR to a writable "
-                "directory to keep them.",
-                error,
-            )
+                "directory to keep them.", error)
         return numba.njit(**OPTIONS)(function)
 
 

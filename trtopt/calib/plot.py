@@ -57,7 +57,7 @@ def plot_histogram(
 
 def _describe(label: str, t: float, hist: TensorHistogram) -> str:
     clipped_bins = int(np.ceil(t / hist.bin_width)) if hist.bin_width > 0 else hist.num_bins
-    clipped = int(hist.counts[min(clipped_bins, hist.num_bins) :].sum())
+    clipped = int(hist.counts[min(clipped_bins, hist.num_bins):].sum())
     share = clipped / hist.count if hist.count else 0.0
     ratio = t / hist.amax if hist.amax > 0 else 1.0
     return f"{label}: T={t:.4g} ({ratio:.2f} amax, clips {share:.3%})"

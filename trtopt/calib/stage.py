@@ -60,8 +60,7 @@ def calibrate_graph(
         tensors,
         config,
         progress=(lambda p: progress(p if p.total_samples else replace(p, total_samples=len(dataset))))
-        if progress
-        else None,  # fmt: skip
+        if progress else None,  # fmt: skip
         data_description=f"{len(dataset)} samples from {' '.join(data.sources)}",
         score_batches=scoring,
         at_max=bounded if config.method == "auto" else set(),  # bounded_at_max gives them their maximum anyway

@@ -51,6 +51,7 @@ FP32_AMAX = QMAX * 2.0**-100
 KL_TIE = 1e-9
 
 
+
 def threshold(hist: TensorHistogram, config: CalibConfig | None = None) -> float:
     """The threshold T of `hist` under `config.method` (default: entropy)."""
     config = config if config is not None else CalibConfig()

@@ -25,13 +25,19 @@ from trtopt.frontend.writer import write_atomic
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", type=Path, help="plan file written by `trtopt build`")
-    parser.add_argument("--batch", type=parse_batches, default=[1], help="comma-separated batch sizes (default: 1)")
-    parser.add_argument("--iterations", type=int, default=100, help="timed calls per batch size (default: 100)")
+    parser.add_argument(
+        "--batch", type=parse_batches, default=[1], help="comma-separated batch sizes (default: 1)"
+    )
+    parser.add_argument(
+        "--iterations", type=int, default=100, help="timed calls per batch size (default: 100)"
+    )
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (default: 10)")
     parser.add_argument("--min-seconds", type=float, default=0.0, help="keep timing at least this long")
     parser.add_argument("--threads", type=int, default=None, help="CPU backend: intra-op threads")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    parser.add_argument("--plot", type=Path, default=None, help="save latency/throughput vs batch as an image")
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="save latency/throughput vs batch as an image"
+    )
 
 
 def parse_batches(text: str) -> list[int]:
@@ -50,10 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.iterations < 1 or args.warmup < 0:
         raise TrtoptError("--iterations must be at least 1 and --warmup at least 0.")
     if not 0 <= args.min_seconds < float("inf"):
-        raise TrtoptError(
-            f"--min-seconds must be a finite number of seconds, 0 or more; got {args.min_seconds}.",
-            fix="Leave it out (0: just --iterations calls), or give e.g. --min-seconds 5.",
-        )
+        raise TrtoptError(f"--min-seconds must be a finite number of seconds, 0 or more; got {args.min_seconds}.",
+                          fix="Leave it out (0: just --iterations calls), or give e.g. --min-seconds 5.")
     with trtopt.Engine.load(args.plan, threads=args.threads) as engine:
         return _bench(args, engine)
 
@@ -162,7 +166,9 @@ def plot_results(results: Sequence[Any], path: Path, *, title: str) -> Path:
     latency_axis.set_xlabel("batch size")
     latency_axis.set_ylabel("latency (ms)")
     throughput_axis = latency_axis.twinx()
-    throughput_axis.plot(batches, [r.throughput for r in results], "s-", color="tab:green", label="throughput")
+    throughput_axis.plot(
+        batches, [r.throughput for r in results], "s-", color="tab:green", label="throughput"
+    )
     throughput_axis.set_ylabel("samples / s")
     handles = latency_axis.get_legend_handles_labels()[0] + throughput_axis.get_legend_handles_labels()[0]
     latency_axis.legend(handles=handles, loc="upper left")

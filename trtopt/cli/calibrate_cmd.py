@@ -110,7 +110,8 @@ def _equalized(args: argparse.Namespace, graph: Any, dataset: Any, batch: int) -
         return model, not_equalized(model) if args.format == "trtopt" else None
     quant = _backend(args).quant_config(QuantConfig())
     folds = quant.output_folds if quant.quantize_outputs else None
-    record, _ = equalize_recorded(graph, model, dataset, batch, folds, quant.integer_gates, quant.integer_hard_swish)
+    record, _ = equalize_recorded(graph, model, dataset, batch, folds, quant.integer_gates,
+                                  quant.integer_hard_swish)
     return onnx_from_graph(graph), record
 
 
@@ -144,7 +145,7 @@ def _plots(args: argparse.Namespace, calibration: Calibration) -> list[str]:
 
 
 def _methods(calibration: Calibration) -> str:
-    """ "auto: mse 48, entropy 20, ..." where the method varies per tensor, else the method."""
+    """"auto: mse 48, entropy 20, ..." where the method varies per tensor, else the method."""
     if calibration.method != "auto" or not calibration.choices:
         return str(calibration.method)
     return "auto: " + ", ".join(f"{m} {n}" for m, n in calibration.method_counts().items())

@@ -62,39 +62,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("task metrics (see the description above)")
-    t.add_argument(
-        "--task",
-        default="auto",
-        choices=("auto", "classify", "detect", "segment", "text-detect", "ctc", "raw"),  # fmt: skip
-        help="what the model does, for its fidelity metric (default auto: chosen from the outputs)",
-    )
+    t.add_argument("--task", default="auto", choices=("auto", "classify", "detect", "segment", "text-detect", "ctc",
+                                                      "raw"),  # fmt: skip
+                   help="what the model does, for its fidelity metric (default auto: chosen from the outputs)")
     t.add_argument("--task-output", metavar="NAME", help="the output the task metric reads (default: chosen)")
-    t.add_argument(
-        "--box-format",
-        default="auto",
-        choices=("auto", "yolov8", "yolov5", "yolox"),
-        help="detector layout: yolov8 [N, 4+C, A], yolov5 [N, A, 5+C] decoded, yolox [N, A, 5+C] "
-        "raw (grid decoding); default auto",
-    )
-    t.add_argument(
-        "--decoder",
-        metavar="FILE.py:FUNC",
-        help="your detection decoder: FUNC(outputs: {name: array}) returns one (boxes [K,4] x1y1x2y2, "
-        "scores [K], classes [K]) per image of the batch",
-    )
+    t.add_argument("--box-format", default="auto", choices=("auto", "yolov8", "yolov5", "yolox"),
+                   help="detector layout: yolov8 [N, 4+C, A], yolov5 [N, A, 5+C] decoded, yolox [N, A, 5+C] "
+                   "raw (grid decoding); default auto")
+    t.add_argument("--decoder", metavar="FILE.py:FUNC",
+                   help="your detection decoder: FUNC(outputs: {name: array}) returns one (boxes [K,4] x1y1x2y2, "
+                   "scores [K], classes [K]) per image of the batch")
     t.add_argument("--score-threshold", type=float, default=0.25, help="detections kept from score S (default 0.25)")
     t.add_argument("--nms-iou", type=float, default=0.45, help="NMS IoU threshold per class (default 0.45)")
     t.add_argument("--match-iou", type=float, default=0.5, help="IoU at which a box matches FP32's (default 0.5)")
-    t.add_argument(
-        "--map-threshold", type=float, default=0.3, help="binarisation threshold of score maps (default 0.3, DB's)"
-    )
+    t.add_argument("--map-threshold", type=float, default=0.3,
+                   help="binarisation threshold of score maps (default 0.3, DB's)")
     t.add_argument("--blank", type=int, default=0, help="CTC blank class index (default 0)")
-    t.add_argument(
-        "--ctc-layout",
-        default="auto",
-        choices=("auto", "ntc", "tnc"),
-        help="CTC output layout: [N, T, C] or [T, N, C] (default auto)",
-    )
+    t.add_argument("--ctc-layout", default="auto", choices=("auto", "ntc", "tnc"),
+                   help="CTC output layout: [N, T, C] or [T, N, C] (default auto)")
 
 
 def task_config_from_args(args: argparse.Namespace) -> TaskConfig:
@@ -162,12 +147,10 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     what = "the model's own quantised math (ONNX Runtime, optimisations off)" if quantised else "FP32 model"
     _print_fitted(out, outputs, result.samples, engine.backend, what)
     if selection is not None:
-        out.print(
-            f"note: {escape(short_list(selection.selected))} come after TopK / NMS / NonZero / a max-pool peak "
-            "mask: element by element their figures move with every swap of two entries or peak moved by a "
-            "pixel; `trtopt build` judges the tensors "
-            f"they select from instead ({escape(short_list(selection.judged))})"
-        )
+        out.print(f"note: {escape(short_list(selection.selected))} come after TopK / NMS / NonZero / a max-pool peak "
+                  "mask: element by element their figures move with every swap of two entries or peak moved by a "
+                  "pixel; `trtopt build` judges the tensors "
+                  f"they select from instead ({escape(short_list(selection.judged))})")
     for warning in _warnings(outputs) + _random_warning(model):
         out.print(f"[bold red]WARNING[/] {escape(warning)}", markup=True)
     if result.task is not None:
@@ -217,13 +200,8 @@ def _per_layer(args: argparse.Namespace, engine, dataset) -> list[dict]:  # type
     stats = compare_batches(pairs, names)
     added = added_errors(reference_graph, {s.name: max(0.0, 1.0 - s.cosine) for s in stats})
     return [
-        {
-            "tensor": s.name,
-            "node": producers[s.name][0],
-            "op": producers[s.name][1],
-            **s.to_dict(),
-            "added": added[s.name],
-        }
+        {"tensor": s.name, "node": producers[s.name][0], "op": producers[s.name][1], **s.to_dict(),
+         "added": added[s.name]}
         for s in stats
     ]
 
@@ -259,27 +237,13 @@ def _print_fitted(  # type: ignore[no-untyped-def]
         console.print(f"#{i}: {o['name']}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _outputs_table(
-    outputs,
-    samples: int,
-    backend: str,
-    labels: list[str] | None = None,  # type: ignore[no-untyped-def]
-    reference: str = "FP32 model",
-):
+def _outputs_table(outputs, samples: int, backend: str, labels: list[str] | None = None,  # type: ignore[no-untyped-def]
+                   reference: str = "FP32 model"):
     from rich.table import Table
 
     table = Table(title=f"{reference} vs {backend} plan on {samples} inputs, per output", title_justify="left")
-    columns = [
-        "output",
-        "cosine",
-        "worst input",
-        "rel. error",
-        "max abs err",
-        "mean abs err",
-        "|ref| max",
-        "distribution shift",
-        "top-1 agreement",
-    ]
+    columns = ["output", "cosine", "worst input", "rel. error", "max abs err", "mean abs err", "|ref| max",
+               "distribution shift", "top-1 agreement"]
     positions = any(o["argmax_agreement"] is not None for o in outputs)
     for col in columns + ["argmax agreement (positions)"] * positions:
         table.add_column(col, justify="right" if col != "output" else "left")
@@ -318,12 +282,10 @@ def _warnings(outputs: list[dict]) -> list[str]:  # type: ignore[type-arg]
         worst = o["worst_sample_cosine"]
         if worst is not None and worst < SAMPLE_MIN_COSINE <= o["cosine"]:
             where = o.get("worst_sample") or f"#{o['worst_sample_index'] + 1}"
-            found.append(
-                f"output {o['name']!r}: input {where} keeps a cosine of only {worst:.4f} with "
-                f"FP32 (below {SAMPLE_MIN_COSINE}) though the output's is {o['cosine']:.4f}: INT8 error "
-                "gathers on some inputs; calibrate on more samples like it (--calib), or keep the layers "
-                "--per-layer names float (trtopt build --exclude)"
-            )
+            found.append(f"output {o['name']!r}: input {where} keeps a cosine of only {worst:.4f} with "
+                         f"FP32 (below {SAMPLE_MIN_COSINE}) though the output's is {o['cosine']:.4f}: INT8 error "
+                         "gathers on some inputs; calibrate on more samples like it (--calib), or keep the layers "
+                         "--per-layer names float (trtopt build --exclude)")
     return found
 
 
@@ -409,5 +371,7 @@ def _layers_table(layers, top: int):  # type: ignore[no-untyped-def]
     for col in ("node", "op", "cosine", "added error", "max abs err"):
         table.add_column(col, justify="left" if col in ("node", "op") else "right")
     for r in worst:
-        table.add_row(r["node"], r["op"], f"{r['cosine']:.5f}", f"{r['added']:.2e}", f"{r['max_abs_error']:.4g}")
+        table.add_row(
+            r["node"], r["op"], f"{r['cosine']:.5f}", f"{r['added']:.2e}", f"{r['max_abs_error']:.4g}"
+        )
     return table

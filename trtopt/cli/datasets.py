@@ -8,7 +8,9 @@ from typing import Any
 from trtopt.plan import Plan
 
 
-def dataset_for_plan(plan: Plan, sources: Sequence[str], *, count: int | None = None, overrides: Any = None) -> Any:
+def dataset_for_plan(
+    plan: Plan, sources: Sequence[str], *, count: int | None = None, overrides: Any = None
+) -> Any:
     """Inputs read and preprocessed as the plan stores it, with the fields `overrides` (a
     `trtopt.data.PreprocessOverrides`, from --mean, --std, ...) replaced."""
     from trtopt.data import InputInfo, PreprocessSpec, load_dataset, spec_for_input

@@ -134,11 +134,8 @@ def _shown_output(outputs: Mapping[str, np.ndarray], names: Sequence[str], *, qu
     misread = first.dtype.kind == "f" and _class_scores(first) and not probabilities(first)
     found = next((n for n in names if probabilities(outputs[n])), names[0]) if misread else names[0]
     if found != names[0] and not quiet:  # the console reads no markup: names print as they are
-        err.print(
-            f"showing output {found!r}, the first of the {len(names)} outputs that holds class "
-            f"probabilities ({names[0]!r} comes first: `trtopt.Engine` gives them all)",
-            soft_wrap=True,
-        )
+        err.print(f"showing output {found!r}, the first of the {len(names)} outputs that holds class "
+                  f"probabilities ({names[0]!r} comes first: `trtopt.Engine` gives them all)", soft_wrap=True)
     return found
 
 

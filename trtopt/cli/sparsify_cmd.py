@@ -138,3 +138,5 @@ def _sparsify(args: argparse.Namespace, model: Any, batches: Any, shapes: Any) -
         )  # fmt: skip
         bar.update(task, total=bar.tasks[0].completed)  # the bisection may stop short of its bound
     return result
+
+

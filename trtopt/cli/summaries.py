@@ -75,21 +75,15 @@ def print_build_summary(
         per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
         from trtopt.calib.auto import SCORE_SAMPLES
 
-        scored = (
-            f" for the histograms, and up to {SCORE_SAMPLES} more held back to score the candidates"
-            if cal["method"] == "auto"
-            else ""
-        )  # the verification's count of calibration samples holds them
+        scored = (f" for the histograms, and up to {SCORE_SAMPLES} more held back to score the candidates"
+                  if cal["method"] == "auto" else "")  # the verification's count of calibration samples holds them
         table.add_row("calibration", f"{cal['method']} on {cal['samples']} samples{scored}{per_method}")
     if summary.get("equalization"):
         table.add_row("equalisation", summary["equalization"])
     table.add_row("INT8 layers", f"{summary['int8_layers']} ({summary['bias_corrected_layers']} bias-corrected)")
     if seven := summary.get("seven_bit_weights"):
-        table.add_row(
-            "7-bit weights",
-            f"{len(seven['layers'])} of {seven['candidates']} dense layers (exact on u8s8 "
-            f"kernels here; {seven['added_error']:.2f}x the 8-bit plan's error added, in squares)",
-        )
+        table.add_row("7-bit weights", f"{len(seven['layers'])} of {seven['candidates']} dense layers (exact on u8s8 "
+                      f"kernels here; {seven['added_error']:.2f}x the 8-bit plan's error added, in squares)")
     floats = summary["float_layers"]
     if floats:
         table.add_row("float layers", float_reasons(floats))
@@ -112,7 +106,9 @@ def print_build_summary(
     for warning in summary.get("warnings", []):
         table.add_row(Text("WARNING", style="bold red"), Text(warning, style="bold red"))
     times = summary["stage_seconds"]
-    table.add_row("time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)")
+    table.add_row(
+        "time", ", ".join(f"{k} {v:.2f}s" for k, v in times.items()) + f" (total {sum(times.values()):.2f}s)"
+    )
     out.print(table)
 
 
@@ -131,32 +127,21 @@ def preprocess_text(record: dict[str, Any]) -> str:
 
     spec = PreprocessSpec.from_dict(record, where="the plan's preprocessing")
     (h, w), numbers = spec.crop_hw, lambda values: " ".join(f"{v:g}" for v in values)
-    size = {
-        "shorter": f"resize {spec.resize_short} (shorter side), centre crop {h}x{w}",
-        "stretch": f"resize to {h}x{w} (stretched)",
-        "letterbox": f"letterbox to {h}x{w} (pad {spec.pad_value:g}, {spec.pad_align})",
-    }[spec.resize_mode]
-    return (
-        f"{size}, {spec.interpolation}, {spec.color}, / {spec.scale:g}, mean {numbers(spec.mean)}, "
-        f"std {numbers(spec.std)}, {spec.layout} {spec.dtype}"
-    )
+    size = {"shorter": f"resize {spec.resize_short} (shorter side), centre crop {h}x{w}",
+            "stretch": f"resize to {h}x{w} (stretched)",
+            "letterbox": f"letterbox to {h}x{w} (pad {spec.pad_value:g}, {spec.pad_align})"}[spec.resize_mode]
+    return (f"{size}, {spec.interpolation}, {spec.color}, / {spec.scale:g}, mean {numbers(spec.mean)}, "
+            f"std {numbers(spec.std)}, {spec.layout} {spec.dtype}")
 
 
 def no_int8_warning(floats: dict[str, str]) -> str:
     """The warning for an --int8 build that quantised no layer (basic-pitch's note transcriber: all 23 convs have
     fewer than 16 channels, one of them with 65% of the multiply-adds): the plan is a float plan."""
     few = any(why.startswith("fewer than") for why in floats.values())
-    fix = (
-        " --min-channels 1 quantises layers with few channels too (a smaller speed-up and maybe more error on "
-        "those: check with `trtopt compare`)."
-        if few
-        else ""
-    )
-    what = (
-        f"the {len(floats)} layers that could be INT8 all stay float, by reason: {float_reasons(floats)}"
-        if floats
-        else "the model has no layer INT8 could run (a Conv, Gemm or MatMul with weights)"
-    )
+    fix = (" --min-channels 1 quantises layers with few channels too (a smaller speed-up and maybe more error on "
+           "those: check with `trtopt compare`)." if few else "")
+    what = (f"the {len(floats)} layers that could be INT8 all stay float, by reason: {float_reasons(floats)}" if floats
+            else "the model has no layer INT8 could run (a Conv, Gemm or MatMul with weights)")
     return f"--int8 quantised no layer: {what}. This plan computes in float and is no faster than FP32.{fix}"
 
 
@@ -175,15 +160,11 @@ def float_reasons(floats: dict[str, str]) -> str:
 def not_measured_text(searches: list[str]) -> str:
     """Why a build from a calibration cache alone skipped the searches that measure fidelity, what the plan holds
     instead, and how to run them (`trtopt.quantize._not_measured`)."""
-    effects = {
-        "sensitivity analysis": "every layer the rules allow is INT8",
-        "7-bit weight search": "dense layers keep 8-bit weights (u8u8 kernels: exact, slower without VNNI)",
-    }
+    effects = {"sensitivity analysis": "every layer the rules allow is INT8",
+               "7-bit weight search": "dense layers keep 8-bit weights (u8u8 kernels: exact, slower without VNNI)"}
     held = "; ".join(effects.get(name, name) for name in searches)
-    return (
-        f"{' and '.join(searches)}: they measure fidelity on calibration data and this build had only a cache, "
-        f"so {held}. Pass --calib DIR beside --calib-cache to run them (the cache's thresholds are kept)"
-    )
+    return (f"{' and '.join(searches)}: they measure fidelity on calibration data and this build had only a cache, "
+            f"so {held}. Pass --calib DIR beside --calib-cache to run them (the cache's thresholds are kept)")
 
 
 def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
@@ -205,10 +186,8 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
             f"no layer kept float lifts the worst output score on calibration samples ({after:.4f})")  # fmt: skip
     if confirmed:
         text += f" ({confirmed['before']:.4f} -> {confirmed['after']:.4f} on the confirmation samples)"
-    text += (
-        f", {record['trials']} trial builds (an output's score: its cosine, or its top-class agreement or mean "
-        "IoU where lower)"
-    )
+    text += f", {record['trials']} trial builds (an output's score: its cosine, or its top-class agreement or mean " \
+            "IoU where lower)"
     top = record.get("ceiling") or {}
     if top.get("hopeless"):  # the search stopped at its first test (trtopt.search._ceiling)
         return "sensitivity analysis", (
@@ -217,11 +196,9 @@ def sensitivity_row(record: dict[str, Any] | None) -> tuple[str, str] | None:
             "float can mend it: calibrate on more samples like the model's real inputs (--calib), or keep the "
             "part of the model INT8 harms float by hand (--exclude; `trtopt compare --per-layer`)")  # fmt: skip
     if short:
-        text += (
-            f"; still short of the {MIN_COSINE} aim: calibrate on more samples like the model's real inputs "
-            "(--calib), or keep more layers float by hand (--exclude; `trtopt compare --per-layer` names "
-            "those adding the most error)"
-        )
+        text += (f"; still short of the {MIN_COSINE} aim: calibrate on more samples like the model's real inputs "
+                 "(--calib), or keep more layers float by hand (--exclude; `trtopt compare --per-layer` names "
+                 "those adding the most error)")
     return ("kept float by sensitivity" if layers and not moves else "sensitivity analysis"), text
 
 

@@ -66,7 +66,9 @@ def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:
     headers = _npz_headers(path) if path.suffix.lower() == ".npz" else {"": _npy_header(path)}
     keys = _match_keys(path, headers, inputs)
     stacks = has_batch_axis(inputs)
-    batched = [_is_batched(path, key, headers[key][0], info, stacks) for info, key in zip(inputs, keys, strict=True)]
+    batched = [
+        _is_batched(path, key, headers[key][0], info, stacks) for info, key in zip(inputs, keys, strict=True)
+    ]
     counts = {headers[key][0][0] if b else 1 for key, b in zip(keys, batched, strict=True)}
     if len(counts) > 1:
         found = {key: list(headers[key][0]) for key in keys}
@@ -120,12 +122,9 @@ def shapes_from_arrays(
             fixed = dims[1:]
         if unit is None or any(isinstance(d, int) and d != s for d, s in zip(fixed, unit, strict=True)):
             sample = [d if d is not None else "?" for d in (dims if feeds else dims[1:])]
-            what = (
-                f"one feed {format_shape(sample)} or a stack of feeds {format_shape(['N', *sample])}"
-                if feeds
-                else f"a stack of samples {format_shape(['N', *sample])} (each fed as {format_shape(dims)}) or "
-                f"one sample {format_shape(sample)}"
-            )
+            what = (f"one feed {format_shape(sample)} or a stack of feeds {format_shape(['N', *sample])}" if feeds
+                    else f"a stack of samples {format_shape(['N', *sample])} (each fed as {format_shape(dims)}) or "
+                    f"one sample {format_shape(sample)}")
             raise DataError(
                 f"{path}: the array for input {name!r} has shape {format_shape(shape)}, but the input "
                 f"{format_shape(dims)} takes {what}{'; ? is any size' if None in dims else ''}.",
@@ -202,7 +201,8 @@ def _match_keys(path: Path, headers: dict[str, Header], inputs: Sequence[InputIn
     names = [info.name for info in inputs]
     if "" in headers and len(inputs) > 1:
         raise DataError(
-            f"{path} is a .npy file (one array), but the model has {len(inputs)} inputs ({', '.join(names)}).",
+            f"{path} is a .npy file (one array), but the model has {len(inputs)} inputs "
+            f"({', '.join(names)}).",
             fix=f"Save the samples as .npz with one array per input: np.savez(file, {_kwargs(names)}).",
         )
     if len(inputs) == 1 and len(headers) == 1:
@@ -236,10 +236,8 @@ def _is_batched(path: Path, key: str, shape: tuple[int, ...], info: InputInfo, s
             expected = (f"a stack of samples {format_shape(['N', *info.sample_shape])} or one sample "
                         f"{format_shape(info.sample_shape)}")  # fmt: skip
         else:
-            expected = (
-                f"one feed {format_shape(info.shape)} or a stack of feeds [N, {format_shape(unit)[1:]} (the "
-                "model's inputs share no batch dimension, so each sample is one whole feed)"
-            )
+            expected = (f"one feed {format_shape(info.shape)} or a stack of feeds [N, {format_shape(unit)[1:]} (the "
+                        "model's inputs share no batch dimension, so each sample is one whole feed)")
         raise DataError(
             f"{path}: {what} has shape {list(shape)}, but input {info.name!r} expects {expected}.",
             fix="Save data in the model's input shape (dynamic sizes can be set with --shapes).",

@@ -92,6 +92,9 @@ def top_k(scores: np.ndarray, k: int = 5, labels: list[str] | None = None) -> li
     k = min(k, probs.shape[1])
     order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     return [
-        [Prediction(int(i), labels[i] if labels and i < len(labels) else f"class {i}", float(row[i])) for i in idx]
+        [
+            Prediction(int(i), labels[i] if labels and i < len(labels) else f"class {i}", float(row[i]))
+            for i in idx
+        ]
         for row, idx in zip(probs, order, strict=True)
     ]

@@ -144,7 +144,9 @@ class Dataset:
         full-size image per worker. The batches are the same whatever the number of workers.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-            raise DataError(f"Batch size must be a positive integer, received {batch_size!r}.", fix="Pass e.g. 8.")
+            raise DataError(
+                f"Batch size must be a positive integer, received {batch_size!r}.", fix="Pass e.g. 8."
+            )
         if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers <= 0):
             raise DataError(f"Worker count must be a positive integer, received {workers!r}.", fix="Pass e.g. 2.")
         workers = workers or min(DEFAULT_WORKERS, os.cpu_count() or 1)

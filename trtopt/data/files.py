@@ -38,7 +38,8 @@ def collect_files(source: Source) -> tuple[list[Path], list[Path]]:
                 )
             if not _known(path):
                 raise DataError(
-                    f"Data file {str(path)!r} has extension {path.suffix or '(none)'!r}, which trtopt does not read.",
+                    f"Data file {str(path)!r} has extension {path.suffix or '(none)'!r}, which trtopt "
+                    "does not read.",
                     fix=f"Pass {EXPECTED}, or a folder of them.",
                 )
             files.append(path)

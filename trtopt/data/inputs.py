@@ -23,7 +23,8 @@ class InputInfo:
 
     def __init__(self, name: str, shape: Sequence[int | str | None], dtype: npt.DTypeLike) -> None:
         dims = tuple(
-            int(d) if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 else None for d in shape
+            int(d) if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 else None
+            for d in shape
         )
         try:
             resolved = np.dtype(dtype)
@@ -63,7 +64,8 @@ def _numpy_dtype(tensor: Any) -> np.dtype[Any]:
 
         name = onnx.TensorProto.DataType.Name(dtype)
         raise ModelError(
-            f"Input {tensor.name!r} has ONNX type {name}, which numpy (and so trtopt's data loader) cannot represent.",
+            f"Input {tensor.name!r} has ONNX type {name}, which numpy (and so trtopt's data loader) "
+            "cannot represent.",
             fix="Export the model with float32, float16 or integer inputs.",
         )
     if dtype is None:

@@ -126,8 +126,7 @@ def refuse_for_multi_input(names: Sequence[str]) -> NoReturn:
         f"Preprocessing flags (--preset, --resize, --mean, ...) turn images into one input, but the model has "
         f"{len(names)} inputs ({', '.join(names)}), which take .npy/.npz data as it is.",
         fix="Leave the preprocessing flags out and preprocess the arrays before saving them: np.savez(file, "
-        + ", ".join(f"{n}=..." for n in names)
-        + ").",
+        + ", ".join(f"{n}=..." for n in names) + ").",
     )
 
 

@@ -182,11 +182,8 @@ def _check_resize_mode(spec: PreprocessSpec) -> None:
     if spec.dtype == "uint8" and pad != int(pad):
         _fail("pad_value", spec.pad_value, "a whole pixel value (0..255) for uint8 inputs")
     if spec.resize_mode != "shorter" and spec.resize is not None:
-        _fail(
-            "resize",
-            spec.resize,
-            f"None: it sets the shorter side, which resize_mode {spec.resize_mode!r} does not use",
-        )
+        _fail("resize", spec.resize, f"None: it sets the shorter side, which resize_mode {spec.resize_mode!r} "
+              "does not use")
     if spec.resize_mode != "letterbox":
         pad, align = PreprocessSpec.pad_value, PreprocessSpec.pad_align
     else:

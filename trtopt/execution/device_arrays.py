@@ -105,7 +105,9 @@ def from_cuda_array_interface(cai: dict[str, Any]) -> DeviceArray:
             fix="Convert it to float32, float16, int8, int32 or int64 before inference.",
         )
     if cai.get("mask") is not None:
-        raise DataError("A GPU input has a mask (CUDA array interface 'mask'); masked arrays are not supported.")
+        raise DataError(
+            "A GPU input has a mask (CUDA array interface 'mask'); masked arrays are not supported."
+        )
     strides = cai.get("strides")
     if strides is not None and not _is_c_contiguous(shape, tuple(strides), dtype.itemsize):
         raise _not_contiguous(shape, tuple(strides))
@@ -167,7 +169,8 @@ def _dtype_from_dl(dl: _DLDataType) -> np.dtype:
     kind = _DL_KIND.get(int(dl.code))
     if kind is None or int(dl.lanes) != 1:
         raise DataError(
-            f"A DLPack input has a data type numpy cannot describe (code {dl.code}, {dl.bits} bits, {dl.lanes} lanes).",
+            f"A DLPack input has a data type numpy cannot describe (code {dl.code}, {dl.bits} bits, "
+            f"{dl.lanes} lanes).",
             fix="Convert it to float32, float16, int8, int32 or int64 before inference.",
         )
     if kind == "b":

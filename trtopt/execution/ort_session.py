@@ -86,11 +86,15 @@ class OrtSession:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.exposed = list(expose)
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(
+        self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         names = list(outputs) if outputs is not None else self.output_names
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
-            raise ShapeError(f"Missing input(s) {missing} for the model.", fix=f"The model takes {self.input_names}.")
+            raise ShapeError(
+                f"Missing input(s) {missing} for the model.", fix=f"The model takes {self.input_names}."
+            )
         try:  # quiet: a failure is raised below with its message, not logged a second time in red
             values = self.session.run(names, {k: v for k, v in feeds.items() if k in self.input_names}, _QUIET)
         except (
@@ -174,12 +178,8 @@ class ReusedOutputs:
 
     def _binding(self, like: Mapping[str, np.ndarray], reuse: bool) -> tuple[ort.IOBinding, dict[str, np.ndarray]]:
         binding = self.session.session.io_binding()
-        arrays = {
-            n: like[n]
-            if reuse and like[n].flags.c_contiguous and like[n].flags.writeable
-            else np.empty_like(like[n], order="C")
-            for n in self._bound
-        }
+        arrays = {n: like[n] if reuse and like[n].flags.c_contiguous and like[n].flags.writeable
+                  else np.empty_like(like[n], order="C") for n in self._bound}
         for name, array in arrays.items():
             binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
         return binding, arrays
@@ -200,7 +200,9 @@ def with_exposed_tensors(model: onnx.ModelProto, names: Sequence[str]) -> onnx.M
     """A copy of `model` whose graph also outputs the named intermediate tensors."""
     exposed = onnx.ModelProto()
     exposed.CopyFrom(model)
-    known = {v.name: v for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)}
+    known = {
+        v.name: v for v in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output)
+    }
     produced = {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
     present = {o.name for o in exposed.graph.output}
     for name in names:
@@ -212,7 +214,9 @@ def with_exposed_tensors(model: onnx.ModelProto, names: Sequence[str]) -> onnx.M
         if info is not None:
             exposed.graph.output.append(info)
         else:
-            exposed.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+            exposed.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+            )
         present.add(name)
     return exposed
 

@@ -191,9 +191,13 @@ def _check_file(path: Path) -> None:
     if not path.exists():
         raise ModelError(f"Model file {str(path)!r} does not exist.", fix="Check the path and try again.")
     if path.is_dir():
-        raise ModelError(f"{str(path)!r} is a folder, not an ONNX model file.", fix="Pass the .onnx file itself.")
+        raise ModelError(
+            f"{str(path)!r} is a folder, not an ONNX model file.", fix="Pass the .onnx file itself."
+        )
     if path.stat().st_size == 0:
-        raise ModelError(f"Model file {str(path)!r} is empty (0 bytes).", fix="Re-export or re-copy the model.")
+        raise ModelError(
+            f"Model file {str(path)!r} is empty (0 bytes).", fix="Re-export or re-copy the model."
+        )
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -265,7 +269,8 @@ def _load_external_data(model: onnx.ModelProto, path: Path) -> None:
             )
         if not target.is_file():
             raise ModelError(
-                f"Tensor {tensor.name!r} in {str(path)!r} keeps its weights in {location!r}, which is missing.",
+                f"Tensor {tensor.name!r} in {str(path)!r} keeps its weights in {location!r}, "
+                "which is missing.",
                 fix=f"Copy {location!r} into {str(base)!r} next to the model.",
             )
         _check_external_range(tensor, target, path)
@@ -300,11 +305,9 @@ def _default_opset(model: onnx.ModelProto, where: str) -> int:
     versions = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not versions and {n.domain for n in model.graph.node} == {ML_DOMAIN}:  # onnxruntime's logreg_iris.onnx
         ops = ", ".join(dict.fromkeys(n.op_type for n in model.graph.node))
-        raise ModelError(
-            f"{where} holds only classical-ML ops ({ML_DOMAIN}: {ops}), and no layer "
-            "trtopt could quantise or fuse (Conv, Gemm, MatMul).",
-            fix="Run it with ONNX Runtime as it is; trtopt builds neural networks.",
-        )
+        raise ModelError(f"{where} holds only classical-ML ops ({ML_DOMAIN}: {ops}), and no layer "
+                         "trtopt could quantise or fuse (Conv, Gemm, MatMul).",
+                         fix="Run it with ONNX Runtime as it is; trtopt builds neural networks.")
     if not versions:
         raise ModelError(f"{where} declares no default-domain opset.", fix="Re-export with an opset, e.g. 17.")
     return versions[0]

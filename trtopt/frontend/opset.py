@@ -86,13 +86,8 @@ def _convert(model: onnx.ModelProto, opset: int, target: int, where: str) -> onn
         converted = _upgraded(source, opset, target) if opset < target else stepwise(source, opset, target)
         converted.ir_version = _ir_version_for(converted, target)
         onnx.checker.check_model(converted)
-    except (
-        RuntimeError,
-        ValueError,
-        onnx.checker.ValidationError,
-        onnx.shape_inference.InferenceError,
-        onnx.defs.SchemaError,
-    ) as exc:
+    except (RuntimeError, ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
+            onnx.defs.SchemaError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
             f"{where} uses ONNX opset {opset}; trtopt works on opsets {MIN_OPSET} to {MAX_OPSET}, and onnx's "

@@ -55,7 +55,8 @@ def parse_shapes(specs: list[str] | tuple[str, ...] | None) -> dict[str, Shape]:
                 )
             if len(shape) > MAX_RANK or any(d > MAX_DIM for d in shape):
                 raise ShapeError(
-                    f"Shape spec {item!r} is out of range: at most {MAX_RANK} dimensions of at most {MAX_DIM:,} each.",
+                    f"Shape spec {item!r} is out of range: at most {MAX_RANK} dimensions of at most {MAX_DIM:,} "
+                    "each.",
                     fix="Give the model's real input sizes, e.g. --shapes input:1x3x224x224.",
                 )
             shapes[name] = shape
@@ -87,7 +88,8 @@ def apply_shapes(graph: gs.Graph, shapes: dict[str, Shape]) -> None:
         for i, (want, have) in enumerate(zip(sizes, old or sizes, strict=True)):
             if isinstance(have, int) and have > 0 and have != want:
                 raise ShapeError(
-                    f"--shapes sets dimension {i} of input {name!r} to {want}, but the model fixes it at {have}.",
+                    f"--shapes sets dimension {i} of input {name!r} to {want}, "
+                    f"but the model fixes it at {have}.",
                     fix=f"Only dynamic dimensions can be set; the model's shape is {format_shape(old)}.",
                 )
         for dim, size in _named_sizes(old or (), sizes):

@@ -185,7 +185,9 @@ def _real_target(target: Path, option: str = "Output path") -> Path:
     if target.is_symlink():
         target = Path(os.path.realpath(target))
     if target.is_dir():
-        raise TrtoptError(f"{option} {str(target)!r} is a directory.", fix="Give a file name, e.g. out/model.onnx.")
+        raise TrtoptError(
+            f"{option} {str(target)!r} is a directory.", fix="Give a file name, e.g. out/model.onnx."
+        )
     with contextlib.suppress(OSError):
         mode = target.stat().st_mode
         if not stat.S_ISREG(mode):

@@ -71,10 +71,8 @@ class Agreement:
         if self.argmax is not None:
             top1 += f", argmax {self.argmax:.2%} of {self.positions} positions"
         if self.labels is not None:
-            top1 += (
-                f", label map {self.labels_output}: mean IoU {self.labels:.2%} (non-background classes), "
-                f"{self.label_pixels:.2%} of pixels unchanged"
-            )
+            top1 += (f", label map {self.labels_output}: mean IoU {self.labels:.2%} (non-background classes), "
+                     f"{self.label_pixels:.2%} of pixels unchanged")
         if self.shift is not None:
             top1 += f", distribution shift {self.shift:.3f} ({self.shift_output})"
         if worst_sample and self.worst_sample is not None:
@@ -147,10 +145,7 @@ def argmax_counts(got: np.ndarray, want: np.ndarray, axis: int) -> tuple[int, in
 
 
 def agreement(
-    outputs: Outputs,
-    target: Outputs,
-    axes: dict[str, int] | None = None,
-    label_maps: Sequence[str] = (),
+    outputs: Outputs, target: Outputs, axes: dict[str, int] | None = None, label_maps: Sequence[str] = (),
     samples: int | None = None,
 ) -> Agreement:
     """Compare two runs output by output; the worst output decides each figure. `axes` (`class_axes` of the

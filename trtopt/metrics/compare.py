@@ -47,27 +47,14 @@ class ErrorStats:
     # the same positions of both, BATCH_SAMPLE per batch up to SAMPLE in all (trtopt.metrics.distribution_shift)
     kept: tuple[list[np.ndarray], list[np.ndarray]] = field(default_factory=lambda: ([], []), repr=False)
 
-    def update(
-        self,
-        ref: np.ndarray,
-        test: np.ndarray,
-        *,
-        classify: bool = False,
-        axis: int | None = None,
-        batch: int | None = None,
-    ) -> None:
+    def update(self, ref: np.ndarray, test: np.ndarray, *, classify: bool = False, axis: int | None = None,
+               batch: int | None = None) -> None:
         """Add a batch; `axis`: the class axis of an output of per-position class scores (None: not one);
         `batch`: the samples in it, whose one-sample cosines count towards `worst_sample` where the output has
         a row of `trtopt.metrics.agreement.SAMPLE_MIN_VALUES` or more per sample (None: not counted)."""
         ref, test = zero_padded([ref, test])  # a data-dependent length: the missing part compares with 0
-        if (
-            batch
-            and ref.ndim >= 2
-            and ref.shape[0] == batch
-            and ref[0].size >= SAMPLE_MIN_VALUES
-            and axis is None
-            and ref.dtype.kind == "f"
-        ):  # class scores and label maps: their argmax agreement and IoU judge them
+        if batch and ref.ndim >= 2 and ref.shape[0] == batch and ref[0].size >= SAMPLE_MIN_VALUES and axis is None \
+                and ref.dtype.kind == "f":  # class scores and label maps: their argmax agreement and IoU judge them
             self._per_sample(ref, test)
         ref64, test64 = ref.astype(np.float64).ravel(), test.astype(np.float64).ravel()
         diff = np.abs(ref64 - test64)

@@ -53,10 +53,8 @@ def _guarded(decoder: Decoder, name: str) -> Decoder:
         try:
             return decoder(outputs)
         except SystemExit as exc:
-            raise TrtoptError(
-                f"--decoder {name} called {_described(exc)} instead of returning its boxes; compare wrote no report.",
-                fix=_FIX,
-            ) from None
+            raise TrtoptError(f"--decoder {name} called {_described(exc)} instead of returning its boxes; "
+                              "compare wrote no report.", fix=_FIX) from None
 
     return call
 

@@ -86,7 +86,9 @@ def _signature(nodes: tuple[gs.Node, ...]) -> tuple[object, ...]:
     parts: list[object] = []
     for node in nodes:
         attrs = tuple(sorted((k, repr(v)) for k, v in node.attrs.items()))
-        operands = tuple(None if is_missing(t) else _constant_key(t) for t in node.inputs[1:] if node.op != "Mul")
+        operands = tuple(
+            None if is_missing(t) else _constant_key(t) for t in node.inputs[1:] if node.op != "Mul"
+        )
         parts.append((node.op, attrs, operands))
     return tuple(parts)
 
@@ -101,7 +103,9 @@ def clone_activation(act: Activation, x: gs.Tensor, namer: Namer) -> tuple[list[
     first = act.nodes[0]
     out = gs.Variable(namer.take(f"{x.name}/{act.name}"), dtype=x.dtype, shape=x.shape)
     if len(act.nodes) == 1:
-        node = gs.Node(first.op, namer.take(f"{first.name}/wide"), dict(first.attrs), [x, *first.inputs[1:]], [out])
+        node = gs.Node(
+            first.op, namer.take(f"{first.name}/wide"), dict(first.attrs), [x, *first.inputs[1:]], [out]
+        )
         return [node], out
     gated = gs.Variable(namer.take(f"{x.name}/gate"), dtype=x.dtype, shape=x.shape)
     gate = gs.Node(first.op, namer.take(f"{first.name}/wide"), dict(first.attrs), [x], [gated])

@@ -40,11 +40,9 @@ LOW_RTOL = 2e-2
 INT_SHARE = 0.01  # integer outputs (class ids): the share of values allowed to differ
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})  # fmt: skip
-_LOW_FIX = (
-    "The model's own float16 rounding or overflow changes its outputs this much, so INT8 calibrated on "
-    "float32 would quantise another function. Build from the model's float32 export (torch: export "
-    "without .half()), or build without --int8 to take the model as it is."
-)
+_LOW_FIX = ("The model's own float16 rounding or overflow changes its outputs this much, so INT8 calibrated on "
+            "float32 would quantise another function. Build from the model's float32 export (torch: export "
+            "without .half()), or build without --int8 to take the model as it is.")
 _FIX = ("This is a trtopt bug: please report it with the model. Meanwhile leave out the pass that breaks it "
         "(--passes with the others; `trtopt inspect` lists them).")  # fmt: skip
 
@@ -187,9 +185,8 @@ class OneSamplePerCall(ShapeError):
     """The model declares a dynamic batch but runs one sample per call (`refuse_batch_of_one`)."""
 
 
-def refuse_batch_of_one(
-    model: onnx.ModelProto, graph_model: onnx.ModelProto, feeds: dict[str, np.ndarray], error: str
-) -> None:
+def refuse_batch_of_one(model: onnx.ModelProto, graph_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                        error: str) -> None:
     """Raise `OneSamplePerCall` when `model` fails on `feeds`, a batch of several samples along the dynamic
     leading axis its inputs declare, but runs their first sample alone: an export that fixed the batch inside
     the graph (khmersm's `Reshape` to [seq, 1, heads, dim] after a torch `view`; docs/holdout.md round 8).

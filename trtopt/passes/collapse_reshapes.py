@@ -45,10 +45,8 @@ def find_reshape_chains(graph: gs.Graph) -> list[ReshapeChain]:
         if last.op not in SHAPE_OPS or _continues(last, outputs):
             continue  # chains are found from their last node
         chain = [last]
-        while (
-            (before := producer(chain[0].inputs[0])) is not None
-            and before.op in SHAPE_OPS
-            and (sole_consumer(before.outputs[0], outputs) is chain[0])
+        while (before := producer(chain[0].inputs[0])) is not None and before.op in SHAPE_OPS and (
+            sole_consumer(before.outputs[0], outputs) is chain[0]
         ):
             chain.insert(0, before)
         shape = _target(chain) if len(chain) > 1 or _computed_shape(last) else None
@@ -88,7 +86,6 @@ def collapse_reshapes(graph: gs.Graph) -> list[ReshapeChain]:
         shape = gs.Constant(namer.take(f"{last.name}_shape"), np.array(match.shape, np.int64))
         output = last.outputs[0]
         last.outputs.clear()
-        graph.nodes.append(
-            gs.Node("Reshape", name=namer.take(str(last.name)), inputs=[first.inputs[0], shape], outputs=[output])
-        )
+        graph.nodes.append(gs.Node("Reshape", name=namer.take(str(last.name)), inputs=[first.inputs[0], shape],
+                                   outputs=[output]))
     return matches

@@ -150,7 +150,9 @@ def channel_vector(value: np.ndarray | None, channels: int, rank: int) -> np.nda
 def _fold(layer: gs.Node, affine: ChannelAffine, namer: Namer) -> None:
     weight = constant_array(layer.inputs[1])
     assert weight is not None  # checked by the matcher
-    bias = constant_array(layer.inputs[2]) if len(layer.inputs) > 2 and not is_missing(layer.inputs[2]) else None
+    bias = (
+        constant_array(layer.inputs[2]) if len(layer.inputs) > 2 and not is_missing(layer.inputs[2]) else None
+    )
     if layer.op == "Gemm":
         new_weight, new_bias = _fold_gemm(layer, weight, bias, affine)
     else:

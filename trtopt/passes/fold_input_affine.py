@@ -138,11 +138,9 @@ def _fold(match: InputAffineFold, namer: Namer) -> None:
     new_weight = w * scale[extent]
     bias = constant_array(conv.inputs[2]) if len(conv.inputs) > 2 and not is_missing(conv.inputs[2]) else None
     new_bias = (np.zeros(cout) if bias is None else bias.astype(np.float64)) + (w * shift[extent]).reshape(
-        cout, -1
-    ).sum(axis=1)
-    conv.inputs[0] = (
-        match.chain[0].inputs[0] if constant_array(match.chain[0].inputs[1]) is not None else (match.chain[0].inputs[1])
-    )
+        cout, -1).sum(axis=1)
+    conv.inputs[0] = match.chain[0].inputs[0] if constant_array(match.chain[0].inputs[1]) is not None else (
+        match.chain[0].inputs[1])
     conv.inputs[1] = new_constant(namer, f"{conv.name}/weight", new_weight.astype(weight.dtype))
     bias_tensor = new_constant(namer, f"{conv.name}/bias", new_bias.astype(weight.dtype))
     if len(conv.inputs) > 2:

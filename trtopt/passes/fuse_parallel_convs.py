@@ -95,7 +95,12 @@ def _sibling(node: gs.Node, outputs: set[str]) -> Sibling | None:
         return None
     geometry = conv_geometry(node)
     weight = constant_array(node.inputs[1])
-    if geometry is None or geometry.group != 1 or weight is None or not np.issubdtype(weight.dtype, np.floating):
+    if (
+        geometry is None
+        or geometry.group != 1
+        or weight is None
+        or not np.issubdtype(weight.dtype, np.floating)
+    ):
         return None
     has_bias = len(node.inputs) > 2 and not is_missing(node.inputs[2])
     bias = constant_array(node.inputs[2]) if has_bias else np.zeros(weight.shape[0], weight.dtype)
@@ -113,7 +118,9 @@ def _fuse(graph: gs.Graph, siblings: list[Sibling], namer: Namer) -> None:
     sizes = [s.weight.shape[0] for s in siblings]
     weight = new_constant(namer, f"{first.name}/wide_weight", np.concatenate([s.weight for s in siblings]))
     bias = new_constant(namer, f"{first.name}/wide_bias", np.concatenate([s.bias for s in siblings]))
-    wide = gs.Variable(namer.take(f"{first.name}/wide"), dtype=first.outputs[0].dtype, shape=_wide_shape(siblings))
+    wide = gs.Variable(
+        namer.take(f"{first.name}/wide"), dtype=first.outputs[0].dtype, shape=_wide_shape(siblings)
+    )
     conv = gs.Node("Conv", namer.take(f"{first.name}/wide"), dict(first.attrs), [x, weight, bias], [wide])
     new_nodes = [conv]
     act = siblings[0].activation

@@ -64,7 +64,9 @@ def find_fusion_groups(graph: gs.Graph) -> list[FusionGroup]:
     return [group for _, group in sorted(found, key=lambda item: item[0])]
 
 
-def _residual_group(add: gs.Node, outputs: set[str], order: dict[int, int]) -> tuple[gs.Node, FusionGroup] | None:
+def _residual_group(
+    add: gs.Node, outputs: set[str], order: dict[int, int]
+) -> tuple[gs.Node, FusionGroup] | None:
     """Conv + Add(+ activation). When both operands come from convs, the one computed last fuses:
     the other operand must already exist when the epilogue runs."""
     if len(add.inputs) != 2 or not all(isinstance(t, gs.Variable) for t in add.inputs):

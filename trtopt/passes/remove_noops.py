@@ -76,10 +76,8 @@ def _noop(node: gs.Node) -> NoOp | None:
         return NoOp(node, source, "dropout")
     if node.op == "Cast" and _dtype(source) is not None and _dtype(source) == node.attrs.get("to"):
         return NoOp(node, source, "cast")
-    if (
-        node.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
-        and _static(source)
-        and (_static(node.outputs[0]) and list(source.shape) == list(node.outputs[0].shape))
+    if node.op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze") and _static(source) and (
+        _static(node.outputs[0]) and list(source.shape) == list(node.outputs[0].shape)
     ):
         return NoOp(node, source, "reshape")
     if node.op == "Reshape" and _keeps_shape(node):

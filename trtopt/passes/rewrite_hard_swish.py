@@ -131,7 +131,5 @@ def _rewrite(graph: gs.Graph, match: HardSigmoidChain, namer: Namer) -> None:
         return
     gate = gs.Variable(namer.take(f"{name}_gate"), dtype=y.dtype, shape=y.shape)
     mul = str(match.gate.name) if match.gate is not None else f"{name}_mul"
-    graph.nodes += [
-        gs.Node("HardSigmoid", name=namer.take(name), attrs=attrs, inputs=[y], outputs=[gate]),
-        gs.Node("Mul", name=namer.take(mul), inputs=[gated, gate], outputs=[out]),
-    ]
+    graph.nodes += [gs.Node("HardSigmoid", name=namer.take(name), attrs=attrs, inputs=[y], outputs=[gate]),
+                    gs.Node("Mul", name=namer.take(mul), inputs=[gated, gate], outputs=[out])]

@@ -75,7 +75,8 @@ def _rewrite(graph: gs.Graph, match: PreluRewrite, namer: Namer) -> None:
     node.inputs.clear()
     if match.form == "leaky":
         alpha = float(match.slope.reshape(-1)[0])
-        graph.nodes.append(gs.Node("LeakyRelu", name=namer.take(name), attrs={"alpha": alpha}, inputs=[x], outputs=[y]))
+        graph.nodes.append(gs.Node("LeakyRelu", name=namer.take(name), attrs={"alpha": alpha}, inputs=[x],
+                                   outputs=[y]))
         return
     slope = gs.Constant(namer.take(f"{name}_slope"), np.ascontiguousarray(match.slope))
     if match.form in ("max", "min"):

@@ -33,9 +33,8 @@ import onnx_graphsurgeon as gs
 
 from trtopt.passes.base import Match, Rewrite, graph_pass
 
-QUANTIZED_OPS = frozenset(
-    {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
-)
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                           "ConvInteger"})
 MAX_BYTES = 1 << 30  # beyond this the graph is not serialised in memory for ONNX Runtime
 LARGE_WEIGHT = 1 << 16  # elements: a Gemm / MatMul weight this large stays out of ONNX Runtime's round trip
 # Left to `fold_batchnorm`, which folds in float64 and reports each fold (ONNX Runtime's rule names). Its Pad
@@ -144,27 +143,13 @@ def _restore_names(graph: gs.Graph, result: gs.Graph) -> None:
 def _weights_held_back(graph: gs.Graph) -> Iterator[dict[str, gs.Constant]]:
     """Conv weights and biases, and the large weights of Gemm / MatMul (a classifier head: VGG-19's 400 MB), as
     graph inputs for the duration (restored after), by name."""
-    slots = [
-        (node, i)
-        for node in graph.nodes
-        if node.op in ("Conv", "ConvTranspose")
-        for i in (1, 2)
-        if i < len(node.inputs) and isinstance(node.inputs[i], gs.Constant)
-    ]
-    slots += [
-        (node, 1)
-        for node in graph.nodes
-        if node.op in ("Gemm", "MatMul")
-        and len(node.inputs) > 1
-        and isinstance(node.inputs[1], gs.Constant)
-        and _size(node.inputs[1]) >= LARGE_WEIGHT
-    ]
+    slots = [(node, i) for node in graph.nodes if node.op in ("Conv", "ConvTranspose") for i in (1, 2)
+             if i < len(node.inputs) and isinstance(node.inputs[i], gs.Constant)]
+    slots += [(node, 1) for node in graph.nodes if node.op in ("Gemm", "MatMul") and len(node.inputs) > 1
+              and isinstance(node.inputs[1], gs.Constant) and _size(node.inputs[1]) >= LARGE_WEIGHT]
     readers: Counter[str] = Counter(node.inputs[i].name for node, i in slots)
-    held = {
-        node.inputs[i].name: node.inputs[i]
-        for node, i in slots
-        if readers[node.inputs[i].name] == len(node.inputs[i].outputs)
-    }
+    held = {node.inputs[i].name: node.inputs[i] for node, i in slots
+            if readers[node.inputs[i].name] == len(node.inputs[i].outputs)}
     stand_ins = {name: gs.Variable(name, dtype=c.dtype, shape=list(c.shape)) for name, c in held.items()}
     original_inputs = list(graph.inputs)
     try:
@@ -194,12 +179,8 @@ def _basic_level(model: onnx.ModelProto) -> onnx.ModelProto | None:
         path = Path(folder) / "basic.onnx"
         options.optimized_model_filepath = os.fspath(path)
         try:
-            ort.InferenceSession(
-                model.SerializeToString(),
-                options,
-                providers=["CPUExecutionProvider"],
-                disabled_optimizers=list(LEFT_TO_TRTOPT),
-            )
+            ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                 disabled_optimizers=list(LEFT_TO_TRTOPT))
         except Exception:  # noqa: BLE001 - a model ONNX Runtime cannot load is left to trtopt's own passes
             return None
         simplified = onnx.load(os.fspath(path))

@@ -101,10 +101,8 @@ class LayoutRegion(Match):
 
     def describe(self) -> str:
         ops = ", ".join(sorted({n.op for n in self.members}))
-        return (
-            f"{len(self.members)} ops ({ops}) run before Transpose {self.entries[0].name!r}: "
-            f"{self.removed} Transposes removed, {len(self.outside)} added"
-        )
+        return (f"{len(self.members)} ops ({ops}) run before Transpose {self.entries[0].name!r}: "
+                f"{self.removed} Transposes removed, {len(self.outside)} added")
 
 
 @dataclass
@@ -185,13 +183,8 @@ def _judge(growth: _Growth, outputs: set[str]) -> LayoutRegion | None:
         if entry_output:
             continue  # an entry's other readers keep reading the entry, which stays for them
         # An exit is bypassed; it cannot be where both its input and its output are graph outputs (`bypass`).
-        cancelling = [
-            n
-            for n in readers
-            if n.op == "Transpose"
-            and perm_of(n) == inv
-            and not (tensor.name in outputs and n.outputs[0].name in outputs)
-        ]
+        cancelling = [n for n in readers if n.op == "Transpose" and perm_of(n) == inv
+                      and not (tensor.name in outputs and n.outputs[0].name in outputs)]
         exits.extend(cancelling)
         if len(cancelling) < len(readers) or tensor.name in outputs:
             outside.append(tensor)
@@ -203,9 +196,8 @@ def _judge(growth: _Growth, outputs: set[str]) -> LayoutRegion | None:
     to_boundary = all(t.name in outputs and not t.outputs for t in outside)
     if not growth.members or removed < len(outside) or removed == len(outside) and not to_boundary:
         return None
-    return LayoutRegion(
-        growth.perm, tuple(growth.members), tuple(growth.entries), tuple(exits), tuple(outside), removed
-    )
+    return LayoutRegion(growth.perm, tuple(growth.members), tuple(growth.entries), tuple(exits), tuple(outside),
+                        removed)
 
 
 def _admissible(node: gs.Node, growth: _Growth, graph: gs.Graph) -> bool:
@@ -344,9 +336,8 @@ def _remap_axes(node: gs.Node, perm: tuple[int, ...], namer: Namer) -> None:
         # no axes: every axis is reduced, in any layout
 
 
-def _restore_layout(
-    graph: gs.Graph, tensor: gs.Tensor, perm: tuple[int, ...], namer: Namer, readers: list[gs.Node]
-) -> None:
+def _restore_layout(graph: gs.Graph, tensor: gs.Tensor, perm: tuple[int, ...], namer: Namer,
+                    readers: list[gs.Node]) -> None:
     """Give the readers outside the region (and a graph output) the transposed layout back, by one Transpose."""
     shape = None if tensor.shape is None else [tensor.shape[p] for p in perm]
     restored = gs.Variable(namer.take(f"{tensor.name}_transposed"), dtype=tensor.dtype, shape=shape)
@@ -359,12 +350,5 @@ def _restore_layout(
         tensor.name = namer.take(f"{original}_untransposed")
         restored.name = original
         graph.outputs = [restored if t is tensor else t for t in graph.outputs]
-    graph.nodes.append(
-        gs.Node(
-            "Transpose",
-            name=namer.take("Transpose_restore"),
-            attrs={"perm": list(perm)},
-            inputs=[tensor],
-            outputs=[restored],
-        )
-    )
+    graph.nodes.append(gs.Node("Transpose", name=namer.take("Transpose_restore"), attrs={"perm": list(perm)},
+                               inputs=[tensor], outputs=[restored]))

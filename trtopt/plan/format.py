@@ -54,7 +54,9 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TensorSpec:
-        return cls(name=str(data["name"]), shape=tuple(int(d) for d in data["shape"]), dtype=str(data["dtype"]))
+        return cls(
+            name=str(data["name"]), shape=tuple(int(d) for d in data["shape"]), dtype=str(data["dtype"])
+        )
 
 
 @dataclass(frozen=True)

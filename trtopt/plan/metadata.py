@@ -24,26 +24,10 @@ if TYPE_CHECKING:
     from trtopt.plan.verification import Verification
 
 METADATA_VERSION = 2
-_QUANT_KEYS = (
-    "calibration",
-    "thresholds",
-    "int8_layers",
-    "float_layers",
-    "bias_corrected_layers",
-    "threshold_methods",
-    "sensitivity",
-)
-_KEYS = (
-    "metadata_version",
-    "source_model",
-    "preprocess",
-    "labels",
-    "precision",
-    "optimizer",
-    "verification",
-    "profiles",
-    "sparsity",
-)
+_QUANT_KEYS = ("calibration", "thresholds", "int8_layers", "float_layers", "bias_corrected_layers", "threshold_methods",
+               "sensitivity")
+_KEYS = ("metadata_version", "source_model", "preprocess", "labels", "precision", "optimizer", "verification",
+         "profiles", "sparsity")
 
 
 @dataclass(frozen=True)

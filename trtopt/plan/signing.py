@@ -43,17 +43,12 @@ def unsigned(data: bytes, key: bytes | None, where: str) -> bytes:
     plan = data[:-_SIGNATURE_SIZE] if has_trailer else data
     if key is None:
         return plan
-    fix = (
-        f"Rebuild the plan with {KEY_VARIABLE} set to the key this service trusts, or unset {KEY_VARIABLE} "
-        "to load plans without checking who wrote them."
-    )
+    fix = (f"Rebuild the plan with {KEY_VARIABLE} set to the key this service trusts, or unset {KEY_VARIABLE} "
+           "to load plans without checking who wrote them.")
     if not has_trailer:
         raise PlanError(f"{where} is not signed, and {KEY_VARIABLE} asks for signed plans.", fix=fix)
     expected = hmac.new(key, plan, hashlib.sha256).digest()
     if not hmac.compare_digest(expected, data[-32:]):
-        raise PlanError(
-            f"{where} has a signature that {KEY_VARIABLE} does not verify: it was changed after "
-            "it was signed, or signed with another key.",
-            fix=fix,
-        )
+        raise PlanError(f"{where} has a signature that {KEY_VARIABLE} does not verify: it was changed after "
+                        "it was signed, or signed with another key.", fix=fix)
     return plan

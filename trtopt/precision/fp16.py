@@ -383,7 +383,9 @@ def _suffix(elem_type: int) -> str:
 def _namer(graph: onnx.GraphProto) -> Callable[[str], str]:
     """Fresh tensor names: `base`, else `base_1`, `base_2`..., never one the graph already uses."""
     taken = {n for node in graph.node for n in list(node.input) + list(node.output)}
-    taken |= {t.name for t in graph.initializer} | {t.name for t in graph.input} | {t.name for t in graph.output}
+    taken |= (
+        {t.name for t in graph.initializer} | {t.name for t in graph.input} | {t.name for t in graph.output}
+    )
 
     def unique(base: str) -> str:
         name, k = base, 1

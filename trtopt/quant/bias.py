@@ -116,10 +116,7 @@ def correct_biases(
 
 
 def _expected_shift(
-    node: gs.Node,
-    axis: int | None,
-    channel_means: Mapping[str, np.ndarray],
-    levels: int = QMAX,
+    node: gs.Node, axis: int | None, channel_means: Mapping[str, np.ndarray], levels: int = QMAX,
     pairs: Pairs | None = None,
 ) -> tuple[np.ndarray | None, str]:
     weight = node.inputs[1] if len(node.inputs) > 1 else None
@@ -179,8 +176,7 @@ def correct_biases_for_build(graph: gs.Graph, plan: QuantPlan, calibration: Any,
     if not calibration.channel_means:
         log.warning(
             "no bias correction: the calibration (%s) has no channel means; calibrate from data, or with "
-            "a trtopt cache written by this version, to get it",
-            calibration.source or calibration.method,
+            "a trtopt cache written by this version, to get it", calibration.source or calibration.method
         )
         return None
     report = correct_biases(graph, plan, calibration.channel_means, seven_bit)

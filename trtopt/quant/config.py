@@ -91,9 +91,8 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         channels = self.min_channels
-        if channels is not None and (
-            isinstance(channels, bool) or not isinstance(channels, int) or not 0 <= channels <= 2**31 - 1
-        ):
+        if channels is not None and (isinstance(channels, bool) or not isinstance(channels, int)
+                                     or not 0 <= channels <= 2**31 - 1):
             raise TrtoptError(
                 f"--min-channels (QuantConfig.min_channels) is {channels!r}; expected a whole number of at least 0.",
                 fix="Pass e.g. --min-channels 16 (the default), or 0 to quantise layers of every width.",

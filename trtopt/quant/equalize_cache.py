@@ -41,11 +41,7 @@ def _folds(folds: frozenset[str] | None) -> tuple[str, ...] | None:
 
 
 def equalize_recorded(
-    graph: gs.Graph,
-    model: onnx.ModelProto,
-    dataset: Dataset,
-    batch: int,
-    folds: frozenset[str] | None,
+    graph: gs.Graph, model: onnx.ModelProto, dataset: Dataset, batch: int, folds: frozenset[str] | None,
     integer_gates: bool = False,
     integer_hard_swish: bool = False,
 ) -> tuple[EqualizationRecord, EqualizeReport]:
@@ -56,9 +52,8 @@ def equalize_recorded(
 
     given = model_fingerprint(model)
     batches = [feeds for feeds, _ in sample_batches(dataset, batch, 64)]
-    report = equalize_activations(
-        graph, batches, folds, gates=GATED_IN_BUILDS, integer_gates=integer_gates, integer_hard_swish=integer_hard_swish
-    )
+    report = equalize_activations(graph, batches, folds, gates=GATED_IN_BUILDS, integer_gates=integer_gates,
+                                  integer_hard_swish=integer_hard_swish)
     return EqualizationRecord(True, report.gains, given, _folds(folds)), report
 
 

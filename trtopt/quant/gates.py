@@ -65,11 +65,7 @@ HARD_OPS = ("HardSwish", "HardSigmoid", "ReduceMean")  # with `hard`: MobileNetV
 
 
 def gate_edges(
-    graph: gs.Graph,
-    edges: Collection[Edge],
-    layers: Collection[str],
-    excluded: Collection[str] = (),
-    *,
+    graph: gs.Graph, edges: Collection[Edge], layers: Collection[str], excluded: Collection[str] = (), *,
     hard: bool = False,
 ) -> tuple[list[Edge], list[tuple[str, str]]]:
     """The edges to quantise so that the ops of `INTEGER_OPS` that qualify (see the module) run on the grid,

@@ -26,7 +26,6 @@ from trtopt.quant.rules import RULES, Mark
 
 log = logging.getLogger(__name__)
 
-
 @dataclass(frozen=True)
 class QuantSite:
     """One Q/DQ pair to insert: on input `index` of node `consumer`, reading `tensor`."""

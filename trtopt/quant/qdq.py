@@ -96,7 +96,9 @@ def insert_qdq(
                 n_weight += 1
             consumer.inputs[site.index] = weights[key]
         else:
-            consumer.inputs[site.index] = _qdq_pair(graph, consumer.inputs[site.index], site, thresholds[site.tensor])
+            consumer.inputs[site.index] = _qdq_pair(
+                graph, consumer.inputs[site.index], site, thresholds[site.tensor]
+            )
             n_act += 1
     canonicalize(graph)
     return QdqReport(
@@ -124,8 +126,12 @@ def _qdq_pair(graph: gs.Graph, tensor: gs.Tensor, site: QuantSite, threshold: fl
     zero = gs.Constant(f"{base}/zero_point", np.array(0, dtype=np.int8))
     quantized = gs.Variable(f"{base}/quantized", dtype=np.int8, shape=tensor.shape)
     restored = gs.Variable(f"{base}/dequantized", dtype=np.float32, shape=tensor.shape)
-    graph.nodes.append(gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized]))
-    graph.nodes.append(gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored]))
+    graph.nodes.append(
+        gs.Node("QuantizeLinear", f"{base}/Q", inputs=[tensor, scale, zero], outputs=[quantized])
+    )
+    graph.nodes.append(
+        gs.Node("DequantizeLinear", f"{base}/DQ", inputs=[quantized, scale, zero], outputs=[restored])
+    )
     return restored
 
 

@@ -241,7 +241,7 @@ def sample_cosines(outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches
             aims.append(label_ious(got.reshape(n, -1), ref.reshape(n, -1)))
             steadies.append(aims[-1])
             continue
-        tops = [_argmax_figure(got[i : i + 1], ref[i : i + 1]) for i in range(n)] if np.ndim(want) >= 3 else [1.0] * n
+        tops = [_argmax_figure(got[i:i + 1], ref[i:i + 1]) for i in range(n)] if np.ndim(want) >= 3 else [1.0] * n
         got, ref = got.astype(np.float64).reshape(n, -1), ref.astype(np.float64).reshape(n, -1)
         cosines = row_cosines(got, ref)
         steadies.append(np.where(np.isfinite(cosines), cosines, -1.0))
@@ -274,9 +274,7 @@ def worst_cosine(model: onnx.ModelProto, batches: Batches, expected: Mapping[str
 
 
 def output_figures(
-    outputs: Sequence[Mapping[str, np.ndarray]],
-    batches: Batches,
-    expected: Mapping[str, np.ndarray],
+    outputs: Sequence[Mapping[str, np.ndarray]], batches: Batches, expected: Mapping[str, np.ndarray],
     split: bool = False,
 ) -> np.ndarray:
     """`cosine_figures` of outputs already computed, one mapping per batch of `batches` (their lowest is

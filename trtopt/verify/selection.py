@@ -159,11 +159,8 @@ def peak_mask(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto]) -> 
         return False
     for value, pooled in (node.input, list(reversed(node.input))):  # through reshapes on either side (tf2onnx's)
         pool = producers.get(_unshaped(pooled, producers, set()))
-        if (
-            pool is not None
-            and pool.op_type == "MaxPool"
-            and _unshaped(pool.input[0], producers, set()) == _unshaped(value, producers, set())
-        ):
+        if pool is not None and pool.op_type == "MaxPool" and _unshaped(pool.input[0], producers, set()) == \
+                _unshaped(value, producers, set()):
             return True
     return False
 

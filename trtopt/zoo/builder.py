@@ -136,7 +136,9 @@ class GraphBuilder:
         params.append(self.const("bn_var", var))
         return self.node("BatchNormalization", [x, *params], out=out, epsilon=1e-5)
 
-    def conv_bn(self, x: str, cin: int, cout: int, kernel: int, *, act: str | None = "relu", **conv: Any) -> str:
+    def conv_bn(
+        self, x: str, cin: int, cout: int, kernel: int, *, act: str | None = "relu", **conv: Any
+    ) -> str:
         """Conv (without bias, as exporters write it before a BN) + BN + optional activation: "relu", "relu6"
         (Clip with initializer bounds), "relu6_node" (bounds from `Constant` nodes) or None."""
         y = self.batchnorm(self.conv(x, cin, cout, kernel, bias=False, **conv), cout)
@@ -183,7 +185,9 @@ class GraphBuilder:
         return self.mul(x, self.node("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5), out=out)
 
     def maxpool(self, x: str, kernel: int, *, stride: int = 1, pad: int = 0) -> str:
-        return self.node("MaxPool", [x], kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4)
+        return self.node(
+            "MaxPool", [x], kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4
+        )
 
     def concat(self, xs: Sequence[str], *, axis: int = 1, out: str | None = None) -> str:
         return self.node("Concat", list(xs), out=out, axis=axis)

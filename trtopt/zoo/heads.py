@@ -11,7 +11,7 @@ from trtopt.zoo.builder import MODELS, GraphBuilder
 def classifier_head(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """A two-layer head on a 64x7x7 feature map::
 
-    input ─ GlobalAveragePool ─ Flatten ─ Gemm (transB=1, 64->32) ─ Relu ─ MatMul (32->10) ─ Add ─ logits
+        input ─ GlobalAveragePool ─ Flatten ─ Gemm (transB=1, 64->32) ─ Relu ─ MatMul (32->10) ─ Add ─ logits
     """
     b = GraphBuilder("classifier_head", seed=seed, opset=opset)
     x = b.input("input", [batch, 64, 7, 7])

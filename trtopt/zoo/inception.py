@@ -28,11 +28,11 @@ def inception_block(
 def inception(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """Inception module on 16x16x16, plus a 3x3 sibling on the input that must *not* join the 1x1 group::
 
-             ┌─ Conv1x1 ─ Relu ──────────────────────┐
-             ├─ Conv1x1 ─ Relu ─ Conv3x3 ─ Relu ─────┤
-    input ───┼─ Conv1x1 ─ Relu ─ Conv5x5 ─ Relu ─────┼─ Concat ─ output (32 ch)
-             ├─ MaxPool3x3 ─ Conv1x1 ─ Relu ─────────┘
-             └─ Conv3x3 ─ Relu ─ side (8 ch)
+                 ┌─ Conv1x1 ─ Relu ──────────────────────┐
+                 ├─ Conv1x1 ─ Relu ─ Conv3x3 ─ Relu ─────┤
+        input ───┼─ Conv1x1 ─ Relu ─ Conv5x5 ─ Relu ─────┼─ Concat ─ output (32 ch)
+                 ├─ MaxPool3x3 ─ Conv1x1 ─ Relu ─────────┘
+                 └─ Conv3x3 ─ Relu ─ side (8 ch)
     """
     b = GraphBuilder("inception", seed=seed, opset=opset)
     x = b.input("input", [batch, 16, 16, 16])

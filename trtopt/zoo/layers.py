@@ -12,8 +12,8 @@ from trtopt.zoo.builder import MODELS, GraphBuilder
 def bn_standalone(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """BatchNorms with no conv before them (nothing to fold into; they must stay or become Mul+Add)::
 
-    input ─┬─ BN ─ Relu ─ Conv3x3 ─┐
-           └────────────────────── Add ─ BN ─ output
+        input ─┬─ BN ─ Relu ─ Conv3x3 ─┐
+               └────────────────────── Add ─ BN ─ output
     """
     b = GraphBuilder("bn_standalone", seed=seed, opset=opset)
     x = b.input("input", [batch, 16, 16, 16])
@@ -25,7 +25,7 @@ def bn_standalone(batch: int, seed: int, opset: int) -> onnx.ModelProto:
 def pad_conv(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """An explicit zero Pad before a conv (foldable into its pads) and a conv with asymmetric pads::
 
-    input (8x16x16) ─ Pad [t1 l2 b1 r2] ─ Conv3x3 pads 0 ─ Relu ─ Conv3x3 pads [t0 l1 b2 r1] ─ output
+        input (8x16x16) ─ Pad [t1 l2 b1 r2] ─ Conv3x3 pads 0 ─ Relu ─ Conv3x3 pads [t0 l1 b2 r1] ─ output
     """
     b = GraphBuilder("pad_conv", seed=seed, opset=opset)
     x = b.input("input", [batch, 8, 16, 16])
@@ -40,7 +40,7 @@ def pad_conv(batch: int, seed: int, opset: int) -> onnx.ModelProto:
 def grouped_conv(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """A grouped conv (ResNeXt style) with BN and LeakyRelu::
 
-    input (16ch) ─ Conv3x3 group=4 (16->32) ─ BN ─ LeakyRelu(0.1) ─ output
+        input (16ch) ─ Conv3x3 group=4 (16->32) ─ BN ─ LeakyRelu(0.1) ─ output
     """
     b = GraphBuilder("grouped_conv", seed=seed, opset=opset)
     x = b.input("input", [batch, 16, 16, 16])

@@ -85,7 +85,9 @@ def _free_batch(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto]) -> N
             target.CopyFrom(numpy_helper.from_array(shape.astype(np.int64), target.name))
 
 
-def _randomize_fills(graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], rng: np.random.Generator) -> None:
+def _randomize_fills(
+    graph: onnx.GraphProto, inits: dict[str, onnx.TensorProto], rng: np.random.Generator
+) -> None:
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:
         for index, name in enumerate(node.input):

@@ -11,9 +11,9 @@ from trtopt.zoo.builder import MODELS, GraphBuilder
 def mobilenetv2_block(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """Inverted residual, 16 channels, expansion 6; ReLU6 is Clip(0, 6) as PyTorch exports it::
 
-    input ─┬─ Conv1x1 (16->96) ─ BN ─ Clip(0,6) ─ DWConv3x3 (group=96) ─ BN ─ Clip(0,6)
-           │     ─ Conv1x1 (96->16) ─ BN ─┐
-           └──────────────────────────── Add ─ output
+        input ─┬─ Conv1x1 (16->96) ─ BN ─ Clip(0,6) ─ DWConv3x3 (group=96) ─ BN ─ Clip(0,6)
+               │     ─ Conv1x1 (96->16) ─ BN ─┐
+               └──────────────────────────── Add ─ output
     """
     b = GraphBuilder("mobilenetv2_block", seed=seed, opset=opset)
     x = b.input("input", [batch, 16, 16, 16])

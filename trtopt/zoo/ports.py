@@ -55,10 +55,8 @@ def _port_classifier(name: str, batch: int, seed: int, opset: int, *, prelu: boo
     y = port_block(b, y, 16, prelu=prelu)
     y = _activation(b, port_conv(b, y, 16, 32, 3, stride=2), 32, prelu)
     y = port_block(b, y, 32, prelu=prelu)
-    pooled = (
-        b.node("ReduceMean", [y], axes=[1, 2], keepdims=0)
-        if opset < 18
-        else b.node("ReduceMean", [y, b.const("axes", np.array([1, 2], np.int64))], keepdims=0)
+    pooled = b.node("ReduceMean", [y], axes=[1, 2], keepdims=0) if opset < 18 else b.node(
+        "ReduceMean", [y, b.const("axes", np.array([1, 2], np.int64))], keepdims=0
     )
     return b.build([b.linear_matmul(pooled, 32, 10, out="output")])
 
@@ -67,9 +65,9 @@ def _port_classifier(name: str, batch: int, seed: int, opset: int, *, prelu: boo
 def nhwc_port(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """A small ResNet as a framework port writes it (NHWC input, 32x32x3)::
 
-    input ─ Cast ─ Identity ─ [T ─ Conv ─ T ─ Cast ─ Sub ─ Mul ─ Add] ─ Relu ─ block ─ [..] ─ Relu ─ block
-      block: x ─ [T Conv T Cast Sub Mul Add] ─ Relu ─ [T Conv T Cast Sub Mul Add] ─ Add(x) ─ Cast ─ Relu
-    ─ ReduceMean(axes 1, 2) ─ MatMul ─ Add ─ output
+        input ─ Cast ─ Identity ─ [T ─ Conv ─ T ─ Cast ─ Sub ─ Mul ─ Add] ─ Relu ─ block ─ [..] ─ Relu ─ block
+          block: x ─ [T Conv T Cast Sub Mul Add] ─ Relu ─ [T Conv T Cast Sub Mul Add] ─ Add(x) ─ Cast ─ Relu
+        ─ ReduceMean(axes 1, 2) ─ MatMul ─ Add ─ output
     """
     return _port_classifier("nhwc_port", batch, seed, opset, prelu=False)
 

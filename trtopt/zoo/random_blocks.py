@@ -183,7 +183,6 @@ def _shared(gen: Generator, x: Feature) -> Feature:
     b = gen.b
     cin = x.channels
     weight = b.const("shared_w", b.he_weight((cin, cin, 3, 3), cin * 9))
-
     def conv(inp: str) -> str:
         bias = b.const("shared_b", b.bias(cin))
         return b.node("Conv", [inp, weight, bias], kernel_shape=[3, 3], pads=[1, 1, 1, 1])

@@ -29,8 +29,8 @@ def bottleneck_block(
 def resnet_basic(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """ResNet basic block on a 16x16x16 feature map::
 
-    input ──────────────────────────────────┐
-      └─ Conv3x3 ─ BN ─ Relu ─ Conv3x3 ─ BN ─ Add ─ Relu ─ output
+        input ──────────────────────────────────┐
+          └─ Conv3x3 ─ BN ─ Relu ─ Conv3x3 ─ BN ─ Add ─ Relu ─ output
     """
     b = GraphBuilder("resnet_basic", seed=seed, opset=opset)
     x = b.input("input", [batch, 16, 16, 16])
@@ -41,8 +41,8 @@ def resnet_basic(batch: int, seed: int, opset: int) -> onnx.ModelProto:
 def resnet_bottleneck(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """Bottleneck block, 16 -> 32 channels, stride 2 (ResNet v1.5 puts the stride on the 3x3)::
 
-    input ─┬─ Conv1x1 ─ BN ─ Relu ─ Conv3x3/2 ─ BN ─ Relu ─ Conv1x1 ─ BN ─┐
-           └─ Conv1x1/2 ─ BN (projection shortcut) ─────────────────────── Add ─ Relu ─ output
+        input ─┬─ Conv1x1 ─ BN ─ Relu ─ Conv3x3/2 ─ BN ─ Relu ─ Conv1x1 ─ BN ─┐
+               └─ Conv1x1/2 ─ BN (projection shortcut) ─────────────────────── Add ─ Relu ─ output
     """
     b = GraphBuilder("resnet_bottleneck", seed=seed, opset=opset)
     x = b.input("input", [batch, 16, 16, 16])

@@ -13,11 +13,11 @@ from trtopt.zoo.resnet import basic_block, bottleneck_block
 def tiny_cnn(batch: int, seed: int, opset: int) -> onnx.ModelProto:
     """3x32x32 image -> 10 logits, every pattern the passes target in one network::
 
-    input ─ Conv3x3 ─ BN ─ Relu                       stem, 16x32x32
-          ─ basic block (identity Add)                16x32x32
-          ─ bottleneck block /2 (projection Add)      32x16x16
-          ─ inception block (1x1 siblings, Concat)    48x16x16
-          ─ GlobalAveragePool ─ Flatten ─ Gemm ─ logits (10)
+        input ─ Conv3x3 ─ BN ─ Relu                       stem, 16x32x32
+              ─ basic block (identity Add)                16x32x32
+              ─ bottleneck block /2 (projection Add)      32x16x16
+              ─ inception block (1x1 siblings, Concat)    48x16x16
+              ─ GlobalAveragePool ─ Flatten ─ Gemm ─ logits (10)
     """
     b = GraphBuilder("tiny_cnn", seed=seed, opset=opset)
     x = b.input("input", [batch, 3, 32, 32])

@@ -10,6 +10,7 @@ import argparse
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from trtopt.backend.base import (
@@ -55,22 +56,8 @@ TRITON_ONNXRUNTIME = TritonModel(
     value="onnxruntime_onnx",
     file="model.onnx",
     section="onnx",
-    dtypes=frozenset(
-        {
-            "bool",
-            "uint8",
-            "uint16",
-            "uint32",
-            "uint64",
-            "int8",
-            "int16",
-            "int32",
-            "int64",
-            "float16",
-            "float32",
-            "float64",
-        }
-    ),  # fmt: skip
+    dtypes=frozenset({"bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16",
+                      "float32", "float64"}),  # fmt: skip
     threads_parameter="intra_op_thread_count",
 )
 
@@ -98,10 +85,8 @@ class CpuBackend(Backend[CpuOptions]):
     # Measured on ONNX Runtime's quantize_static output: uint8 activations build and verify in QDQ and QOperator
     # form, int8 activations in QDQ form (the lowering moves each pair's grid to uint8 exactly); int8 QOperator
     # graphs (QLinearConv on int8) ONNX Runtime's CPU kernels refuse.
-    prequantized_keeps = (
-        "uint8 activations (ONNX Runtime's quantize_static(..., activation_type=QuantType.QUInt8)), "
-        "or int8 ones in QDQ form"
-    )
+    prequantized_keeps = ("uint8 activations (ONNX Runtime's quantize_static(..., activation_type=QuantType.QUInt8)), "
+                          "or int8 ones in QDQ form")
     sparsity_note = (
         "ONNX Runtime's CPU kernels have no 2:4 sparse path: on this backend --sparsity only lists the layers."
     )
@@ -160,16 +145,8 @@ class CpuBackend(Backend[CpuOptions]):
         from trtopt.calib.thresholds import FP32_AMAX
 
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
-        quant = replace(
-            quant,
-            quantize_outputs=True,
-            output_folds=ORT_OUTPUT_FOLDS,
-            float_leading_depthwise=leading,
-            integer_pools=True,
-            integer_gates=True,
-            integer_hard_swish=True,
-            min_amax=FP32_AMAX,
-        )
+        quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
+                        integer_pools=True, integer_gates=True, integer_hard_swish=True, min_amax=FP32_AMAX)
         if options is None:
             return quant
         from trtopt.backend.cpu.builder import candidate_encodings
@@ -262,22 +239,10 @@ class CpuBackend(Backend[CpuOptions]):
     ) -> SpeedChoice:  # fmt: skip
         """The INT8 plan, or where it runs slower than FP32 here, the fastest of its cheaper forms that verifies:
         INT8 regions kept float, or the float plan (`trtopt.backend.cpu.choice`)."""
-        from trtopt.backend.cpu.choice import Candidate, keep_faster
+        from trtopt.backend.cpu.choice import faster_plan
 
-        speed = self.speed(plan, fp32, feeds)
-        if speed is None or options.fallback == "off":
-            return SpeedChoice(plan, verification, speed)
-
-        def build(candidate: onnx.ModelProto) -> tuple[Plan, Verification | None] | None:
-            try:
-                return rebuild(candidate)
-            except TrtoptError as exc:  # a cheaper form that does not verify is not a reason to fail the build
-                log.info("a cheaper form of the plan was not kept: %s", exc.what)
-                return None
-
-        kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build,
-                           lambda candidate: self._timed(candidate, fp32, feeds))  # fmt: skip
-        return SpeedChoice(kept.plan, kept.verification, kept.speed, kept.kept_float, kept.float_plan)
+        timer = partial(self._timed, fp32=fp32, feeds=feeds)
+        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback)
 
     def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa

@@ -267,3 +267,4 @@ def _renamed(tensor: onnx.TensorProto, name: str) -> onnx.TensorProto:
     copy.CopyFrom(tensor)
     copy.name = name
     return copy
+

@@ -109,13 +109,9 @@ class KernelReport:
         convs = f"{self.int8_convs} INT8 convs{gemm}, {self.float_convs} float convs"
         named = ", ".join(self.dequantized[:4]) + (f" and {len(self.dequantized) - 4} more" if len(self.dequantized) > 4
                                                    else "")  # fmt: skip
-        float_math = (
-            f"; {len(self.dequantized)} INT8 layer(s) run in float on dequantised weights ({named}: no "
-            "integer kernel, or a float output such as a graph output): their rounding error without the "
-            "speed-up"
-            if self.dequantized
-            else ""
-        )
+        float_math = (f"; {len(self.dequantized)} INT8 layer(s) run in float on dequantised weights ({named}: no "
+                      "integer kernel, or a float output such as a graph output): their rounding error without the "
+                      "speed-up" if self.dequantized else "")
         return [("ONNX Runtime kernels", f"{convs}, {self.int8_matmuls} INT8 matmuls{float_math}")]
 
 

@@ -35,15 +35,20 @@ The decision reads only the timings it is given (`keep_faster`), so tests inject
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import onnx
 
+from trtopt.backend.base import SpeedChoice
 from trtopt.backend.cpu.regions import Region, float_regions, int8_regions
 from trtopt.backend.cpu.speed import NOISE, Speed
+from trtopt.errors import TrtoptError
 from trtopt.plan.verification import Verification
+
+log = logging.getLogger(__name__)
 
 USELESS_COSINE = 0.5  # below this, the INT8 reference's outputs are unrelated to FP32's: the float plan is written
 PAYS = 1.03  # a cheaper plan replaces the kept one only when its time ratio is lower by this factor
@@ -64,6 +69,28 @@ class Candidate:
 
 Build = Callable[[onnx.ModelProto], "tuple[Any, Any] | None"]  # model -> (plan, verification); None: no variant passed
 Timer = Callable[[Any], "Speed | None"]  # plan -> its time against FP32's; None: the timing failed
+
+
+def faster_plan(
+    plan: Any, verification: Any, model: onnx.ModelProto, fp32: onnx.ModelProto,
+    rebuild: Callable[[onnx.ModelProto], Any], timer: Timer, fallback: str = "auto",
+) -> SpeedChoice:  # fmt: skip
+    """`Backend.faster` for the backends that run on this CPU (ONNX Runtime, OpenVINO): an INT8 `plan` timed with
+    `timer`, and unless `fallback` is "off", the fastest of it and its cheaper forms (`keep_faster`), each built
+    with `rebuild` (a form that does not verify is skipped, as a log line)."""
+    speed = timer(plan) if plan.metadata.int8 else None
+    if speed is None or fallback == "off":
+        return SpeedChoice(plan, verification, speed)
+
+    def build(candidate: onnx.ModelProto) -> tuple[Any, Any] | None:
+        try:
+            return rebuild(candidate)  # type: ignore[no-any-return]
+        except TrtoptError as exc:  # a cheaper form that does not verify is not a reason to fail the build
+            log.info("a cheaper form of the plan was not kept: %s", exc.what)
+            return None
+
+    kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build, timer)
+    return SpeedChoice(kept.plan, kept.verification, kept.speed, kept.kept_float, kept.float_plan)
 
 
 def keep_faster(
@@ -134,7 +161,7 @@ def _region_reason(dropped: list[Region], first: Speed) -> str:
 
 
 def _float_reason(best: Speed, again: Speed) -> str:
-    why = ("ONNX Runtime's exact INT8 kernels gain less than their Q/DQ conversions cost on a CPU without VNNI or AMX"
+    why = (f"{best.runtime}'s INT8 kernels gain less than their Q/DQ conversions cost on a CPU without VNNI or AMX"
            if not best.int8_dot_products else
            "the float layers between its INT8 layers and their Q/DQ conversions cost more than INT8 saves")  # fmt: skip
     return (

@@ -84,9 +84,8 @@ def _gate(name: str, dq: onnx.NodeProto, alpha: float, beta: float, out: str, in
              (("q", np.array(value, np.uint8)), ("scale", np.array(step, np.float32)),
               ("zero_point", np.array(zero, np.uint8)))]  # fmt: skip
     return [
-        helper.make_node(
-            "DequantizeLinear", [dq.input[0], scaled, dq.input[2]], [f"{name}/alpha_x"], name=f"{name}/alpha_x/DQ"
-        ),  # fmt: skip
+        helper.make_node("DequantizeLinear", [dq.input[0], scaled, dq.input[2]], [f"{name}/alpha_x"],
+                         name=f"{name}/alpha_x/DQ"),  # fmt: skip
         helper.make_node("DequantizeLinear", names, [f"{name}/beta"], name=f"{name}/beta/DQ"),
         helper.make_node("Add", [f"{name}/alpha_x", f"{name}/beta"], [out], name=f"{name}/add"),
     ]

@@ -86,12 +86,8 @@ class Encoding:
 # everywhere, at nearly 8-bit fidelity).
 ENCODINGS: dict[str, Encoding] = {
     e.name: e
-    for e in (
-        Encoding("u8s8", False),
-        Encoding("u8u8", True),
-        Encoding("u8s7", True, seven_bit=True),
-        Encoding("u8s8p", False, pairs=True),
-    )  # fmt: skip
+    for e in (Encoding("u8s8", False), Encoding("u8u8", True), Encoding("u8s7", True, seven_bit=True),
+              Encoding("u8s8p", False, pairs=True))  # fmt: skip
 }
 
 

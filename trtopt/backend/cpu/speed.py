@@ -46,6 +46,7 @@ class Speed:
     threads: int = 1
     int8_dot_products: bool = False  # the CPU has VNNI or AMX (trtopt.backend.cpu.isa.EXACT_U8S8): its reason differs
     outcome: str = ""  # what the build did about it (trtopt.backend.cpu.choice): layers kept float, the float plan
+    runtime: str = "ONNX Runtime"  # what ran the plan (FP32 always runs on ONNX Runtime)
 
     @property
     def ratio(self) -> float:
@@ -69,7 +70,7 @@ class Speed:
         if self.ratio < NOISE:
             return what + ": about as fast as FP32, within the noise of this rough figure"
         if not self.int8_dot_products:
-            return what + (". It is slower than FP32 here: ONNX Runtime's exact INT8 kernels gain little on CPUs "
+            return what + (f". It is slower than FP32 here: {self.runtime}'s INT8 kernels gain little on CPUs "
                            "without VNNI or AMX, so on this machine the float model may serve better (build without "
                            "--int8), while CPUs with them run this plan faster")  # fmt: skip
         return what + (". It is slower than FP32 here, where INT8 kernels are fast: the float layers between its INT8 "
@@ -83,8 +84,9 @@ def measure_speed(
     feeds: Mapping[str, np.ndarray],
     machine: str,
     int8_dot_products: bool = False,
+    runtime: str = "ONNX Runtime",
 ) -> Speed:
-    """Time `plan_call(feeds)` against the FP32 model on one thread (see the module)."""
+    """Time `plan_call(feeds)` (a plan on `runtime`) against the FP32 model on one thread (see the module)."""
     from trtopt.execution import OrtSession
 
     session = OrtSession(fp32, threads=1, spin=False)
@@ -102,11 +104,5 @@ def measure_speed(
             times[index].append((time.perf_counter() - began) * 1e3)
     first = next(iter(feeds.values()), None)
     batch = int(first.shape[0]) if first is not None and np.ndim(first) else 1
-    return Speed(
-        statistics.median(times[0]),
-        statistics.median(times[1]),
-        len(times[0]),
-        batch,
-        machine,
-        int8_dot_products=int8_dot_products,
-    )
+    return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine,
+                 int8_dot_products=int8_dot_products, runtime=runtime)

@@ -11,10 +11,11 @@ import argparse
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from trtopt.backend.base import Backend, BackendStatus, BuildTarget, RunOptions
-from trtopt.backend.openvino.options import FORM_CHOICES, OpenvinoOptions
+from trtopt.backend.base import Backend, BackendStatus, BuildTarget, Rebuild, RunOptions, SpeedChoice
+from trtopt.backend.openvino.options import FALLBACK_CHOICES, FORM_CHOICES, OpenvinoOptions
 from trtopt.backend.registry import BACKENDS
 from trtopt.errors import TrtoptError
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from trtopt.backend.cpu.speed import Speed
     from trtopt.backend.openvino.builder import PrecisionReport
     from trtopt.plan import Plan
+    from trtopt.plan.verification import Verification
     from trtopt.quant import QuantConfig
 
 # Narrower layers stay float unless --min-channels says otherwise: 1 quantises the 3-channel stem conv, which
@@ -119,19 +121,34 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32 on ONNX Runtime, one thread each (`trtopt.backend.cpu.speed`)."""
-        if not plan.metadata.int8:
-            return None
+        return self._timed(plan, fp32, feeds) if plan.metadata.int8 else None
+
+    def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
         from trtopt.backend.cpu.speed import measure_speed
 
         runner = self.create_runner(plan, RunOptions(threads=1))
         try:
-            return measure_speed(fp32, runner.infer, feeds, self.machine(), cpu_isa() in EXACT_U8S8)
+            return measure_speed(fp32, runner.infer, feeds, self.machine(), cpu_isa() in EXACT_U8S8, "OpenVINO")
         except (TrtoptError, RuntimeError) as exc:  # a figure for the summary: never a reason to fail the build
             log.warning("no speed figure: timing the plan against FP32 failed (%s)", str(exc).strip().splitlines()[0])
             return None
         finally:
             runner.close()
+
+    def faster(
+        self, plan: Plan, options: OpenvinoOptions, verification: Verification | None, model: onnx.ModelProto,
+        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild,
+    ) -> SpeedChoice:  # fmt: skip
+        """As the CPU backend's: the INT8 plan, or where it runs slower than FP32 here, the fastest of its cheaper
+        forms that verifies (INT8 regions kept float, or the float plan; `trtopt.backend.cpu.choice`). A plan is
+        never slower than the float model on the backend it is built for (issue #45): the corpus's MobileNetV3
+        (torchvision, dynamo) ran its INT8 OpenVINO plan at 1.48x FP32's time on an avx2 EPYC, its HardSwish
+        gates in float between INT8 convs."""
+        from trtopt.backend.cpu.choice import faster_plan
+
+        timer = partial(self._timed, fp32=fp32, feeds=feeds)
+        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback)
 
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
         from trtopt.backend.openvino import runner
@@ -153,9 +170,15 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
             "--ov-streams", type=int, default=None,
             help="OpenVINO plans: CPU streams, inferences run at once (default 1: the lowest latency per call)",
         )  # fmt: skip
+        group.add_argument(
+            "--ov-fallback", choices=FALLBACK_CHOICES, default=OpenvinoOptions.fallback,
+            help="OpenVINO plans: auto (default) keeps INT8 regions float, or writes the float plan, where the INT8 "
+            "plan runs slower than FP32 on this CPU (timed at build) or has nothing in common with FP32's outputs; "
+            "off keeps the INT8 plan as verified",
+        )  # fmt: skip
 
     def options_from_args(self, args: argparse.Namespace) -> OpenvinoOptions:
-        return OpenvinoOptions(form=args.ov_form, streams=args.ov_streams)
+        return OpenvinoOptions(form=args.ov_form, streams=args.ov_streams, fallback=args.ov_fallback)
 
 
 BACKENDS.add(OpenvinoBackend.name, OpenvinoBackend())

@@ -95,13 +95,8 @@ def seven_bit_weights(model: onnx.ModelProto) -> int:
     from onnx import numpy_helper
 
     inits = {t.name: t for t in model.graph.initializer}
-    weights = {
-        n.input[1]
-        for n in model.graph.node
-        if n.op_type in ("Conv", "Gemm", "MatMul")
-        and len(n.input) > 1
-        and not any(a.name == "group" and a.i > 1 for a in n.attribute)
-    }
+    weights = {n.input[1] for n in model.graph.node if n.op_type in ("Conv", "Gemm", "MatMul") and len(n.input) > 1
+               and not any(a.name == "group" and a.i > 1 for a in n.attribute)}
     changed = 0
     for node in model.graph.node:
         if node.op_type != "DequantizeLinear" or node.output[0] not in weights or node.input[0] not in inits:
@@ -146,10 +141,8 @@ class PrecisionReport:
         if self.dequantized:
             named = ", ".join(self.dequantized[:4]) + (f" and {len(self.dequantized) - 4} more"
                                                        if len(self.dequantized) > 4 else "")  # fmt: skip
-            text += (
-                f"; {len(self.dequantized)} INT8 layer(s) of the plan run in float on dequantised weights "
-                f"({named}): their rounding error without the speed-up"
-            )
+            text += (f"; {len(self.dequantized)} INT8 layer(s) of the plan run in float on dequantised weights "
+                     f"({named}): their rounding error without the speed-up")
         return [("OpenVINO layers", text)]
 
 

@@ -86,19 +86,13 @@ def fc_as_pointwise_conv(model: onnx.ModelProto) -> int:
         del dq.attribute[:]
         dq.attribute.append(helper.make_attribute("axis", 0))
         base = node.name or node.output[0]
-        graph.initializer.extend(
-            [
-                numpy_helper.from_array(np.array([0, -1, 1, 1], np.int64), f"{base}/as_nchw"),
-                numpy_helper.from_array(np.array([0, -1], np.int64), f"{base}/as_rows"),
-            ]
-        )
+        graph.initializer.extend([numpy_helper.from_array(np.array([0, -1, 1, 1], np.int64), f"{base}/as_nchw"),
+                                  numpy_helper.from_array(np.array([0, -1], np.int64), f"{base}/as_rows")])
         image, conv_out = f"{node.input[0]}/{base}/nchw", f"{node.output[0]}/nchw"
         bias = [node.input[2]] if node.op_type == "Gemm" and len(node.input) > 2 else []
-        nodes += [
-            helper.make_node("Reshape", [node.input[0], f"{base}/as_nchw"], [image], name=f"{base}/to_nchw"),
-            helper.make_node("Conv", [image, dq.output[0], *bias], [conv_out], name=base, kernel_shape=[1, 1]),
-            helper.make_node("Reshape", [conv_out, f"{base}/as_rows"], [node.output[0]], name=f"{base}/rows"),
-        ]
+        nodes += [helper.make_node("Reshape", [node.input[0], f"{base}/as_nchw"], [image], name=f"{base}/to_nchw"),
+                  helper.make_node("Conv", [image, dq.output[0], *bias], [conv_out], name=base, kernel_shape=[1, 1]),
+                  helper.make_node("Reshape", [conv_out, f"{base}/as_rows"], [node.output[0]], name=f"{base}/rows")]
         changed += 1
     if changed:
         del graph.node[:]

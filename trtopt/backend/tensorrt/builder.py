@@ -79,7 +79,9 @@ class EngineOptions:
 # --- pure helpers (no TensorRT) -------------------------------------------------------------------
 
 
-def profiles_for(inputs: Sequence[Any], shapes: Mapping[str, Shape] | None, batch: int | None) -> dict[str, Profile]:
+def profiles_for(
+    inputs: Sequence[Any], shapes: Mapping[str, Shape] | None, batch: int | None
+) -> dict[str, Profile]:
     """One optimisation profile per input with a dynamic dimension.
 
     `inputs` are objects with ``.name`` and ``.shape`` (a dimension that is not a positive int is
@@ -109,7 +111,9 @@ def profiles_for(inputs: Sequence[Any], shapes: Mapping[str, Shape] | None, batc
                 f"TensorRT needs their sizes to build.",
                 fix=f"Pass them with --shapes {tensor.name}:{example} (your real sizes).",
             )
-        fixed = [int(d) if _is_static(d) else int(given[i]) for i, d in enumerate(dims)] if given else list(dims)
+        fixed = (
+            [int(d) if _is_static(d) else int(given[i]) for i, d in enumerate(dims)] if given else list(dims)
+        )
         if 0 in dynamic:
             top = batch if batch is not None else (int(given[0]) if given is not None and given[0] > 0 else 1)
             lo, hi = list(fixed), list(fixed)
@@ -277,7 +281,8 @@ def _parse(parser: Any, model_bytes: bytes) -> None:
             for err in (parser.get_error(i) for i in range(parser.num_errors))
         ]
         raise ModelError(
-            f"TensorRT's ONNX parser rejected the model ({len(errors)} error(s)):\n" + format_parser_errors(errors),
+            f"TensorRT's ONNX parser rejected the model ({len(errors)} error(s)):\n"
+            + format_parser_errors(errors),
             fix="Check the named node's op and opset against TensorRT's ONNX operator support matrix, or run "
             "`trtopt build --backend cpu` to use ONNX Runtime instead.",
         )

@@ -84,13 +84,17 @@ def stream_synchronize(stream: Any) -> None:
 def memcpy_htod_async(dst: int, src: int, nbytes: int, stream: Any) -> None:
     rt = cudart()
     kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
-    check(rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream), f"cudaMemcpyAsync(host->device, {nbytes} bytes)")
+    check(
+        rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream), f"cudaMemcpyAsync(host->device, {nbytes} bytes)"
+    )
 
 
 def memcpy_dtoh_async(dst: int, src: int, nbytes: int, stream: Any) -> None:
     rt = cudart()
     kind = rt.cudaMemcpyKind.cudaMemcpyDeviceToHost
-    check(rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream), f"cudaMemcpyAsync(device->host, {nbytes} bytes)")
+    check(
+        rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream), f"cudaMemcpyAsync(device->host, {nbytes} bytes)"
+    )
 
 
 def event_create() -> Any:

@@ -81,7 +81,8 @@ def _import_tensorrt() -> tuple[ModuleType | None, str]:
     except Exception as exc:  # a broken native library raises OSError/RuntimeError, not only ImportError
         return (
             None,
-            f"the `tensorrt` Python package is not importable ({_first_line(exc)}); install it with {INSTALL_HINT}",
+            f"the `tensorrt` Python package is not importable ({_first_line(exc)}); "
+            f"install it with {INSTALL_HINT}",
         )
     if not hasattr(trt, "__version__") or not hasattr(trt, "Builder"):
         where = getattr(trt, "__file__", None) or list(getattr(trt, "__path__", []))
@@ -101,7 +102,8 @@ def _import_tensorrt() -> tuple[ModuleType | None, str]:
         supported = " or ".join(str(m) for m in SUPPORTED_MAJORS)
         return (
             None,
-            f"TensorRT {trt.__version__} is installed, but trtopt supports TensorRT {supported}; {INSTALL_HINT}",
+            f"TensorRT {trt.__version__} is installed, but trtopt supports TensorRT {supported}; "
+            f"{INSTALL_HINT}",
         )
     return trt, ""
 
@@ -126,7 +128,8 @@ def _device_count(cudart: ModuleType) -> tuple[int, str]:
         name = getattr(err, "name", None) or f"error {int(err)}"
         return (
             0,
-            f"CUDA reports no usable GPU (cudaGetDeviceCount: {name}); check the NVIDIA driver (`nvidia-smi`)",
+            f"CUDA reports no usable GPU (cudaGetDeviceCount: {name}); "
+            "check the NVIDIA driver (`nvidia-smi`)",
         )
     if int(count) < 1:
         return 0, "CUDA reports 0 GPUs; this machine needs an NVIDIA GPU"

@@ -168,7 +168,9 @@ class _Context:
             self.device[tensor.name] = cuda.malloc(nbytes)
             ptr = cuda.malloc_host(nbytes)
             self._host_ptrs.append(ptr)
-            self.host[tensor.name] = np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr))
+            self.host[tensor.name] = np.ctypeslib.as_array(
+                (ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr)
+            )
         self.events = (cuda.event_create(), cuda.event_create())
         self.use_graphs = cuda_graph
         self.graphs: dict[tuple[tuple[int, ...], ...], Any] = {}
@@ -206,7 +208,8 @@ class _Context:
             if view.dtype != tensor.dtype:
                 raise ShapeError(
                     f"GPU input {tensor.name!r} is {view.dtype}, but the engine takes {tensor.dtype}.",
-                    fix=f"Convert it on the GPU first, e.g. x.to(torch.{tensor.dtype}) or x.astype('{tensor.dtype}').",
+                    fix=f"Convert it on the GPU first, e.g. x.to(torch.{tensor.dtype}) or "
+                    f"x.astype('{tensor.dtype}').",
                 )
             if view.stream not in (None, int(self.stream)):
                 cuda.stream_synchronize(view.stream)  # CUDA array interface v3: wait for the producer
@@ -248,7 +251,9 @@ class _Context:
 
     def _enqueue(self) -> None:
         if not self.context.execute_async_v3(int(self.stream)):
-            raise PlanError("TensorRT's execute_async_v3 failed.", fix="Rerun with -vv to see TensorRT's log.")
+            raise PlanError(
+                "TensorRT's execute_async_v3 failed.", fix="Rerun with -vv to see TensorRT's log."
+            )
 
     def _copy_out(self, name: str, shape: tuple[int, ...]) -> Any:
         dtype = next(t.dtype for t in self.io if t.name == name)
@@ -288,7 +293,8 @@ def _set_input_shape(context: Any, name: str, shape: tuple[int, ...], logger: An
     if not context.set_input_shape(name, shape):
         raise ShapeError(
             f"TensorRT refused shape {list(shape)} for input {name!r}:\n{logger.errors_text()}",
-            fix="Use a shape within the engine's optimisation profile, or rebuild with --batch / --shapes covering it.",
+            fix="Use a shape within the engine's optimisation profile, or rebuild with --batch / --shapes "
+            "covering it.",
         )
 
 

@@ -119,8 +119,7 @@ def check_plan_model(plan: Plan, name: str) -> TritonModel:
             f"Triton's {name} backend serves only {' and '.join(b.name for b in owners)} plans (it loads their "
             f"{model.section!r} section); this is a {plan.backend} plan.",
             f"Use --triton-backend {' or '.join(choices)} for {title} plans"
-            + "".join(f", or build with --backend {b.name}" for b in owners)
-            + ".",
+            + "".join(f", or build with --backend {b.name}" for b in owners) + ".",
         )
     return model
 

@@ -98,11 +98,8 @@ def export_triton(
             with contextlib.suppress(OSError):
                 folder.rmdir()
         if isinstance(exc, OSError):  # a full disk, a file-size limit: the user's to fix
-            raise TrtoptError(
-                f"Could not write the Triton model {str(target)!r}: {exc.strerror or exc}. "
-                "Nothing was left in the repository.",
-                fix=write_fix(exc),
-            ) from None
+            raise TrtoptError(f"Could not write the Triton model {str(target)!r}: {exc.strerror or exc}. "
+                              "Nothing was left in the repository.", fix=write_fix(exc)) from None
         raise
     return ExportReport(
         path=target,
