@@ -300,8 +300,9 @@ class CpuBackend(Backend[CpuOptions]):
             choices=FALLBACK_CHOICES,
             default=CpuOptions.fallback,
             help="CPU plans: where the INT8 plan runs slower than FP32 on this CPU, auto (default) keeps the INT8 "
-            "regions that do not pay in float, or writes the float plan, and says so; off writes the INT8 plan "
-            "anyway (to serve on a CPU where INT8 is faster)",
+            "regions that do not pay in float, or writes the float plan, and says so (the float plan too where the "
+            "INT8 plan's outputs have nothing in common with FP32's); off writes the INT8 plan anyway (to serve on "
+            "a CPU where INT8 is faster)",
         )
 
     def options_from_args(self, args: argparse.Namespace) -> CpuOptions:

@@ -22,8 +22,9 @@ class CpuOptions(BackendOptions):
     `trtopt.backend.cpu.lowering.ENCODINGS`, or "auto" (the fastest encoding known to be exact on this CPU,
     verified either way; `trtopt.backend.cpu.builder.candidate_encodings`).
     `fallback` (--cpu-fallback): "auto" keeps INT8 regions float, or writes the float plan, where the INT8 plan
-    runs slower than FP32 on this CPU (`trtopt.backend.cpu.choice`); "off" writes the INT8 plan whatever its
-    speed here (a plan built on one CPU to serve on a faster kind)."""
+    runs slower than FP32 on this CPU, and the float plan where its outputs have nothing in common with FP32's
+    (`trtopt.backend.cpu.choice`); "off" writes the INT8 plan whatever its speed here (a plan built on one CPU to
+    serve on a faster kind)."""
 
     backend: ClassVar[str] = "cpu"
     gemm: str = "auto"
