@@ -7,8 +7,10 @@
 Per model (the shipped demo, zoo models of tools/zoo.py, corpus models of tools/corpus.py), every variant
 calibrated on the same first --count photos (`tools/zoo_variants.split_data`), each build in a fresh process:
 - trtopt cpu: `build_plan(backend="cpu")`, trtopt's default CPU build; trtopt openvino: `backend="openvino"`;
-  trtopt auto is whichever of the two `--backend auto` keeps (`trtopt.auto_backend.choose` on the build's own
-  timing), shown in the last column;
+  trtopt's default plan (`--backend auto`) is whichever of the two `trtopt.auto_backend` keeps, timed as a build
+  does (`time_plans` at the build's batch, `choose` on those times and the two builds' INT8 errors): its column
+  repeats that plan's figures, and the goal column says whether it is at least as fast as every peer at b1 and b8
+  (issue #44) and at least as faithful;
 - NNCF: `nncf.quantize` of the FP32 model read by OpenVINO, default preset (performance: symmetric), default
   settings, compiled by OpenVINO;
 - ORT: `quant_pre_process` + `quantize_static` (QDQ, per-channel, u8s8, MinMax; `tools/zoo_variants.ort_build`).
@@ -80,6 +82,19 @@ def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
     return {}
 
 
+def default_backend(work: Path, batch: int, errors: dict[str, float]) -> str:
+    """The backend `--backend auto` keeps of the plans built in `work` (`trtopt.auto_backend`: timed at the build's
+    `batch`, chosen on those times and each plan's INT8 error to FP32); "" where neither was built."""
+    from trtopt import auto_backend as auto
+    from trtopt.plan import read_plan
+
+    names = [name for name in ("cpu", "openvino") if (work / f"{name}.engine").exists()]
+    if len(names) < 2:
+        return next(iter(names), "")
+    times = auto.time_plans({name: read_plan(work / f"{name}.engine") for name in names}, batch)
+    return auto.choose([auto.Candidate(name, times[name], errors.get(name, 0.0)) for name in names], batch)[0]
+
+
 def runners(subject: Subject, work: Path, threads: int) -> dict[str, Any]:
     """name -> feeds -> first output, for FP32 and each variant that was built."""
     import openvino as ov
@@ -127,6 +142,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         data = split_data(subject, args.count, args.eval_count, work)
         batches = eval_feeds(subject, data)
         notes: dict[str, str] = {}
+        errors: dict[str, float] = {}  # backend -> its INT8 reference's relative error to FP32, as auto reads it
         builds = {"trtopt cpu": (trtopt_plan, subject, data, "cpu", str(work / "cpu.engine")),
                   "trtopt openvino": (trtopt_plan, subject, data, "openvino", str(work / "openvino.engine")),
                   "NNCF + OpenVINO": (nncf_model, subject, data, str(work / "nncf.xml")),
@@ -142,10 +158,13 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             notes[variant] = str(result.get("variant") or result.get("error") or "")
             if "error_to_fp32" in result:
                 notes[variant] += f", INT8 error to FP32 {result['error_to_fp32']:.3f}"
+                errors[variant.removeprefix("trtopt ")] = result["error_to_fp32"] or 0.0
+        default = default_backend(work, build_config(subject, data, None).data.batch, errors)
         scores = fidelity(runners(subject, work, 1), batches)
         speed = {(threads, batch): _speedups(runners(subject, work, threads), batches, batch, args)
                  for threads in (1, os.cpu_count() or 1) for batch in (1, 8)}  # fmt: skip
-    return {"name": name, "source": subject.source, "scores": scores, "speed": speed, "notes": notes}
+    return {"name": name, "source": subject.source, "scores": scores, "speed": speed, "notes": notes,
+            "default": default}  # fmt: skip
 
 
 def _speedups(calls: dict[str, Any], batches: list, batch: int, args: argparse.Namespace) -> dict[str, float] | str:
@@ -157,20 +176,38 @@ def _speedups(calls: dict[str, Any], batches: list, batch: int, args: argparse.N
 
 
 def rows(results: list[dict[str, Any]]) -> list[str]:
-    head = ["model", "threads", *(f"{v}: b1 / b8" for v in VARIANTS), *(f"{v}: cosine / top-1" for v in VARIANTS)]
-    lines = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (2 * len(VARIANTS))]
+    head = ["model", "threads", "trtopt default (auto): b1 / b8", *(f"{v}: b1 / b8" for v in VARIANTS),
+            "goal: default ≥ every peer at b1 and b8, ≥ their cosine", *(f"{v}: cosine / top-1" for v in VARIANTS)]
+    numbers = "---:|" * len(VARIANTS)
+    lines = ["| " + " | ".join(head) + " |", f"|---|---:|---|{numbers}---|{numbers}"]
     for r in results:
+        default = f"trtopt {r['default']}"
         for threads in sorted({t for t, _ in r["speed"]}):
-            cells = []
-            for v in VARIANTS:
-                pair = [r["speed"][(threads, b)] for b in (1, 8)]
-                cells.append(" / ".join(f"{p[v]:.2f}x" if isinstance(p, dict) and v in p else
-                                        (p if isinstance(p, str) else "—") for p in pair))  # fmt: skip
+            pair = [r["speed"][(threads, b)] for b in (1, 8)]
+            cells = [_speed_cell(pair, v) for v in (default, *VARIANTS)]
+            cells[0] += f" ({r['default']})" if r["default"] else ""
             fids = [f"{r['scores'][v][0]:.4f}" + (f" / {r['scores'][v][1]:.0%}" if r["scores"][v][1] is not None
                                                   else "") if v in r["scores"] else "—" for v in VARIANTS]  # fmt: skip
-            lines.append(f"| {r['name']} | {threads} | " + " | ".join(cells + (fids if threads == 1 else [""] * 4))
-                         + " |")  # fmt: skip
+            cells += [_goal(pair, r["scores"], default), *(fids if threads == 1 else [""] * len(VARIANTS))]
+            lines.append(f"| {r['name']} | {threads} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _speed_cell(pair: list[Any], variant: str) -> str:
+    return " / ".join(f"{p[variant]:.2f}x" if isinstance(p, dict) and variant in p else
+                      (p if isinstance(p, str) else "—") for p in pair)  # fmt: skip
+
+
+def _goal(pair: list[Any], scores: dict[str, tuple[float, float | None]], default: str) -> str:
+    """Whether the default plan is at least as fast as every peer (other tools, not trtopt's other backend) at b1
+    and b8 in this row, and at least as faithful (held-out cosine); else who is ahead where."""
+    if default not in scores:
+        return "no: trtopt's build failed"
+    peers = [v for v in VARIANTS if not v.startswith("trtopt") and v in scores]
+    behind = [f"{v} at b{b} ({p[v]:.2f}x)" for b, p in zip((1, 8), pair, strict=True) if isinstance(p, dict)
+              for v in peers if v in p and p[v] > p[default]]  # fmt: skip
+    behind += [f"{v}'s cosine" for v in peers if scores[v][0] > scores[default][0] + 1e-4]
+    return "yes" if not behind else "no: " + ", ".join(behind)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,49 @@
+"""tools/bench_cpu_runtimes.py's verdict (issue #44's goal): trtopt's default plan against every peer, on made-up
+figures (the benchmark itself runs builds for minutes; its timing is not a test's business)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    pytest.importorskip("openvino", reason="the openvino extra is not installed")
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import bench_cpu_runtimes
+
+        yield bench_cpu_runtimes
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
+def result(default: str, b1: dict[str, float], b8: dict[str, float], cosines: dict[str, float]) -> dict[str, Any]:
+    speed = {(threads, batch): figures for threads in (1, 2) for batch, figures in ((1, b1), (8, b8))}
+    return {"name": "m", "default": default, "speed": speed, "scores": {v: (c, None) for v, c in cosines.items()}}
+
+
+COSINES = {"trtopt cpu": 0.999, "trtopt openvino": 0.998, "NNCF + OpenVINO": 0.99, "ORT quantize_static": 0.95}
+
+
+def test_the_default_plan_is_judged_against_the_other_tools_only(bench: Any) -> None:
+    b1 = {"trtopt cpu": 1.2, "trtopt openvino": 1.5, "NNCF + OpenVINO": 1.4, "ORT quantize_static": 1.3}
+    b8 = {"trtopt cpu": 1.9, "trtopt openvino": 1.6, "NNCF + OpenVINO": 1.5, "ORT quantize_static": 1.5}
+    lines = bench.rows([result("openvino", b1, b8, COSINES)])
+    assert lines[2].startswith("| m | 1 | 1.50x / 1.60x (openvino) |") and "| yes |" in lines[2]
+    b1["NNCF + OpenVINO"] = 1.55  # ahead of the default at b1, not of trtopt cpu's plan at b8: only the default counts
+    verdict = bench._goal([b1, b8], {v: (c, None) for v, c in COSINES.items()}, "trtopt openvino")
+    assert verdict == "no: NNCF + OpenVINO at b1 (1.55x)"
+
+
+def test_a_more_faithful_peer_fails_the_goal(bench: Any) -> None:
+    figures = {"trtopt cpu": 1.5, "trtopt openvino": 1.0, "NNCF + OpenVINO": 1.0, "ORT quantize_static": 1.0}
+    scores = {v: (c, None) for v, c in (COSINES | {"ORT quantize_static": 0.9995}).items()}
+    assert bench._goal([figures, figures], scores, "trtopt cpu") == "no: ORT quantize_static's cosine"
+    assert bench._goal([figures, "static batch 1"], {}, "trtopt cpu") == "no: trtopt's build failed"
