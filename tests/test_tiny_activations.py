@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from quant_helpers import cosine, cpu_config
 
+from trtopt.backend.cpu.builder import exact_encoding
+from trtopt.backend.cpu.lowering import lower_for_cpu
 from trtopt.calib.cache import check_cache_matches
 from trtopt.calib.calibration import Calibration
 from trtopt.calib.thresholds import FP32_AMAX, ZERO_AMAX
@@ -25,12 +27,13 @@ from trtopt.zoo.builder import GraphBuilder
 SCALE = 1e-7  # the inputs' magnitude: every activation of the bias-free net below is about this small
 
 
-def tiny_net() -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Conv 3->16 ReLU, Conv 16->16 ReLU, pool, Gemm (biases zero, so activations scale with the input); its
-    optimised graph, calibration feeds and check feeds, all of magnitude `SCALE`."""
+def tiny_net(bias: bool = False) -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Conv 3->16 ReLU, Conv 16->16 ReLU, pool (without biases, activations scale with the input); its optimised
+    graph, calibration feeds and check feeds, all of magnitude `SCALE`. `bias`: the second conv has a bias of
+    about 0.1, which int32 cannot hold at the scale of its tiny input times its weights' scale."""
     b = GraphBuilder("tiny", seed=0)
     y = b.relu(b.conv(b.input("input", [2, 3, 8, 8]), 3, 16, 3, bias=False))
-    y = b.relu(b.conv(y, 16, 16, 3, bias=False))
+    y = b.relu(b.conv(y, 16, 16, 3, bias=bias))
     model = b.build([b.node("Flatten", [b.node("GlobalAveragePool", [y])], out="pooled")])
     graph = optimize(graph_from_onnx(model)).graph
     rng = np.random.default_rng(0)
@@ -38,10 +41,10 @@ def tiny_net() -> tuple[object, dict[str, np.ndarray], dict[str, np.ndarray]]:
     return graph, calib, check
 
 
-def int8_outputs(config: QuantConfig) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+def int8_outputs(config: QuantConfig, bias: bool = False) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """FP32's and the Q/DQ model's outputs on the check feeds, and the thresholds (max|x| on the calibration
     feeds)."""
-    graph, calib, check = tiny_net()
+    graph, calib, check = tiny_net(bias)
     plan = plan_quantization(graph, config)
     fp32 = onnx_from_graph(graph)
     acts = run_model(fp32, calib, expose=plan.activation_tensors)
@@ -56,6 +59,24 @@ def test_fp32_backends_keep_a_tiny_tensors_own_grid() -> None:
     fp32, quantized, amax = int8_outputs(config)
     assert max(amax.values()) < 1e-5  # the net is tiny indeed, far below ZERO_AMAX
     assert cosine(fp32, quantized) > 0.99
+
+
+def test_a_tiny_input_beside_a_large_bias_gets_the_grid_at_which_int32_holds_the_bias() -> None:
+    """ONNX Runtime quantises a conv's bias to int32 at s_x * s_w, clipping: at the input's own scale (~1e-9) a bias
+    of 0.1 would not fit, and the plan's outputs came out 10x too small. The input's threshold is raised instead."""
+    graph, calib, check = tiny_net(bias=True)
+    config = cpu_config(QuantConfig(min_channels=1))
+    plan = plan_quantization(graph, config)
+    fp32 = onnx_from_graph(graph)
+    acts = run_model(fp32, calib, expose=plan.activation_tensors)
+    amax = {t: float(np.abs(acts[t]).max()) for t in plan.activation_tensors}
+    insert_qdq(graph, plan, amax, min_amax=config.min_amax)
+    model = onnx_from_graph(graph)
+    lowered = lower_for_cpu(model, encoding=exact_encoding())  # the encoding this CPU's kernels run exactly
+    assert sum(t.name.endswith("/int32") for t in lowered.graph.initializer) == 1  # the biased conv's, int32
+    reference = run_model(lowered, check, opt_level="disable")["pooled"]  # what the kernels are to compute
+    kernels = run_model(lowered, check)["pooled"]
+    assert cosine(reference, kernels) > 0.9999 and cosine(run_model(fp32, check)["pooled"], kernels) > 0.99
 
 
 def test_the_fp16_floor_loses_such_a_tensor() -> None:

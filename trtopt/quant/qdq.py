@@ -81,8 +81,9 @@ def insert_qdq(
             fix="Recalibrate this model (the cache was made for another graph or other options).",
         )
     _require_one_site_per_edge(plan)
-    thresholds = {t: max(value, min_amax) for t, value in shared_thresholds(amax, plan.shared).items()}
     nodes = {n.name: n for n in graph.nodes}
+    raised = _bias_floors(plan, nodes, {t: max(value, min_amax) for t, value in amax.items()})
+    thresholds = shared_thresholds(raised, plan.shared)
     weights: dict[tuple[str, int, int, bool], gs.Variable] = {}
     n_act = n_weight = 0
     for site in plan.sites:
@@ -108,6 +109,36 @@ def insert_qdq(
         float_layers=dict(plan.float_layers),
         thresholds={t: thresholds[t] for t in plan.activation_tensors},
     )
+
+
+# The largest int32 an integer kernel's bias may take: half the range, the other half for the products its
+# accumulator adds (a bias at -2**31 + 177 wrapped to a large positive output in ONNX Runtime's QLinearConv).
+INT32_BIAS = 2**30
+
+
+def _bias_floors(plan: QuantPlan, nodes: Mapping[str, gs.Node], amax: Mapping[str, float]) -> dict[str, float]:
+    """`amax`, with each activation read by a Conv/Gemm with a constant bias raised to the threshold at which that
+    bias fits int32 at scale s_x * s_w (s_w: the weights' 8-bit per-channel scales, the finest any encoding uses;
+    s_x: T / 255, the finest input grid a CPU plan writes). Integer kernels take the bias as int32 at that scale:
+    ONNX Runtime quantises a float bias itself and clips it, so a tiny input (FP32 backends keep one's own grid,
+    `QuantConfig.min_amax`) beside a bias of 0.1 gave outputs 10x too small. As ONNX Runtime's quantizer, which
+    widens the weights' scale instead (onnxruntime.quantization, the int32 bias check added in 1.19); here the
+    weights keep their grid and the input's, by construction tiny next to the bias, gives way."""
+    raised = dict(amax)
+    for site in plan.sites:
+        node = nodes[site.consumer]
+        if site.kind != "activation" or site.index != 0 or node.op not in ("Conv", "Gemm") or len(node.inputs) < 3:
+            continue
+        weight, bias = node.inputs[1], node.inputs[2]
+        if not (isinstance(weight, gs.Constant) and isinstance(bias, gs.Constant)) or site.tensor not in raised:
+            continue
+        axis = 0 if node.op == "Conv" or node.attrs.get("transB", 0) else 1
+        scales = weight_scales(np.asarray(weight.values, dtype=np.float32), axis).astype(np.float64)
+        values = np.abs(np.asarray(bias.values, dtype=np.float64)).reshape(-1)
+        if values.size == scales.size:
+            needed = float(np.max(values / scales)) * 255 / INT32_BIAS
+            raised[site.tensor] = max(raised[site.tensor], needed)
+    return raised
 
 
 def _require_one_site_per_edge(plan: QuantPlan) -> None:
