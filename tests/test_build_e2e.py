@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -90,6 +91,30 @@ def test_engine_is_safe_under_concurrent_load(workdir: Path, built) -> None:  # 
     for t in threads:
         t.join()
     assert not failures
+
+
+def test_engines_without_spinning_threads_compute_the_same(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
+    """`spin=False` (several engines in one process) changes how ONNX Runtime's threads wait, not what they compute;
+    the option reaches the session."""
+    import onnxruntime as ort
+
+    seen: list[str | None] = []
+    make = ort.InferenceSession
+
+    def session(model: Any, options: ort.SessionOptions, **kwargs: Any) -> ort.InferenceSession:
+        try:
+            seen.append(options.get_session_config_entry("session.intra_op.allow_spinning"))
+        except RuntimeError:  # not set: ONNX Runtime's default, spinning
+            seen.append(None)
+        return make(model, options, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ort, "InferenceSession", session)
+        quiet = trtopt.Engine.load(workdir / "tiny.engine", threads=2, spin=False)
+        spinning = trtopt.Engine.load(workdir / "tiny.engine", threads=2)
+    assert seen == ["0", None]
+    x = trtopt.Engine.load(workdir / "tiny.engine").preprocess(_images(workdir))
+    assert all(np.array_equal(quiet(row[None]), spinning(row[None])) for row in x)
 
 
 def test_engine_validates_inputs_once(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
