@@ -27,6 +27,7 @@ from trtopt.backend.cpu.options import CpuOptions
 from trtopt.backend.tensorrt.options import TensorRTOptions
 from trtopt.build import BuildConfig, build_plan
 from trtopt.calib import CalibConfig
+from trtopt.calib.thresholds import FP32_AMAX, ZERO_AMAX
 from trtopt.errors import BackendUnavailableError, TrtoptError, UnknownNameError
 from trtopt.frontend import graph_from_onnx
 from trtopt.passes.config import GraphConfig
@@ -143,7 +144,9 @@ def test_each_backend_fills_in_its_quantisation_defaults() -> None:
     # The user's explicit choice wins over the backend's default; the user's other fields are kept.
     mine = QuantConfig(float_leading_depthwise=False, exclude=("Gemm",), min_channels=4)
     assert cpu.quant_config(mine) == replace(mine, quantize_outputs=True, output_folds=frozenset({"Relu", "Clip"}),
-                                                  integer_pools=True, integer_gates=True, integer_hard_swish=True)
+                                                  integer_pools=True, integer_gates=True, integer_hard_swish=True,
+                                                  min_amax=FP32_AMAX)  # fmt: skip
+    assert trt.quant_config(mine).min_amax == ZERO_AMAX  # TensorRT may hold scales in FP16: float16's floor
 
 
 def test_quantizable_tensors_cover_every_backends_plan() -> None:
