@@ -30,13 +30,17 @@ from trtopt.zoo.builder import GraphBuilder
 INFO = InputInfo("image", [3, 32, 32], np.float32)
 
 
-def _model() -> onnx.ModelProto:
+def _model(*, empty: bool = False) -> onnx.ModelProto:
+    """The model above; `empty`: also an output that is always empty, sliced from the second conv's input
+    (as a detector's boxes when no box passed its score threshold)."""
     g = GraphBuilder("chw", seed=3)
     axes = g.const("axes", np.array([0], np.int64))
     x = g.node("Unsqueeze", [g.input("image", [3, 32, 32]), axes])
     x = g.relu(g.conv(x, 3, 16, 3))
+    ends = [g.const(n, np.array([v], np.int64)) for n, v in (("start", 0), ("end", 0), ("axis", 1))]
+    nothing = [g.node("Slice", [x, *ends], out="nothing")] if empty else []
     x = g.relu(g.conv(x, 16, 16, 3, stride=2))
-    return g.build([g.node("Squeeze", [g.conv(x, 16, 16, 1), axes], out="features")])
+    return g.build([g.node("Squeeze", [g.conv(x, 16, 16, 1), axes], out="features"), *nothing])
 
 
 def _images(folder: Path, count: int) -> list[Path]:
@@ -179,3 +183,14 @@ def trtopt_inputs(plan: Path) -> tuple:  # type: ignore[type-arg]
     from trtopt.plan import read_plan
 
     return read_plan(plan).inputs
+
+
+def test_an_empty_output_does_not_stop_auto_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Untrained Faster R-CNN's build stopped in auto calibration (reshape of an empty node output): a node whose
+    output is empty scores no candidate; the tensor's other consumers still do."""
+    onnx.save(_model(empty=True), tmp_path / "chw.onnx")
+    np.save(tmp_path / "stack.npy", np.random.default_rng(3).uniform(-2, 2, (6, 3, 32, 32)).astype(np.float32))
+    argv = ["build", str(tmp_path / "chw.onnx"), "--int8", "--backend", "cpu", "--calib", str(tmp_path / "stack.npy")]
+    assert main([*argv, "--min-channels", "1", "-o", str(tmp_path / "chw.engine"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["calibration"]["method"] == "auto" and summary["int8_layers"] >= 2

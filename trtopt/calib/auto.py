@@ -199,7 +199,7 @@ def _choose(
         if node_errors is not None:
             errors += node_errors
             scored += 1
-    if scored == 0:
+    if scored == 0 and values.size:  # an empty tensor: every candidate rounds it alike
         errors = _relative_errors(stacked, values)
     best = int(np.argmin(errors))  # the first of equal scores: the candidates come in preference order
     method = list(distinct)[best]
