@@ -194,3 +194,12 @@ def test_an_empty_output_does_not_stop_auto_calibration(tmp_path: Path, capsys: 
     assert main([*argv, "--min-channels", "1", "-o", str(tmp_path / "chw.engine"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["calibration"]["method"] == "auto" and summary["int8_layers"] >= 2
+
+
+def test_run_describes_an_empty_output_without_infinities() -> None:
+    from trtopt.cli.run_cmd import _described
+
+    described = _described("boxes", np.zeros((0, 4), np.float32))  # no box passed the score threshold
+    assert described["text"] == "output 'boxes' [0x4]: empty"
+    assert described["described"]["min"] is None and described["described"]["max"] is None
+    json.dumps(described, allow_nan=False)

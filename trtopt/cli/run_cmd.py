@@ -162,5 +162,7 @@ def _described(name: str, row: np.ndarray) -> dict[str, Any]:
     if row.size == 1:
         return {"described": stats, "text": f"output {name!r}: {stats['max']:.4g}"}
     shape = "x".join(map(str, row.shape))
+    if row.size == 0:  # a detector's boxes where none passed its score threshold: no range (JSON has no inf)
+        return {"described": stats | {"min": None, "max": None}, "text": f"output {name!r} [{shape}]: empty"}
     text = f"output {name!r} [{shape}]: min {stats['min']:.4g}, max {stats['max']:.4g}, mean {stats['mean']:.4g}"
     return {"described": stats, "text": text + " (not [N, classes] scores: no top-k; use trtopt.Engine for the values)"}
