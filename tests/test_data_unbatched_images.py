@@ -173,16 +173,14 @@ def test_build_from_npy_runs_one_call_per_image(tmp_path: Path, capsys: pytest.C
     assert main(["run", str(plan), str(tmp_path / "flat.npy")]) != 0
     assert "expects one feed [3, 32, 32] or a stack of feeds [N, 3, 32, 32]" in capsys.readouterr().err
 
-    specs = trtopt_inputs(plan)
+    from trtopt.auto_backend import _timed_batch
+    from trtopt.plan import read_plan
+
+    assert _timed_batch(read_plan(plan), 8) == 1  # `--backend auto` times one image per call, says batch 1
+    specs = read_plan(plan).inputs
     assert random_inputs(specs, 1)["image"].shape == (3, 32, 32)
     with pytest.raises(TrtoptError, match=re.escape("one image without a batch axis ([3, 32, 32])")):
         random_inputs(specs, 4)
-
-
-def trtopt_inputs(plan: Path) -> tuple:  # type: ignore[type-arg]
-    from trtopt.plan import read_plan
-
-    return read_plan(plan).inputs
 
 
 def test_an_empty_output_does_not_stop_auto_calibration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
