@@ -158,6 +158,10 @@ class _Samples:
             def __len__(self) -> int:
                 return len(self.ids)
 
+            @property
+            def feed_rows(self) -> int:  # every row real: no padding, no whole feeds
+                return len(self.ids)
+
         ids = list(range(self.start, self.start + self.count))
         return [Batch(ids[i : i + size]) for i in range(0, len(ids), size)]
 

@@ -125,7 +125,7 @@ def build_fastest(build: Callable[[str], Result], batch: int) -> Result:
         return next(iter(results.values()))
     times = time_plans({name: r.plan for name, r in results.items()}, batch)
     candidates = [Candidate(n, times[n], _error(r)) for n, r in results.items()]
-    name, why = choose(candidates, batch)
+    name, why = choose(candidates, _timed_batch(next(iter(results.values())).plan, batch))
     kept = results[name]
     kept.backend_reason = f"{name} ({why})"
     return kept
@@ -157,6 +157,18 @@ def time_plans(plans: Mapping[str, Plan], batch: int) -> dict[str, float]:
     finally:
         for runner in runners.values():
             runner.close()
+
+
+def _timed_batch(plan: Plan, batch: int) -> int:
+    """The samples one call of `made_up_feeds(plan, batch)` holds: `batch` for a dynamic batch, else the plan's
+    own (1 for a whole feed: one [3, H, W] image, not a batch of 3)."""
+    from trtopt.data.arrays import has_batch_axis
+    from trtopt.data.inputs import InputInfo
+
+    if not plan.inputs or not has_batch_axis([InputInfo(t.name, t.shape, "float32") for t in plan.inputs]):
+        return 1
+    first = plan.inputs[0].shape[0]
+    return batch if first == -1 else int(first)
 
 
 def made_up_feeds(plan: Plan, batch: int) -> dict[str, np.ndarray]:

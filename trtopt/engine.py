@@ -101,7 +101,12 @@ class Engine:
 
     def __call__(self, inputs: Any) -> Any:
         """`engine(array)` for a single-input plan returns the single output (or a dict if several);
-        `engine({name: array})` is `engine.infer(...)`."""
+        `engine({name: array})` is `engine.infer(...)`.
+
+        A plan whose input is one image without a batch axis, ``[3, H, W]`` (torchvision's detection exports),
+        takes one image, ``engine(image)``, or a batch ``[N, 3, H, W]`` such as `preprocess` makes, which runs one
+        call per image and returns a list of N results (each what one image gives: its outputs' lengths may
+        differ, a detector's boxes). `infer` takes one image only."""
         if isinstance(inputs, Mapping):
             return self.infer(inputs)
         if len(self.inputs) != 1:
@@ -110,6 +115,8 @@ class Engine:
                 f"This plan takes {len(names)} inputs {names}; a single array is ambiguous.",
                 fix="Pass a dict: engine({name: array, ...}).",
             )
+        if self._one_image_per_call and len(array_shape_and_dtype(inputs)[0]) == 4:
+            return [self(image) for image in inputs]  # one call per image: a [3, H, W] plan has no batch axis
         outputs = self.infer({self.inputs[0].name: inputs})
         return next(iter(outputs.values())) if len(outputs) == 1 else outputs
 
@@ -156,6 +163,15 @@ class Engine:
             return True
 
         return runs
+
+    @property
+    def _one_image_per_call(self) -> bool:
+        """Whether the plan's single input is one image without a batch axis, ``[3, H, W]``."""
+        if len(self.inputs) != 1 or len(self.inputs[0].shape) != 3:  # `trtopt.data` loads Pillow: not for others
+            return False
+        from trtopt.data.inputs import unbatched_image
+
+        return unbatched_image(self.inputs[0].shape)
 
     @property
     def timing(self) -> str:
@@ -229,11 +245,14 @@ class Engine:
                     fix=f"Convert it first, e.g. array.astype(np.{spec.dtype}).",
                 )
             if len(shape) != len(spec.shape) or any(e not in (-1, s) for e, s in zip(spec.shape, shape, strict=True)):
+                one_image = self._one_image_per_call and len(shape) == 4  # a batch for a [3, H, W] plan
                 raise ShapeError(
                     f"Input {name!r} has shape {list(shape)}; the plan expects {format_shape(spec.shape)} "
-                    f"(-1 = any size).",
-                    fix="Resize or batch the data to match; `trtopt inspect` on the source model shows its shapes.",
-                )
+                    f"(-1 = any size){': one image per call, no batch axis' if one_image else ''}.",
+                    fix="Call engine(images) for a list of results, one per image, or pass one image at a time "
+                    "(images[i])." if one_image else
+                    "Resize or batch the data to match; `trtopt inspect` on the source model shows its shapes.",
+                )  # fmt: skip
             if any(d == 0 for d in shape):
                 raise ShapeError(
                     f"Input {name!r} is empty (shape {list(shape)}): there is nothing to run.",

@@ -104,7 +104,7 @@ def scoring_split(dataset: Any, batch: int) -> tuple[Any, list[tuple[Feeds, int]
         scored = dataset.split_tail(len(dataset) - count)[0] if len(dataset) > count else dataset
         log.info("auto calibration scores on %d of its %d calibration samples (too few to hold any back)",
                  count, len(dataset))  # fmt: skip
-    return dataset, [(b.feeds, len(b)) for b in scored.batches(batch)]
+    return dataset, [(b.feeds, b.feed_rows) for b in scored.batches(batch)]
 
 
 def fake_quantize(values: np.ndarray, amax: float, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -199,7 +199,7 @@ def _choose(
         if node_errors is not None:
             errors += node_errors
             scored += 1
-    if scored == 0:
+    if scored == 0 and values.size:  # an empty tensor: every candidate rounds it alike
         errors = _relative_errors(stacked, values)
     best = int(np.argmin(errors))  # the first of equal scores: the candidates come in preference order
     method = list(distinct)[best]

@@ -83,8 +83,8 @@ class NodeRunner:
         if any(i != name and i not in cached for i in variable) or any(o not in cached for o in node.output if o):
             return None
         references = [cached[o] for o in node.output if o]
-        if any(not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 for r in references):
-            return None
+        if any(not np.issubdtype(r.dtype, np.floating) or r.ndim == 0 or r.size == 0 for r in references):
+            return None  # an empty output (a detector's boxes when none passed its score threshold) scores nothing
         computed = self._elementwise(node, name, stacked, copies, cached)
         computed = self._concat(node, name, stacked, copies, cached) if computed is None else computed
         if computed is not None:

@@ -257,6 +257,8 @@ def _collect(
 ) -> Collected[T]:
     """Run `model` on every batch with the collectors' tensors exposed, and count each tensor into its
     collector while the next batch runs (see the module doc)."""
+    from trtopt.data.arrays import has_batch_axis
+    from trtopt.data.inputs import InputInfo
     from trtopt.execution import OrtSession
     from trtopt.execution.ort_session import ReusedOutputs
 
@@ -265,6 +267,8 @@ def _collect(
     session = OrtSession(model, expose=names, threads=config.threads, spin=False)
     runner = ReusedOutputs(session, names, depth=2)  # batch k is counted while batch k + 1 runs
     first_input = session.input_names[0] if session.input_names else None
+    declared = [InputInfo(i.name, i.shape, "float32") for i in session.session.get_inputs()]
+    first_input = first_input if has_batch_axis(declared) else None  # whole feeds ([3, H, W]): one sample each
     clock = _StageClock()
     batch_count = sample_count = 0
     with ThreadPoolExecutor(_workers(config), thread_name_prefix="trtopt-calib") as pool:

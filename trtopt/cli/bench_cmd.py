@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from trtopt.errors import TrtoptError
+from trtopt.errors import TrtoptError, format_shape
 from trtopt.frontend.writer import write_atomic
 
 
@@ -100,7 +100,7 @@ def timing_function(engine: Any) -> tuple[Callable[[Any], Any], str]:
 
 def random_inputs(specs: Sequence[Any], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Random data shaped like each input, with the dynamic (-1) batch dimension set to `batch`."""
-    from trtopt.data.inputs import random_array
+    from trtopt.data.inputs import random_array, unbatched_image
     from trtopt.memory import require_memory, tensor_bytes
 
     rng = np.random.default_rng(seed)
@@ -113,7 +113,14 @@ def random_inputs(specs: Sequence[Any], batch: int, seed: int = 0) -> dict[str, 
     )
     for spec in specs:
         shape = list(spec.shape)
-        if shape and shape[0] == -1:
+        if unbatched_image(shape):  # [3, H, W]: one image per call, its first dimension the colours
+            if batch != 1:
+                raise TrtoptError(
+                    f"Input {spec.name!r} is one image without a batch axis ({format_shape(shape)}): the plan runs "
+                    f"one image per call, so batch {batch} cannot run.",
+                    fix="Bench with --batch 1 (the default); N images take N calls.",
+                )
+        elif shape and shape[0] == -1:
             shape[0] = batch
         elif shape and shape[0] != batch:
             raise TrtoptError(

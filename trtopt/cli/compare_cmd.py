@@ -112,11 +112,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace, engine: Engine) -> int:
+    import numpy as np
     from rich.markup import escape
 
     from trtopt.cli.console import out, print_json
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
+    from trtopt.data.inputs import unbatched_image
     from trtopt.execution import OrtSession
     from trtopt.frontend import load_model
     from trtopt.frontend.prequantized import is_prequantized
@@ -131,10 +133,13 @@ def _compare(args: argparse.Namespace, engine: Engine) -> int:
     names = [t.name for t in engine.outputs if t.name in reference.output_names]
     sources: list[str] = []  # each sample's file (and entry), in the order they ran
 
+    one = len(dataset.inputs) == 1 and unbatched_image(dataset.inputs[0].shape)  # [3, H, W]: one image per call
+
     def batches():  # type: ignore[no-untyped-def]
         for b in dataset.batches(args.batch):
             sources.extend(b.sources)
-            yield _rows(b, reference.run(b.feeds), engine.infer(b.feeds))
+            triple = _rows(b, reference.run(b.feeds), engine.infer(b.feeds))  # one image: a batch of one, not of 3
+            yield tuple({k: np.asarray(v)[None] for k, v in d.items()} for d in triple) if one else triple
 
     selection = find_selection(model)
     result = compare_outputs(batches(), names, config, selection.selected if selection else ())

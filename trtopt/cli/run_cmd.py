@@ -4,7 +4,8 @@ output's batch axis: a time-major [T, N, C] output is read along its second).
 
 Each image is preprocessed exactly as the plan says (resize, crop, mean/std, layout stored at build
 time), batched, and run; the closing line gives the throughput. ImageNet classifiers get ImageNet class
-names.
+names. A plan whose input is one image without a batch axis, [3, H, W] (torchvision's detection exports),
+runs one call per image.
 
 examples:
   trtopt run plan.engine images/
@@ -104,7 +105,8 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             err.print(f"[yellow]skipped[/] {markup_safe(s.path)}: {markup_safe(s.reason)}", markup=True)
         err.print(
             f"{n} {dataset.unit} on {engine.backend} in {elapsed:.2f} s: {summary['images_per_second']:.1f} {rate} "
-            f"inference, {summary['end_to_end_images_per_second']:.1f} {rate} with preprocessing (batch {args.batch})."
+            f"inference, {summary['end_to_end_images_per_second']:.1f} {rate} with preprocessing "
+            f"({'one per call' if feeds else f'batch {args.batch}'})."
         )
     return 0
 
@@ -160,5 +162,7 @@ def _described(name: str, row: np.ndarray) -> dict[str, Any]:
     if row.size == 1:
         return {"described": stats, "text": f"output {name!r}: {stats['max']:.4g}"}
     shape = "x".join(map(str, row.shape))
+    if row.size == 0:  # a detector's boxes where none passed its score threshold: no range (JSON has no inf)
+        return {"described": stats | {"min": None, "max": None}, "text": f"output {name!r} [{shape}]: empty"}
     text = f"output {name!r} [{shape}]: min {stats['min']:.4g}, max {stats['max']:.4g}, mean {stats['mean']:.4g}"
     return {"described": stats, "text": text + " (not [N, classes] scores: no top-k; use trtopt.Engine for the values)"}

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from trtopt.cli.sparsity_tables import print_sparsify_result
 
-        print_sparsify_result(result, args.output, samples=sum(n for _, n in batches or []))
+        print_sparsify_result(result, args.output, samples=sum(n or 1 for _, n in batches or []))
     return 0
 
 
@@ -106,7 +106,7 @@ def _sidecar(model: Path, output: Path) -> bytes | None:
     return data
 
 
-def _batches(args: argparse.Namespace, model: Any, shapes: Any) -> list[tuple[dict, int]]:
+def _batches(args: argparse.Namespace, model: Any, shapes: Any) -> list[tuple[dict, int | None]]:
     """The --calib samples, preprocessed as `trtopt build` would for this model, held in memory."""
     from trtopt.cli.preprocess_args import preprocess_config
     from trtopt.data import DataConfig, input_infos_from_graph, load_dataset
@@ -117,7 +117,7 @@ def _batches(args: argparse.Namespace, model: Any, shapes: Any) -> list[tuple[di
     spec = preprocess_spec_for(Path(args.model), graph, preprocess_config(args), DataConfig(tuple(args.calib)))
     source = args.calib if len(args.calib) > 1 else args.calib[0]
     dataset = load_dataset(source, input_infos_from_graph(graph), spec, count=args.calib_count)
-    return [(b.feeds, len(b)) for b in dataset.batches(args.batch)]
+    return [(b.feeds, None if b.whole else len(b)) for b in dataset.batches(args.batch)]  # None: one whole feed
 
 
 def _sparsify(args: argparse.Namespace, model: Any, batches: Any, shapes: Any) -> Any:

@@ -9,7 +9,9 @@ a warning (labels are often saved beside the inputs); a missing input is an erro
 Models whose inputs share no batch dimension (silero-vad: audio ``[1, 576]`` and LSTM state
 ``[2, 1, 128]``, the batch in the middle) take whole *feeds* instead of samples (`has_batch_axis` is
 False): an array of the input's rank is one feed, one rank more a stack of feeds ``[N, *input shape]``,
-and the model is called once per feed.
+and the model is called once per feed. So are models that take one image without a batch axis, ``[3, H, W]``
+(torchvision's detection exports, `trtopt.data.inputs.unbatched_image`): a ``[3, H, W]`` array is one image,
+``[N, 3, H, W]`` a stack of N, each run in a call of its own.
 
 Dtypes must be of the same kind as the input's: floats are cast between widths (float64 data for a float32
 input is common and harmless); integers are cast when every value fits; anything else is an error.
@@ -20,14 +22,15 @@ from __future__ import annotations
 import logging
 import threading
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
-from trtopt.data.inputs import InputInfo
+from trtopt.data.inputs import InputInfo, unbatched_image
 from trtopt.errors import DataError, UnreadableFileError, format_shape
 
 log = logging.getLogger(__name__)
@@ -52,9 +55,20 @@ class ArrayFile:
 
 def has_batch_axis(inputs: Sequence[InputInfo]) -> bool:
     """True when every input's first dimension is one shared batch dimension: all dynamic, or all the same
-    size. Otherwise samples cannot be stacked along it, and each sample is one whole feed."""
+    size, and no input is an image without a batch axis (``[3, H, W]``: its first dimension is the colours).
+    Otherwise samples cannot be stacked along it, and each sample is one whole feed."""
     firsts = {info.shape[0] if info.shape else -1 for info in inputs}
-    return len(firsts) == 1 and -1 not in firsts
+    return len(firsts) == 1 and -1 not in firsts and not any(unbatched_image(info.shape) for info in inputs)
+
+
+def samples_in(feeds: Mapping[str, Any], model: onnx.ModelProto) -> int:
+    """How many samples one call's `feeds` for `model` hold: the first array's leading size where the model's
+    inputs share a batch axis (`has_batch_axis`), else 1 (one whole feed, e.g. one ``[3, H, W]`` image)."""
+    weights = {t.name for t in model.graph.initializer}
+    infos = [InputInfo(t.name, [d.dim_value or None for d in t.type.tensor_type.shape.dim], "float32")
+             for t in model.graph.input if t.name not in weights]  # fmt: skip
+    first = next(iter(feeds.values()), None)
+    return int(np.shape(first)[0]) if first is not None and np.ndim(first) and has_batch_axis(infos) else 1
 
 
 def array_file_from_path(path: Path, inputs: Sequence[InputInfo]) -> ArrayFile:

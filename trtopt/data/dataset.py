@@ -33,7 +33,7 @@ from trtopt.data.files import EXPECTED as _EXPECTED
 from trtopt.data.files import Source, collect_files
 from trtopt.data.images import IMAGE_EXTENSIONS, check_image_header
 from trtopt.data.input_spec import spec_for_input
-from trtopt.data.inputs import InputInfo
+from trtopt.data.inputs import InputInfo, unbatched_image
 from trtopt.data.preprocess import PreprocessSpec, preprocess_file
 from trtopt.errors import DataError, UnreadableFileError, format_shape
 
@@ -56,9 +56,20 @@ class Batch:
     feeds: dict[str, np.ndarray]
     sources: list[str]
     padded: bool = False  # the last batch of a fixed-batch model, filled up by repeating its last sample
+    whole: bool = False  # one whole feed: the model's inputs share no batch axis (`trtopt.data.arrays`)
 
     def __len__(self) -> int:
         return len(self.sources)
+
+    @property
+    def feed_rows(self) -> int:
+        """How many leading rows of the first feed hold real samples, the `rows` of a (feeds, rows) pair that
+        calibration trims tensors of that leading size to: `len(self)`, or for a whole feed its full leading size
+        (none of it is padding: a [3, H, W] image is one sample, not three rows of which one is real)."""
+        if not self.whole:
+            return len(self)
+        first = next(iter(self.feeds.values()), None)
+        return int(np.shape(first)[0]) if first is not None and np.ndim(first) else 1
 
     @property
     def rows(self) -> int | None:
@@ -167,7 +178,7 @@ class Dataset:
 
     def _batch(self, rows: list[dict[str, np.ndarray]], sources: list[str]) -> Batch:
         if not has_batch_axis(self.inputs):
-            return Batch(feeds=rows[0], sources=sources)
+            return Batch(feeds=rows[0], sources=sources, whole=True)
         fixed = self.fixed_batch
         padded = fixed is not None and len(rows) < fixed
         if padded:
@@ -308,13 +319,12 @@ def _image_spec(images: list[Path], inputs: list[InputInfo], spec: PreprocessSpe
     info = inputs[0]
     if spec is None:
         return spec_for_input(info.shape, info.dtype, name=info.name)
-    fits = len(info.shape) == 4 and all(
-        w is None or w == g for g, w in zip(spec.sample_shape, info.sample_shape, strict=True)
-    )
+    sample = info.shape if unbatched_image(info.shape) else info.sample_shape  # [3, H, W]: one image per call
+    fits = len(sample) == 3 and all(w is None or w == g for g, w in zip(spec.sample_shape, sample, strict=True))
     if not fits or np.dtype(spec.dtype) != info.dtype:
         raise DataError(
             f"The preprocessing makes samples of shape {list(spec.sample_shape)} ({spec.layout}, "
-            f"{spec.dtype}), but input {info.name!r} takes {format_shape(info.sample_shape)} "
+            f"{spec.dtype}), but input {info.name!r} takes {format_shape(sample)} "
             f"({info.dtype}) per sample.",
             fix="Derive the spec from the model with spec_for_input(), or fix its crop, layout and dtype.",
         )
@@ -360,4 +370,4 @@ def _describe(source: Source) -> str:
 def sample_batches(dataset: Dataset, batch: int, count: int) -> list[tuple[dict[str, np.ndarray], int]]:
     """The first `count` samples of `dataset` as (feeds, rows) batches of `batch` samples (the last may be short)."""
     head = dataset.split_tail(len(dataset) - count)[0] if len(dataset) > count else dataset
-    return [(b.feeds, len(b)) for b in head.batches(batch)]
+    return [(b.feeds, b.feed_rows) for b in head.batches(batch)]

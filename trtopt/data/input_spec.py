@@ -2,7 +2,9 @@
 
 Layout is read from where the channel dimension (3 or 1) sits in a 4-D shape: ``[N, 3, H, W]`` is NCHW,
 ``[N, H, W, 3]`` NHWC. Shapes where both positions could be channels (``[N, 3, 3, 3]``, ``[N, 1, 8, 1]``)
-are ambiguous and need an explicit layout. The batch dimension may be dynamic; H and W may not.
+are ambiguous and need an explicit layout. The batch dimension may be dynamic; H and W may not. An image
+input without a batch axis, ``[3, H, W]`` (torchvision's detection exports), is read as ``[1, 3, H, W]``: NCHW,
+each image fed on its own (`trtopt.data.inputs.unbatched_image`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 
+from trtopt.data.inputs import image_dims
 from trtopt.data.overrides import PreprocessOverrides, check_channel_values
 from trtopt.data.preprocess import DTYPES, LAYOUTS, PRESETS, PreprocessSpec
 from trtopt.errors import DataError, ShapeError, format_shape
@@ -53,9 +56,10 @@ def spec_for_input(
         layout, color = layout or overrides.layout, color or overrides.color
         mean = mean if mean is not None else overrides.mean
         std = std if std is not None else overrides.std
-    dims = list(input_shape)
-    layout = detect_layout(dims, layout, name=name)
-    height, width = _spatial_size(dims, layout, name)
+    given_dims = list(input_shape)
+    dims = image_dims(given_dims)
+    layout = detect_layout(given_dims, layout, name=name)
+    height, width = _spatial_size(dims, layout, name, unbatched=len(given_dims) == 3)
     channels = dims[1] if layout == "NCHW" else dims[3]
     dtype_name = _image_dtype(dtype, name)
     base = _base_spec(preset, dtype_name)
@@ -82,7 +86,7 @@ def spec_for_input(
     changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     changes.setdefault("resize", _non_square_resize(base, height, width))
     spec = dataclasses.replace(base, crop=(height, width), layout=layout, dtype=dtype_name, color=color, **changes)
-    return overrides.apply(spec, name=name, input_shape=dims) if overrides else spec
+    return overrides.apply(spec, name=name, input_shape=given_dims) if overrides else spec
 
 
 def _non_square_resize(base: PreprocessSpec, height: int, width: int) -> int | None:
@@ -97,12 +101,13 @@ def _non_square_resize(base: PreprocessSpec, height: int, width: int) -> int | N
 
 
 def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str = "input") -> str:
-    """'NCHW' or 'NHWC' for a 4-D image input; `layout` (if given) is checked instead of guessed."""
-    dims = list(shape)
+    """'NCHW' or 'NHWC' for a 4-D image input, 'NCHW' for one image without a batch axis (``[3, H, W]``);
+    `layout` (if given) is checked instead of guessed."""
+    dims = image_dims(shape)
     if len(dims) != 4:
         raise ShapeError(
-            f"Input {name!r} has shape {format_shape(dims)}; images can only feed a 4-D input, [N, C, H, W] or "
-            "[N, H, W, C].",
+            f"Input {name!r} has shape {format_shape(list(shape))}; images can only feed a 4-D input, [N, C, H, W] or "
+            "[N, H, W, C], or one image without a batch axis, [3, H, W].",
             fix="Provide the data as .npy/.npz arrays of the input's shape instead of images.",
         )
     first, last = dims[1] in (1, 3), dims[3] in (1, 3)
@@ -111,20 +116,20 @@ def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str 
             raise DataError(f"Unknown layout {layout!r} for input {name!r}.", fix="Use NCHW or NHWC.")
         if not (first if layout == "NCHW" else last):
             raise ShapeError(
-                f"Layout {layout} puts the channels of input {name!r} (shape {format_shape(dims)}) at a dimension of "
-                f"size {dims[1] if layout == 'NCHW' else dims[3]}; images have 3 (RGB/BGR) or 1 (grey).",
+                f"Layout {layout} puts the channels of input {name!r} (shape {format_shape(list(shape))}) at a "
+                f"dimension of size {dims[1] if layout == 'NCHW' else dims[3]}; images have 3 (RGB/BGR) or 1 (grey).",
                 fix="Check --layout, or pass the model's real input size with --shapes.",
             )
         return layout
     if first and last:
         raise ShapeError(
-            f"Cannot tell the layout of input {name!r} (shape {format_shape(dims)}): dimensions 1 and 3 could both "
-            "be the channel dimension.",
+            f"Cannot tell the layout of input {name!r} (shape {format_shape(list(shape))}): dimensions 1 and 3 could "
+            "both be the channel dimension.",
             fix="Pass --layout NCHW or --layout NHWC.",
         )
     if not (first or last):
         raise ShapeError(
-            f"Input {name!r} (shape {format_shape(dims)}) has no channel dimension of size 3 or 1 at position 1 "
+            f"Input {name!r} (shape {format_shape(list(shape))}) has no channel dimension of size 3 or 1 at position 1 "
             "(NCHW) or 3 (NHWC), so it does not look like an image input.",
             fix="Fix dynamic dimensions with --shapes (e.g. --shapes "
             f"{name}:1x3x224x224), or feed .npy/.npz arrays instead of images.",
@@ -132,13 +137,15 @@ def detect_layout(shape: Sequence[Dim], layout: str | None = None, *, name: str 
     return "NCHW" if first else "NHWC"
 
 
-def _spatial_size(dims: list[Dim], layout: str, name: str) -> tuple[int, int]:
+def _spatial_size(dims: list[Dim], layout: str, name: str, *, unbatched: bool = False) -> tuple[int, int]:
     height, width = (dims[2], dims[3]) if layout == "NCHW" else (dims[1], dims[2])
     if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in (height, width)):
         channels = 3 if (dims[1] if layout == "NCHW" else dims[3]) == 3 else 1
         example = f"1x{channels}x224x224" if layout == "NCHW" else f"1x224x224x{channels}"
+        example = example[2:] if unbatched else example
+        shown = format_shape(dims[1:] if unbatched else dims)
         raise ShapeError(
-            f"Input {name!r} has a dynamic height or width (shape {format_shape(dims)}); images need a fixed size "
+            f"Input {name!r} has a dynamic height or width (shape {shown}); images need a fixed size "
             "to be resized and cropped to.",
             fix=f"Set it with --shapes {name}:{example} (your model's real size).",
         )

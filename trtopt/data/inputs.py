@@ -43,6 +43,22 @@ class InputInfo:
         return self.shape[1:]
 
 
+def unbatched_image(shape: Sequence[int | str | None]) -> bool:
+    """Whether an input of `shape` is one image without a batch axis, ``[3, H, W]``: rank 3, its first dimension
+    3 (the colour channels) and its height and width dynamic or larger than 3. torchvision's detection models
+    (Faster R-CNN, RetinaNet, SSD, FCOS, Mask R-CNN) export so, from a list of images; they take one image per
+    call. A grey ``[1, H, W]`` is left a batch of one (a ``[1, T, F]`` spectrogram reads the same)."""
+    dims = list(shape)
+    sizes = [d if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 else None for d in dims]
+    return len(sizes) == 3 and sizes[0] == 3 and all(d is None or d > 3 for d in sizes[1:])
+
+
+def image_dims(shape: Sequence[int | str | None]) -> list[int | str | None]:
+    """The 4-D ``[N, C, H, W]`` / ``[N, H, W, C]`` view of an image input: `shape` itself, or ``[1, 3, H, W]`` for
+    one image without a batch axis (`unbatched_image`)."""
+    return [1, *shape] if unbatched_image(shape) else list(shape)
+
+
 def input_infos_from_graph(graph: Any) -> list[InputInfo]:
     """`InputInfo` for each input of an onnx-graphsurgeon graph, in the graph's order."""
     infos = []

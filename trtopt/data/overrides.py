@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from trtopt.data.inputs import image_dims
 from trtopt.data.preprocess import COLORS, INTERPOLATIONS, LAYOUTS, PreprocessSpec
 from trtopt.data.resize import PAD_ALIGNS, RESIZE_MODES
 from trtopt.errors import DataError
@@ -78,7 +79,8 @@ class PreprocessOverrides:
     def apply(
         self, spec: PreprocessSpec, *, name: str = "input", input_shape: Sequence[Dim] | None = None
     ) -> PreprocessSpec:
-        """`spec` with the given fields replaced; `input_shape` (4-D), when known, is checked against the crop."""
+        """`spec` with the given fields replaced; `input_shape` (4-D, or [3, H, W]), when known, is checked against
+        the crop."""
         changes = self.changes()
         mode = changes.get("resize_mode", spec.resize_mode)
         check_padding_flags(self, mode)
@@ -148,7 +150,7 @@ def check_channel_values(field: str, values: Sequence[float], channels: int, nam
 
 def check_crop_fits(crop: tuple[int, int] | None, spec: PreprocessSpec, input_shape: Sequence[Dim], name: str) -> None:
     """The crop is the model input's height and width: a --crop that differs cannot feed it."""
-    dims = list(input_shape)
+    dims = image_dims(input_shape)
     height, width = (dims[2], dims[3]) if spec.layout == "NCHW" else (dims[1], dims[2])
     if crop is None or not (isinstance(height, int) and isinstance(width, int)) or crop == (height, width):
         return

@@ -14,7 +14,7 @@ import numpy as np
 from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.data.dataset import Dataset, holds_only_arrays, load_dataset
 from trtopt.data.input_spec import spec_for_input
-from trtopt.data.inputs import input_infos_from_graph, random_array
+from trtopt.data.inputs import image_dims, input_infos_from_graph, random_array
 from trtopt.data.preprocess import PreprocessSpec
 from trtopt.errors import DataError, InputsRejected, ShapeError, TrtoptError
 
@@ -33,7 +33,7 @@ def preprocess_spec_for(
     images are read: arrays are fed as they are, and the default was only a guess for images, so it is
     neither applied nor checked (an FP32 build without data stores none and says so). With images, that
     misfit is an error that says what to pass."""
-    image_inputs = [t for t in graph.inputs if t.shape is not None and len(t.shape) == 4]
+    image_inputs = [t for t in graph.inputs if t.shape is not None and len(image_dims(t.shape)) == 4]
     if len(graph.inputs) != 1 and (config.overrides or config.preset is not None):
         from trtopt.data.overrides import refuse_for_multi_input
 
@@ -147,8 +147,10 @@ def random_checks(graph: gs.Graph, spec: PreprocessSpec | None, count: int, batc
 
     rng = np.random.default_rng(0)
     infos = input_infos_from_graph(graph)
-    if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays)
-        whole = {info.name: random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}
+    if not has_batch_axis(infos):  # one whole feed (see trtopt.data.arrays); a noise image for a [3, H, W] input
+        noise = [rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)]
+        whole = {info.name: preprocess_images(noise, spec)[0] if spec is not None and len(infos) == 1
+                 else random_array(rng, [d or 1 for d in info.shape], info.dtype) for info in infos}  # fmt: skip
         source = "1 random feed (no data given: checks the kernels, not accuracy)"
         return Checks([(whole, None)], source, 1, random=True)
     fixed = {info.shape[0] for info in infos if info.shape and isinstance(info.shape[0], int)}

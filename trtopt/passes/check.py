@@ -154,6 +154,7 @@ def check_against_file(
     `lifted`: an INT8 build, whose graph computes a float16 model in float32 (`trtopt.frontend.float_types`). The
     file's float32 copy is then checked against the file within float16's rounding (`LOW_RTOL`), and the graph
     against the copy as closely as ever (`RTOL`)."""
+    from trtopt.data.arrays import samples_in
     from trtopt.execution.ort_session import OrtSession
     from trtopt.frontend.loader import with_supported_ir
 
@@ -176,7 +177,7 @@ def check_against_file(
     what = "graph trtopt builds from the model"
     session = _session(graph_model, what)
     error, flipped = _compared(wanted, session.run(feeds), what)
-    rows = len(next(iter(feeds.values()))) if feeds and np.ndim(next(iter(feeds.values()))) else 1
+    rows = samples_in(feeds, graph_model)  # 1 for one whole feed (a [3, H, W] image input)
     found = f"equals the model file{copy} on {rows} verification input(s) ({_found(error, flipped)})"
     return OptimizeCheck(error, found)
 

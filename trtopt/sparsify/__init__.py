@@ -101,7 +101,7 @@ def sparsify(
     *,
     layers: Iterable[str] | None = None,
     budget: float | None = None,
-    batches: Sequence[tuple[Feeds, int]] | None = None,
+    batches: Sequence[tuple[Feeds, int | None]] | None = None,
     threads: int | None = None,
     shapes: dict[str, tuple[int, ...]] | None = None,
     step: Progress | None = None,

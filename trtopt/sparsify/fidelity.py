@@ -57,18 +57,19 @@ class FidelityProbe:
     """The dense model's outputs on fixed batches, computed once; `measure_weights` and `measure` compare a
     variant (the dense model with some weights replaced, or any model) against them.
 
-    `batches` are (feeds, rows): a fixed-batch model's last batch may be padded, and only its first `rows`
-    rows are compared. The initializers named in `variable` become inputs of one ONNX Runtime session, fed the
-    dense or the pruned values on each run: ResNet-50's session takes about a second to create and a batch of
-    8 images two seconds to run on one core, so one session for all candidates saves a third of the time. The
-    math is the same; ONNX Runtime cannot pre-pack or fuse those weights, so rounding may differ from a session
-    over constant weights by about 1e-7 of the outputs' magnitude (the dense reference runs the same way).
+    `batches` are (feeds, rows): a fixed-batch model's last batch may be padded, and only its first `rows` rows
+    are compared (None: all of them, a whole feed). The initializers named in `variable` become inputs of one
+    ONNX Runtime session, fed the dense or the pruned values on each run: ResNet-50's session takes about a
+    second to create and a batch of 8 images two seconds to run on one core, so one session for all candidates
+    saves a third of the time. The math is the same; ONNX Runtime cannot pre-pack or fuse those weights, so
+    rounding may differ from a session over constant weights by about 1e-7 of the outputs' magnitude (the dense
+    reference runs the same way).
     """
 
     def __init__(
         self,
         dense: onnx.ModelProto,
-        batches: Sequence[tuple[Feeds, int]],
+        batches: Sequence[tuple[Feeds, int | None]],
         *,
         threads: int | None = None,
         variable: Sequence[str] = (),
@@ -185,5 +186,6 @@ def budget_measurements(candidates: int) -> int:
     return 1 + max(0, int(np.ceil(np.log2(max(candidates, 1)))))
 
 
-def _rows(outputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    return {name: value[:rows] for name, value in outputs.items()}
+def _rows(outputs: Mapping[str, np.ndarray], rows: int | None) -> dict[str, np.ndarray]:
+    """The first `rows` rows of each output (None: all, as for a whole feed such as one [3, H, W] image)."""
+    return dict(outputs) if rows is None else {name: value[:rows] for name, value in outputs.items()}

@@ -87,6 +87,7 @@ def measure_speed(
     runtime: str = "ONNX Runtime",
 ) -> Speed:
     """Time `plan_call(feeds)` (a plan on `runtime`) against the FP32 model on one thread (see the module)."""
+    from trtopt.data.arrays import samples_in
     from trtopt.execution import OrtSession
 
     session = OrtSession(fp32, threads=1, spin=False)
@@ -102,7 +103,6 @@ def measure_speed(
             began = time.perf_counter()
             calls[index]()
             times[index].append((time.perf_counter() - began) * 1e3)
-    first = next(iter(feeds.values()), None)
-    batch = int(first.shape[0]) if first is not None and np.ndim(first) else 1
+    batch = samples_in(feeds, fp32)  # a [3, H, W] image input takes one image per call, not a batch of 3
     return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine,
                  int8_dot_products=int8_dot_products, runtime=runtime)
