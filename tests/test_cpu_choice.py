@@ -259,7 +259,7 @@ def test_a_build_writes_the_float_plan_where_int8_is_slower(workdir: Path, monke
     write_plan(plan, workdir / "fallback.engine")
     summary = build_summary(result, workdir / "fallback.engine")
     assert summary["verification"]["reference"] == FLOAT_FALLBACK and summary["int8_layers"] == 0
-    assert "the float plan, written as the faster" in verification_text(summary["verification"])
+    assert "the float plan, written instead of the INT8 plan" in verification_text(summary["verification"])
     assert "the float plan is the faster" in summary["speed"]["outcome"]
 
 

@@ -117,7 +117,7 @@ def print_build_summary(
 # compares the model with itself and always reads 1.0. The summary says that instead of an INT8 figure nobody
 # measured. (With --fp16 alone the reference is the FP16 graph, a real figure, labelled as such.)
 AS_GIVEN = "the model as given (built without --int8)"
-FLOAT_FALLBACK = "the model as given (the float plan, written as the faster: see speed)"
+FLOAT_FALLBACK = "the model as given (the float plan, written instead of the INT8 plan: see speed)"
 
 
 def preprocess_text(record: dict[str, Any]) -> str:
