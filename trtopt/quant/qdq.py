@@ -121,9 +121,10 @@ def _bias_floors(plan: QuantPlan, nodes: Mapping[str, gs.Node], amax: Mapping[st
     bias fits int32 at scale s_x * s_w (s_w: the weights' 8-bit per-channel scales, the finest any encoding uses;
     s_x: T / 255, the finest input grid a CPU plan writes). Integer kernels take the bias as int32 at that scale:
     ONNX Runtime quantises a float bias itself and clips it, so a tiny input (FP32 backends keep one's own grid,
-    `QuantConfig.min_amax`) beside a bias of 0.1 gave outputs 10x too small. As ONNX Runtime's quantizer, which
-    widens the weights' scale instead (onnxruntime.quantization, the int32 bias check added in 1.19); here the
-    weights keep their grid and the input's, by construction tiny next to the bias, gives way."""
+    `QuantConfig.min_amax`) beside a bias of 0.1 gave outputs 10x too small. ONNX Runtime's quantizer meets the
+    same limit by widening the weights' scale instead (`QDQQuantizer._adjust_weight_scale_for_int32_bias` in
+    onnxruntime.quantization, after TensorFlow Lite's quantization_utils); here the weights keep their grid, and
+    the input's, by construction tiny beside the bias, gives way."""
     raised = dict(amax)
     for site in plan.sites:
         node = nodes[site.consumer]
