@@ -364,3 +364,28 @@ def test_run_shows_the_output_of_class_probabilities(tmp_path: Path, capsys: pyt
     assert main(["run", plan, str(tmp_path / "a.png"), "--json"]) == 0
     (prediction,) = _json(capsys)["predictions"]
     assert len(prediction["top"]) == 3  # the 3 classes of probs, not 4 of boxes
+
+
+def test_run_names_the_batch_a_fixed_batch_plan_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model exported at a fixed batch runs that many samples per call whatever --batch says; the closing line
+    named --batch ("batch 8") for a batch-4 ResNet-18 export (second robustness sweep). A dynamic batch runs
+    --batch.
+
+        x [B,3,8,8] -> GlobalAveragePool -> Flatten -> y [B,3]      (B = 1, or N)
+    """
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["g"]), helper.make_node("Flatten", ["g"], ["y"])]
+    Image.fromarray(np.full((8, 8, 3), (200, 30, 90), np.uint8)).save(tmp_path / "a.png")
+    images = [str(tmp_path / "a.png")] * 3
+    for batch, said in ((1, "(batch 1, fixed by the plan)"), ("N", "(batch 2)")):
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 3])
+        graph = helper.make_graph(nodes, "gap", [x], [y])
+        model = helper.make_model(graph, opset_imports=[helper.make_operatorsetid("", 13)])
+        onnx.save_model(model, tmp_path / "m.onnx")
+        plan = str(tmp_path / "m.engine")
+        assert main(["build", str(tmp_path / "m.onnx"), "--backend", "cpu", "--preset", "imagenet", "-o", plan]) == 0
+        capsys.readouterr()
+        assert main(["run", plan, *images, "--batch", "2"]) == 0
+        assert said in capsys.readouterr().err.replace("\n", " ")

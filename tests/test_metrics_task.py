@@ -262,3 +262,32 @@ def test_label_maps_are_compared_class_by_class() -> None:
     evaluator.update({"ids": reference}, {"ids": test})
     assert evaluator.headline() == ("mean IoU", pytest.approx(0.8))
     assert evaluator.to_dict()["metrics"]["class_iou"]["1"] == pytest.approx(0.8)
+
+
+def test_class_score_maps_are_segmenters_compared_by_their_argmax() -> None:
+    """torchvision's segmentation exports (FCN, DeepLabV3, LR-ASPP) end in [N, 21, H, W] float scores at the
+    input's size, no ArgMax: auto reads them as a segmenter from 5 classes at the input's size; --task segment
+    from 2 classes at a quarter of it. An image-to-image output ([N, 3, H, W]) or a backbone's features (a
+    fraction of the input's size) stay raw unless asked for."""
+    rng = np.random.default_rng(3)
+    scores = rng.normal(size=(2, 21, 64, 96)).astype(np.float32)
+    assert choose({"out": scores}, HW) == ("segment", "out", "scores")
+    assert choose({"img": rng.normal(size=(2, 3, 64, 96)).astype(np.float32)}, HW)[0] == "raw"
+    assert choose({"feat": rng.normal(size=(2, 64, 16, 24)).astype(np.float32)}, HW)[0] == "raw"
+    assert choose({"two": rng.normal(size=(2, 2, 16, 24)).astype(np.float32)}, HW, task="segment") == (
+        "segment", "two", "scores")  # fmt: skip
+    with pytest.raises(TrtoptError, match="no output of the model looks like one"):
+        choose_task({"tiny": np.zeros((2, 21, 8, 8), np.float32)}, HW, TaskConfig(task="segment"), 2)
+    from trtopt.metrics.labels import LabelAgreement
+
+    scores[0, 20, 0, 0] = -10.0  # FP32 labels the first pixel of image 0 anything but class 20
+    test = scores.copy()
+    test[0, 20, 0, 0] = 10.0  # the plan labels it class 20
+    labels = scores.argmax(axis=1)
+    expected = LabelAgreement()
+    expected.update(labels, test.argmax(axis=1))
+    evaluator = TaskEvaluator(choose_task({"out": scores}, HW, TaskConfig(), 2), TaskConfig(), HW)
+    evaluator.update({"out": scores}, {"out": test})
+    assert evaluator.to_dict()["metrics"]["pixel_agreement"] == pytest.approx(1 - 1 / labels.size)
+    assert evaluator.headline() == ("mean IoU", pytest.approx(expected.mean_iou))
+    assert evaluator.headline()[1] < 1.0

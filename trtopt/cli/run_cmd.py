@@ -106,9 +106,15 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
         err.print(
             f"{n} {dataset.unit} on {engine.backend} in {elapsed:.2f} s: {summary['images_per_second']:.1f} {rate} "
             f"inference, {summary['end_to_end_images_per_second']:.1f} {rate} with preprocessing "
-            f"({'one per call' if feeds else f'batch {args.batch}'})."
+            f"({'one per call' if feeds else _batch_note(dataset.fixed_batch, args.batch)})."
         )
     return 0
+
+
+def _batch_note(fixed: int | None, asked: int) -> str:
+    """The samples one call held: the plan's own batch where its model fixes one (a batch-1 export runs one image
+    per call whatever --batch says), else --batch."""
+    return f"batch {asked}" if fixed is None or fixed == asked else f"batch {fixed}, fixed by the plan"
 
 
 def sample_axis(declared: Sequence[int], shape: Sequence[int], rows: int) -> int:

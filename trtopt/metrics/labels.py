@@ -1,4 +1,6 @@
-"""Agreement of label maps: segmentation outputs whose graph ends in its own ArgMax (integer class ids).
+"""Agreement of label maps: segmentation outputs whose graph ends in its own ArgMax (integer class ids), or
+score maps, [N, classes, H, W] per-pixel class scores (torchvision's FCN, DeepLabV3 and LR-ASPP exports), read
+through their argmax over the class axis as the model's user does.
 
 A segmenter exported with its ArgMax inside the graph (wired-table-rec's line segmenter writes an int64
 [1, N, H, W] map of 0 background, 1 row line, 2 column line) has no scores left to compare: the cosine of
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MOST_CLASSES = 256  # an id this large or larger is no class id of a label map (a count, an index, a size)
+SCORE_CLASSES = 5  # fewest classes of a score map found unasked: more channels than an image's or a text map's
 
 
 def is_label_map(out: np.ndarray, input_hw: tuple[int, int] | None) -> bool:
@@ -28,6 +31,24 @@ def is_label_map(out: np.ndarray, input_hw: tuple[int, int] | None) -> bool:
     if height < least[0] or width < least[1]:
         return False
     return int(out.min()) >= 0 and int(out.max()) < MOST_CLASSES
+
+
+def is_score_map(out: np.ndarray, input_hw: tuple[int, int] | None, asked: bool) -> bool:
+    """Float [N, C, H, W] per-pixel class scores. Unasked (auto), only a map of `SCORE_CLASSES` or more classes at
+    the input's own height and width: an image-to-image model writes 1, 3 or 4 channels, a backbone's features
+    come at a fraction of the input, a text detector's probability map has at most 4 channels. Asked for
+    (`--task segment`), 2 or more classes at a quarter of the input's size or more."""
+    if out.ndim != 4 or out.dtype.kind != "f" or input_hw is None or not out.size:
+        return False
+    classes, (height, width) = out.shape[1], out.shape[2:]
+    if asked:
+        return 2 <= classes < MOST_CLASSES and height * 4 >= input_hw[0] and width * 4 >= input_hw[1]
+    return SCORE_CLASSES <= classes < MOST_CLASSES and (height, width) == tuple(input_hw)
+
+
+def labels_from_scores(scores: np.ndarray) -> np.ndarray:
+    """[N, C, H, W] class scores -> [N, H, W] class ids (the first of a tie, as numpy's and ONNX's ArgMax)."""
+    return np.asarray(scores).argmax(axis=1)
 
 
 def label_map_outputs(outputs: dict[str, np.ndarray], input_hw: tuple[int, int] | None) -> list[str]:

@@ -10,6 +10,9 @@ declare wrong or symbolic ones) and the image input's height and width. The rule
    raw (`yolo.is_raw_yolox`), else YOLOv5;
 3. an integer output of rank 3 or more whose last two axes are at least a quarter of the input's height and
    width (a segmenter that ends in its own ArgMax: class ids per pixel, `trtopt.metrics.labels`) -> **segment**;
+   so is a float [N, C, H, W] of 5 to 255 class scores per pixel at the input's height and width (torchvision's
+   segmentation exports), compared through its argmax over C; `--task segment` takes such a map from 2
+   classes and a quarter of the input's size;
 4. a rank-4 output [N, C, H, W] with at most 4 channels, at least a quarter of the input's height and width,
    and every value in [0, 1] (a probability map) -> **text-detect**;
 5. any other rank-3 output with at least 2 classes on its last axis, on an input at least twice as wide as
@@ -32,7 +35,7 @@ import numpy as np
 from trtopt.errors import TrtoptError
 from trtopt.metrics.boxes import BoxAgreement, Detections
 from trtopt.metrics.ctc import CTC_LAYOUTS, SequenceAgreement, decode_batch
-from trtopt.metrics.labels import LabelAgreement, is_label_map
+from trtopt.metrics.labels import LabelAgreement, is_label_map, is_score_map, labels_from_scores
 from trtopt.metrics.maps import DB_THRESHOLD, MapAgreement
 from trtopt.metrics.yolo import BOX_FORMATS, DecodeConfig, decode, is_raw_yolox, yolo_grid_match
 
@@ -123,9 +126,11 @@ def _detector(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskCon
 
 
 def _label_map(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
-    if not is_label_map(out, input_hw):
-        return None
-    return "", f"{list(out.shape)}: a map of class ids (integer {out.dtype}), compared class by class"
+    if is_label_map(out, input_hw):
+        return "", f"{list(out.shape)}: a map of class ids (integer {out.dtype}), compared class by class"
+    if is_score_map(out, input_hw, asked=config.task == "segment"):
+        return "scores", f"{list(out.shape)}: [N, classes, H, W] class scores, compared by their argmax per pixel"
+    return None
 
 
 def _score_map(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
@@ -196,7 +201,8 @@ class TaskEvaluator:
             for ref, tst in zip(self._detections(reference), self._detections(test), strict=True):
                 self.boxes.update(ref, tst)
         elif task == "segment" and name is not None:
-            self.labels.update(reference[name], test[name])
+            labels = labels_from_scores if self.choice.variant == "scores" else np.asarray
+            self.labels.update(labels(reference[name]), labels(test[name]))
         elif task == "text-detect" and name is not None:
             self.maps.update(reference[name], test[name])
         elif task == "ctc" and name is not None:
