@@ -8,7 +8,7 @@ cell error fails the test with the cell and its traceback.
 
 The copy starts with one added cell, `SUITE_SETTINGS`: the kernel is a process of its own, so it gets the settings
 tests/conftest.py gives every build in the suite's processes (a CPU INT8 build keeps its INT8 plan and times it
-against FP32 in the fewest rounds, not for 2 s). No notebook reads those timings; they cost seconds per build.
+against FP32 in the fewest rounds, not for 2 s). No notebook checks those timings; they cost seconds per build.
 """
 
 from __future__ import annotations
