@@ -12,7 +12,10 @@ CPU builds keep the INT8 plan they verified, whatever the build's rough timing s
 would write a cheaper plan where INT8 runs slower than FP32, which on a busy or VNNI-less machine depends on the
 timing): a test module that sets `SPEED_CHOICE = True` tests that choice, with injected timings. For the same
 reason `--backend auto` builds only the CPU backend's plan here (TRTOPT_AUTO_BACKENDS=cpu), not one per installed CPU
-runtime timed against each other (`trtopt.auto_backend`, tested with injected timings in test_backend_openvino)."""
+runtime timed against each other (`trtopt.auto_backend`, tested with injected timings in test_backend_openvino).
+
+ONNX Runtime sessions opened without a thread count run on one intra-op thread here, without spinning
+(`_one_ort_thread_per_worker`): the suite runs two xdist workers on CI's two cores."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from require_optional import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks)
@@ -88,6 +91,28 @@ def _speed_figures_in_few_rounds() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_ort_thread_per_worker() -> Iterator[None]:
+    """A session given no thread count (`threads=None`: ONNX Runtime's pool of one thread per core) gets one intra-op
+    thread, and no session's threads spin after a run. The suite runs two xdist workers on two cores: each worker's
+    pools of two threads oversubscribed the CPU, and a thread spinning for its pool's next run took the time the
+    other worker needed (tests/test_demo_model.py's INT8 build on a loaded machine, measured once: 29 CPU-s with them,
+    25 without; the whole suite: 1,273 CPU-s before this and the tool changes of the same commit, 1,150 after). No test
+    reads the thread count or depends on it; a session given a thread count keeps it."""
+    from trtopt.backend.cpu import builder, runner
+    from trtopt.execution import ort_session
+
+    default = ort_session.session_options
+
+    def one_thread(*, threads: int | None = None, spin: bool = True, **options: Any) -> Any:
+        return default(threads=1 if threads is None else threads, spin=False, **options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (ort_session, runner, builder):  # each holds its own reference to the function
+            patch.setattr(module, "session_options", one_thread)
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _speed_choice(request: pytest.FixtureRequest, _int8_plans_stay_int8: Callable[..., object]) -> Iterator[None]:
     from trtopt.backend.cpu import choice
@@ -125,9 +150,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked `slow` themselves first (a stable sort: the rest keep their order). Handed out one at a time
-    (pytest_configure), the two workers start the long tests (minutes each) together and the short ones fill in
-    around them, instead of a long test starting last while the other worker idles. A module marked slow as a
-    whole (tests/test_triton_server.py: one server per module and worker) stays in place. Order only: every test
-    still runs."""
-    items.sort(key=lambda item: not any(mark.name == "slow" for mark in item.own_markers))
+    """The tests marked `slow` themselves first (a stable sort: the rest keep their order), the longest of them first
+    (`@pytest.mark.slow(seconds=N)`: about N seconds on an idle 2-core machine; unmarked: after those with a figure).
+    Handed out one at a time (pytest_configure), the two workers start the long tests (minutes each) together and the
+    short ones fill in around them, instead of a long test starting last while the other worker idles. A module marked
+    slow as a whole (tests/test_triton_server.py: one server per module and worker) stays in place. Order only: every
+    test still runs, and no test reads the figures."""
+
+    def order(item: pytest.Item) -> tuple[bool, float]:
+        mark = next((mark for mark in item.own_markers if mark.name == "slow"), None)
+        return mark is None, -float(mark.kwargs.get("seconds", 0)) if mark else 0.0
+
+    items.sort(key=order)

@@ -6,9 +6,11 @@ kind promises it (trtopt.backend.cpu.isa): u8u8 kernels everywhere, u8s8 ones on
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import re
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,26 @@ def run_tool(*args: str) -> str:
     done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
+
+
+def run_tool_here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], script: str, *args: str) -> str:
+    """`main(args)` of tools/<script> in this process: its stdout. The tool then builds as every build in the suite
+    does (tests/conftest.py: a CPU INT8 plan stays INT8 and times itself in a few rounds), without the seconds a fresh
+    interpreter costs, and `bench_setup.run_isolated` runs each build here too: a fresh process per build only keeps
+    each peak memory its own, and no test reads a peak's size. The tools' scripts start as commands in the tests
+    that keep run_tool."""
+
+    def here(fn, *fn_args):  # type: ignore[no-untyped-def]
+        return fn(*fn_args), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    tool = importlib.import_module(Path(script).stem)
+    for module in (importlib.import_module("bench_setup"), tool):
+        if hasattr(module, "run_isolated"):
+            monkeypatch.setattr(module, "run_isolated", here)
+    capsys.readouterr()
+    assert tool.main(list(args)) == 0
+    return capsys.readouterr().out
 
 
 def table_rows(markdown: str, header_start: str) -> list[list[str]]:
@@ -63,12 +85,14 @@ def check_header(markdown: str, script: str) -> None:
         assert key in markdown, key
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
-def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
+def test_bench_accuracy_tiny_run_reports_every_variant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "accuracy.md"
-    stdout = run_tool(
-        "tools/bench_accuracy.py", "--count", "4", "--eval-count", "6", "--methods", "max",
+    stdout = run_tool_here(
+        monkeypatch, capsys, "tools/bench_accuracy.py", "--count", "4", "--eval-count", "6", "--methods", "max",
         "--ort", "minmax", "--ort-raw", "minmax", "--ort-reduce-range", "--u8u8", "--u8s8", "max", "--out", str(out),
     )
     assert out.read_text() == stdout
@@ -97,11 +121,13 @@ def test_bench_accuracy_tiny_run_reports_every_variant(tmp_path: Path) -> None:
     assert "CPU class `" in stdout, "every figure states the CPU class it was measured on"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=45)
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
-def test_bench_accuracy_analysis_tiny_run_cross_validates_and_splits_the_error() -> None:
-    stdout = run_tool(
-        "tools/bench_accuracy_analysis.py", "--count", "6", "--eval-count", "2", "--folds", "2",
+def test_bench_accuracy_analysis_tiny_run_cross_validates_and_splits_the_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stdout = run_tool_here(
+        monkeypatch, capsys, "tools/bench_accuracy_analysis.py", "--count", "6", "--eval-count", "2", "--folds", "2",
         "--methods", "entropy", "max",
     )
     check_header(stdout, "tools/bench_accuracy_analysis.py")
@@ -185,7 +211,7 @@ def test_bench_latency_refuses_other_batches_for_a_fixed_batch_model() -> None:
     assert done.returncode != 0 and "--batches 1" in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
 def test_make_benchmarks_quick_assembles_sections_and_plots(tmp_path: Path) -> None:
     out = tmp_path / "BENCHMARKS.md"
@@ -259,12 +285,15 @@ def test_realistic_photos_are_camera_sized_jpegs_that_differ(tmp_path: Path) -> 
     assert len({p.read_bytes() for p in paths}) == 3
 
 
-@pytest.mark.slow  # three INT8 builds of the demo model: about 20 s of CPU
+@pytest.mark.slow(seconds=35)  # three INT8 builds of the demo model
 @pytest.mark.skipif(not DEMO.exists(), reason="needs models/efficientnet_lite0.onnx")
-def test_bench_sparsity_tiny_run_reports_layers_budgets_and_int8(tmp_path: Path) -> None:
+def test_bench_sparsity_tiny_run_reports_layers_budgets_and_int8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "sparsity.md"
-    stdout = run_tool("tools/bench_sparsity.py", "--sens-count", "2", "--eval-count", "2", "--budgets", "0.01",
-                      "--top", "1", "--int8-count", "8", "--no-int8-layers", "--out", str(out))  # fmt: skip
+    stdout = run_tool_here(monkeypatch, capsys, "tools/bench_sparsity.py", "--sens-count", "2", "--eval-count", "2",
+                           "--budgets", "0.01", "--top", "1", "--int8-count", "8", "--no-int8-layers",
+                           "--out", str(out))  # fmt: skip
     assert out.read_text() == stdout
     check_header(stdout, "tools/bench_sparsity.py")
     assert "CPU class `" in stdout and "owed to a GPU run" in stdout and "88.2% of the model's" in stdout

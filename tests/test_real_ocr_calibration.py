@@ -39,7 +39,7 @@ def _rec_model() -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_ppocr_recognizer_keeps_its_strings_with_auto(tmp_path: Path) -> None:
     path = _rec_model()
     if path is None:
