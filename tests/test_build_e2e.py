@@ -95,24 +95,22 @@ def test_engine_is_safe_under_concurrent_load(workdir: Path, built) -> None:  # 
 
 def test_engines_without_spinning_threads_compute_the_same(workdir: Path, built) -> None:  # type: ignore[no-untyped-def]
     """`spin=False` (several engines in one process) changes how ONNX Runtime's threads wait, not what they compute;
-    the option reaches the session."""
-    import onnxruntime as ort
+    the option reaches the runner's session options (`trtopt.execution.ort_session.session_options`, which writes
+    it as `session.intra_op.allow_spinning`; the suite's conftest turns spinning off in every session it makes)."""
+    from trtopt.backend.cpu import runner
 
-    seen: list[str | None] = []
-    make = ort.InferenceSession
+    seen: list[bool] = []
+    make = runner.session_options
 
-    def session(model: Any, options: ort.SessionOptions, **kwargs: Any) -> ort.InferenceSession:
-        try:
-            seen.append(options.get_session_config_entry("session.intra_op.allow_spinning"))
-        except RuntimeError:  # not set: ONNX Runtime's default, spinning
-            seen.append(None)
-        return make(model, options, **kwargs)
+    def options(**kwargs: Any) -> Any:
+        seen.append(kwargs.get("spin", True))
+        return make(**kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ort, "InferenceSession", session)
+        patch.setattr(runner, "session_options", options)
         quiet = trtopt.Engine.load(workdir / "tiny.engine", threads=2, spin=False)
         spinning = trtopt.Engine.load(workdir / "tiny.engine", threads=2)
-    assert seen == ["0", None]
+    assert seen == [False, True]
     x = trtopt.Engine.load(workdir / "tiny.engine").preprocess(_images(workdir))
     assert all(np.array_equal(quiet(row[None]), spinning(row[None])) for row in x)
 

@@ -202,9 +202,11 @@ def int8_goal(r: dict[str, Any]) -> str:
                 misses.append(f"slower than ORT at b{batch}")
     if scores.get(theirs) is not None and scores[ours].worst_cosine < scores[theirs].worst_cosine:
         misses.append("less faithful than ORT")
-    if not kernel_counts(r["variants"][ours].kernels).int8_convs:
-        misses.append("no INT8 conv: trtopt wrote the float plan (INT8 did not pay here)")
-    return "yes" if not misses else "no: " + ", ".join(misses)
+    # A float plan is what issue #45 asks for where INT8 cannot pay on the CPU at hand; it meets the goal on the
+    # same terms (as fast as ORT's INT8 plan and as faithful), and the cell says which plan it was.
+    float_plan = not kernel_counts(r["variants"][ours].kernels).int8_convs
+    note = " (the float plan: INT8 did not pay here)" if float_plan else ""
+    return ("yes" if not misses else "no: " + ", ".join(misses)) + note
 
 
 def int8_rows(results: list[dict[str, Any]]) -> list[str]:
