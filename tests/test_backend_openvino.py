@@ -214,6 +214,7 @@ def test_build_fastest_builds_each_runtime_and_says_why(monkeypatch: pytest.Monk
         return FakeResult(name, verification)
 
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 12.0, "openvino": 7.0})
+    monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: batch)  # the plans here are names, not plans
     result: Any = auto.build_fastest(build, 8)
     assert built == ["cpu", "openvino"]
     assert result.plan == "openvino" and result.backend_reason.startswith("openvino (auto: timed")

@@ -239,14 +239,16 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_with(workdir: Path, monkeypatch: pytest.MonkeyPatch, ratio: Any, model: str = "tiny.onnx") -> Any:
-    """A CPU build of `model` whose timings come from `ratio(plan_onnx) -> float`."""
+    """A CPU build of `model` whose timings come from `ratio(plan_onnx) -> float`, thin layers float (the 16-channel
+    minimum said explicitly: `trtopt.search.thin` would otherwise measure whether islands' thin convs may join)."""
 
     def timed(self: CpuBackend, plan: Any, fp32: onnx.ModelProto, feeds: Any) -> Speed:
         return speed(ratio(onnx.load_from_string(plan.sections["onnx"])))
 
     monkeypatch.setattr(CpuBackend, "_timed", timed)
     data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
-    return build_plan(workdir / model, BuildConfig(backend="cpu", data=data, preprocess=preset))
+    quant = QuantConfig(min_channels=16)
+    return build_plan(workdir / model, BuildConfig(backend="cpu", data=data, preprocess=preset, quant=quant))
 
 
 def test_a_build_writes_the_float_plan_where_int8_is_slower(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
