@@ -26,7 +26,6 @@ from trtopt.quant import QdqReport, QuantConfig, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases_for_build
 from trtopt.quant.concat_ranges import float_unlike_concats
 from trtopt.search import Sensitivity, SevenBit, float_sensitive_layers, seven_bit_for_build
-from trtopt.search.thin import thin_layers_where_free
 
 if TYPE_CHECKING:
     from trtopt.calib import Calibration
@@ -84,8 +83,6 @@ def quantize_graph(
         calibration = calibrate_graph(graph, fp32, tensors, calib, dataset=data, data=data_config,
                                       progress=progress, loaded=cache, equalization=record)  # fmt: skip
     with times("quantize"):
-        quant, _ = thin_layers_where_free(graph, quant, calibration, data, data_config.batch, measured)
-        qplan = plan_quantization(graph, quant)  # trtopt.search.thin: the thin layers in INT8 where that is free
         sensitivity = None
         if quant.auto_exclude and data is not None:  # trtopt.search.sensitivity
             qplan, sensitivity = float_sensitive_layers(graph, quant, qplan, calibration, data, data_config.batch,

@@ -69,10 +69,6 @@ class QuantConfig:
     `min_amax` is the smallest activation threshold a Q/DQ pair gets. The default, `ZERO_AMAX` (scale 2**-14),
     keeps every scale representable in FP16 (TensorRT); the CPU and OpenVINO backends, whose scales are float32,
     set `FP32_AMAX` (`trtopt.calib.thresholds`), so a tensor whose whole range is tiny keeps its own grid.
-
-    `widen_thin` (the CPU backend's `quant_config`, where the user set neither `min_channels` nor
-    `float_leading_depthwise`) lets the build put those thin layers in INT8 where that measures as faithful
-    (`trtopt.search.thin`).
     """
 
     exclude: tuple[str, ...] = ()
@@ -92,7 +88,6 @@ class QuantConfig:
     seven_bit_search: bool = False
     pair_bounded_weights: bool = False
     min_amax: float = ZERO_AMAX
-    widen_thin: bool = False
 
     def __post_init__(self) -> None:
         channels = self.min_channels

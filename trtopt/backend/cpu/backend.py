@@ -145,10 +145,8 @@ class CpuBackend(Backend[CpuOptions]):
         from trtopt.calib.thresholds import FP32_AMAX
 
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
-        widen = quant.float_leading_depthwise is None and quant.min_channels is None  # trtopt.search.thin
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                        integer_pools=True, integer_gates=True, integer_hard_swish=True, min_amax=FP32_AMAX,
-                        widen_thin=widen)  # fmt: skip
+                        integer_pools=True, integer_gates=True, integer_hard_swish=True, min_amax=FP32_AMAX)
         if options is None:
             return quant
         from trtopt.backend.cpu.builder import candidate_encodings
