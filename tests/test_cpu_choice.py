@@ -239,8 +239,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def build_with(workdir: Path, monkeypatch: pytest.MonkeyPatch, ratio: Any, model: str = "tiny.onnx") -> Any:
-    """A CPU build of `model` whose timings come from `ratio(plan_onnx) -> float`, thin layers float (the 16-channel
-    minimum said explicitly: `trtopt.search.thin` would otherwise measure whether islands' thin convs may join)."""
+    """A CPU build of `model` whose timings come from `ratio(plan_onnx) -> float`, with the 16-channel minimum that
+    `islands` is built around said explicitly."""
 
     def timed(self: CpuBackend, plan: Any, fp32: onnx.ModelProto, feeds: Any) -> Speed:
         return speed(ratio(onnx.load_from_string(plan.sections["onnx"])))
