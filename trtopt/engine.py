@@ -68,8 +68,9 @@ class Engine:
 
         `spin=False` (CPU plans) stops ONNX Runtime's intra-op threads from busy-waiting after each call. Its
         default (spinning) suits one engine alone on its cores; a process that runs several engines, or does
-        CPU work between calls, is faster without it: with two 2-thread sessions alive in one process on a
-        2-core machine, each call took about 1.6x as long with spinning on (see BENCHMARKS.md, CPU runtimes)."""
+        CPU work between calls, is faster without it: with several 2-thread sessions alive in one process on a
+        2-core machine, a session's spinning threads slowed the next session's call (BENCHMARKS.md, *CPU INT8
+        runtimes*: its 2-thread rows measured the order of the calls until every session ran without spinning)."""
         engine = cls(read_plan(path), threads=threads, cuda_graph=cuda_graph, device=device, spin=spin)
         verification = engine.verification
         if verification is not None and verification.warning is not None:
