@@ -187,7 +187,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     if checks.batches and verification:  # a plan slower than FP32 may give way to a cheaper one (Backend.faster)
         with times("speed check"):
             rebuild = partial(build, backend, io=io_specs(graph), options=options, fp32=fp32, checks=checks)
-            choice = backend.faster(plan, options, verification, model, fp32, checks.batches[0][0], rebuild)
+            choice = backend.faster(plan, options, verification, model, fp32, checks.batches[0][0], rebuild,
+                                    quantized.wider)  # fmt: skip
         plan, verification, speed = choice.written(plan), choice.verification, choice.report
     if speed is None:
         times.seconds.pop("speed check", None)  # nothing measured: no stage

@@ -25,6 +25,7 @@ from trtopt.frontend import onnx_from_graph
 from trtopt.quant import QdqReport, QuantConfig, insert_qdq, plan_quantization
 from trtopt.quant.bias import BiasReport, correct_biases_for_build
 from trtopt.quant.concat_ranges import float_unlike_concats
+from trtopt.quant.thin import Wider, wider_model
 from trtopt.search import Sensitivity, SevenBit, float_sensitive_layers, seven_bit_for_build
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Quantized(NamedTuple):
     equalization: str | None = None  # what activation equalisation did, for the summary
     seven_bit: SevenBit | None = None  # the dense layers given 7-bit weights (trtopt.search.seven_bit)
     not_measured: tuple[str, ...] = ()  # the searches asked for that had no data to measure on (a cache-only build)
+    wider: Wider | None = None  # the Q/DQ model with the thin layers in INT8 too, for the speed check to time
 
 
 def quantize_graph(
@@ -92,9 +94,10 @@ def quantize_graph(
         quant, seven = seven_bit_for_build(graph, quant, qplan, calibrated, data, data_config.batch, measured)
         qplan = float_unlike_concats(graph, qplan, calibration.ranges)  # trtopt.quant.concat_ranges
         seven_bit = quant.seven_bit_layers
+        wider = wider_model(graph, quant, qplan, amax, calibration, seven_bit) if data is not None else None
         bias = correct_biases_for_build(graph, qplan, calibration, seven_bit) if quant.bias_correction else None
         qdq = insert_qdq(graph, qplan, amax, seven_bit, quant.min_amax)
-    return Quantized(calibration, bias, qdq, sensitivity, note, seven, _not_measured(quant, data))
+    return Quantized(calibration, bias, qdq, sensitivity, note, seven, _not_measured(quant, data), wider)
 
 
 def _not_measured(quant: QuantConfig, data: Dataset | None) -> tuple[str, ...]:

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from trtopt.plan import Plan
     from trtopt.plan.verification import Verification
     from trtopt.quant import QuantConfig
+    from trtopt.quant.thin import Wider
 
 Shape = tuple[int, ...]
 BuildSettings = TypeVar("BuildSettings")  # what a backend's `options` resolves and its `build` takes
@@ -166,23 +167,32 @@ class BackendReport(Protocol):
 class SpeedChoice:
     """The plan a backend keeps after timing it against FP32 (`Backend.faster`): the verified plan, its
     verification record, the timing for the summary, the INT8 layers it put back in float because their INT8
-    kernels did not pay, and whether it kept the float model's plan instead (INT8 paid nowhere)."""
+    kernels did not pay, and whether it kept the float model's plan instead (INT8 paid nowhere). `wider`: the
+    Q/DQ model with thin layers in INT8 (`trtopt.quant.thin`) where the plan is built from it."""
 
     plan: Plan
     verification: Verification | None
     report: BackendReport | None
     kept_float: tuple[str, ...] = ()
     float_plan: bool = False
+    wider: Wider | None = None
 
     def written(self, first: Plan) -> Plan:
         """The chosen plan with `first`'s metadata, changed where the choice changed what it records: a float
-        plan has no quantisation record, and layers put back in float move to the record's float layers."""
+        plan has no quantisation record, thin layers taken into INT8 move to its INT8 layers, and layers put back
+        in float move to its float layers."""
         from dataclasses import replace
 
         meta = replace(first.metadata, verification=self.verification)
         if self.float_plan:
-            meta = replace(meta, precision="fp32", quant=None)
-        elif self.kept_float and meta.quant is not None:
+            return replace(self.plan, metadata=replace(meta, precision="fp32", quant=None))
+        if self.wider is not None and meta.quant is not None:
+            thin = set(self.wider.layers)
+            quant = replace(meta.quant, int8_layers=(*meta.quant.int8_layers, *self.wider.layers),
+                            float_layers={k: v for k, v in meta.quant.float_layers.items() if k not in thin},
+                            thresholds={**meta.quant.thresholds, **self.wider.thresholds})  # fmt: skip
+            meta = replace(meta, quant=quant)
+        if self.kept_float and meta.quant is not None:
             kept = set(self.kept_float)
             why = {name: "its INT8 region ran slower than float on this CPU" for name in self.kept_float}
             quant = replace(meta.quant, int8_layers=tuple(n for n in meta.quant.int8_layers if n not in kept),
@@ -272,12 +282,13 @@ class Backend(ABC, Generic[BuildSettings]):
 
     def faster(
         self, plan: Plan, options: BuildSettings, verification: Verification | None, model: onnx.ModelProto,
-        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild,
+        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild, wider: Wider | None = None,
     ) -> SpeedChoice:  # fmt: skip
-        """The plan to write: `plan` (verified, built from the Q/DQ `model`) or a cheaper one this backend built
-        with `rebuild` (which verifies as the first build did; raises `TrtoptError` where no variant passes)
-        because `plan` ran slower than `fp32` on `feeds` (`options`: what `options` resolved). By default `plan`,
-        with `speed`'s figure."""
+        """The plan to write: `plan` (verified, built from the Q/DQ `model`) or another this backend built with
+        `rebuild` (which verifies as the first build did; raises `TrtoptError` where no variant passes): a cheaper
+        one because `plan` ran slower than `fp32` on `feeds`, or the one of `wider` (the Q/DQ model with thin layers
+        in INT8 too, where the build made it) because it ran faster (`options`: what `options` resolved). By
+        default `plan`, with `speed`'s figure."""
         return SpeedChoice(plan, verification, self.speed(plan, fp32, feeds))
 
     def passes(self, chosen: Sequence[str] | None) -> tuple[str, ...] | None:

@@ -69,6 +69,10 @@ class QuantConfig:
     `min_amax` is the smallest activation threshold a Q/DQ pair gets. The default, `ZERO_AMAX` (scale 2**-14),
     keeps every scale representable in FP16 (TensorRT); the CPU and OpenVINO backends, whose scales are float32,
     set `FP32_AMAX` (`trtopt.calib.thresholds`), so a tensor whose whole range is tiny keeps its own grid.
+
+    `widen_thin` asks the build for a second Q/DQ model with the thin layers `min_channels` and
+    `float_leading_depthwise` keep float in INT8, for the backend's speed check to time beside the plan
+    (`trtopt.quant.thin`; the CPU backends set it where the user set neither).
     """
 
     exclude: tuple[str, ...] = ()
@@ -88,6 +92,7 @@ class QuantConfig:
     seven_bit_search: bool = False
     pair_bounded_weights: bool = False
     min_amax: float = ZERO_AMAX
+    widen_thin: bool = False
 
     def __post_init__(self) -> None:
         channels = self.min_channels

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from trtopt.plan import Plan
     from trtopt.plan.verification import Verification
     from trtopt.quant import QuantConfig
+    from trtopt.quant.thin import Wider
 
 # ONNX Runtime turns a Conv into a QLinearConv only when its output is quantised too (DQ -> Conv -> Q), and it
 # removes a Relu or Clip that feeds a QuantizeLinear whose range already clips the same values
@@ -145,10 +146,12 @@ class CpuBackend(Backend[CpuOptions]):
         from trtopt.calib.thresholds import FP32_AMAX
 
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
+        widen = quant.min_channels is None and quant.float_leading_depthwise is None  # trtopt.quant.thin
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
                         integer_pools=True, integer_gates=True, integer_hard_swish=True, min_amax=FP32_AMAX)
         if options is None:
             return quant
+        quant = replace(quant, widen_thin=widen and options.fallback != "off")
         from trtopt.backend.cpu.builder import candidate_encodings
         from trtopt.backend.cpu.lowering import ENCODINGS
 
@@ -235,14 +238,14 @@ class CpuBackend(Backend[CpuOptions]):
 
     def faster(
         self, plan: Plan, options: CpuOptions, verification: Verification | None, model: onnx.ModelProto,
-        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild,
+        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild, wider: Wider | None = None,
     ) -> SpeedChoice:  # fmt: skip
         """The INT8 plan, or where it runs slower than FP32 here, the fastest of its cheaper forms that verifies:
         INT8 regions kept float, or the float plan (`trtopt.backend.cpu.choice`)."""
         from trtopt.backend.cpu.choice import faster_plan
 
         timer = partial(self._timed, fp32=fp32, feeds=feeds)
-        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback)
+        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback, wider)
 
     def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa

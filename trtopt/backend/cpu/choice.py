@@ -30,6 +30,12 @@ of its two timings: a 1 ms model's single timing called its INT8 plan faster whe
 it at 0.91x / 0.95x FP32's speed (fer-emotion, issue #45; on an avx2 EPYC a rebuild of the same model timed
 1.05x and 1.08x FP32's time and wrote the float plan).
 
+Where the build also wrote the Q/DQ model with the thin layers in INT8 (`trtopt.quant.thin`), that model's plan is
+built, verified and timed first, and taken as the plan to start from where it runs faster by `PAYS` and its Q/DQ
+reference is as close to FP32 (relative error within `THIN_SLACK`, plus `THIN_FLOOR`): on the corpus's
+MobileNetV2s those layers paid, on its MobileNetV3s and hand-landmark model they cost, and on the demo they cost
+fidelity (see that module).
+
 The decision reads only the timings it is given (`keep_faster`), so tests inject them.
 """
 
@@ -47,12 +53,15 @@ from trtopt.backend.cpu.regions import Region, float_regions, int8_regions
 from trtopt.backend.cpu.speed import NOISE, Speed
 from trtopt.errors import TrtoptError
 from trtopt.plan.verification import Verification
+from trtopt.quant.thin import Wider
 
 log = logging.getLogger(__name__)
 
 USELESS_COSINE = 0.5  # below this, the INT8 reference's outputs are unrelated to FP32's: the float plan is written
 PAYS = 1.03  # a cheaper plan replaces the kept one only when its time ratio is lower by this factor
 MAX_TRIALS = 4  # regions tried in float (each trial: a build, a verification and a timing)
+THIN_SLACK = 1.05  # thin layers in INT8: the reference's error to FP32 may be this multiple of the plan's ...
+THIN_FLOOR = 2e-4  # ... plus this (two plans that both reproduce FP32 within rounding)
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,7 @@ class Candidate:
     speed: Speed
     kept_float: tuple[str, ...] = ()
     float_plan: bool = False
+    wider: Wider | None = None  # the Q/DQ model it was built from, where that has the thin layers in INT8
 
 
 Build = Callable[[onnx.ModelProto], "tuple[Any, Any] | None"]  # model -> (plan, verification); None: no variant passed
@@ -73,11 +83,12 @@ Timer = Callable[[Any], "Speed | None"]  # plan -> its time against FP32's; None
 
 def faster_plan(
     plan: Any, verification: Any, model: onnx.ModelProto, fp32: onnx.ModelProto,
-    rebuild: Callable[[onnx.ModelProto], Any], timer: Timer, fallback: str = "auto",
+    rebuild: Callable[[onnx.ModelProto], Any], timer: Timer, fallback: str = "auto", wider: Wider | None = None,
 ) -> SpeedChoice:  # fmt: skip
     """`Backend.faster` for the backends that run on this CPU (ONNX Runtime, OpenVINO): an INT8 `plan` timed with
     `timer`, and unless `fallback` is "off", the fastest of it and its cheaper forms (`keep_faster`), each built
-    with `rebuild` (a form that does not verify is skipped, as a log line)."""
+    with `rebuild` (a form that does not verify is skipped, as a log line), and `wider`'s plan, where the build
+    made that model, taken where it is the faster."""
     speed = timer(plan) if plan.metadata.int8 else None
     if speed is None or fallback == "off":
         return SpeedChoice(plan, verification, speed)
@@ -89,13 +100,14 @@ def faster_plan(
             log.info("a cheaper form of the plan was not kept: %s", exc.what)
             return None
 
-    kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build, timer)
-    return SpeedChoice(kept.plan, kept.verification, kept.speed, kept.kept_float, kept.float_plan)
+    kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build, timer, wider)
+    return SpeedChoice(kept.plan, kept.verification, kept.speed, kept.kept_float, kept.float_plan, kept.wider)
 
 
 def keep_faster(
-    first: Candidate, model: onnx.ModelProto, fp32: onnx.ModelProto, build: Build, timer: Timer
-) -> Candidate:
+    first: Candidate, model: onnx.ModelProto, fp32: onnx.ModelProto, build: Build, timer: Timer,
+    wider: Wider | None = None,
+) -> Candidate:  # fmt: skip
     """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms (see the module); its speed's
     `outcome` says what was chosen and why."""
     if _useless(first.verification):
@@ -104,6 +116,9 @@ def keep_faster(
             reason = _useless_reason(first.verification.reference_vs_fp32.cosine)
             return Candidate(*floated, speed=replace(first.speed, outcome=reason), float_plan=True)
     best = _confirmed(first, timer)
+    if wider is not None:
+        best = _thin_in_int8(best, wider, build, timer)
+        model = wider.model if best.wider is not None else model
     if best.speed.ratio < 1.0:
         return best
     dropped, regions = list[Region](), int8_regions(model)
@@ -123,8 +138,35 @@ def keep_faster(
                 return Candidate(*floated, speed=replace(best.speed, outcome=_float_reason(best.speed, again)),
                                  float_plan=True)  # fmt: skip
     if layers:
-        return replace(best, speed=replace(best.speed, outcome=_region_reason(dropped, first.speed)))
+        outcome = "; ".join(filter(None, (best.speed.outcome, _region_reason(dropped, first.speed))))
+        return replace(best, speed=replace(best.speed, outcome=outcome))
     return best
+
+
+def _thin_in_int8(best: Candidate, wider: Wider, build: Build, timer: Timer) -> Candidate:
+    """`wider`'s plan where it runs faster than `best` by `PAYS` at the same fidelity (see the module), else
+    `best`."""
+    trial = _attempt(wider.model, build, timer)
+    if trial is None:
+        return best
+    errors = [_error(c.verification) for c in (best, trial)]
+    faithful = None not in errors and errors[1] <= errors[0] * THIN_SLACK + THIN_FLOOR  # type: ignore[operator]
+    ratios = [best.speed.ratio, trial.speed.ratio]
+    if faithful and ratios[1] * PAYS < ratios[0]:  # timed once more, both: a gain of a few percent is near the noise
+        again, later = timer(best.plan), timer(trial.plan)
+        ratios = [ratios[0] + again.ratio, ratios[1] + later.ratio] if again and later else [0.0, 1.0]
+    if not faithful or ratios[1] * PAYS >= ratios[0]:
+        log.info("%d thin layer(s) in INT8 not kept: %.2fx FP32's time with them (error %s), %.2fx without (error "
+                 "%s)", len(wider.layers), trial.speed.ratio, errors[1], best.speed.ratio, errors[0])  # fmt: skip
+        return best
+    reason = (f"{len(wider.layers)} thin layer(s) in INT8, where they paid on {best.speed.runtime}'s kernels "
+              f"({best.speed.ratio:.2f}x FP32's time with them float) at the same fidelity")  # fmt: skip
+    return replace(trial, wider=wider, speed=replace(trial.speed, outcome=reason))
+
+
+def _error(verification: Any) -> float | None:
+    """The verification's INT8 reference relative error to FP32 (None: no record to read)."""
+    return verification.reference_vs_fp32.rel_error if isinstance(verification, Verification) else None
 
 
 def _useless(verification: Any) -> bool:

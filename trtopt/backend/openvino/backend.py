@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from trtopt.plan import Plan
     from trtopt.plan.verification import Verification
     from trtopt.quant import QuantConfig
+    from trtopt.quant.thin import Wider
 
 # Narrower layers stay float unless --min-channels says otherwise: 1 quantises the 3-channel stem conv, which
 # OpenVINO runs in INT8 (u8 input, 7-bit weights on AVX2) at 10% of a ResNet-18's time (trtopt.backend.openvino).
@@ -73,8 +74,10 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         channels = OPENVINO_MIN_CHANNELS if quant.min_channels is None else quant.min_channels
         pairs = options is not None and candidate_forms(options.form)[0] == "lowered-pairs"
+        widen = options is not None and options.fallback != "off" and quant.float_leading_depthwise is None
         return replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                       min_channels=channels, pair_bounded_weights=pairs, min_amax=FP32_AMAX)  # fmt: skip
+                       min_channels=channels, pair_bounded_weights=pairs, min_amax=FP32_AMAX,
+                       widen_thin=widen and quant.min_channels is None)  # fmt: skip
 
     def options(self, target: BuildTarget, graph: gs.Graph) -> OpenvinoOptions:
         if target.fp16:
@@ -138,7 +141,7 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
 
     def faster(
         self, plan: Plan, options: OpenvinoOptions, verification: Verification | None, model: onnx.ModelProto,
-        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild,
+        fp32: onnx.ModelProto, feeds: Mapping[str, Any], rebuild: Rebuild, wider: Wider | None = None,
     ) -> SpeedChoice:  # fmt: skip
         """As the CPU backend's: the INT8 plan, or where it runs slower than FP32 here, the fastest of its cheaper
         forms that verifies (INT8 regions kept float, or the float plan; `trtopt.backend.cpu.choice`). A plan is
@@ -148,7 +151,7 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
         from trtopt.backend.cpu.choice import faster_plan
 
         timer = partial(self._timed, fp32=fp32, feeds=feeds)
-        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback)
+        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback, wider)
 
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
         from trtopt.backend.openvino import runner
