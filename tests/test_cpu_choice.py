@@ -242,8 +242,8 @@ def build_with(workdir: Path, monkeypatch: pytest.MonkeyPatch, ratio: Any, model
     """A CPU build of `model` whose timings come from `ratio(plan_onnx) -> float`, with the 16-channel minimum that
     `islands` is built around said explicitly."""
 
-    def timed(self: CpuBackend, plan: Any, fp32: onnx.ModelProto, feeds: Any) -> Speed:
-        return speed(ratio(onnx.load_from_string(plan.sections["onnx"])))
+    def timed(self: CpuBackend, plans: Any, fp32: onnx.ModelProto, feeds: Any) -> list[Speed]:
+        return [speed(ratio(onnx.load_from_string(plan.sections["onnx"]))) for plan in plans]
 
     monkeypatch.setattr(CpuBackend, "_timed", timed)
     data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
@@ -272,9 +272,9 @@ def test_openvino_builds_write_the_float_plan_where_int8_is_slower(
     pytest.importorskip("openvino", reason="the openvino extra is not installed")
     from trtopt.backend.openvino.backend import OpenvinoBackend
 
-    def timed(self: OpenvinoBackend, plan: Any, fp32: onnx.ModelProto, feeds: Any) -> Speed:
-        count = quantize_count(onnx.load_from_string(plan.sections["onnx"]))
-        return replace(speed(1.6 if count else 1.0), runtime="OpenVINO")
+    def timed(self: OpenvinoBackend, plans: Any, fp32: onnx.ModelProto, feeds: Any) -> list[Speed]:
+        counts = [quantize_count(onnx.load_from_string(plan.sections["onnx"])) for plan in plans]
+        return [replace(speed(1.6 if count else 1.0), runtime="OpenVINO") for count in counts]
 
     monkeypatch.setattr(OpenvinoBackend, "_timed", timed)
     data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")

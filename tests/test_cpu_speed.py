@@ -11,7 +11,7 @@ import pytest
 from model_files import tiny_model_with_images
 
 from trtopt.backend.cpu import speed as speed_module
-from trtopt.backend.cpu.speed import MAX_ROUNDS, MIN_ROUNDS, WARMUP, Speed, measure_speed
+from trtopt.backend.cpu.speed import MAX_ROUNDS, MIN_ROUNDS, WARMUP, Speed, measure_speed, measure_speeds
 from trtopt.build import BuildConfig, build_plan
 from trtopt.cli.summaries import build_summary, print_build_summary
 from trtopt.data import DataConfig, PreprocessConfig
@@ -50,6 +50,25 @@ def test_rounds_stay_within_their_bounds(workdir: Path, monkeypatch: pytest.Monk
     assert slow.rounds == MIN_ROUNDS and slow.plan_ms >= 2.0
 
 
+def test_plans_timed_side_by_side_share_their_rounds_and_rotate_their_order(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx
+
+    fp32 = onnx.load(workdir / "tiny.onnx")
+    dims = [d.dim_value or 1 for d in fp32.graph.input[0].type.tensor_type.shape.dim]
+    feeds = {fp32.graph.input[0].name: np.zeros(dims, np.float32)}
+    order: list[str] = []
+    monkeypatch.setattr(speed_module, "BUDGET_S", 0.0)
+    one, other = measure_speeds(fp32, [lambda f: order.append("a"), lambda f: time.sleep(0.002) or order.append("b")],
+                                feeds, "here")  # fmt: skip
+    assert one.rounds == other.rounds == MIN_ROUNDS and one.fp32_ms == other.fp32_ms  # one FP32 figure for both
+    assert other.plan_ms >= 2.0 > one.plan_ms and other.ratio > one.ratio
+    timed = order[2 * WARMUP :]
+    assert timed.count("a") == timed.count("b") == MIN_ROUNDS
+    assert {tuple(timed[i : i + 2]) for i in range(0, len(timed), 2)} == {("a", "b"), ("b", "a")}  # it rotates
+
+
 def test_int8_builds_report_it_and_fp32_builds_do_not(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
     result = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", data=data, preprocess=preset))
@@ -74,7 +93,7 @@ def test_a_failed_timing_is_a_warning_not_a_failed_build(workdir: Path, monkeypa
     def broken(*args: object) -> Speed:
         raise TrtoptError("ONNX Runtime rejected the inputs")
 
-    monkeypatch.setattr(speed_module, "measure_speed", broken)
+    monkeypatch.setattr(speed_module, "measure_speeds", broken)
     data, preset = DataConfig(sources=(str(workdir / "images"),)), PreprocessConfig(preset="imagenet")
     result = build_plan(workdir / "tiny.onnx", BuildConfig(backend="cpu", data=data, preprocess=preset))
     assert result.speed is None and "speed check" not in result.stage_seconds

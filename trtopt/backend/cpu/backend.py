@@ -234,7 +234,8 @@ class CpuBackend(Backend[CpuOptions]):
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32's on this CPU, one thread each (`trtopt.backend.cpu.speed`)."""
-        return self._timed(plan, fp32, feeds) if plan.metadata.int8 else None
+        found = self._timed([plan], fp32, feeds) if plan.metadata.int8 else None
+        return found[0] if found else None
 
     def faster(
         self, plan: Plan, options: CpuOptions, verification: Verification | None, model: onnx.ModelProto,
@@ -244,23 +245,26 @@ class CpuBackend(Backend[CpuOptions]):
         INT8 regions kept float, or the float plan (`trtopt.backend.cpu.choice`)."""
         from trtopt.backend.cpu.choice import faster_plan
 
-        timer = partial(self._timed, fp32=fp32, feeds=feeds)
-        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback, wider)
+        timed = partial(self._timed, fp32=fp32, feeds=feeds)
+        return faster_plan(plan, verification, model, fp32, rebuild, timed, options.fallback, wider)
 
-    def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
+    def _timed(self, plans: Sequence[Plan], fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> list[Speed] | None:
+        """Each of `plans` timed against FP32, side by side (`trtopt.backend.cpu.speed.measure_speeds`)."""
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
-        from trtopt.backend.cpu.speed import measure_speed
+        from trtopt.backend.cpu.speed import measure_speeds
         from trtopt.frontend.model_errors import plan_errors
 
         failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
-        runner = self.create_runner(plan, RunOptions(threads=1))
+        runners = [self.create_runner(plan, RunOptions(threads=1)) for plan in plans]
         try:
-            return measure_speed(fp32, runner.infer, feeds, self.machine(), cpu_isa() in EXACT_U8S8)
+            calls = [runner.infer for runner in runners]
+            return measure_speeds(fp32, calls, feeds, self.machine(), cpu_isa() in EXACT_U8S8)
         except failures as exc:  # a figure for the summary: never a reason to fail the build
             log.warning("no speed figure: timing the plan against FP32 failed (%s)", str(exc).strip().splitlines()[0])
             return None
         finally:
-            runner.close()
+            for runner in runners:
+                runner.close()
 
     def triton_notes(self, plan: Plan, model: TritonModel) -> list[str]:
         verification = plan.metadata.get("verification") or {}

@@ -42,7 +42,7 @@ The decision reads only the timings it is given (`keep_faster`), so tests inject
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -79,16 +79,26 @@ class Candidate:
 
 Build = Callable[[onnx.ModelProto], "tuple[Any, Any] | None"]  # model -> (plan, verification); None: no variant passed
 Timer = Callable[[Any], "Speed | None"]  # plan -> its time against FP32's; None: the timing failed
+Pair = Callable[[Any, Any], "tuple[Speed, Speed] | None"]  # two plans timed against FP32 in the same rounds
+Timed = Callable[[Sequence[Any]], "list[Speed] | None"]  # plans -> each one's time against FP32's, side by side
 
 
 def faster_plan(
     plan: Any, verification: Any, model: onnx.ModelProto, fp32: onnx.ModelProto,
-    rebuild: Callable[[onnx.ModelProto], Any], timer: Timer, fallback: str = "auto", wider: Wider | None = None,
+    rebuild: Callable[[onnx.ModelProto], Any], timed: Timed, fallback: str = "auto", wider: Wider | None = None,
 ) -> SpeedChoice:  # fmt: skip
     """`Backend.faster` for the backends that run on this CPU (ONNX Runtime, OpenVINO): an INT8 `plan` timed with
-    `timer`, and unless `fallback` is "off", the fastest of it and its cheaper forms (`keep_faster`), each built
+    `timed`, and unless `fallback` is "off", the fastest of it and its cheaper forms (`keep_faster`), each built
     with `rebuild` (a form that does not verify is skipped, as a log line), and `wider`'s plan, where the build
     made that model, taken where it is the faster."""
+    def timer(one: Any) -> Speed | None:
+        found = timed([one])
+        return found[0] if found else None
+
+    def pair(one: Any, other: Any) -> tuple[Speed, Speed] | None:
+        found = timed([one, other])
+        return (found[0], found[1]) if found else None
+
     speed = timer(plan) if plan.metadata.int8 else None
     if speed is None or fallback == "off":
         return SpeedChoice(plan, verification, speed)
@@ -100,13 +110,13 @@ def faster_plan(
             log.info("a cheaper form of the plan was not kept: %s", exc.what)
             return None
 
-    kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build, timer, wider)
+    kept = keep_faster(Candidate(plan, verification, speed), model, fp32, build, timer, wider, pair)
     return SpeedChoice(kept.plan, kept.verification, kept.speed, kept.kept_float, kept.float_plan, kept.wider)
 
 
 def keep_faster(
     first: Candidate, model: onnx.ModelProto, fp32: onnx.ModelProto, build: Build, timer: Timer,
-    wider: Wider | None = None,
+    wider: Wider | None = None, pair: Pair | None = None,
 ) -> Candidate:  # fmt: skip
     """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms (see the module); its speed's
     `outcome` says what was chosen and why."""
@@ -117,7 +127,7 @@ def keep_faster(
             return Candidate(*floated, speed=replace(first.speed, outcome=reason), float_plan=True)
     best = _confirmed(first, timer)
     if wider is not None:
-        best = _thin_in_int8(best, wider, build, timer)
+        best = _thin_in_int8(best, wider, build, timer, pair)
         model = wider.model if best.wider is not None else model
     if best.speed.ratio < 1.0:
         return best
@@ -143,25 +153,25 @@ def keep_faster(
     return best
 
 
-def _thin_in_int8(best: Candidate, wider: Wider, build: Build, timer: Timer) -> Candidate:
-    """`wider`'s plan where it runs faster than `best` by `PAYS` at the same fidelity (see the module), else
-    `best`."""
-    trial = _attempt(wider.model, build, timer)
-    if trial is None:
+def _thin_in_int8(best: Candidate, wider: Wider, build: Build, timer: Timer, pair: Pair | None) -> Candidate:
+    """`wider`'s plan where it is as faithful as `best` and runs faster by `PAYS`, both timed side by side where
+    `pair` can (a gain of a few percent is near the noise of two separate timings), else `best` (see the module)."""
+    built = build(wider.model)
+    if built is None:
         return best
-    errors = [_error(c.verification) for c in (best, trial)]
-    faithful = None not in errors and errors[1] <= errors[0] * THIN_SLACK + THIN_FLOOR  # type: ignore[operator]
-    ratios = [best.speed.ratio, trial.speed.ratio]
-    if faithful and ratios[1] * PAYS < ratios[0]:  # timed once more, both: a gain of a few percent is near the noise
-        again, later = timer(best.plan), timer(trial.plan)
-        ratios = [ratios[0] + again.ratio, ratios[1] + later.ratio] if again and later else [0.0, 1.0]
-    if not faithful or ratios[1] * PAYS >= ratios[0]:
-        log.info("%d thin layer(s) in INT8 not kept: %.2fx FP32's time with them (error %s), %.2fx without (error "
-                 "%s)", len(wider.layers), trial.speed.ratio, errors[1], best.speed.ratio, errors[0])  # fmt: skip
+    errors = [_error(best.verification), _error(built[1])]
+    if None in errors or errors[1] > errors[0] * THIN_SLACK + THIN_FLOOR:  # type: ignore[operator]
+        log.info("%d thin layer(s) not in INT8: the INT8 reference's error to FP32 %s with them, %s without",
+                 len(wider.layers), errors[1], errors[0])  # fmt: skip
+        return best
+    speeds = pair(best.plan, built[0]) if pair is not None else (best.speed, timer(built[0]))
+    if speeds is None or speeds[1] is None or speeds[1].ratio * PAYS >= speeds[0].ratio:
+        log.info("%d thin layer(s) not in INT8: they did not pay (%s)", len(wider.layers),
+                 speeds and " against ".join(f"{s.ratio:.3f}x FP32's time" for s in speeds if s))  # fmt: skip
         return best
     reason = (f"{len(wider.layers)} thin layer(s) in INT8, where they paid on {best.speed.runtime}'s kernels "
-              f"({best.speed.ratio:.2f}x FP32's time with them float) at the same fidelity")  # fmt: skip
-    return replace(trial, wider=wider, speed=replace(trial.speed, outcome=reason))
+              f"({speeds[0].ratio:.2f}x FP32's time with them float, side by side) at the same fidelity")  # fmt: skip
+    return Candidate(built[0], built[1], replace(speeds[1], outcome=reason), wider=wider)
 
 
 def _error(verification: Any) -> float | None:

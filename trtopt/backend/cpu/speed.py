@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import numpy as np
 import onnx
 
+PlanCall = Callable[[Mapping[str, np.ndarray]], object]
 BUDGET_S = 2.0
 WARMUP = 2  # calls each before timing: a fresh session's first calls allocate and fill caches
 MIN_ROUNDS = 3
@@ -80,29 +82,45 @@ class Speed:
 
 def measure_speed(
     fp32: onnx.ModelProto,
-    plan_call: Callable[[Mapping[str, np.ndarray]], object],
+    plan_call: PlanCall,
     feeds: Mapping[str, np.ndarray],
     machine: str,
     int8_dot_products: bool = False,
     runtime: str = "ONNX Runtime",
 ) -> Speed:
     """Time `plan_call(feeds)` (a plan on `runtime`) against the FP32 model on one thread (see the module)."""
+    return measure_speeds(fp32, [plan_call], feeds, machine, int8_dot_products, runtime)[0]
+
+
+def measure_speeds(
+    fp32: onnx.ModelProto,
+    plan_calls: Sequence[PlanCall],
+    feeds: Mapping[str, np.ndarray],
+    machine: str,
+    int8_dot_products: bool = False,
+    runtime: str = "ONNX Runtime",
+) -> list[Speed]:
+    """`measure_speed` for several plans in the same rounds (each round calls the FP32 model and every plan once,
+    in an order that rotates), for `BUDGET_S` per plan: plans compared side by side, as a choice between two
+    plans whose times differ by a few percent needs (`trtopt.backend.cpu.choice`)."""
     from trtopt.data.arrays import samples_in
     from trtopt.execution import OrtSession
 
     session = OrtSession(fp32, threads=1, spin=False)
-    calls = (lambda: session.run(dict(feeds)), lambda: plan_call(feeds))
+    calls: list[Callable[[], object]] = [lambda: session.run(dict(feeds))]
+    calls += [partial(call, feeds) for call in plan_calls]
     for _ in range(WARMUP):
         for call in calls:
             call()
-    times: tuple[list[float], list[float]] = ([], [])
-    start = time.perf_counter()
-    while len(times[0]) < MAX_ROUNDS and (len(times[0]) < MIN_ROUNDS or time.perf_counter() - start < BUDGET_S):
-        order = (0, 1) if len(times[0]) % 2 == 0 else (1, 0)
-        for index in order:
+    times: list[list[float]] = [[] for _ in calls]
+    start, budget = time.perf_counter(), BUDGET_S * len(plan_calls)
+    while len(times[0]) < MAX_ROUNDS and (len(times[0]) < MIN_ROUNDS or time.perf_counter() - start < budget):
+        first = len(times[0]) % len(calls)
+        for index in [*range(first, len(calls)), *range(first)]:
             began = time.perf_counter()
             calls[index]()
             times[index].append((time.perf_counter() - began) * 1e3)
     batch = samples_in(feeds, fp32)  # a [3, H, W] image input takes one image per call, not a batch of 3
-    return Speed(statistics.median(times[0]), statistics.median(times[1]), len(times[0]), batch, machine,
-                 int8_dot_products=int8_dot_products, runtime=runtime)
+    fp32_ms = statistics.median(times[0])
+    return [Speed(fp32_ms, statistics.median(t), len(t), batch, machine, int8_dot_products=int8_dot_products,
+                  runtime=runtime) for t in times[1:]]  # fmt: skip

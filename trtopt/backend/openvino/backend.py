@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -124,20 +124,24 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
 
     def speed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
         """An INT8 plan's time against FP32 on ONNX Runtime, one thread each (`trtopt.backend.cpu.speed`)."""
-        return self._timed(plan, fp32, feeds) if plan.metadata.int8 else None
+        found = self._timed([plan], fp32, feeds) if plan.metadata.int8 else None
+        return found[0] if found else None
 
-    def _timed(self, plan: Plan, fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> Speed | None:
+    def _timed(self, plans: Sequence[Plan], fp32: onnx.ModelProto, feeds: Mapping[str, Any]) -> list[Speed] | None:
+        """Each of `plans` timed against FP32 on ONNX Runtime, side by side (`trtopt.backend.cpu.speed`)."""
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
-        from trtopt.backend.cpu.speed import measure_speed
+        from trtopt.backend.cpu.speed import measure_speeds
 
-        runner = self.create_runner(plan, RunOptions(threads=1))
+        runners = [self.create_runner(plan, RunOptions(threads=1)) for plan in plans]
         try:
-            return measure_speed(fp32, runner.infer, feeds, self.machine(), cpu_isa() in EXACT_U8S8, "OpenVINO")
+            calls = [runner.infer for runner in runners]
+            return measure_speeds(fp32, calls, feeds, self.machine(), cpu_isa() in EXACT_U8S8, "OpenVINO")
         except (TrtoptError, RuntimeError) as exc:  # a figure for the summary: never a reason to fail the build
             log.warning("no speed figure: timing the plan against FP32 failed (%s)", str(exc).strip().splitlines()[0])
             return None
         finally:
-            runner.close()
+            for runner in runners:
+                runner.close()
 
     def faster(
         self, plan: Plan, options: OpenvinoOptions, verification: Verification | None, model: onnx.ModelProto,
@@ -150,8 +154,8 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
         gates in float between INT8 convs."""
         from trtopt.backend.cpu.choice import faster_plan
 
-        timer = partial(self._timed, fp32=fp32, feeds=feeds)
-        return faster_plan(plan, verification, model, fp32, rebuild, timer, options.fallback, wider)
+        timed = partial(self._timed, fp32=fp32, feeds=feeds)
+        return faster_plan(plan, verification, model, fp32, rebuild, timed, options.fallback, wider)
 
     def create_runner(self, plan: Plan, options: RunOptions) -> Runner:
         from trtopt.backend.openvino import runner
