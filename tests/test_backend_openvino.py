@@ -218,3 +218,29 @@ def test_build_fastest_builds_each_runtime_and_says_why(monkeypatch: pytest.Monk
     result: Any = auto.build_fastest(build, 8)
     assert built == ["cpu", "openvino"]
     assert result.plan == "openvino" and result.backend_reason.startswith("openvino (auto: timed")
+
+
+def test_auto_judges_a_dynamic_batch_at_batch_1_and_the_build_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keras MobileNetV2 on an avx2 EPYC: OpenVINO 4% faster at batch 8, 25% slower at batch 1; the CPU plan wins."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv(auto.ENVIRONMENT, "")
+    timed: list[int] = []
+
+    def time_plans(plans: Any, batch: int) -> dict[str, float]:
+        timed.append(batch)
+        return {"cpu": 10.0, "openvino": 12.5} if batch == 1 else {"cpu": 60.0, "openvino": 57.6}
+
+    def build(name: str) -> FakeResult:
+        return FakeResult(name, SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
+
+    monkeypatch.setattr(auto, "time_plans", time_plans)
+    monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: batch)  # a dynamic batch
+    result: Any = auto.build_fastest(build, 8)
+    assert timed == [1, 8] and result.plan == "cpu"
+    assert "timed at batch 1 and 8" in result.backend_reason and "cpu 10.0 / 60.0 ms" in result.backend_reason
+    assert "geometric mean" in result.backend_reason
+    timed.clear()
+    monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: 4)  # a fixed batch of 4: timed once, at 4
+    auto.build_fastest(build, 8)
+    assert timed == [4]
