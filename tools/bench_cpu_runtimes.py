@@ -8,9 +8,9 @@ Per model (the shipped demo, zoo models of tools/zoo.py, corpus models of tools/
 calibrated on the same first --count photos (`tools/zoo_variants.split_data`), each build in a fresh process:
 - trtopt cpu: `build_plan(backend="cpu")`, trtopt's default CPU build; trtopt openvino: `backend="openvino"`;
   trtopt's default plan (`--backend auto`) is whichever of the two `trtopt.auto_backend` keeps, timed as a build
-  does (`time_plans` at the build's batch, `choose` on those times and the two builds' INT8 errors): its column
-  repeats that plan's figures, and the goal column says whether it is at least as fast as every peer at b1 and b8
-  (issue #44) and at least as faithful;
+  does (`pick`: at batch 1 and the build's batch, chosen on those times and the two builds' INT8 errors): its
+  column repeats that plan's figures, and the goal column says whether it is at least as fast as every peer at b1
+  and b8 (issue #44) and at least as faithful;
 - NNCF: `nncf.quantize` of the FP32 model read by OpenVINO, default preset (performance: symmetric), default
   settings, compiled by OpenVINO;
 - ORT: `quant_pre_process` + `quantize_static` (QDQ, per-channel, u8s8, MinMax; `tools/zoo_variants.ort_build`).
@@ -83,16 +83,15 @@ def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
 
 
 def default_backend(work: Path, batch: int, errors: dict[str, float]) -> str:
-    """The backend `--backend auto` keeps of the plans built in `work` (`trtopt.auto_backend`: timed at the build's
-    `batch`, chosen on those times and each plan's INT8 error to FP32); "" where neither was built."""
+    """The backend `--backend auto` keeps of the plans built in `work` (`trtopt.auto_backend.pick`: timed as a build
+    with `batch` times them, chosen on those times and each plan's INT8 error to FP32); "" where neither was built."""
     from trtopt import auto_backend as auto
     from trtopt.plan import read_plan
 
     names = [name for name in ("cpu", "openvino") if (work / f"{name}.engine").exists()]
     if len(names) < 2:
         return next(iter(names), "")
-    times = auto.time_plans({name: read_plan(work / f"{name}.engine") for name in names}, batch)
-    return auto.choose([auto.Candidate(name, times[name], errors.get(name, 0.0)) for name in names], batch)[0]
+    return auto.pick({name: read_plan(work / f"{name}.engine") for name in names}, errors, batch)[0]
 
 
 def runners(subject: Subject, work: Path, threads: int) -> dict[str, Any]:

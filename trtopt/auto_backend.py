@@ -132,14 +132,20 @@ def build_fastest(build: Callable[[str], Result], batch: int) -> Result:
         raise failures[0]
     if len(results) == 1:
         return next(iter(results.values()))
-    batches = timed_batches(next(iter(results.values())).plan, batch)
-    times = [time_plans({name: r.plan for name, r in results.items()}, b) for b in batches]
-    candidates = [Candidate(n, _geometric_mean([t[n] for t in times]), _error(r), tuple(t[n] for t in times))
-                  for n, r in results.items()]  # fmt: skip
-    name, why = choose(candidates, batches)
+    name, why = pick({n: r.plan for n, r in results.items()}, {n: _error(r) for n, r in results.items()}, batch)
     kept = results[name]
     kept.backend_reason = f"{name} ({why})"
     return kept
+
+
+def pick(plans: Mapping[str, Plan], errors: Mapping[str, float], batch: int) -> tuple[str, str]:
+    """The backend to keep of verified `plans` (backend name -> plan, in `auto_rank` order) whose INT8 references
+    have `errors` to FP32, timed at `timed_batches`, and why (`choose`)."""
+    batches = timed_batches(next(iter(plans.values())), batch)
+    times = [time_plans(plans, b) for b in batches]
+    candidates = [Candidate(name, _geometric_mean([t[name] for t in times]), errors.get(name, 0.0),
+                            tuple(t[name] for t in times)) for name in plans]  # fmt: skip
+    return choose(candidates, batches)
 
 
 def timed_batches(plan: Plan, batch: int) -> tuple[int, ...]:
