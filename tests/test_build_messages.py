@@ -190,3 +190,26 @@ def test_memory_is_refused_below_the_least_a_run_holds_and_warned_of_below_the_m
     monkeypatch.setattr(trtopt.memory, "available_bytes", lambda: sum(sizes[:2]) - 1)
     with pytest.raises(TrtoptError, match=r"two largest tensors at once\) needs about"):
         trtopt.memory.check_graph_memory(graph, 8)
+
+
+def test_a_model_whose_fp32_outputs_are_constant_is_warned_of(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An FP16 export that overflowed returned zeros from FP32 too, and its build verified "exactly" (issue #45)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    root = tiny_model_with_images(tmp_path, 8)
+    model = onnx.load(root / "tiny.onnx")
+    output = model.graph.output[0]
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(1, np.float32), "zero"))
+    model.graph.node.append(helper.make_node("Mul", [f"{output.name}_pre", "zero"], [output.name], name="zeroed"))
+    for node in model.graph.node[:-1]:  # what wrote the output now feeds the Mul
+        node.output[:] = [f"{o}_pre" if o == output.name else o for o in node.output]
+    onnx.save(model, root / "zeroed.onnx")
+    argv = ["--int8", "--calib", str(root / "images"), "--backend", "cpu", "--preset", "imagenet", "--json"]
+    with caplog.at_level(logging.WARNING):
+        assert main(["build", str(root / "tiny.onnx"), *argv, "-o", str(root / "tiny.engine")]) == 0
+        assert not any("hold one value" in r.getMessage() for r in caplog.records)
+        assert main(["build", str(root / "zeroed.onnx"), *argv, "-o", str(root / "zeroed.engine")]) == 0
+    warned = [r.getMessage() for r in caplog.records if "hold one value" in r.getMessage()]
+    assert len(warned) == 1 and "(0)" in warned[0] and "preprocessing" in warned[0]

@@ -233,6 +233,7 @@ def build_verified(
 
     selection = find_selection(fp32)  # outputs after TopK / NMS: judged by what they select from (FP32 runs those)
     judged = collect(OrtSession(judged_model(fp32, selection) if selection else fp32).run, checks.batches)
+    _warn_constant(judged)
     io, hw = (io[0], observed_outputs(io[1], judged)), image_hw(checks.batches[0][0]) if checks.batches else None
     compared = selection.compared(judged) if selection else judged
     axes, label_maps = class_axes(compared, hw), label_map_outputs(compared, hw)
@@ -271,6 +272,21 @@ def build_verified(
     what = no_matching_variant(backend, result, rejected).what
     log.warning("%s", what.replace("Nothing was written.", "Written as --write-failed asks, with that record."))
     return plan, _warned(result)
+
+
+def _warn_constant(outputs: Mapping[str, Any]) -> None:
+    """A warning where every float output of the FP32 model holds one value (zeros, most often) or none that is
+    finite on the check samples: each fidelity figure then compares constants, and "the plan matches FP32" says
+    nothing (the sweep of issue #45: an FP16 MobileNetV2 export whose FP32 outputs were all zero built and
+    verified "exactly")."""
+    arrays = [np.asarray(v) for v in outputs.values()]
+    floats = [a for a in arrays if np.issubdtype(a.dtype, np.floating) and a.size > 1]
+    if not floats or any(np.isfinite(a).any() and np.ptp(a[np.isfinite(a)]) > 0 for a in floats):
+        return
+    values = sorted({f"{a[np.isfinite(a)].flat[0]:g}" if np.isfinite(a).any() else "NaN/inf" for a in floats})
+    log.warning("the model's FP32 outputs hold one value (%s) on every check sample: each figure comparing the "
+                "plan with FP32 compares constants. Check the inputs' preprocessing (--preprocess, or a sidecar "
+                "JSON) and the model itself (an FP16 export can overflow to zeros or NaN)", ", ".join(values))
 
 
 def _warned(result: Verification) -> Verification:
