@@ -5,10 +5,10 @@ quantised layer's input, so a ResNet stem reads Relu -> Q/DQ (grid a) -> MaxPool
 pool of a dequantised tensor is already on grid a (the dequantisation is increasing, so it commutes with the
 max), and OpenVINO's low-precision transformations (LPT) move the first dequantisation through the pool, which
 then runs u8; the second pair becomes a FakeQuantize node of its own, u8 -> u8, requantising the pool's whole
-output to grid b at every call. NNCF places no quantiser after a max pool (its CPU setup lists MaxPool as
-quantisation-agnostic, nncf/common/hardware/setups/cpu.py), and OpenVINO runs the pool's output straight into the
-convs. Measured on an avx2 EPYC (OpenVINO 2026.4.1, 1 thread, ResNet-18 of the corpus): that FakeQuantize took
-0.07 ms of 22 at batch 1, 0.8 ms of 206 at batch 8.
+output to grid b at every call. NNCF places no quantiser after a max pool (MaxPool is among its
+quantisation-agnostic operations, nncf/openvino/graph/metatypes/groups.py), and OpenVINO runs the pool's output
+straight into the convs. Measured on an avx2 EPYC (OpenVINO 2026.4.1, 1 thread, ResNet-18 of the corpus): that
+FakeQuantize took 0.07 ms of 22 at batch 1, 0.8 ms of 206 at batch 8.
 
 `drop_pool_requantisation` removes the pair: the pool's readers read its output on grid a. The values change
 only by grid b's rounding (and clipping), which is no longer applied: the plan's reference is this graph, so the
