@@ -80,6 +80,33 @@ def test_engine_runs_the_plan_as_its_q_dq_reference_says_from_many_threads(built
             np.testing.assert_array_equal(result[name], value)
 
 
+def test_the_runner_reads_the_callers_arrays_in_place_and_hands_back_its_own_outputs(built: tuple[Path, Any]) -> None:
+    """The runner passes the caller's arrays to OpenVINO without a copy (share_inputs): read-only and strided
+    arrays run as contiguous ones do, the caller's arrays are not written, and an output stays as it was when the
+    caller then overwrites its input and calls again."""
+    path, _ = built
+    engine = Engine.load(path, threads=1)
+    inputs = feeds(path)
+    kept = {name: value.copy() for name, value in inputs.items()}
+    expected = engine.infer(inputs)
+    for value in inputs.values():
+        value.setflags(write=False)
+    strided = {name: np.repeat(value, 2, axis=-1)[..., ::2] for name, value in kept.items()}
+    assert not any(value.flags.c_contiguous for value in strided.values())
+    for variant in (inputs, strided):
+        for name, value in engine.infer(variant).items():
+            np.testing.assert_array_equal(value, expected[name])
+    for name, value in inputs.items():
+        np.testing.assert_array_equal(value, kept[name])
+    reused = {name: value.copy() for name, value in kept.items()}
+    first = engine.infer(reused)
+    for value in reused.values():
+        value[...] = 0
+    engine.infer(reused)
+    for name, value in first.items():
+        np.testing.assert_array_equal(value, expected[name])
+
+
 def test_a_plan_refuses_to_load_where_openvino_is_missing(built: tuple[Path, Any],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     path, _ = built

@@ -60,9 +60,11 @@ def form_of(options: OpenvinoOptions) -> str:
 def written(model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto:
     """The Q/DQ graph the plan stores for OpenVINO, in the form `options` names (its first candidate), its
     strided 1x1 convs on quantised inputs subsampled (`strides.subsample_strided_pointwise`), its INT8 fully
-    connected layers written as 1x1 convs (`dense.fc_as_pointwise_conv`)."""
+    connected layers written as 1x1 convs (`dense.fc_as_pointwise_conv`), no requantisation after a max pool of
+    a quantised tensor (`requant.drop_pool_requantisation`)."""
     from trtopt.backend.openvino.dense import fc_as_pointwise_conv
     from trtopt.backend.openvino.pairs import bound_weight_pairs
+    from trtopt.backend.openvino.requant import drop_pool_requantisation
     from trtopt.backend.openvino.strides import subsample_strided_pointwise
 
     form = form_of(options)
@@ -79,6 +81,7 @@ def written(model: onnx.ModelProto, options: OpenvinoOptions) -> onnx.ModelProto
             bound_weight_pairs(written)
     subsample_strided_pointwise(written)  # strided 1x1 convs stay INT8 (trtopt.backend.openvino.strides)
     fc_as_pointwise_conv(written)  # OpenVINO's 1x1 conv kernels beat its INT8 FullyConnected (.dense)
+    drop_pool_requantisation(written)  # a max pool keeps its input's grid (.requant)
     return written
 
 

@@ -60,7 +60,9 @@ class OpenvinoRunner:
         request = getattr(self._local, "request", None)
         if request is None:
             request = self._local.request = self.compiled.create_infer_request()
-        request.infer({name: np.ascontiguousarray(value) for name, value in feeds.items()})
+        # share_inputs: the request reads the caller's arrays in place (a synchronous call; Engine checked their
+        # dtypes) instead of copying them into its own tensors first (1-2% of a ResNet-18's call on an avx2 EPYC)
+        request.infer({name: np.ascontiguousarray(value) for name, value in feeds.items()}, share_inputs=True)
         return {name: np.array(request.get_output_tensor(i).data, copy=True)
                 for i, name in enumerate(self.output_names)}  # fmt: skip
 
