@@ -190,7 +190,8 @@ class SpeedChoice:
             thin = set(self.wider.layers)
             quant = replace(meta.quant, int8_layers=(*meta.quant.int8_layers, *self.wider.layers),
                             float_layers={k: v for k, v in meta.quant.float_layers.items() if k not in thin},
-                            thresholds={**meta.quant.thresholds, **self.wider.thresholds})  # fmt: skip
+                            thresholds={**meta.quant.thresholds, **self.wider.thresholds},
+                            bias_corrected_layers=self.wider.bias_corrected)  # fmt: skip
             meta = replace(meta, quant=quant)
         if self.kept_float and meta.quant is not None:
             kept = set(self.kept_float)

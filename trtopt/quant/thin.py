@@ -39,12 +39,13 @@ from trtopt.quant.qdq import insert_qdq
 
 @dataclass(frozen=True)
 class Wider:
-    """The plan's Q/DQ model with its thin layers in INT8 too: the model, those layers, and the activation
-    thresholds of its Q/DQ pairs (the plan's and the pairs the thin layers add)."""
+    """The plan's Q/DQ model with its thin layers in INT8 too: the model, those layers, the activation thresholds
+    of its Q/DQ pairs (the plan's and the pairs the thin layers add), and the layers whose biases were corrected."""
 
     model: onnx.ModelProto
     layers: tuple[str, ...]
     thresholds: Mapping[str, float] = field(default_factory=dict)
+    bias_corrected: tuple[str, ...] = ()
 
 
 def wider_model(
@@ -67,7 +68,6 @@ def wider_model(
     if not layers:
         return None
     copy = copy_graph(graph)  # weights shared: bias correction and insert_qdq write new constants
-    if quant.bias_correction:
-        correct_biases_for_build(copy, wider, calibration, seven_bit)
+    bias = correct_biases_for_build(copy, wider, calibration, seven_bit) if quant.bias_correction else None
     report = insert_qdq(copy, wider, amax, seven_bit, quant.min_amax)
-    return Wider(onnx_from_graph(copy), layers, dict(report.thresholds))
+    return Wider(onnx_from_graph(copy), layers, dict(report.thresholds), tuple(bias.corrected) if bias else ())

@@ -32,9 +32,10 @@ it at 0.91x / 0.95x FP32's speed (fer-emotion, issue #45; on an avx2 EPYC a rebu
 
 Where the build also wrote the Q/DQ model with the thin layers in INT8 (`trtopt.quant.thin`), that model's plan is
 built and verified first; where its Q/DQ reference is as close to FP32 (relative error within `THIN_SLACK`, plus
-`THIN_FLOOR`) it is timed side by side with the plan, and taken as the plan to start from where it runs faster by
-`THIN_PAYS`. On the corpus's MobileNetV2s those layers paid, on its MobileNetV3s and hand-landmark model they cost
-time, and on the demo they cost fidelity (see that module).
+`THIN_FLOOR`) it is timed side by side with the plan (twice where the two are within `NOISE` of each other), and
+taken as the plan to start from where it runs faster by `THIN_PAYS`. On the corpus's MobileNetV2s those layers
+paid, on its MobileNetV3s and hand-landmark model they cost time, and on the demo they cost fidelity (see that
+module).
 
 The decision reads only the timings it is given (`keep_faster`), so tests inject them.
 """
@@ -168,9 +169,15 @@ def _thin_in_int8(best: Candidate, wider: Wider, build: Build, timer: Timer, pai
                  len(wider.layers), errors[1], errors[0])  # fmt: skip
         return best
     speeds = pair(best.plan, built[0]) if pair is not None else (best.speed, timer(built[0]))
-    if speeds is None or speeds[1] is None or speeds[1].ratio * THIN_PAYS >= speeds[0].ratio:
-        log.info("%d thin layer(s) not in INT8: they did not pay (%s)", len(wider.layers),
-                 speeds and " against ".join(f"{s.ratio:.3f}x FP32's time" for s in speeds if s))  # fmt: skip
+    if speeds is None or speeds[1] is None:
+        return best
+    ratios = (speeds[0].ratio, speeds[1].ratio)
+    if pair is not None and 1 / NOISE < ratios[0] / ratios[1] < NOISE:  # close: timed again, the two timings summed
+        again = pair(best.plan, built[0])
+        ratios = (ratios[0] + again[0].ratio, ratios[1] + again[1].ratio) if again else (0.0, 1.0)
+    if ratios[1] * THIN_PAYS >= ratios[0]:
+        log.info("%d thin layer(s) not in INT8: they did not pay (%.3fx FP32's time with them float, %.3fx in INT8)",
+                 len(wider.layers), speeds[0].ratio, speeds[1].ratio)  # fmt: skip
         return best
     reason = (f"{len(wider.layers)} thin layer(s) in INT8, where they paid on {best.speed.runtime}'s kernels "
               f"({speeds[0].ratio:.2f}x FP32's time with them float, side by side) at the same fidelity")  # fmt: skip
