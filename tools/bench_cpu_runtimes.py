@@ -65,8 +65,9 @@ def trtopt_plan(subject: Subject, data: Any, backend: str, out: str) -> dict[str
 
     result = build_plan(subject.path, replace(build_config(subject, data, None), backend=backend))
     write_plan(result.plan, out)
-    v = result.verification
-    return {"error_to_fp32": v.reference_vs_fp32.rel_error if v else None, "variant": v.variant if v else ""}
+    v, quant = result.verification, result.plan.metadata.quant
+    return {"error_to_fp32": v.reference_vs_fp32.rel_error if v else None, "variant": v.variant if v else "",
+            "float_layers": len(quant.float_layers) if quant else None}
 
 
 def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
@@ -157,6 +158,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             notes[variant] = str(result.get("variant") or result.get("error") or "")
             if "error_to_fp32" in result:
                 notes[variant] += f", INT8 error to FP32 {result['error_to_fp32']:.3f}"
+                notes[variant] += f", {result['float_layers']} layer(s) kept float" if result["float_layers"] else ""
                 errors[variant.removeprefix("trtopt ")] = result["error_to_fp32"] or 0.0
         default = default_backend(work, build_config(subject, data, None).data.batch, errors)
         scores = fidelity(runners(subject, work, 1), batches)
