@@ -70,3 +70,19 @@ def assert_plan_computes(graph: gs.Graph, model: onnx.ModelProto, lowered: onnx.
     cpu_form = run_model(lowered, feeds)[output]
     assert cosine(qdq_form, cpu_form) > 0.999
     assert cosine(reference, cpu_form) > 0.99
+
+
+def float_math(model: onnx.ModelProto, x: np.ndarray, name: str = "x") -> list[np.ndarray]:
+    """`model`'s outputs for its input `name` = `x`, ONNX Runtime's optimisations off: a Q/DQ graph as float math."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {name: x})  # type: ignore[no-any-return]
+
+
+def copied(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from quant_helpers import copied, float_math
 
 from trtopt.backend.openvino.requant import drop_pool_requantisation
 
@@ -53,46 +53,33 @@ def _stem_model(scale_b: float = SCALE_A, pool_input_float: bool = False, other_
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _ort(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the Q/DQ graph as float math
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})
-
-
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
-
-
 def _input() -> np.ndarray:
     return np.random.default_rng(1).uniform(0, 255 * SCALE_A, (2, 8, 11, 11)).astype(np.float32)
 
 
 def test_the_pair_after_the_pool_goes_and_its_readers_read_the_pool() -> None:
     model = _stem_model()
-    rewritten = _copy(model)
+    rewritten = copied(model)
     assert drop_pool_requantisation(rewritten) == 1
     onnx.checker.check_model(rewritten)
     ops = [n.op_type for n in rewritten.graph.node]
     assert ops.count("QuantizeLinear") == 1 and ops.count("DequantizeLinear") == 2  # x's pair and the weights'
     readers = [n for n in rewritten.graph.node if "p" in n.input]
     assert sorted(n.op_type for n in readers) == ["Add", "Conv"]
-    for before, after in zip(_ort(model, _input()), _ort(rewritten, _input()), strict=True):
+    for before, after in zip(float_math(model, _input()), float_math(rewritten, _input()), strict=True):
         np.testing.assert_array_equal(after, before)  # one grid: the requantisation changed nothing
 
 
 def test_a_second_grid_is_no_longer_applied_the_difference_within_its_half_step() -> None:
     scale_b = SCALE_A * 0.7  # finer than grid a and covering less than its range: rounding and clipping differ
     model = _stem_model(scale_b=scale_b)
-    rewritten = _copy(model)
+    rewritten = copied(model)
     assert drop_pool_requantisation(rewritten) == 1
     x = _input()
-    before, after = _ort(model, x)[0], _ort(rewritten, x)[0]
-    pooled = _ort(_stem_model(pool_is_output=True), x)[1]  # the pool's output, on grid a
+    before, after = float_math(model, x)[0], float_math(rewritten, x)[0]
+    pooled = float_math(_stem_model(pool_is_output=True), x)[1]  # the pool's output, on grid a
     assert (pooled > 255 * scale_b).any()  # some values were clipped by grid b
-    reference = _ort(_stem_model(scale_b=SCALE_A), x)[0]  # grid b = grid a: what the rewritten graph computes
+    reference = float_math(_stem_model(scale_b=SCALE_A), x)[0]  # grid b = grid a: what the rewritten graph computes
     np.testing.assert_allclose(after, reference, rtol=0, atol=1e-5)
     assert not np.allclose(after, before, rtol=0, atol=1e-5)
 
@@ -106,10 +93,10 @@ def test_a_second_grid_is_no_longer_applied_the_difference_within_its_half_step(
 )  # fmt: skip
 def test_other_graphs_are_left_alone(kwargs: dict) -> None:
     model = _stem_model(**kwargs)
-    rewritten = _copy(model)
+    rewritten = copied(model)
     assert drop_pool_requantisation(rewritten) == 0
     assert rewritten == model
-    assert all(np.isfinite(out).all() for out in _ort(model, _input()))  # a model ONNX Runtime runs
+    assert all(np.isfinite(out).all() for out in float_math(model, _input()))  # a model ONNX Runtime runs
 
 
 def test_openvino_runs_the_pool_and_conv_int8_without_a_requantising_node() -> None:
@@ -135,7 +122,7 @@ def test_openvino_runs_the_pool_and_conv_int8_without_a_requantising_node() -> N
     assert after["p"] == ("Pooling", "u8")
     assert [p for t, p in after.values() if t == "Convolution"] == ["u8"]
     got = np.asarray(compiled({"x": _input()})[0])
-    expected = _ort(model, _input())[0]
+    expected = float_math(model, _input())[0]
     assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 0.01  # 7-bit weights: exact products
 
 

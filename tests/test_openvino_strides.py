@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from quant_helpers import copied, float_math
 
 from trtopt.backend.openvino.strides import subsample_strided_pointwise
 
@@ -46,26 +46,13 @@ def _entry_model(strides: tuple[tuple[int, int], ...] = ((2, 2), (2, 2)), pads: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
-def _ort(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the Q/DQ graph as float math
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})
-
-
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
-
-
 def _input() -> np.ndarray:
     return np.random.default_rng(1).uniform(0, 1, (2, 8, 9, 9)).astype(np.float32)  # odd size: ceil(9 / 2)
 
 
 def test_a_shared_stride_2_entry_is_subsampled_once_with_the_same_values() -> None:
     model = _entry_model()
-    rewritten = _copy(model)
+    rewritten = copied(model)
     assert subsample_strided_pointwise(rewritten) == 1
     onnx.checker.check_model(rewritten)
     pools = [n for n in rewritten.graph.node if n.op_type == "MaxPool"]
@@ -74,7 +61,7 @@ def test_a_shared_stride_2_entry_is_subsampled_once_with_the_same_values() -> No
     for conv in (n for n in rewritten.graph.node if n.name.startswith("conv_")):
         assert conv.input[0] == pools[0].output[0]
         assert [helper.get_attribute_value(a) for a in conv.attribute if a.name == "strides"] == [[1, 1]]
-    for before, after in zip(_ort(model, _input()), _ort(rewritten, _input()), strict=True):
+    for before, after in zip(float_math(model, _input()), float_math(rewritten, _input()), strict=True):
         assert before.shape == after.shape == (2, 16, 5, 5)
         np.testing.assert_array_equal(after, before)  # a kernel-1 pool is a subsample: nothing computed differently
 
@@ -89,10 +76,10 @@ def test_a_shared_stride_2_entry_is_subsampled_once_with_the_same_values() -> No
 )  # fmt: skip
 def test_other_readers_are_left_alone(kwargs: dict) -> None:
     model = _entry_model(**kwargs)
-    rewritten = _copy(model)
+    rewritten = copied(model)
     assert subsample_strided_pointwise(rewritten) == 0
     assert rewritten == model
-    assert all(np.isfinite(out).all() for out in _ort(model, _input()))  # a model ONNX Runtime runs
+    assert all(np.isfinite(out).all() for out in float_math(model, _input()))  # a model ONNX Runtime runs
 
 
 def _openvino_convs(model: onnx.ModelProto) -> dict[str, str]:
@@ -120,7 +107,7 @@ def test_openvino_runs_the_subsampled_entry_int8_as_its_reference_says() -> None
     compiled = ov.Core().compile_model(ov.Core().read_model(model.SerializeToString()), "CPU",
                                        {"INFERENCE_NUM_THREADS": 1, "INFERENCE_PRECISION_HINT": "f32"})  # fmt: skip
     got = compiled({"x": _input()})
-    for i, expected in enumerate(_ort(model, _input())):
+    for i, expected in enumerate(float_math(model, _input())):
         rel = np.linalg.norm(np.asarray(got[i]) - expected) / np.linalg.norm(expected)
         assert rel < 0.01  # 7-bit weights on uint8 inputs: exact products; float sums in another order
 
