@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -86,3 +87,12 @@ def copied(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
+
+
+def assert_left_alone(model: onnx.ModelProto, rewrite: Callable[[onnx.ModelProto], int], x: np.ndarray) -> None:
+    """`rewrite` (a pass that edits a model in place and says how many places it changed) changes nothing in
+    `model`, a model ONNX Runtime runs."""
+    rewritten = copied(model)
+    assert rewrite(rewritten) == 0
+    assert rewritten == model
+    assert all(np.isfinite(out).all() for out in float_math(model, x))
