@@ -223,17 +223,20 @@ def build_verified(
     fp32: onnx.ModelProto,
     checks: Checks,
     config: VerifyConfig | None = None,
+    warn_constant: bool = True,
 ) -> tuple[Plan, Verification | None]:
     """Build each of the backend's variants in turn until one computes what its Q/DQ graph says. None: a
     lenient backend (`Backend.strict_verification`) whose graph ONNX Runtime cannot run as a reference.
     `options` are what `backend.options` resolved; with `config.write_failed`, a plan no variant of which
-    passes is returned (the last variant's, its record saying it failed) instead of refused."""
+    passes is returned (the last variant's, its record saying it failed) instead of refused. `warn_constant`:
+    warn where FP32's outputs hold one value (`_warn_constant`; off for the build's later forms of one plan)."""
     from trtopt.backend.cpu.isa import cpu_isa
     from trtopt.execution import OrtSession
 
     selection = find_selection(fp32)  # outputs after TopK / NMS: judged by what they select from (FP32 runs those)
     judged = collect(OrtSession(judged_model(fp32, selection) if selection else fp32).run, checks.batches)
-    _warn_constant(judged)
+    if warn_constant:
+        _warn_constant(judged)
     io, hw = (io[0], observed_outputs(io[1], judged)), image_hw(checks.batches[0][0]) if checks.batches else None
     compared = selection.compared(judged) if selection else judged
     axes, label_maps = class_axes(compared, hw), label_map_outputs(compared, hw)
