@@ -100,7 +100,8 @@ def add_quant_arguments(parser: argparse.ArgumentParser) -> None:
     q.add_argument("--exclude", nargs="+", default=[], metavar="NAME", help="node names or op types to keep float")
     q.add_argument("--keep-first-last", action="store_true", help="keep the first and last layers in float")
     q.add_argument("--min-channels", type=int, help="layers with fewer input or output channels stay float "
-                   f"(default {DEFAULT_MIN_CHANNELS}; 1 on the openvino backend)")  # fmt: skip
+                   f"(default {DEFAULT_MIN_CHANNELS}; 1 on the openvino backend). Left unset, CPU builds also time "
+                   "the plan with those thin layers in INT8 and keep it where as faithful and faster")  # fmt: skip
     q.add_argument(
         "--no-auto-exclude",
         action="store_true",
