@@ -156,7 +156,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             if "kernels" in result:
                 (work / "ort.onnx").write_bytes(result["kernels"])
             notes[variant] = str(result.get("variant") or result.get("error") or "")
-            if "error_to_fp32" in result:
+            if result.get("error_to_fp32") is not None:
                 notes[variant] += f", INT8 error to FP32 {result['error_to_fp32']:.3f}"
                 notes[variant] += f", {result['float_layers']} layer(s) kept float" if result["float_layers"] else ""
                 errors[variant.removeprefix("trtopt ")] = result["error_to_fp32"] or 0.0

@@ -255,8 +255,9 @@ class CpuBackend(Backend[CpuOptions]):
         from trtopt.frontend.model_errors import plan_errors
 
         failures: tuple[type[BaseException], ...] = (TrtoptError, *plan_errors())
-        runners = [self.create_runner(plan, RunOptions(threads=1)) for plan in plans]
+        runners: list[Runner] = []
         try:
+            runners += [self.create_runner(plan, RunOptions(threads=1)) for plan in plans]
             calls = [runner.infer for runner in runners]
             return measure_speeds(fp32, calls, feeds, self.machine(), cpu_isa() in EXACT_U8S8)
         except failures as exc:  # a figure for the summary: never a reason to fail the build

@@ -132,8 +132,9 @@ class OpenvinoBackend(Backend[OpenvinoOptions]):
         from trtopt.backend.cpu.isa import EXACT_U8S8, cpu_isa
         from trtopt.backend.cpu.speed import measure_speeds
 
-        runners = [self.create_runner(plan, RunOptions(threads=1)) for plan in plans]
+        runners: list[Runner] = []
         try:
+            runners += [self.create_runner(plan, RunOptions(threads=1)) for plan in plans]
             calls = [runner.infer for runner in runners]
             return measure_speeds(fp32, calls, feeds, self.machine(), cpu_isa() in EXACT_U8S8, "OpenVINO")
         except (TrtoptError, RuntimeError) as exc:  # a figure for the summary: never a reason to fail the build
