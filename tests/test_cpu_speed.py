@@ -11,7 +11,7 @@ import pytest
 from model_files import tiny_model_with_images
 
 from trtopt.backend.cpu import speed as speed_module
-from trtopt.backend.cpu.speed import MAX_ROUNDS, MIN_ROUNDS, WARMUP, Speed, measure_speed, measure_speeds
+from trtopt.backend.cpu.speed import MAX_ROUNDS, MIN_ROUNDS, WARMUP, Speed, measure_speeds
 from trtopt.build import BuildConfig, build_plan
 from trtopt.cli.summaries import build_summary, print_build_summary
 from trtopt.data import DataConfig, PreprocessConfig
@@ -43,10 +43,10 @@ def test_rounds_stay_within_their_bounds(workdir: Path, monkeypatch: pytest.Monk
     feeds = {fp32.graph.input[0].name: np.zeros(dims, np.float32)}
     calls = []
     monkeypatch.setattr(speed_module, "BUDGET_S", float("inf"))  # however slow this machine: the round cap stops it
-    quick = measure_speed(fp32, lambda f: calls.append(1), feeds, "here")  # a plan call that costs nothing
+    (quick,) = measure_speeds(fp32, [lambda f: calls.append(1)], feeds, "here")  # a plan call that costs nothing
     assert quick.rounds == MAX_ROUNDS == len(calls) - WARMUP and quick.batch == dims[0] and quick.fp32_ms > 0
     monkeypatch.setattr(speed_module, "BUDGET_S", 0.0)
-    slow = measure_speed(fp32, lambda f: time.sleep(0.002), feeds, "here")
+    (slow,) = measure_speeds(fp32, [lambda f: time.sleep(0.002)], feeds, "here")
     assert slow.rounds == MIN_ROUNDS and slow.plan_ms >= 2.0
 
 

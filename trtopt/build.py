@@ -186,8 +186,8 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     speed = None
     if checks.batches and verification:  # a plan slower than FP32 may give way to a cheaper one (Backend.faster)
         with times("speed check"):
-            rebuild = partial(build, backend, io=io_specs(graph), options=options, fp32=fp32, checks=checks,
-                              warn_constant=False)  # said once, by the first build
+            rebuild = partial(build_verified, backend, io=io_specs(graph), options=options, fp32=fp32, checks=checks,
+                              config=config.verify, warn_constant=False)  # a verified plan's forms; warned once
             choice = backend.faster(plan, options, verification, model, fp32, checks.batches[0][0], rebuild,
                                     quantized.wider)  # fmt: skip
         plan, verification, speed = choice.written(plan), choice.verification, choice.report
@@ -197,7 +197,7 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
                        backend.report(plan, options), quantized.equalization, speed, graph_check)  # fmt: skip
 
 
-def _unverified(backend, model, io, options, fp32, checks, *, drawn, warn_constant=True):  # type: ignore[no-untyped-def]
+def _unverified(backend, model, io, options, fp32, checks, *, drawn):  # type: ignore[no-untyped-def]
     """The plan of a model that draws random numbers (Piper's VITS voices: RandomNormalLike): two runs of it differ
     whatever the kernels do, so the backend's first variant is built and the plan carries no verification."""
     from trtopt._version import __version__

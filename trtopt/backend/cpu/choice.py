@@ -122,16 +122,16 @@ def keep_faster(
     first: Candidate, model: onnx.ModelProto, fp32: onnx.ModelProto, build: Build, timer: Timer,
     wider: Wider | None = None, pair: Pair | None = None,
 ) -> Candidate:  # fmt: skip
-    """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms (see the module); its speed's
-    `outcome` says what was chosen and why."""
+    """The fastest of `first` (built from the Q/DQ `model`) and its cheaper forms, and of `wider`'s plan where
+    `pair` times the two side by side (see the module); its speed's `outcome` says what was chosen and why."""
     if _useless(first.verification):
         floated = build(fp32)
         if floated is not None:
             reason = _useless_reason(first.verification.reference_vs_fp32.cosine)
             return Candidate(*floated, speed=replace(first.speed, outcome=reason), float_plan=True)
     best = _confirmed(first, timer)
-    if wider is not None:
-        best = _thin_in_int8(best, wider, build, timer, pair)
+    if wider is not None and pair is not None:
+        best = _thin_in_int8(best, wider, build, pair)
         model = wider.model if best.wider is not None else model
     if best.speed.ratio < 1.0:
         return best
@@ -157,9 +157,9 @@ def keep_faster(
     return best
 
 
-def _thin_in_int8(best: Candidate, wider: Wider, build: Build, timer: Timer, pair: Pair | None) -> Candidate:
-    """`wider`'s plan where it is as faithful as `best` and runs faster by `THIN_PAYS`, both timed side by side where
-    `pair` can (a gain of a few percent is near the noise of two separate timings), else `best` (see the module)."""
+def _thin_in_int8(best: Candidate, wider: Wider, build: Build, pair: Pair) -> Candidate:
+    """`wider`'s plan where it is as faithful as `best` and runs faster by `THIN_PAYS`, both timed side by side with
+    `pair` (a gain of a few percent is near the noise of two separate timings), else `best` (see the module)."""
     built = build(wider.model)
     if built is None:
         return best
@@ -168,11 +168,11 @@ def _thin_in_int8(best: Candidate, wider: Wider, build: Build, timer: Timer, pai
         log.info("%d thin layer(s) not in INT8: the INT8 reference's error to FP32 %s with them, %s without",
                  len(wider.layers), errors[1], errors[0])  # fmt: skip
         return best
-    speeds = pair(best.plan, built[0]) if pair is not None else (best.speed, timer(built[0]))
-    if speeds is None or speeds[1] is None:
+    speeds = pair(best.plan, built[0])
+    if speeds is None:
         return best
     ratios = (speeds[0].ratio, speeds[1].ratio)
-    if pair is not None and 1 / NOISE < ratios[0] / ratios[1] < NOISE:  # close: timed again, the two timings summed
+    if 1 / NOISE < ratios[0] / ratios[1] < NOISE:  # close: timed again, the two timings summed
         again = pair(best.plan, built[0])
         ratios = (ratios[0] + again[0].ratio, ratios[1] + again[1].ratio) if again else (0.0, 1.0)
     if ratios[1] * THIN_PAYS >= ratios[0]:

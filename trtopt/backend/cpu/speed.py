@@ -80,18 +80,6 @@ class Speed:
                        "time goes, and the float model may serve better (build without --int8)")  # fmt: skip
 
 
-def measure_speed(
-    fp32: onnx.ModelProto,
-    plan_call: PlanCall,
-    feeds: Mapping[str, np.ndarray],
-    machine: str,
-    int8_dot_products: bool = False,
-    runtime: str = "ONNX Runtime",
-) -> Speed:
-    """Time `plan_call(feeds)` (a plan on `runtime`) against the FP32 model on one thread (see the module)."""
-    return measure_speeds(fp32, [plan_call], feeds, machine, int8_dot_products, runtime)[0]
-
-
 def measure_speeds(
     fp32: onnx.ModelProto,
     plan_calls: Sequence[PlanCall],
@@ -100,9 +88,10 @@ def measure_speeds(
     int8_dot_products: bool = False,
     runtime: str = "ONNX Runtime",
 ) -> list[Speed]:
-    """`measure_speed` for several plans in the same rounds (each round calls the FP32 model and every plan once,
-    in an order that rotates), for `BUDGET_S` per plan: plans compared side by side, as a choice between two
-    plans whose times differ by a few percent needs (`trtopt.backend.cpu.choice`)."""
+    """Time each of `plan_calls(feeds)` (plans on `runtime`) against the FP32 model on one thread (see the module),
+    all in the same rounds (each calls the FP32 model and every plan once, in an order that rotates), for
+    `BUDGET_S` per plan: plans compared side by side, as a choice between two plans whose times differ by a few
+    percent needs (`trtopt.backend.cpu.choice`)."""
     from trtopt.data.arrays import samples_in
     from trtopt.execution import OrtSession
 
