@@ -294,3 +294,30 @@ def test_a_layer_kept_float_reads_its_input_unrounded_on_the_cpu_form() -> None:
     both = plan_quantization(shared, cpu_config(QuantConfig()))
     readers = {n.name for n in shared.nodes if n.op == "Conv" and relu in [t.name for t in n.inputs]}
     assert len(readers) == 2 and {s.consumer for s in both.sites if s.tensor == relu} == readers
+
+
+def test_an_op_without_an_int8_kernel_on_the_backend_stays_float_behind_a_quantised_input() -> None:
+    """input ─ Conv 16->16 ─ Relu ─ ConvTranspose 2x2/2 ─ Relu ─ Conv 16->16 ─ output
+
+    The CPU backend's `float_ops` (ONNX Runtime has no INT8 ConvTranspose): the deconvolution stays float with
+    that reason and its weight keeps no pair, while the conv before it still quantises its output (a layer kept
+    float for fidelity would read it unrounded), so that conv keeps ONNX Runtime's QLinearConv. The Q/DQ model
+    stays close to FP32 in ONNX Runtime."""
+    b = GraphBuilder("deconv", seed=2)
+    x = b.input("input", [1, 16, 8, 8])
+    y = b.relu(b.conv(x, 16, 16, 3))
+    up = b.node("ConvTranspose", [y, b.const("up_w", b.rng.standard_normal((16, 16, 2, 2)).astype(np.float32) * 0.2)],
+                kernel_shape=[2, 2], strides=[2, 2])  # fmt: skip
+    graph = graph_from_onnx(b.build([b.conv(b.relu(up), 16, 16, 1, out="output")]))
+    first, deconv, last = (n for n in graph.nodes if n.op in ("Conv", "ConvTranspose"))
+    config = cpu_config()
+    assert "ConvTranspose" in config.float_ops
+    plan = plan_quantization(graph, config)
+    assert plan.float_layers == {deconv.name: "no INT8 ConvTranspose kernel on this backend"}
+    assert plan.quantized_layers == (first.name, last.name)
+    assert not [s for s in plan.sites if s.consumer == deconv.name and s.kind == "weight"]
+    assert [s.role for s in plan.sites if s.consumer == deconv.name] == ["output"]  # the first conv's Relu output
+    model, _, _ = quantize(graph, config)
+    feeds = feeds_for(graph, seed=3)
+    reference = run_model(onnx_from_graph(graph), feeds)["output"]
+    assert cosine(reference, run_model(model, feeds, opt_level="disable")["output"]) > 0.99

@@ -73,6 +73,10 @@ class QuantConfig:
     `widen_thin` asks the build for a second Q/DQ model with the thin layers `min_channels` and
     `float_leading_depthwise` keep float in INT8, for the backend's speed check to time beside the plan
     (`trtopt.quant.thin`; the CPU backends set it where the user set neither).
+
+    `float_ops` are op types the backend's runtime has no INT8 kernel for: they stay float, with that reason,
+    rather than carry Q/DQ their runtime would dequantise again (the CPU backend: ONNX Runtime has no INT8
+    ConvTranspose).
     """
 
     exclude: tuple[str, ...] = ()
@@ -93,6 +97,7 @@ class QuantConfig:
     pair_bounded_weights: bool = False
     min_amax: float = ZERO_AMAX
     widen_thin: bool = False
+    float_ops: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         channels = self.min_channels

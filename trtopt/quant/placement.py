@@ -64,7 +64,8 @@ def plan_quantization(graph: gs.Graph, config: QuantConfig | None = None) -> Qua
     quantized = {n.name for n in layers}
     sites += _residual_sites(graph, quantized) if config.quantize_residual else []
     if config.quantize_outputs:
-        sites += _output_sites(graph, layers, sites, config.output_folds, set(float_layers))
+        runtime_float = {n.name for n in graph.nodes if n.op in config.float_ops}
+        sites += _output_sites(graph, layers, sites, config.output_folds, set(float_layers) - runtime_float)
     pooled: list[tuple[str, ...]] = []
     if config.integer_pools:
         pool_sites, pooled = _pool_sites(graph, sites, config.output_folds)
@@ -99,6 +100,8 @@ def _eligible_layers(graph: gs.Graph, config: QuantConfig) -> tuple[list[gs.Node
             continue
         if node.name in excluded or node.op in excluded:
             float_layers[node.name] = "excluded by --exclude"
+        elif node.op in config.float_ops:
+            float_layers[node.name] = f"no INT8 {node.op} kernel on this backend"
         elif not RULES.get(node.op)(node):
             float_layers[node.name] = f"{node.op} form without an INT8 kernel"
         elif _is_tiny(node, config.channels) and not (
@@ -210,7 +213,10 @@ def _output_sites(
     Dropping the pairs of every head too (layers with no INT8 layer downstream, e.g. a recogniser's last
     MatMul before its Softmax) was measured and not kept (bench_zoo's setting, avx2): PP-OCRv4-rec worst
     cosine 0.9866 -> 0.9868 with exact match 75.0% -> 68.8%, table-cls 0.9897 -> 0.9898, ddddocr-det box
-    F1 93.4% -> 94.1%, ppocr-cls and ddddocr-ocr unchanged; float kernels for nothing."""
+    F1 93.4% -> 94.1%, ppocr-cls and ddddocr-ocr unchanged; float kernels for nothing. A layer float only
+    because the backend's runtime has no INT8 kernel for its op (`QuantConfig.float_ops`) is not in
+    `float_layers` here: its runtime rounded its input to INT8 before too, and the layer before it keeps its
+    INT8 kernel."""
     taken = {(s.tensor, s.consumer, s.index) for s in sites}
     graph_outputs = {t.name for t in graph.outputs}
     top = {id(n) for n in graph.nodes}  # a node in an If/Loop body also reads outer tensors: it gets no pair

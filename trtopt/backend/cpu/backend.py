@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 # output pair goes after them. Any other activation (SiLU, Sigmoid, HardSwish) or a residual Add runs in
 # float after the INT8 layer.
 ORT_OUTPUT_FOLDS = frozenset({"Relu", "Clip"})
+# ONNX Runtime 1.32's CPU provider has no QDQ ConvTranspose fusion: it dequantises the weights and runs the float
+# kernel (PP-OCRv4-det's p2o.ConvTranspose.0, a UNet decoder). A 64->32 2x2/2 deconvolution on 56x56 (avx2, 1
+# thread, interleaved) ran 2.2 / 19.5 ms at b1 / b8 with Q/DQ weights and 2.4 / 19.0 ms float: the same speed,
+# so the CPU backend keeps such layers float (`QuantConfig.float_ops`), with their weights exact.
+NO_INT8_KERNEL = frozenset({"ConvTranspose"})
 
 # Triton's ONNX Runtime backend loads model.onnx (platform onnxruntime_onnx; Triton's model configuration guide)
 # and takes its intra-op threads from the parameter intra_op_thread_count (onnxruntime_backend README, "Model
@@ -148,7 +153,8 @@ class CpuBackend(Backend[CpuOptions]):
         leading = True if quant.float_leading_depthwise is None else quant.float_leading_depthwise
         widen = quant.min_channels is None and quant.float_leading_depthwise is None  # trtopt.quant.thin
         quant = replace(quant, quantize_outputs=True, output_folds=ORT_OUTPUT_FOLDS, float_leading_depthwise=leading,
-                        integer_pools=True, integer_gates=True, integer_hard_swish=True, min_amax=FP32_AMAX)
+                        integer_pools=True, integer_gates=True, integer_hard_swish=True, min_amax=FP32_AMAX,
+                        float_ops=quant.float_ops | NO_INT8_KERNEL)
         if options is None:
             return quant
         quant = replace(quant, widen_thin=widen and options.fallback != "off")
