@@ -87,3 +87,33 @@ def test_a_pool_reading_a_float_activation_stays_float() -> None:
     graph = optimize(graph_from_onnx(model)).graph
     plan = plan_quantization(graph, cpu_config(QuantConfig()))
     assert not [s for s in plan.sites if s.role == "pool"]
+
+
+def _fire_pool() -> gs.Graph:
+    """input ─ Conv1x1 ─ Relu ─┬ Conv1x1 ─ Relu ─┬ Concat ─ MaxPool 3x3/2 (ceil) ─ Conv1x1 ─ output
+                               └ Conv3x3 ─ Relu ─┘
+    SqueezeNet's fire module and the pool after it."""
+    b = GraphBuilder("fire_pool", seed=1)
+    squeeze = b.relu(b.conv(b.input("input", [1, 16, 15, 15]), 16, 16, 1))
+    joined = b.concat([b.relu(b.conv(squeeze, 16, 16, 1)), b.relu(b.conv(squeeze, 16, 16, 3))])
+    pooled = b.node("MaxPool", [joined], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)
+    return optimize(graph_from_onnx(b.build([b.conv(pooled, 32, 16, 1, out="output")]))).graph
+
+
+def test_a_maxpool_after_a_concat_of_int8_layers_runs_on_the_integer_grid() -> None:
+    """The Concat's inputs are quantised and the MaxPool's output is: a pair on the pool's input too makes the
+    Concat a QLinearConcat and the pool a uint8 one, where both ran in float between conversions."""
+    graph = _fire_pool()
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    (concat,), (pool,) = _ops(graph, "Concat"), _ops(graph, "MaxPool")
+    assert (concat.outputs[0].name, pool.name) in {(s.tensor, s.consumer) for s in plan.sites if s.role == "pool"}
+    assert any({concat.outputs[0].name, pool.outputs[0].name} <= set(group) for group in plan.shared)
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding=exact_encoding())
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearConcat") == 1 and "Concat" not in ops, ops
+    assert ops.get("QLinearConv") == 3, ops  # the last conv writes the float graph output: float on its weights
+    assert ops.get("QuantizeLinear") == 1, ops  # only the image is converted
+    assert_plan_computes(graph, model, lowered, "output")
+    off = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_pools=False))
+    assert not [s for s in off.sites if s.consumer == pool.name]

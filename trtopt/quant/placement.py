@@ -239,6 +239,7 @@ def _pool_sites(
     """Pairs and shared thresholds that let pooling run on the integer grid (`trtopt.quant.pools`)."""
     edges = {(s.tensor, s.consumer, s.index) for s in sites if s.kind == "activation"}
     added, shared = pools.average_pool_edges(graph, edges, folds)
+    added += pools.max_pool_edges(graph, edges | set(added), folds)
     edges |= set(added)
     new = [QuantSite(t, consumer, index, "activation", "pool") for t, consumer, index in added]
     return new, [*shared, *pools.shared_maxpools(graph, edges)]

@@ -21,6 +21,12 @@ QLinearGlobalAveragePool, one QuantizeLinear, two Transposes) and its speed.
   Add becomes a QLinearAdd, the pool a QLinearGlobalAveragePool. A pool reading a float tensor (a
   squeeze-excite block's SiLU output) is left alone: a QuantizeLinear of its whole input would cost more than
   the float pool.
+- `max_pool_edges`: a MaxPool whose output is read through a pair, and whose input is the output of a
+  Concat or residual Add (past folded activations) whose data inputs are all quantised, gets a pair on its
+  input too: the Concat becomes a QLinearConcat (or the Add a QLinearAdd) and the pool a uint8 NhwcMaxPool
+  (`shared_maxpools` then gives both pairs one grid). SqueezeNet's fire modules (Concat -> MaxPool -> Conv):
+  without it two Concats and two MaxPools ran in float between DequantizeLinear, QuantizeLinear and layout
+  changes, where ONNX Runtime's own quantizer's plan has none (torchvision squeezenet1_0, avx2).
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ def shared_maxpools(graph: gs.Graph, edges: Collection[Edge]) -> list[tuple[str,
             and node.outputs[0].name in quantized]  # fmt: skip
 
 
+def max_pool_edges(graph: gs.Graph, edges: Collection[Edge], folds: Collection[str]) -> list[Edge]:
+    """The input edges to quantise before MaxPools that sit between an integer join and a pair (see the module)."""
+    read = {(tensor, consumer) for tensor, consumer, _ in edges}
+    quantized = {tensor for tensor, _, _ in edges}
+    return [(node.inputs[0].name, node.name, 0) for node in graph.nodes
+            if node.op == "MaxPool" and node.outputs[0].name in quantized
+            and (node.inputs[0].name, node.name) not in read and _integer_join(node.inputs[0], node, read, folds)
+            ]  # fmt: skip
+
+
 def average_pool_edges(
     graph: gs.Graph, edges: Collection[Edge], folds: Collection[str]
 ) -> tuple[list[Edge], list[tuple[str, str]]]:
@@ -82,12 +98,13 @@ def average_pool_edges(
 
 
 def _integer_join(source: gs.Tensor, pool: gs.Node, read: Collection[tuple[str, str]], folds: Collection[str]) -> bool:
-    """Whether `source`, read only by `pool`, is an Add's output (past activations in `folds`, each the sole
-    reader of its input) whose data inputs are all read through pairs."""
+    """Whether `source`, read only by `pool`, is the output of an Add of two tensors or of a Concat (past
+    activations in `folds`, each the sole reader of its input) whose data inputs are all read through pairs."""
     if [c.name for c in source.outputs] != [pool.name] or not source.inputs:
         return False
     producer = source.inputs[0]
     while producer.op in folds and len(producer.inputs[0].outputs) == 1 and producer.inputs[0].inputs:
         producer = producer.inputs[0].inputs[0]
     data = [t for t in producer.inputs if isinstance(t, gs.Variable)]
-    return producer.op == "Add" and len(data) == 2 and all((t.name, producer.name) in read for t in data)
+    joins = (producer.op == "Add" and len(data) == 2) or (producer.op == "Concat" and len(data) == len(producer.inputs))
+    return joins and all((t.name, producer.name) in read for t in data)
