@@ -63,6 +63,26 @@ def test_reshapes_to_the_shape_they_have_go() -> None:
     assert_same_outputs(model, graph)
 
 
+def test_adds_of_zeros_and_muls_by_ones_go_unless_they_broadcast() -> None:
+    """input [2,6,6,4] ─ MatMul ─ Add(zeros[4], ·) ─ Mul(ones[1,1,1,4]) ─ Div(1) ─ Sub(0, ·) ─┬ Add(zeros[3,1,1,1,1])
+                                                                                       └ Mul(0.5)
+    A fresh ConvNeXt's zero Linear biases: the first three compute nothing; 0 - x negates, and an Add of zeros
+    that broadcasts to a larger shape grows its input, so those stay."""
+    b = GraphBuilder("neutral", seed=0)
+    weight = b.const("w", b.rng.standard_normal((4, 4)).astype(np.float32))
+    y = b.node("MatMul", [b.input("input", [2, 6, 6, 4]), weight])
+    y = b.node("Add", [b.const("bias", np.zeros(4, np.float32)), y])
+    y = b.node("Mul", [y, b.const("scale", np.ones((1, 1, 1, 4), np.float32))])
+    y = b.node("Div", [y, b.const("one", np.array(1.0, np.float32))])
+    y = b.node("Sub", [b.const("zero", np.array(0.0, np.float32)), y])
+    grown = b.node("Add", [y, b.const("wide", np.zeros((3, 1, 1, 1, 1), np.float32))], out="grown")
+    model = b.build([grown, b.node("Mul", [y, b.const("half", np.full(4, 0.5, np.float32))], out="half")])
+    graph, report = run_pass(model, "remove_noops")
+    assert report.counts() == {"neutral": 3}
+    assert ops(graph) == ["MatMul", "Sub", "Add", "Mul"]
+    assert_same_outputs(model, graph)
+
+
 def test_a_lossy_cast_round_trip_stays() -> None:
     model = noop_chain(TensorProto.FLOAT16, TensorProto.FLOAT)  # float16 rounds: the chain must stay
     graph, _ = run_pass(model, "remove_noops")

@@ -8,7 +8,11 @@ Removed when exact:
 - a Cast to the type its input already has, and a Reshape / Flatten / Squeeze / Unsqueeze to the (static) shape
   its input already has;
 - a Cast chain A -> B -> C whose first step loses nothing (B holds every A value: float -> double, int8 ->
-  int32, float16 -> float): it is one Cast A -> C, and none at all when C is A.
+  int32, float16 -> float): it is one Cast A -> C, and none at all when C is A;
+- an Add or Sub of zeros, a Mul or Div by ones, whose constant broadcasts into the other input's shape without
+  growing it (x + 0 is x, up to the sign of a zero): the zero biases and unit layer scales of freshly
+  initialised exports (torchvision ConvNeXt's and ViT's Linear biases start at zero, a model exported before
+  training or with weights loaded later), and Keras' Rescaling(1.0). onnxslim removes the same ones.
 Lossy round trips (float -> float16 -> float rounds; float -> int -> float truncates) stay.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
@@ -46,6 +51,7 @@ class NoOp(Match):
     source: gs.Tensor
     kind: str
     first: gs.Node | None = None
+    slot: int = 0  # the input the output equals (an Add of zeros may hold its data second)
 
     @property
     def nodes(self) -> tuple[gs.Node, ...]:
@@ -82,7 +88,33 @@ def _noop(node: gs.Node) -> NoOp | None:
         return NoOp(node, source, "reshape")
     if node.op == "Reshape" and _keeps_shape(node):
         return NoOp(node, source, "reshape")  # Keras' squeeze-excite: [N, C, 1, 1] -> [-1, C, 1, 1]
+    return _neutral(node)
+
+
+# op: (the constant that leaves the other input as it is, the input slots that constant may take)
+NEUTRAL = {"Add": (0.0, (0, 1)), "Sub": (0.0, (1,)), "Mul": (1.0, (0, 1)), "Div": (1.0, (1,))}
+
+
+def _neutral(node: gs.Node) -> NoOp | None:
+    """An Add / Sub of zeros or a Mul / Div by ones that neither grows its data input's shape nor changes its
+    type (see the module)."""
+    if node.op not in NEUTRAL or len(node.inputs) != 2:
+        return None
+    value, slots = NEUTRAL[node.op]
+    for slot in slots:
+        constant, data = constant_array(node.inputs[slot]), node.inputs[1 - slot]
+        if constant is None or not constant.size or isinstance(data, gs.Constant) or not np.all(constant == value):
+            continue
+        if _dtype(data) == _dtype(node.outputs[0]) and _broadcasts_into(constant.shape, getattr(data, "shape", None)):
+            return NoOp(node, data, "neutral", slot=1 - slot)
     return None
+
+
+def _broadcasts_into(shape: tuple[int, ...], into: object) -> bool:
+    """Whether an array of `shape` broadcast against a tensor of (known rank) shape `into` leaves `into` as it is."""
+    if not isinstance(into, (list, tuple)) or len(shape) > len(into):
+        return False
+    return all(c == 1 or (isinstance(d, int) and c == d) for c, d in zip(reversed(shape), reversed(into), strict=False))
 
 
 def _keeps_shape(reshape: gs.Node) -> bool:
@@ -139,7 +171,7 @@ def remove_noops(graph: gs.Graph) -> list[NoOp]:
     for match in find_noops(graph):
         # Read the source now: an earlier rewrite in this run may have removed the node that made it.
         if match.kind != "cast_chain":
-            if bypass(graph, match.node, match.node.inputs[0]):
+            if bypass(graph, match.node, match.node.inputs[match.slot]):
                 done.append(match)
             continue
         source = match.first.inputs[0] if match.first is not None else match.source
