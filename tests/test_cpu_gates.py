@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
+from onnx import helper
 from quant_helpers import assert_plan_computes, cosine, cpu_config, feeds_for, quantize
 
 from trtopt.backend.cpu.builder import kernel_report
@@ -16,6 +18,7 @@ from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import optimize
 from trtopt.quant import QuantConfig, QuantPlan, plan_quantization
+from trtopt.quant.concat_ranges import UNLIKE_RATIO, float_unlike_concats
 from trtopt.quant.gates import is_small
 from trtopt.zoo import GraphBuilder
 
@@ -120,3 +123,65 @@ def test_plans_with_integer_gates_leave_silu_out_of_equalisation() -> None:
     assert heads == {"Sigmoid", "HardSwish"}
     kept = {s.gate_head.op for s in find_sites(graph, integer_gates=True) if s.gate_head is not None}
     assert kept == {"HardSwish"}
+
+
+def _channel_shuffle() -> gs.Graph:
+    """A ShuffleNetV2 unit and the conv after it::
+
+        input ─ Conv1x1 ─ Relu ─┬─ Conv1x1 ─ SiLU ─┬ Concat ─ Reshape [N,2,16,H,W] ─ Transpose ─ Reshape ─ Split ─┬ Conv
+                                └─ Conv1x1 ─ Relu ─┘                                                           └ Conv
+    """
+    b = GraphBuilder("shuffle", seed=3)
+    x = b.relu(b.conv(b.input("input", [1, 16, 8, 8]), 16, 16, 1))
+    joined = b.concat([b.silu(b.conv(x, 16, 16, 1)), b.relu(b.conv(x, 16, 16, 1))])
+    y = b.node("Reshape", [joined, b.const("grouped", np.array([1, 2, 16, 8, 8], np.int64))])
+    y = b.node("Reshape", [b.node("Transpose", [y], perm=[0, 2, 1, 3, 4]), b.const("flat", np.array([1, 32, 8, 8]))])
+    b.nodes.append(helper.make_node("Split", [y, b.const("halves", np.array([16, 16], np.int64))], ["h0", "h1"], axis=1,
+                                    name="split"))  # fmt: skip
+    model = b.build([b.conv("h0", 16, 16, 1, out="a"), b.conv("h1", 16, 16, 1, out="b")])
+    return optimize(graph_from_onnx(model)).graph
+
+
+def test_a_channel_shuffle_between_int8_layers_moves_integers() -> None:
+    """The Concat, both Reshapes, the Transpose and the Split read and write pairs of one grid (exact: they only move
+    values), so ONNX Runtime runs the stretch on uint8 (QLinearConcat, and its QDQ rules drop the pairs around the
+    others) where it ran in float between DequantizeLinear and QuantizeLinear."""
+    graph = _channel_shuffle()
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    edges = {(s.tensor, s.consumer) for s in plan.sites if s.kind == "activation"}
+    moved = [n for n in graph.nodes if n.op in ("Concat", "Reshape", "Transpose", "Split")]
+    assert len(moved) == 5 and all((t.name, n.name) in edges for n in moved for t in n.inputs[:1])
+    assert all((t.name, r.name) in edges for n in moved for t in n.outputs for r in t.outputs)
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding="u8u8")
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearConcat") == 1 and "Concat" not in ops, ops
+    assert ops.get("QuantizeLinear") == 1, ops  # the image; the two output convs dequantise their weights
+    for output in ("a", "b"):
+        assert_plan_computes(graph, model, lowered, output)
+    off = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_gates=False))
+    assert not [s for s in off.sites if s.consumer == "split"]
+
+
+def test_a_channel_shuffle_that_feeds_a_graph_output_stays_float() -> None:
+    """The stretch moves integers only where every reader reads a pair: one half a graph output keeps the Split,
+    and so the ops before it, in float."""
+    graph = _channel_shuffle()
+    (split,) = [n for n in graph.nodes if n.op == "Split"]
+    graph.outputs.append(split.outputs[0])
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    assert not [s for s in plan.sites if s.consumer == split.name or s.role == "concat"]
+
+
+def test_a_shuffled_concat_of_unlike_ranges_stays_on_the_grid() -> None:
+    """`concat_ranges` keeps a Concat of unlike ranges float, except where its output is only moved and quantised
+    again (the Split's pairs round the joined tensor onto one grid either way): there it stays integer."""
+    graph = _channel_shuffle()
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    (concat,) = [n for n in graph.nodes if n.op == "Concat"]
+    group = next(g for g in plan.shared if g[0] == concat.outputs[0].name)
+    ranges = {group[0]: 300.0, group[1]: 300.0, group[2]: 300.0 / (UNLIKE_RATIO * 4)}
+    assert float_unlike_concats(graph, plan, ranges) is plan
+    (reshape,) = [r for r in concat.outputs[0].outputs]
+    reshape.op = "Relu"  # a reader that computes: the Concat goes float as before
+    assert concat.name in float_unlike_concats(graph, plan, ranges).float_layers

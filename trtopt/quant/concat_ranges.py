@@ -27,6 +27,11 @@ plain float math) and TensorRT accepts it (a strongly typed network runs what is
 float; it only loses the copy-free Concat there). Graph outputs are never quantised, so a YOLO head's
 final Concat of boxes and scores stays float by the same placement rule; this module covers the Concats
 that placement would otherwise quantise.
+
+Except where the Concat's output only flows into ops that move values (`trtopt.quant.gates.MOVEMENT_OPS`) whose
+outputs are quantised again: ShuffleNet's channel shuffle (Concat -> Reshape -> Transpose -> Reshape -> Split ->
+INT8 convs) rounds the joined tensor onto one grid two ops later whether the Concat is float or not, so keeping
+it float keeps nothing finer and costs a float stretch (paddle ShuffleNetV2-swish, avx2: 12 of 16 Concats).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from dataclasses import replace
 
 import onnx_graphsurgeon as gs
 
+from trtopt.quant.gates import MOVEMENT_OPS
 from trtopt.quant.placement import QuantPlan
 
 log = logging.getLogger(__name__)
@@ -58,11 +64,12 @@ def float_unlike_concats(graph: gs.Graph, plan: QuantPlan, ranges: Mapping[str, 
     `float_layers`."""
     producers = {n.outputs[0].name: n for n in graph.nodes if n.op == "Concat" and n.outputs}
     kept, dropped_outputs, reasons = [], set(), {}
+    quantized = {s.tensor for s in plan.sites if s.kind == "activation"}
     for group in plan.shared:
         concat = producers.get(group[0])
         inputs = [t for t in group[1:] if t in ranges]
         ratio = unlike_ratio([ranges[t] for t in inputs]) if len(inputs) > 1 else 1.0
-        if concat is None or ratio <= UNLIKE_RATIO:
+        if concat is None or ratio <= UNLIKE_RATIO or _quantised_again(concat, quantized):
             kept.append(group)
             continue
         dropped_outputs.add(group[0])
@@ -81,3 +88,11 @@ def float_unlike_concats(graph: gs.Graph, plan: QuantPlan, ranges: Mapping[str, 
         and not (s.kind == "activation" and s.tensor in dropped_outputs)
     )
     return replace(plan, sites=sites, shared=tuple(kept), float_layers={**plan.float_layers, **reasons})
+
+
+def _quantised_again(concat: gs.Node, quantized: set[str]) -> bool:
+    """Whether every reader of `concat`'s output is a movement op (not another Concat) whose outputs are all
+    quantised (see the module)."""
+    readers = concat.outputs[0].outputs
+    moved = [r for r in readers if r.op in MOVEMENT_OPS and r.op != "Concat"]
+    return bool(readers) and len(moved) == len(readers) and all(t.name in quantized for r in moved for t in r.outputs)
