@@ -145,7 +145,8 @@ def test_each_backend_fills_in_its_quantisation_defaults() -> None:
     mine = QuantConfig(float_leading_depthwise=False, exclude=("Gemm",), min_channels=4)
     assert cpu.quant_config(mine) == replace(mine, quantize_outputs=True, output_folds=frozenset({"Relu", "Clip"}),
                                                   integer_pools=True, integer_gates=True, integer_hard_swish=True,
-                                                  min_amax=FP32_AMAX)  # fmt: skip
+                                                  min_amax=FP32_AMAX,
+                                                  float_ops=frozenset({"ConvTranspose"}))  # fmt: skip
     assert trt.quant_config(mine).min_amax == ZERO_AMAX  # TensorRT may hold scales in FP16: float16's floor
 
 

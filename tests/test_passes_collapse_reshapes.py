@@ -75,3 +75,22 @@ def test_a_computed_flatten_shape_becomes_a_constant() -> None:
     feeds = {"input": np.random.default_rng(0).standard_normal((3, 16, 4, 4)).astype(np.float32)}
     before, after = run_model(model, feeds, opt_level="disable"), run_model(graph, feeds, opt_level="disable")
     assert np.allclose(before["output"], after["output"], rtol=0, atol=1e-6)
+
+
+def test_a_transpose_of_unit_axes_is_a_reshape_and_one_that_moves_data_is_not() -> None:
+    """input [N,16,4,4] ─ GlobalAveragePool ─ Conv1x1 ─ Transpose(0,2,3,1) ─ Reshape [-1,8] ─ Softmax ─ output
+                                                     └ Transpose(0,3,2,1) of [N,8,1,2] ─ moved
+    tf2onnx's Keras logits: [N, 8, 1, 1] to NHWC moves only size-1 axes, so it and its Reshape are one Reshape;
+    a Transpose that swaps two axes of size > 1 stays."""
+    b = GraphBuilder("keras_logits", seed=0)
+    pooled = b.conv(b.node("GlobalAveragePool", [b.input("input", [2, 16, 4, 4])]), 16, 8, 1)
+    y = b.node("Reshape", [b.node("Transpose", [pooled], perm=[0, 2, 3, 1]), b.const("s", np.array([-1, 8]))])
+    wide = b.node("Reshape", [pooled, b.const("w", np.array([2, 4, 1, 2]))])
+    model = b.build([b.node("Softmax", [y], out="output"), b.node("Transpose", [wide], perm=[0, 3, 2, 1], out="moved")])
+    graph, report = run_pass(model, "collapse_reshapes")
+    assert report.counts() == {"collapse_reshapes": 1} and ops(graph).count("Transpose") == 1
+    assert [n.op for n in graph.nodes if n.outputs[0].name == "output"] == ["Softmax"]
+    (conv,), (softmax,) = ([n for n in graph.nodes if n.op == op] for op in ("Conv", "Softmax"))
+    reshape = softmax.inputs[0].inputs[0]
+    assert reshape.op == "Reshape" and reshape.inputs[0] is conv.outputs[0]  # the conv's output, no Transpose
+    assert_same_outputs(model, graph)

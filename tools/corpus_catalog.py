@@ -147,6 +147,20 @@ CATALOG: tuple[CorpusModel, ...] = (
         name="torch-mobilenetv2-onnx2torch", recipe="onnx2torch", recipe_args=("mobilenet_v2", "13"), **_TORCHVISION,
         exercises="an onnx2torch round trip: every ONNX node became a torch module and was exported again"),
     CorpusModel(
+        name="torch-squeezenet-opset13", recipe="torch-script", recipe_args=("squeezenet1_0", "13"), **_TORCHVISION,
+        exercises="SqueezeNet's fire modules: Concat of two expand convs, then ceil-mode MaxPool, an all-conv head "
+        "(conv, Relu, global pool)"),
+    CorpusModel(
+        name="torch-shufflenetv2-dynamo", recipe="torch-dynamo", recipe_args=("shufflenet_v2_x1_0", "18"),
+        **_TORCHVISION,
+        exercises="ShuffleNetV2's channel shuffle (Reshape, Transpose, Reshape) and channel split between units, "
+        "from the dynamo exporter"),
+    CorpusModel(
+        name="paddle-shufflenetv2-swish", task="classify", source="paddle.vision 3.3.1 architecture, random weights",
+        licence="Apache-2.0", env="paddle", recipe="paddle", recipe_args=("shufflenet_v2_swish",),
+        layout="NCHW", input_shape=(1, 3, 224, 224), preprocess=_IMAGENET,
+        exercises="paddle2onnx 2.1.0: channel shuffle with Split and Concat, Swish as Sigmoid*Mul"),
+    CorpusModel(
         name="paddle-mobilenetv3", task="classify", source="paddle.vision 3.3.1 architecture, random weights",
         licence="Apache-2.0", env="paddle", recipe="paddle", recipe_args=("mobilenet_v3_small",),
         layout="NCHW", input_shape=(1, 3, 224, 224), preprocess=_IMAGENET,

@@ -7,6 +7,10 @@ the matcher reads from the inferred shapes: all static, or static but for the le
 as -1 (Reshape infers it from the element count, which every shape op keeps, so it is the chain's own result).
 A single Reshape whose shape the graph computes (Paddle's flatten: Shape, Slice, Concat) gets the same constant
 shape, and its shape subgraph goes.
+
+A Transpose that moves only axes of size 1 keeps every value where it was in memory: it is a Reshape, and joins
+such chains (alone, it becomes one). tf2onnx's Keras classifiers end in one: the logits conv's [N, 1000, 1, 1]
+turned NHWC before a Reshape to [N, 1000] (Keras MobileNetV3Small: the only Transpose left inside the graph).
 """
 
 from __future__ import annotations
@@ -42,17 +46,29 @@ def find_reshape_chains(graph: gs.Graph) -> list[ReshapeChain]:
     outputs = graph_output_names(graph)
     found = []
     for last in graph.nodes:
-        if last.op not in SHAPE_OPS or _continues(last, outputs):
+        if not _shape_op(last) or _continues(last, outputs):
             continue  # chains are found from their last node
         chain = [last]
-        while (before := producer(chain[0].inputs[0])) is not None and before.op in SHAPE_OPS and (
+        while (before := producer(chain[0].inputs[0])) is not None and _shape_op(before) and (
             sole_consumer(before.outputs[0], outputs) is chain[0]
         ):
             chain.insert(0, before)
-        shape = _target(chain) if len(chain) > 1 or _computed_shape(last) else None
+        shape = _target(chain) if len(chain) > 1 or _computed_shape(last) or last.op == "Transpose" else None
         if shape is not None:
             found.append(ReshapeChain(tuple(chain), shape))
     return found
+
+
+def _shape_op(node: gs.Node) -> bool:
+    """A shape op, or a Transpose that moves only axes of size 1 (see the module)."""
+    if node.op in SHAPE_OPS:
+        return True
+    shape = getattr(node.inputs[0], "shape", None) if node.op == "Transpose" and node.inputs else None
+    if not shape:
+        return False
+    perm = [int(p) for p in node.attrs.get("perm", range(len(shape) - 1, -1, -1))]
+    moved = [p for p in perm if shape[p] != 1]  # a symbolic dimension counts as larger than 1
+    return sorted(perm) == list(range(len(shape))) and moved == sorted(moved)
 
 
 def _computed_shape(node: gs.Node) -> bool:
@@ -63,7 +79,7 @@ def _computed_shape(node: gs.Node) -> bool:
 
 def _continues(node: gs.Node, outputs: set[str]) -> bool:
     after = sole_consumer(node.outputs[0], outputs)
-    return after is not None and after.op in SHAPE_OPS
+    return after is not None and _shape_op(after)
 
 
 def _target(chain: list[gs.Node]) -> tuple[int, ...] | None:
