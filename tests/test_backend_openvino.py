@@ -271,3 +271,26 @@ def test_auto_judges_a_dynamic_batch_at_batch_1_and_the_build_batch(monkeypatch:
     monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: 4)  # a fixed batch of 4: timed once, at 4
     auto.build_fastest(build, 8)
     assert timed == [4]
+
+
+def test_auto_says_each_build_warning_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Both builds load the same model: the opset conversion note was printed once per runtime (six times in a
+    benchmark log); a warning about one runtime's build still appears."""
+    import logging
+    from types import SimpleNamespace
+
+    monkeypatch.setenv(auto.ENVIRONMENT, "")
+
+    def build(name: str) -> FakeResult:
+        logging.getLogger("trtopt.frontend.opset").warning("m.onnx uses ONNX opset 9; converted it to opset 13")
+        logging.getLogger("trtopt.build").warning("only the %s build says this", name)
+        return FakeResult(name, SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
+
+    monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 12.0, "openvino": 7.0})
+    monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: batch)
+    with caplog.at_level(logging.WARNING):
+        auto.build_fastest(build, 8)
+        logging.getLogger("trtopt.frontend.opset").warning("m.onnx uses ONNX opset 9; converted it to opset 13")
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("m.onnx uses ONNX opset 9; converted it to opset 13") == 2  # once in auto, once after it
+    assert "only the cpu build says this" in said and "only the openvino build says this" in said

@@ -17,7 +17,9 @@ batch is dynamic, at batch 1 too: a plan is judged by the geometric mean of its 
 One batch alone chose badly: on the real-export corpus's Keras MobileNetV2 (avx2 EPYC) OpenVINO's plan ran 4%
 faster than the CPU backend's at batch 8 and 25% slower at batch 1, and `auto` timed only batch 8. A plan must be
 faster by `PAYS` to displace one of lower `auto_rank` (the CPU backend), so noise does not flip the choice.
-The choice (`choose`) reads only the figures it is given, so tests inject them.
+The choice (`choose`) reads only the figures it is given, so tests inject them. Each build loads and checks the same
+model, so a warning the first build gave (an opset conversion, a guessed preprocessing) is not repeated by the next
+(`_each_warning_once`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -122,12 +125,13 @@ def build_fastest(build: Callable[[str], Result], batch: int) -> Result:
     a warning. It is handed the build as a function, so it stands below `trtopt.build`."""
     results: dict[str, Result] = {}
     failures: list[TrtoptError] = []
-    for backend in measured_backends():
-        try:
-            results[backend.name] = build(backend.name)
-        except TrtoptError as exc:
-            log.warning("--backend auto: the %s build was left out: %s", backend.name, exc.what)
-            failures.append(exc)
+    with _each_warning_once():
+        for backend in measured_backends():
+            try:
+                results[backend.name] = build(backend.name)
+            except TrtoptError as exc:
+                log.warning("--backend auto: the %s build was left out: %s", backend.name, exc.what)
+                failures.append(exc)
     if not results:
         raise failures[0]
     if len(results) == 1:
@@ -136,6 +140,26 @@ def build_fastest(build: Callable[[str], Result], batch: int) -> Result:
     kept = results[name]
     kept.backend_reason = f"{name} ({why})"
     return kept
+
+
+@contextmanager
+def _each_warning_once() -> Iterator[None]:
+    """While it lasts, the handlers of the root and `trtopt` loggers pass each of trtopt's warnings once."""
+    first: dict[tuple[int, str], logging.LogRecord] = {}
+
+    def first_time(record: logging.LogRecord) -> bool:  # every handler passes the first record of its text
+        if not record.name.startswith("trtopt") or record.levelno < logging.WARNING:
+            return True
+        return first.setdefault((record.levelno, record.getMessage()), record) is record
+
+    handlers = {*logging.getLogger().handlers, *logging.getLogger("trtopt").handlers}
+    for handler in handlers:
+        handler.addFilter(first_time)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(first_time)
 
 
 def pick(plans: Mapping[str, Plan], errors: Mapping[str, float], batch: int) -> tuple[str, str]:
