@@ -1,4 +1,4 @@
-"""`trtopt compare` end to end with task metrics, on three small models built in code and real image files.
+"""`trtopt compare` end to end with task metrics, on small models built in code and real image files.
 
     (built in tests/task_models.py)
     detector:  input 1x3x64x96 ─┬─ Conv k8 s8 ─ Reshape ─┐          (boxes: 4 channels, scores: 3 channels,
@@ -6,6 +6,7 @@
                                 └─ Conv k32 s32 ─ Reshape ─┘   ─► Concat(boxes, scores) ─► [1, 7, 126] (YOLOv8)
     text map:  input 1x3x32x32 ─ Conv 3x3 ─ Relu ─ Conv 3x3 (1 ch) ─ Sigmoid ─► [1, 1, 32, 32]
     CTC:       input 1x3x32x64 ─ Conv 3x3 ─ Relu ─ Conv 32x4 s4 ─ Reshape ─ Transpose ─ Softmax ─► [1, 16, 12]
+    decoded:   input 1x3x64x96 ─ Conv ─ Relu ─ Conv k8 s8 heads ─► boxes [K, 4], scores [K], labels [K] (NonZero)
 
 An FP32 plan must agree perfectly with its model under every task metric (so the metric plumbing cannot
 invent disagreement); an INT8 plan's numbers must be consistent with the counts they come from.
@@ -20,11 +21,12 @@ import numpy as np
 import onnx
 import pytest
 from PIL import Image
-from task_models import detector, recognizer, segmenter, text_map
+from task_models import decoded_detector, detector, recognizer, segmenter, text_map
 
 from trtopt.cli.main import main
 
-MODELS = {"detector": detector, "text_map": text_map, "recognizer": recognizer, "segmenter": segmenter}
+MODELS = {"detector": detector, "text_map": text_map, "recognizer": recognizer, "segmenter": segmenter,
+          "decoded": decoded_detector}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +76,18 @@ def test_auto_picks_the_task_and_an_fp32_plan_agrees_perfectly(
         assert m["mean_iou"] == 1.0 and set(m["class_iou"].values()) == {1.0}
     else:
         assert m["samples"] == 10 and m["exact_match"] == 1.0 and m["mean_normalized_edit_distance"] == 0.0
+
+
+def test_detections_the_model_decodes_are_compared_as_boxes(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torchvision's detection exports (boxes [K, 4], scores [K], labels [K], K data-dependent) were compared
+    output by output, zero-padded to the longer K; they are a detector's boxes, matched."""
+    chosen = compare(work, "decoded", "fp32", capsys)["task"]
+    assert (chosen["task"], chosen["variant"]) == ("detect", "decoded")
+    m = chosen["metrics"]
+    assert m["reference_boxes"] > m["images"] == 10 and m["f1"] == 1.0
+    m = compare(work, "decoded", "int8", capsys)["task"]["metrics"]
+    assert m["reference_boxes"] > 0 and m["f1"] == pytest.approx(2 * m["matched"] / (m["reference_boxes"] +
+                                                                                     m["test_boxes"]))
 
 
 def test_int8_detector_numbers_follow_from_the_box_counts(work: Path, capsys: pytest.CaptureFixture[str]) -> None:

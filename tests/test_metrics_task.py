@@ -166,6 +166,27 @@ def test_evaluator_compares_decoded_boxes_of_both_sides() -> None:
     assert evaluator.headline() == ("box F1", pytest.approx(6 / 7))
 
 
+def test_detections_the_model_decodes_itself_are_matched_as_they_are() -> None:
+    """torchvision's detection exports: boxes [K, 4], scores [K], labels [K] (int64) of one image, K data-dependent.
+    Matched above the score threshold; a plan that loses one box and finds another has F1 1/2."""
+    ref = {"boxes": np.array([[12, 8, 28, 16], [58, 25, 82, 55], [0, 0, 5, 5]], np.float32),
+           "scores": np.array([0.9, 0.8, 0.1], np.float32), "labels": np.array([2, 0, 1], np.int64)}
+    test = {"boxes": np.array([[12.5, 8, 28, 16], [40, 40, 50, 50]], np.float32),
+            "scores": np.array([0.85, 0.3], np.float32), "labels": np.array([2, 1], np.int64)}
+    config = TaskConfig()
+    choice = choose_task(ref, (64, 96), config, 1)
+    assert (choice.task, choice.output, choice.variant, choice.others) == ("detect", "boxes", "decoded",
+                                                                           ("scores", "labels"))
+    evaluator = TaskEvaluator(choice, config, (64, 96))
+    evaluator.update(ref, test)
+    assert (evaluator.boxes.reference_boxes, evaluator.boxes.test_boxes, evaluator.boxes.matched) == (2, 2, 1)
+    assert evaluator.headline() == ("box F1", pytest.approx(0.5))
+    batched = {name: value[None] for name, value in ref.items()}  # a leading batch axis of one
+    assert choose_task(batched, None, config, 1).variant == "decoded"
+    no_labels = {"boxes": ref["boxes"], "scores": ref["scores"]}  # boxes and scores alone are not enough to match
+    assert choose_task(no_labels, (64, 96), config, 1).task != "detect"
+
+
 # --- the user's decoder -------------------------------------------------------------------------------
 
 

@@ -5,9 +5,10 @@ mean can hide a plan that fails a few inputs), relative error, max/mean absolute
 (the largest share of values on the other side of some level than FP32's: how far the plan moves their bulk),
 top-1 agreement ([N, classes] outputs).
 Per task (--task, chosen from the outputs by default and named in the summary):
-  detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), or a
-               --decoder of yours; FP32's boxes matched by the plan's at IoU >= --match-iou, per class:
-               recall of FP32's boxes, precision, F1 and the box counts
+  detect       YOLOv8 / YOLOv5 / YOLOX outputs decoded (score >= --score-threshold, NMS per class), boxes
+               the model decodes itself (torchvision's exports: boxes [K,4], scores [K], labels [K], those
+               with score >= --score-threshold), or a --decoder of yours; FP32's boxes matched by the plan's at
+               IoU >= --match-iou, per class: recall of FP32's boxes, precision, F1 and the box counts
   segment      maps of class ids (a segmenter ending in its own ArgMax), or [N, classes, H, W] scores read
                through their argmax: per-class IoU, their mean without the background (FP32's most common
                class), and the share of pixels with FP32's label
@@ -16,10 +17,10 @@ Per task (--task, chosen from the outputs by default and named in the summary):
                edit distance
   classify     top-1 agreement
   raw          the per-output numbers only
-auto picks the first that fits: a rank-3 output over the input's YOLO grid (strides 8/16/32[/64]) is a
-detector; an integer map at >= 1/4 of the input's size, or float scores of 5+ classes at the input's size, a
-segmenter's labels; a rank-4 map of at most 4
-channels in [0, 1], at >= 1/4 of the input's size, a text detector;
+auto picks the first that fits: boxes, scores and labels of one length, or a rank-3 output over the input's
+YOLO grid (strides 8/16/32[/64]), is a detector; an integer map at >= 1/4 of the input's size, or float scores
+of 5+ classes at the input's size, a segmenter's labels; a rank-4 map of at most 4 channels in [0, 1], at >= 1/4
+of the input's size, a text detector;
 another rank-3 output, on an input at least twice as wide as high and with no more time steps than it has
 columns, a CTC recognizer; [N, classes] a classifier. With --per-layer, the same
 intermediate tensors are read from both (the plan's graph keeps the FP32 tensor names) and listed in

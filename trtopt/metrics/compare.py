@@ -205,8 +205,7 @@ def compare_outputs(
         batch = len(next(iter(feeds.values()))) if feeds else 1
         if evaluator is None:
             hw = image_hw(feeds)
-            candidates = [n for n in names if n not in selected or config.task != "auto"]
-            evaluator = TaskEvaluator(choose_task({n: ref[n] for n in candidates}, hw, config, batch), config, hw)
+            evaluator = TaskEvaluator(choose_task({n: ref[n] for n in names}, hw, config, batch, selected), config, hw)
             axes = class_axes({n: np.asarray(ref[n]) for n in names if n not in selected}, hw)
         for n in names:
             r, t = np.asarray(ref[n]), np.asarray(test[n])

@@ -3,7 +3,10 @@
 `choose_task` looks at the FP32 outputs of the first batch (their actual shapes: exported models often
 declare wrong or symbolic ones) and the image input's height and width. The rule, first match wins:
 
-1. a user decoder (`TaskConfig.decoder`) -> **detect**, with the boxes it returns;
+1. a user decoder (`TaskConfig.decoder`) -> **detect**, with the boxes it returns; or detections the model decodes
+   and suppresses itself (torchvision's detection exports): a float [K, 4] output of boxes, a float [K] of scores
+   and an integer [K] of labels, one image's (a leading batch axis of 1 allowed) -> **detect**, those above the
+   score threshold matched as they are;
 2. a rank-3 output [N, a, b] one of whose axes is the anchor count of a YOLO head on this input (one or three
    anchors per cell of the stride 8/16/32 or 8/16/32/64 grids, `yolo.yolo_grid_match`) -> **detect**:
    anchors last ([N, 4 + C, A]) is YOLOv8; anchors first ([N, A, 5 + C]) is YOLOX when the boxes are still
@@ -26,7 +29,7 @@ declare wrong or symbolic ones) and the image input's height and width. The rule
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,22 +68,31 @@ class TaskChoice:
     output: str | None  # the output the metric reads (None: a user decoder reads them all)
     variant: str  # box format or CTC layout; "" where there is none
     reason: str
+    others: tuple[str, ...] = ()  # variant "decoded": the scores and labels outputs beside `output`'s boxes
 
 
 def choose_task(outputs: Mapping[str, np.ndarray], input_hw: tuple[int, int] | None, config: TaskConfig,
-                batch: int) -> TaskChoice:  # fmt: skip
-    """The task (config.task, or by the rule in this module's docstring) and the output it reads."""
+                batch: int, selected: Collection[str] = ()) -> TaskChoice:  # fmt: skip
+    """The task (config.task, or by the rule in this module's docstring) and the output it reads. `selected`
+    outputs (after TopK / NMS / NonZero, `trtopt.verify.selection`) are read only as decoded detections unless a
+    task is asked for: TopK's first score is always the largest, so a classifier read there would always agree."""
     if config.task not in TASKS:
         raise TrtoptError(f"--task {config.task!r} is not a task.", fix=f"Use one of: {', '.join(TASKS)}.")
     if config.output is not None and config.output not in outputs:
         raise TrtoptError(f"--task-output {config.output!r} is not an output of the model.",
                           fix=f"Use one of: {', '.join(outputs)}.")  # fmt: skip
-    names = [config.output] if config.output else list(outputs)
+    names = [config.output] if config.output else [n for n in outputs if n not in selected or config.task != "auto"]
     wanted = config.task
     if wanted == "raw":
         return TaskChoice("raw", None, "", "asked for (--task raw)")
     if config.decoder is not None and wanted in ("auto", "detect"):
         return TaskChoice("detect", None, "decoder", f"user decoder {config.decoder_name}")
+    decoded = _decoded_detections(outputs) if wanted in ("auto", "detect") and not config.output else None
+    if decoded is not None:
+        boxes, scores, labels = decoded
+        why = f"outputs {boxes!r}, {scores!r}, {labels!r}: boxes [K, 4], scores [K], labels [K], decoded by the model"
+        return TaskChoice("detect", boxes, "decoded", f"{'asked for' if wanted == 'detect' else 'chosen'}: {why}",
+                          (scores, labels))
     checks = {"detect": _detector, "segment": _label_map, "text-detect": _score_map, "ctc": _ctc,
               "classify": _classifier}  # fmt: skip
     for task, check in checks.items():
@@ -122,6 +134,26 @@ def _detector(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskCon
         return variant, f"{list(out.shape)}: [N, anchors, 5 + classes] over the input's YOLO grid, {how}"
     if forced is not None and out.shape[1 if forced == "yolov8" else 2] >= 5:
         return forced, f"{list(out.shape)}: --box-format {forced}"
+    return None
+
+
+def _decoded_detections(outputs: Mapping[str, np.ndarray]) -> tuple[str, str, str] | None:
+    """(boxes, scores, labels) output names of one image's decoded detections (see the module), or None."""
+    def one_image(name: str, rank: int) -> np.ndarray | None:
+        out = np.asarray(outputs[name])
+        out = out[0] if out.ndim == rank + 1 and out.shape[0] == 1 else out
+        return out if out.ndim == rank else None
+
+    for boxes in outputs:
+        b = one_image(boxes, 2)
+        if b is None or b.shape[1] != 4 or b.dtype.kind != "f":
+            continue
+        rows = {n: one_image(n, 1) for n in outputs if n != boxes}
+        same = {n: r for n, r in rows.items() if r is not None and len(r) == len(b)}
+        scores = next((n for n, r in same.items() if r.dtype.kind == "f"), None)
+        labels = next((n for n, r in same.items() if r.dtype.kind in "iu"), None)
+        if scores is not None and labels is not None:
+            return boxes, scores, labels
     return None
 
 
@@ -215,6 +247,10 @@ class TaskEvaluator:
     def _detections(self, outputs: Mapping[str, np.ndarray]) -> list[Detections]:
         if self.choice.variant == "decoder" and self.config.decoder is not None:
             return _call_decoder(self.config.decoder, self.config.decoder_name, outputs)
+        if self.choice.variant == "decoded" and self.choice.output is not None:  # above the score threshold
+            found = Detections.of(*(outputs[n] for n in (self.choice.output, *self.choice.others)))
+            kept = found.scores >= self.config.decode.score_threshold
+            return [Detections(found.boxes[kept], found.scores[kept], found.classes[kept])]
         assert self.choice.output is not None and self.input_hw is not None  # set by choose_task
         try:
             return decode(outputs[self.choice.output], self.choice.variant, self.input_hw, self.config.decode)
