@@ -117,3 +117,25 @@ def test_a_maxpool_after_a_concat_of_int8_layers_runs_on_the_integer_grid() -> N
     assert_plan_computes(graph, model, lowered, "output")
     off = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_pools=False))
     assert not [s for s in off.sites if s.consumer == pool.name]
+
+
+def test_an_inception_pool_branch_reads_the_tensor_its_siblings_quantise() -> None:
+    """input ─┬ Conv ─ Relu ─┬ Concat ─┬ Conv1x1 ─ Relu ───────────────┬ Concat ─ Conv1x1 ─ output
+             └ Conv ─ Relu ─┘         └ MaxPool 3x3/1 ─ Conv1x1 ─ Relu ┘
+    GoogLeNet's pool branch: the previous block's Concat output is quantised for the 1x1 conv beside the pool, so the
+    pool reads it through a pair too and runs as ONNX Runtime's uint8 pool, not in float between conversions."""
+    b = GraphBuilder("inception", seed=2)
+    x = b.input("input", [1, 16, 12, 12])
+    x = b.concat([b.relu(b.conv(x, 16, 16, 3)), b.relu(b.conv(x, 16, 16, 1))])
+    pooled = b.conv(b.maxpool(x, 3, pad=1), 32, 16, 1)
+    joined = b.concat([b.relu(b.conv(x, 32, 16, 1)), b.relu(pooled)])
+    graph = optimize(graph_from_onnx(b.build([b.conv(joined, 32, 16, 1, out="output")]))).graph
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    (pool,) = _ops(graph, "MaxPool")
+    assert (pool.inputs[0].name, pool.name) in {(s.tensor, s.consumer) for s in plan.sites if s.role == "pool"}
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding=exact_encoding())
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearConcat") == 2 and ops.get("QLinearConv") == 4 and ops.get("QuantizeLinear") == 1, ops
+    assert ops.get("DequantizeLinear") == 3, ops  # only the last conv's input, weight and bias: it writes float
+    assert_plan_computes(graph, model, lowered, "output")

@@ -21,7 +21,8 @@ QLinearGlobalAveragePool, one QuantizeLinear, two Transposes) and its speed.
   Add becomes a QLinearAdd, the pool a QLinearGlobalAveragePool. A pool reading a float tensor (a
   squeeze-excite block's SiLU output) is left alone: a QuantizeLinear of its whole input would cost more than
   the float pool.
-- `max_pool_edges`: a MaxPool whose output is read through a pair, and whose input is the output of a
+- `max_pool_edges`: a MaxPool whose output is read through a pair, and whose input is quantised for another
+  reader (Inception's pool branch beside the 1x1 convs reading the same tensor) or is the output of a
   Concat or residual Add (past folded activations) whose data inputs are all quantised, gets a pair on its
   input too: the Concat becomes a QLinearConcat (or the Add a QLinearAdd) and the pool a uint8 NhwcMaxPool
   (`shared_maxpools` then gives both pairs one grid). SqueezeNet's fire modules (Concat -> MaxPool -> Conv):
@@ -65,8 +66,8 @@ def max_pool_edges(graph: gs.Graph, edges: Collection[Edge], folds: Collection[s
     quantized = {tensor for tensor, _, _ in edges}
     return [(node.inputs[0].name, node.name, 0) for node in graph.nodes
             if node.op == "MaxPool" and node.outputs[0].name in quantized
-            and (node.inputs[0].name, node.name) not in read and _integer_join(node.inputs[0], node, read, folds)
-            ]  # fmt: skip
+            and (node.inputs[0].name, node.name) not in read
+            and (node.inputs[0].name in quantized or _integer_join(node.inputs[0], node, read, folds))]  # fmt: skip
 
 
 def average_pool_edges(
