@@ -17,10 +17,10 @@ QLinearGlobalAveragePool, one QuantizeLinear, two Transposes) and its speed.
   uint8 MaxPool in NCHW, where the float conv writes, is ONNX Runtime's slow one: 0.80x the plan's speed).
 - `average_pool_edges`: a GlobalAveragePool whose output (through Flatten / Reshape / Squeeze / Unsqueeze) only
   INT8 layers read gets a pair on its output sharing that tensor's threshold, and a pair on its input where
-  the input is the output of a residual Add (past its folded activation) whose inputs are all quantised: the
-  Add becomes a QLinearAdd, the pool a QLinearGlobalAveragePool. A pool reading a float tensor (a
-  squeeze-excite block's SiLU output) is left alone: a QuantizeLinear of its whole input would cost more than
-  the float pool.
+  the input is the output of a residual Add or a Concat (past its folded activation) whose inputs are all
+  quantised: the Add becomes a QLinearAdd (the Concat a QLinearConcat), the pool a QLinearGlobalAveragePool.
+  A pool reading a float tensor (a squeeze-excite block's SiLU output) is left alone: a QuantizeLinear of its
+  whole input would cost more than the float pool.
 - `max_pool_edges`: a MaxPool whose output is read through a pair, and whose input is quantised for another
   reader (Inception's pool branch beside the 1x1 convs reading the same tensor) or is the output of a
   Concat or residual Add (past folded activations) whose data inputs are all quantised, gets a pair on its
@@ -61,7 +61,8 @@ def shared_maxpools(graph: gs.Graph, edges: Collection[Edge]) -> list[tuple[str,
 
 
 def max_pool_edges(graph: gs.Graph, edges: Collection[Edge], folds: Collection[str]) -> list[Edge]:
-    """The input edges to quantise before MaxPools that sit between an integer join and a pair (see the module)."""
+    """The input edges to quantise before MaxPools whose output is quantised and whose input is quantised for
+    another reader or comes from an integer join (see the module)."""
     read = {(tensor, consumer) for tensor, consumer, _ in edges}
     quantized = {tensor for tensor, _, _ in edges}
     return [(node.inputs[0].name, node.name, 0) for node in graph.nodes
