@@ -139,3 +139,24 @@ def test_an_inception_pool_branch_reads_the_tensor_its_siblings_quantise() -> No
     assert ops.get("QLinearConcat") == 2 and ops.get("QLinearConv") == 4 and ops.get("QuantizeLinear") == 1, ops
     assert ops.get("DequantizeLinear") == 3, ops  # only the last conv's input, weight and bias: it writes float
     assert_plan_computes(graph, model, lowered, "output")
+
+
+def test_a_global_reducemean_pool_after_the_last_residual_add_runs_as_integer_kernels() -> None:
+    """PyTorch's dynamo exporter writes the global pool as ReduceMean over H and W (torchvision ResNeXt-50): it gets
+    the pairs a GlobalAveragePool gets, so the last Add is a QLinearAdd (the CPU lowering writes such a pool as a
+    GlobalAveragePool where the plan records its rank: `trtopt.backend.cpu.hard_gates`)."""
+    b = GraphBuilder("reduce_mean_tail", seed=4)
+    x = b.relu(b.conv(b.input("input", [1, 16, 8, 8]), 16, 16, 3))
+    y = b.relu(b.add(b.conv(b.relu(b.conv(x, 16, 16, 3)), 16, 16, 3), x))
+    pooled = b.node("ReduceMean", [y, b.const("axes", np.array([2, 3], np.int64))], keepdims=1)
+    model = b.build([b.gemm(b.node("Flatten", [pooled], axis=1), 16, 16, out="logits")])
+    model.opset_import[0].version = 18  # ReduceMean's axes as an input
+    graph = optimize(graph_from_onnx(model)).graph
+    (mean,) = _ops(graph, "ReduceMean")
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    assert (mean.inputs[0].name, mean.name) in {(s.tensor, s.consumer) for s in plan.sites if s.role == "pool"}
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding=exact_encoding())
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearAdd") == 1 and "Add" not in ops and ops.get("QLinearConv") == 3, ops
+    assert_plan_computes(graph, model, lowered, "logits")

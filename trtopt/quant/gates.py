@@ -61,11 +61,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
-from trtopt.passes.query import constant_array
-from trtopt.quant.pools import SHAPE_OPS, Edge
+from trtopt.quant.pools import SHAPE_OPS, Edge, is_global_mean
 
 INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
 # Ops that move or pick values without computing new ones. ONNX Runtime 1.32 runs each on uint8 where it reads a
@@ -105,7 +103,7 @@ def _candidate(node: gs.Node, ops: Collection[str]) -> bool:
     if node.op not in ops or not node.outputs:
         return False
     if node.op == "ReduceMean":
-        return len(data) == 1 and node.inputs[0] is data[0] and _is_global_mean(node)
+        return len(data) == 1 and node.inputs[0] is data[0] and is_global_mean(node)
     if node.op == "HardSigmoid" and not float(node.attrs.get("alpha", 0.2)) > 0:
         return False  # the integer form reads x at alpha times its scale
     if node.op == "Concat":
@@ -114,15 +112,6 @@ def _candidate(node: gs.Node, ops: Collection[str]) -> bool:
         nearest = node.op != "Resize" or node.attrs.get("mode", "nearest") == "nearest"
         return nearest and len(data) == 1 and node.inputs[0] is data[0]
     return len(data) == len(node.inputs) and len(data) == (2 if node.op in ("Mul", "Add") else 1)
-
-
-def _is_global_mean(node: gs.Node) -> bool:
-    """A ReduceMean over every axis after the channels, keeping them: a GlobalAveragePool."""
-    shape = node.inputs[0].shape
-    axes = constant_array(node.inputs[1]) if len(node.inputs) > 1 else node.attrs.get("axes")
-    if not shape or len(shape) < 3 or axes is None or int(node.attrs.get("keepdims", 1)) != 1:
-        return False
-    return sorted(int(a) % len(shape) for a in np.atleast_1d(np.asarray(axes)).tolist()) == list(range(2, len(shape)))
 
 
 def _data_inputs(node: gs.Node) -> list[gs.Tensor]:

@@ -15,12 +15,13 @@ QLinearGlobalAveragePool, one QuantizeLinear, two Transposes) and its speed.
 - `pooled_stem`: a thin conv (under `min_channels`: a stem on 3 colour channels) whose output, past its folded
   activation, only MaxPools read stays INT8; in float its MaxPool runs outside the integer stretch (and a
   uint8 MaxPool in NCHW, where the float conv writes, is ONNX Runtime's slow one: 0.80x the plan's speed).
-- `average_pool_edges`: a GlobalAveragePool whose output (through Flatten / Reshape / Squeeze / Unsqueeze) only
-  INT8 layers read gets a pair on its output sharing that tensor's threshold, and a pair on its input where
-  the input is the output of a residual Add or a Concat (past its folded activation) whose inputs are all
-  quantised: the Add becomes a QLinearAdd (the Concat a QLinearConcat), the pool a QLinearGlobalAveragePool.
-  A pool reading a float tensor (a squeeze-excite block's SiLU output) is left alone: a QuantizeLinear of its
-  whole input would cost more than the float pool.
+- `average_pool_edges`: a GlobalAveragePool (or a global ReduceMean, `is_global_mean`) whose output (through
+  Flatten / Reshape / Squeeze / Unsqueeze) only INT8 layers read gets a pair on its output sharing that tensor's
+  threshold, and a pair on its input where the input is the output of a residual Add or a Concat (past its folded
+  activation) whose inputs are all quantised: the Add becomes a QLinearAdd (the Concat a QLinearConcat), the pool
+  a QLinearGlobalAveragePool. A pool reading a float tensor (a squeeze-excite block's SiLU output) is left alone:
+  a QuantizeLinear of its whole input would cost more than the float pool. torchvision's ResNeXt-50 from the
+  dynamo exporter (ReduceMean) ran its last residual Add and pool in float behind two DequantizeLinear.
 - `max_pool_edges`: a MaxPool whose output is read through a pair, and whose input is quantised for another
   reader (Inception's pool branch beside the 1x1 convs reading the same tensor) or is the output of a
   Concat or residual Add (past folded activations) whose data inputs are all quantised, gets a pair on its
@@ -34,7 +35,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
 import onnx_graphsurgeon as gs
+
+from trtopt.passes.query import constant_array
 
 SHAPE_OPS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze")
 
@@ -80,7 +84,7 @@ def average_pool_edges(
     added: list[Edge] = []
     shared: list[tuple[str, str]] = []
     for node in graph.nodes:
-        if node.op != "GlobalAveragePool":
+        if node.op != "GlobalAveragePool" and not is_global_mean(node):
             continue
         source, out = node.inputs[0], node.outputs[0]
         target = out
@@ -97,6 +101,18 @@ def average_pool_edges(
             added.append((out.name, reader.name, next(i for i, t in enumerate(reader.inputs) if t is out)))
             shared.append((target.name, out.name))
     return added, shared
+
+
+def is_global_mean(node: gs.Node) -> bool:
+    """A ReduceMean over every axis after the channels, keeping them: a GlobalAveragePool (how PyTorch's dynamo
+    exporter writes one; the CPU lowering writes it as one, `trtopt.backend.cpu.hard_gates`)."""
+    if node.op != "ReduceMean" or not node.inputs:
+        return False
+    shape = node.inputs[0].shape
+    axes = constant_array(node.inputs[1]) if len(node.inputs) > 1 else node.attrs.get("axes")
+    if not shape or len(shape) < 3 or axes is None or int(node.attrs.get("keepdims", 1)) != 1:
+        return False
+    return sorted(int(a) % len(shape) for a in np.atleast_1d(np.asarray(axes)).tolist()) == list(range(2, len(shape)))
 
 
 def _integer_join(source: gs.Tensor, pool: gs.Node, read: Collection[tuple[str, str]], folds: Collection[str]) -> bool:
