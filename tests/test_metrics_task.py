@@ -185,6 +185,10 @@ def test_detections_the_model_decodes_itself_are_matched_as_they_are() -> None:
     assert choose_task(batched, None, config, 1).variant == "decoded"
     no_labels = {"boxes": ref["boxes"], "scores": ref["scores"]}  # boxes and scores alone are not enough to match
     assert choose_task(no_labels, (64, 96), config, 1).task != "detect"
+    # Lengths that matched on the first batch by chance (K = 2 beside a count of 2, say) and differ later: one
+    # clear error, not a traceback.
+    with pytest.raises(TrtoptError, match="as one image's detections"):
+        evaluator.update(ref, {**test, "labels": np.array([2, 1, 0], np.int64)})
 
 
 # --- the user's decoder -------------------------------------------------------------------------------

@@ -248,7 +248,14 @@ class TaskEvaluator:
         if self.choice.variant == "decoder" and self.config.decoder is not None:
             return _call_decoder(self.config.decoder, self.config.decoder_name, outputs)
         if self.choice.variant == "decoded" and self.choice.output is not None:  # above the score threshold
-            found = Detections.of(*(outputs[n] for n in (self.choice.output, *self.choice.others)))
+            names = (self.choice.output, *self.choice.others)
+            try:
+                found = Detections.of(*(outputs[n] for n in names))
+            except ValueError as exc:  # the lengths matched on the first batch: the outputs are something else
+                raise TrtoptError(
+                    f"Cannot read outputs {', '.join(map(repr, names))} as one image's detections: {exc}.",
+                    fix="Pick the task with --task and --task-output, or pass --decoder file.py:function.",
+                ) from None
             kept = found.scores >= self.config.decode.score_threshold
             return [Detections(found.boxes[kept], found.scores[kept], found.classes[kept])]
         assert self.choice.output is not None and self.input_hw is not None  # set by choose_task
