@@ -21,7 +21,7 @@ from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import optimize
 from trtopt.quant import QuantConfig, plan_quantization
-from trtopt.quant.equalize import find_sites
+from trtopt.quant.equalize import equalize_activations, find_sites
 from trtopt.zoo import GraphBuilder
 
 FLOAT_OPS = {"HardSigmoid", "HardSwish", "Mul", "Add", "ReduceMean", "GlobalAveragePool"}
@@ -149,17 +149,72 @@ def test_a_hard_sigmoid_whose_grid_does_not_clip_at_zero_and_one_stays_float(sca
     assert "HardSigmoid" in {n.op_type for n in model.graph.node}
 
 
-def test_plans_with_integer_hard_swish_leave_hard_swish_out_of_equalisation() -> None:
-    """Gated equalisation's per-channel Mul on the gate branch would run in float between the integer ops::
+def _equalized_site(opset: int, spread: float = 30.0) -> gs.Graph:
+    """input ─ Conv1x1 ─ HardSwish ─ depthwise Conv3x3 ─ output (x * HardSigmoid(x) at opset 13), the HardSwish input's
+    channels `spread` apart (undone by the depthwise weights), then equalised as a build does: the gate reads the
+    rescaled x through a per-channel Mul."""
+    b = GraphBuilder("gated_site", seed=0, opset=opset)
+    y = b.conv(b.hard_swish(b.conv(b.input("input", [2, 16, 8, 8]), 16, 32, 1)), 32, 32, 3, group=32, out="output")
+    graph = optimize(graph_from_onnx(b.build([y]))).graph
+    producer, depthwise = [n for n in graph.nodes if n.op == "Conv"]
+    factors = np.geomspace(1.0 / spread, 1.0, 32).astype(np.float32)
+    producer.inputs[1].values = producer.inputs[1].values * factors[:, None, None, None] * 4
+    producer.inputs[2].values = producer.inputs[2].values * factors * 4
+    depthwise.inputs[1].values = depthwise.inputs[1].values / factors[:, None, None, None]
+    assert len(find_sites(graph, integer_gates=True)) == 1  # HardSwish sites stay in CPU plans' equalisation
+    report = equalize_activations(graph, [feeds_for(graph, seed=s) for s in range(4)], integer_gates=True)
+    assert report.gains and graph.tensors()["output"].outputs == []
+    return graph
 
-        input ─ Conv1x1 ─ HardSwish ─ depthwise Conv3x3 ─ output      (and x * HardSigmoid(x) at opset 13)
-    """
-    for opset in (13, 17):
-        b = GraphBuilder("gated_site", seed=0, opset=opset)
-        y = b.conv(b.hard_swish(b.conv(b.input("input", [1, 16, 8, 8]), 16, 32, 1)), 32, 32, 3, group=32, out="output")
-        graph = optimize(graph_from_onnx(b.build([y]))).graph
-        assert len(find_sites(graph, integer_gates=True)) == 1
-        assert find_sites(graph, integer_gates=True, integer_hard_swish=True) == []
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_an_equalised_hard_swish_runs_its_rescaled_gate_as_an_integer_depthwise_conv(opset: int) -> None:
+    """The gate reads the original x: HardSigmoid(x' * c), c one per channel. The pair goes before the Mul, and the
+    lowering writes Mul and HardSigmoid as one depthwise 1x1 QLinearConv (weights alpha * c, bias beta) whose output
+    grid's saturation is the clip: nothing of the site runs in float, and it computes what the Q/DQ reference does
+    (the rescaling gains fidelity: without it the narrow channels keep a few levels)."""
+    graph = _equalized_site(opset)
+    fp32 = onnx_from_graph(graph)
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    assert "HardSigmoid" in {n.op for n in graph_from_onnx(model).nodes}
+    lowered = lower_for_cpu(model, encoding="u8s7", hard_gates=True)
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearConv") == 2 and ops.get("QLinearMul") == 1, ops  # the producer and the gate
+    assert ops.get("Conv") == 1 and ops.get("DequantizeLinear") == 3, ops  # the depthwise conv writes float output
+    assert not FLOAT_OPS & set(ops), ops
+    feeds = feeds_for(graph, seed=7)
+    reference = run_model(lower_for_cpu(model, encoding="u8s7"), feeds, opt_level="disable")["output"]
+    integer, want = run_model(lowered, feeds)["output"], run_model(fp32, feeds)["output"]
+    assert cosine(integer, reference) > 0.999
+    assert cosine(integer, want) > 0.99
+
+
+def test_the_per_channel_gate_is_the_op_rounded_once() -> None:
+    """Every value of the input grid, each channel its own scale c: the depthwise form (as ONNX Runtime runs it)
+    against DQ ─ Mul(c) ─ HardSigmoid ─ Q in float: off by at most one step where the two round a tie apart (the
+    bias lies on the int32 grid ONNX Runtime requires, within 1/254 of an input step)."""
+    c = np.array([1.0, 0.5, 0.1, 1 / 128], np.float32).reshape(1, 4, 1, 1)
+    b = GraphBuilder("scaled_gate", seed=0)
+    grid = [b.const("scale", np.array(0.05, np.float32)), b.const("zero", np.array(123, np.uint8))]
+    out_grid = [b.const("scale", np.array(1 / 255, np.float32)), b.const("zero", np.array(0, np.uint8))]
+    x = b.node("DequantizeLinear", [b.node("QuantizeLinear", [b.input("input", [1, 4, 16, 16]), *grid]), *grid])
+    gate = b.node("HardSigmoid", [b.mul(x, b.const("c", c))], alpha=1 / 6, beta=0.5)
+    model = b.build([b.node("DequantizeLinear", [b.node("QuantizeLinear", [gate, *out_grid]), *out_grid],
+                            out="output")])  # fmt: skip
+    for tensor in model.graph.initializer:
+        if numpy_helper.to_array(tensor).size == 1:  # scalars, as the lowering writes them
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).reshape(()), tensor.name))
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert write_hard_gates(rewritten.graph) == 1
+    assert {n.op_type for n in rewritten.graph.node}.isdisjoint({"HardSigmoid", "Mul"})
+    assert "QLinearConv" in {n.op_type for n in onnx.load_model_from_string(_optimized(rewritten)).graph.node}
+    values = 0.05 * (np.arange(256, dtype=np.float32) - 123)
+    feeds = {"input": np.broadcast_to(values.reshape(1, 1, 16, 16), (1, 4, 16, 16)).copy()}
+    reference = run_model(model, feeds, opt_level="disable")["output"]
+    fused = run_model(rewritten, feeds)["output"]
+    assert (np.abs(fused - reference) <= 1.001 / 255).all()
+    assert np.mean(fused == reference) > 0.95
 
 
 @pytest.mark.parametrize(("axes", "keepdims", "pooled"), [([2, 3], 1, True), ([-1, -2], 1, True), ([1], 1, False),

@@ -127,7 +127,6 @@ def _equalize(
         return cache, None, note, onnx_from_graph(graph) if rewritten else fp32
     if not quant.equalize or data is None:
         return None, not_equalized(fp32), None, fp32
-    record, report = equalize_recorded(graph, fp32, data, batch, folds, quant.integer_gates,
-                                       quant.integer_hard_swish)
+    record, report = equalize_recorded(graph, fp32, data, batch, folds, quant.integer_gates)
     note = f"{len(report.gains)} tensors rescaled" if report.gains else None
     return None, record, note, onnx_from_graph(graph)

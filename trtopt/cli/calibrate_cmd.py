@@ -110,8 +110,7 @@ def _equalized(args: argparse.Namespace, graph: Any, dataset: Any, batch: int) -
         return model, not_equalized(model) if args.format == "trtopt" else None
     quant = _backend(args).quant_config(QuantConfig())
     folds = quant.output_folds if quant.quantize_outputs else None
-    record, _ = equalize_recorded(graph, model, dataset, batch, folds, quant.integer_gates,
-                                  quant.integer_hard_swish)
+    record, _ = equalize_recorded(graph, model, dataset, batch, folds, quant.integer_gates)
     return onnx_from_graph(graph), record
 
 

@@ -99,13 +99,13 @@ class EqualizeReport:
 
 
 def find_sites(
-    graph: gs.Graph, *, gates: bool = True, integer_gates: bool = False, integer_hard_swish: bool = False
+    graph: gs.Graph, *, gates: bool = True, integer_gates: bool = False
 ) -> list[EqualizeSite]:
     """Every Conv whose output reaches a depthwise Conv through at most one activation, nothing else reading
     the tensors in between (so no other reader sees the rescaled channels). `integer_gates`: leave out SiLU
     (x * Sigmoid(x)), which such a plan runs on integer kernels (`QuantConfig.integer_gates`): the gate's
-    per-channel Mul would run in float between them (`trtopt.quant.gates`); `integer_hard_swish`: HardSwish
-    likewise (`QuantConfig.integer_hard_swish`)."""
+    per-channel Mul would run in float between them (`trtopt.quant.gates`). HardSwish sites stay: the CPU plan runs
+    their rescaled gate on an integer kernel too (`trtopt.backend.cpu.hard_gates`)."""
     outputs = {t.name for t in graph.outputs}
     sites = []
     for node in graph.nodes:
@@ -116,8 +116,6 @@ def find_sites(
             continue
         if site is not None and integer_gates and _is_silu(site):
             continue
-        if site is not None and integer_hard_swish and _is_hard_swish(site):
-            continue
         if site is not None:
             sites.append(site)
     return sites
@@ -127,14 +125,6 @@ def _is_silu(site: EqualizeSite) -> bool:
     head = site.gate_head
     return (head is not None and head.op == "Sigmoid" and len(head.outputs[0].outputs) == 1
             and head.outputs[0].outputs[0].op == "Mul")  # fmt: skip
-
-
-def _is_hard_swish(site: EqualizeSite) -> bool:
-    """HardSwish as one node, or x * HardSigmoid(x) (below opset 14)."""
-    head = site.gate_head
-    if head is None or head.op not in ("HardSwish", "HardSigmoid"):
-        return False
-    return head.op == "HardSwish" or [r.op for r in head.outputs[0].outputs] == ["Mul"]
 
 
 def _site_from(producer: gs.Node, outputs: set[str]) -> EqualizeSite | None:
@@ -317,16 +307,15 @@ def equalize_activations(
     *,
     gates: bool = True,
     integer_gates: bool = False,
-    integer_hard_swish: bool = False,
 ) -> EqualizeReport:
     """Find the sites, measure their channel ranges on `batches`, rescale them (in place), keep `graph` canonical.
 
     `folds`: given when the backend also quantises each layer's output past these activations
     (`QuantConfig.output_folds`); a site's conv output is then a quantised tensor too, unless its activation
     is one of them, and its range bounds the gains as well. `gates=False` leaves the gated activations
-    (HardSwish, SiLU) alone, as builds do for now (`GATED_IN_BUILDS`); `integer_gates` leaves SiLU alone,
-    `integer_hard_swish` HardSwish (`find_sites`)."""
-    sites = find_sites(graph, gates=gates, integer_gates=integer_gates, integer_hard_swish=integer_hard_swish)
+    (HardSwish, SiLU) alone, as builds do for now (`GATED_IN_BUILDS`); `integer_gates` leaves SiLU alone
+    (`find_sites`)."""
+    sites = find_sites(graph, gates=gates, integer_gates=integer_gates)
     if not sites:
         return EqualizeReport()
     quantized = {id(s): _quantized_tensors(s, folds) for s in sites}

@@ -43,17 +43,14 @@ def _folds(folds: frozenset[str] | None) -> tuple[str, ...] | None:
 def equalize_recorded(
     graph: gs.Graph, model: onnx.ModelProto, dataset: Dataset, batch: int, folds: frozenset[str] | None,
     integer_gates: bool = False,
-    integer_hard_swish: bool = False,
 ) -> tuple[EqualizationRecord, EqualizeReport]:
     """Equalise `graph` (in place; `model` is it as ONNX, before) on up to 64 samples of `dataset`, as builds
-    do, and the record a cache keeps of it. `folds`, `integer_gates`, `integer_hard_swish`:
-    `equalize_activations`'s."""
+    do, and the record a cache keeps of it. `folds`, `integer_gates`: `equalize_activations`'s."""
     from trtopt.data.dataset import sample_batches
 
     given = model_fingerprint(model)
     batches = [feeds for feeds, _ in sample_batches(dataset, batch, 64)]
-    report = equalize_activations(graph, batches, folds, gates=GATED_IN_BUILDS, integer_gates=integer_gates,
-                                  integer_hard_swish=integer_hard_swish)
+    report = equalize_activations(graph, batches, folds, gates=GATED_IN_BUILDS, integer_gates=integer_gates)
     return EqualizationRecord(True, report.gains, given, _folds(folds)), report
 
 

@@ -61,8 +61,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
+from trtopt.passes.query import constant_array
 from trtopt.quant.pools import SHAPE_OPS, Edge, is_global_mean
 
 INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
@@ -118,8 +120,34 @@ def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
     return [t for t in node.inputs if isinstance(t, gs.Variable) and t.name]
 
 
+def _reads(node: gs.Node) -> list[tuple[gs.Tensor, gs.Node]]:
+    """The (tensor, node) edges on which `node` reads its data: its own data inputs, or where a HardSigmoid reads
+    its input through a `gate_scale` Mul, that Mul's (the pair goes before it, and the CPU lowering computes both
+    on the integer grid: `trtopt.backend.cpu.hard_gates`)."""
+    scale = gate_scale(node)
+    if scale is not None:
+        return [(t, scale) for t in _data_inputs(scale) if constant_array(t) is None]
+    return [(t, node) for t in _data_inputs(node)]
+
+
+def gate_scale(node: gs.Node) -> gs.Node | None:
+    """The Mul of a HardSigmoid's input by positive constants, one per channel or one for all ([1, C, 1, ...] or a
+    scalar), that only the HardSigmoid reads: how `trtopt.quant.equalize` feeds the gate of a rescaled HardSwish
+    the original x. None for any other node."""
+    source = node.inputs[0] if node.op == "HardSigmoid" and node.inputs else None
+    mul = source.inputs[0] if source is not None and len(source.inputs) == 1 and len(source.outputs) == 1 else None
+    if mul is None or mul.op != "Mul" or len(mul.inputs) != 2:
+        return None
+    values = [v for v in (constant_array(t) for t in mul.inputs) if v is not None]
+    if len(values) != 1 or not np.all(values[0] > 0):
+        return None
+    value = values[0]
+    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
+    return mul if value.size == 1 or per_channel else None
+
+
 def _inputs_ready(node: gs.Node, quantized: Collection[str], chosen: Collection[str]) -> bool:
-    return all(_on_grid(t, quantized, chosen) or is_small(t) for t in _data_inputs(node))
+    return all(_on_grid(t, quantized, chosen) or is_small(t) for t, _ in _reads(node))
 
 
 def _on_grid(tensor: gs.Tensor, quantized: Collection[str], chosen: Collection[str]) -> bool:
@@ -144,7 +172,7 @@ def _readers_ready(
     if all(integer):
         return True
     return is_small(out) and (any(integer) or any(_on_grid(t, quantized, chosen) and not is_small(t)
-                                                  for t in _data_inputs(node)))  # fmt: skip
+                                                  for t, _ in _reads(node)))  # fmt: skip
 
 
 def _integer(reader: gs.Node, quantized: Collection[str], chosen: Collection[str], layers: Collection[str]) -> bool:
@@ -153,7 +181,7 @@ def _integer(reader: gs.Node, quantized: Collection[str], chosen: Collection[str
 
 
 def _writers(node: gs.Node) -> list[gs.Node]:
-    return [t.inputs[0] for t in _data_inputs(node) if t.inputs]
+    return [t.inputs[0] for t, _ in _reads(node) if t.inputs]
 
 
 def _readers(node: gs.Node) -> list[gs.Node]:
@@ -192,8 +220,8 @@ def _edges_of(
 
     graph_outputs = {t.name for t in graph.outputs}
     for node in nodes:
-        for tensor in _data_inputs(node):
-            add(tensor, node)
+        for tensor, reader in _reads(node):
+            add(tensor, reader)
         if node.op in MOVEMENT_OPS:  # every output on the input's grid (a Concat's: `placement._concat_sites`)
             for out in node.outputs:
                 for reader in list(out.outputs):

@@ -47,17 +47,69 @@ def write_hard_gates(graph: onnx.GraphProto) -> int:
     rewritten: list[onnx.NodeProto] = []
     count = 0
     for node in graph.node:
-        dq = producers.get(node.input[0]) if node.input else None
+        scale = _gate_scale(node, producers, readers, inits)
+        source = [n for n in scale.input if n not in inits] if scale is not None else list(node.input[:1])
+        dq = producers.get(source[0]) if source else None
         after = readers.get(node.output[0], []) if node.output else []
         pair = dq is not None and _uint8_pair(dq, inits) and len(after) == 1 and _uint8_pair(after[0], inits)
-        new = _rewrite(node, dq, after[0], inits, graph, ranks) if pair and dq is not None else None
+        if pair and dq is not None and scale is not None:
+            new = _scaled_gate(node, scale, dq, after[0], inits, graph)
+        else:
+            new = _rewrite(node, dq, after[0], inits, graph, ranks) if pair and dq is not None else None
         rewritten.extend(new if new is not None else [node])
         count += new is not None
     if count:
         read = _names_read(rewritten) | {o.name for o in graph.output}
-        del graph.node[:]  # a HardSigmoid's DequantizeLinear that only it read is dead now
-        graph.node.extend(n for n in rewritten if n.op_type != "DequantizeLinear" or n.output[0] in read)
+        del graph.node[:]  # a HardSigmoid's DequantizeLinear (or gate scale Mul) that only it read is dead now
+        graph.node.extend(n for n in rewritten if n.op_type not in ("DequantizeLinear", "Mul") or n.output[0] in read)
     return count
+
+
+def _gate_scale(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], readers: dict[str, list[onnx.NodeProto]],
+                inits: dict[str, onnx.TensorProto]) -> onnx.NodeProto | None:  # fmt: skip
+    """The Mul by positive constants ([1, C, 1, ...] or one) that feeds a HardSigmoid and nothing else (an
+    equalised HardSwish's gate: `trtopt.quant.gates.gate_scale`), or None."""
+    mul = producers.get(node.input[0]) if node.op_type == "HardSigmoid" and node.input else None
+    if mul is None or mul.op_type != "Mul" or len(readers.get(mul.output[0], [])) != 1:
+        return None
+    constants = [inits[name] for name in mul.input if name in inits]
+    if len(constants) != 1 or len(mul.input) != 2 or mul.input[0] in inits and mul.input[1] in inits:
+        return None
+    value = numpy_helper.to_array(constants[0])
+    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
+    return mul if np.all(value > 0) and (value.size == 1 or per_channel) else None
+
+
+def _scaled_gate(node: onnx.NodeProto, mul: onnx.NodeProto, dq: onnx.NodeProto, q: onnx.NodeProto,
+                 inits: dict[str, onnx.TensorProto], graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
+    """HardSigmoid(c * x), c per channel: a depthwise 1x1 conv with weights alpha * c and bias beta, for a
+    QuantizeLinear on [0, 1] (its saturation the clip; ONNX Runtime's QLinearConv, whose depthwise kernel is exact
+    on every CPU kind). Each weight is stored as 127 with its own scale (alpha * c / 127: exact), the bias on the
+    int32 grid ONNX Runtime requires (input scale times weight scale: within 1/254 of one input step). With one c
+    for all channels it is the QLinearAdd form of any HardSigmoid."""
+    alpha, beta = (_attr(node, "alpha", HARD_SIGMOID_DEFAULT[0]), _attr(node, "beta", HARD_SIGMOID_DEFAULT[1]))
+    if not alpha > 0 or not _clips_to_unit(q, inits):
+        return None
+    c = numpy_helper.to_array(next(inits[name] for name in mul.input if name in inits)).astype(np.float64)
+    name = node.name or node.output[0]
+    if c.size == 1:
+        return _gate(name, dq, alpha * float(c.reshape(())), beta, node.output[0], inits, graph)
+    w_scale = alpha * c.reshape(-1) / 127.0
+    bias = np.round(beta / (_scalar(inits[dq.input[1]]) * w_scale))
+    if not np.all(np.abs(bias) < 2**31 - 1):
+        return None
+    channels, rank = c.size, c.ndim
+    names = [_constant(graph, inits, f"{name}/{part}", array) for part, array in (
+        ("w_q", np.full((channels, 1, *[1] * (rank - 2)), 127, np.int8)), ("w_scale", w_scale.astype(np.float32)),
+        ("w_zero_point", np.zeros(channels, np.int8)), ("b_q", bias.astype(np.int32)),
+        ("b_scale", (_scalar(inits[dq.input[1]]) * w_scale).astype(np.float32)),
+        ("b_zero_point", np.zeros(channels, np.int32)))]  # fmt: skip
+    return [
+        helper.make_node("DequantizeLinear", names[:3], [f"{name}/w"], name=f"{name}/w/DQ", axis=0),
+        helper.make_node("DequantizeLinear", names[3:], [f"{name}/b"], name=f"{name}/b/DQ", axis=0),
+        helper.make_node("Conv", [dq.output[0], f"{name}/w", f"{name}/b"], list(node.output), name=f"{name}/conv",
+                         group=channels, kernel_shape=[1] * (rank - 2)),  # fmt: skip
+    ]
 
 
 def _rewrite(node: onnx.NodeProto, dq: onnx.NodeProto, q: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
