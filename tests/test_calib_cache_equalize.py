@@ -28,8 +28,7 @@ SAMPLES = 16  # fewer than 8 x the verification samples: a build from data holds
 
 def _model(spread: float, seed: int = 5) -> onnx.ModelProto:
     """input ─ Conv 16->32 ─ Relu ─ dw Conv ─ Relu ─ Conv 32->32 ─ Relu ─ dw Conv ─ Relu ─ Conv 32->16 ─ output,
-    each depthwise conv's input with channel ranges `spread` apart (undone by its weights). (Not a HardSwish first:
-    CPU plans run it on the integer grid and leave it out of equalisation, `QuantConfig.integer_hard_swish`.)"""
+    each depthwise conv's input with channel ranges `spread` apart (undone by its weights)."""
     b = GraphBuilder("eq_cache", seed=seed, opset=14)
     x = b.input("input", ["N", 16, 12, 12])
     y = b.conv(x, 16, 32, 1)

@@ -42,7 +42,7 @@ class QuantConfig:
     Mul, where their inputs are quantised already (or are per-channel vectors) and INT8 layers read their outputs.
     `integer_hard_swish` (the CPU backend's `quant_config` too) adds MobileNetV3's HardSwish, HardSigmoid gates and
     global ReduceMean pools to them (the CPU lowering writes them as integer ops: `trtopt.backend.cpu.hard_gates`),
-    and such builds leave HardSwish out of the gated equalisation, as `integer_gates` does SiLU.
+    the gate of an equalised HardSwish too; `integer_gates` builds leave SiLU out of the gated equalisation.
 
     `float_leading_depthwise` keeps a depthwise conv float when its input comes from a float layer (or
     the graph input), so that INT8 would start at it. `None` means the backend's default (its

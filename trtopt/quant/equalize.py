@@ -18,12 +18,11 @@ producer's output channel c is likewise per-channel weight-quantised.
 Gated activations f(x) = x * g(x) (HardSwish written as x * Clip(x + 3, 0, 6) / 6, SiLU as
 x * Sigmoid(x)) are not homogeneous, but they become exact again by feeding the gate the rescaled
 tensor multiplied back by s_c: (x/s) * g(s * (x/s)) = f(x) / s. That costs one per-channel Mul on the
-gate branch, in float. SiLU and HardSwish, which a CPU plan runs on integer kernels (`QuantConfig.integer_gates`,
-`integer_hard_swish`), the float Mul would cut out of them, so such builds leave them alone
-(`find_sites(integer_gates=True, integer_hard_swish=True)`: on EfficientNet-B0 1.38x / 1.72x FP32's speed at b1 /
-b8 without, 0.98x / 1.12x with, `trtopt.backend.cpu.backend.CpuBackend.quant_config`; on the zoo's table-cls,
-MobileNetV3, worst held-out cosine 0.9884 without against 0.9905 with, at 1.44-1.61x FP32's speed against
-1.27-1.37x, docs/exports.md).
+gate branch, in float. SiLU, which a CPU plan runs on integer kernels (`QuantConfig.integer_gates`), the float
+Mul would cut out of them, so such builds leave it alone (`find_sites(integer_gates=True)`: on EfficientNet-B0
+1.38x / 1.72x FP32's speed at b1 / b8 without, 0.98x / 1.12x with, `trtopt.backend.cpu.backend.CpuBackend.
+quant_config`). HardSwish stays: the CPU lowering runs its rescaled gate, HardSigmoid(x' * s), as one integer
+depthwise 1x1 conv (`trtopt.backend.cpu.hard_gates`; what leaving it out cost, `trtopt.quant.gates`).
 
 After the activation, a scalar affine map a * y + b (PP-LCNetV3's "learnable affine block", which PP-OCRv4
 places after every HardSwish, exported as a Mul and an Add of one-element constants) keeps the rewrite exact

@@ -37,15 +37,27 @@ HardSigmoid (written x * HardSigmoid(x) below opset 14, or as a squeeze-excite g
 PyTorch's dynamo exporter writes the squeeze-excite pool). ONNX Runtime has no integer kernel for the first two;
 the CPU lowering writes them as its QLinearAdd and QLinearMul, the ReduceMean as GlobalAveragePool
 (`trtopt.backend.cpu.hard_gates`), and this module only places the pairs, so the graph keeps its ops until then.
+A HardSwish that activation equalisation rescaled (`trtopt.quant.equalize`: its gate reads x' * c, the rescaled x
+times one positive constant per channel) keeps its gate: the pair goes before that Mul (`gate_scale`), and the
+lowering writes Mul and HardSigmoid as one depthwise 1x1 QLinearConv.
 
 HardSwish spelt in Clip arithmetic (x * Clip(x + 3, 0, 6) / 6: Add, Clip, Mul, Div, as PyTorch wrote it before
 opset 14 and older paddle2onnx releases did) is written as the ops by the CPU backend's `rewrite_hard_swish` pass
 before placement. Where the build writes float instead: docs/exports.md.
 
 Not covered: a HardSigmoid with alpha <= 0, and other spellings (a Relu6 then a Mul by 1/6, say) stay float; such
-plans leave HardSwish out of the gated equalisation (as SiLU), which evened out channel ranges for depthwise convs
-on document pages (`trtopt.quant.equalize`); the sensitivity search does not weigh gates (below). The Sigmoid output's
-threshold comes from calibration like any other tensor's.
+plans leave SiLU out of the gated equalisation (its QLinearSigmoid's table holds one input scale); the sensitivity
+search does not weigh gates (below). The Sigmoid output's threshold comes from calibration like any other tensor's.
+
+Why HardSwish stays in the equalisation (avx2, ONNX Runtime 1.32.0, 2026-11-29): from the day HardSwish joined the
+grid until then, such plans left it out, as SiLU, and the zoo's worst held-out cosines fell below 0.99 (layout-cdla
+0.9912 -> 0.9784, table-cls 0.9915 -> 0.9865). Measured on 24 calibration samples before the sensitivity search,
+in the form the search measures, the equalisation was the whole loss: layout-cdla's all-INT8 plan scored 0.9661
+equalised with HardSwish float, 0.6762 neither, 0.6901 with HardSwish on the grid unequalised, and 0.9712 both
+(this module's gate-scale reads); table-cls 0.9029, 0.8589, 0.8735 and 0.8917. The depthwise gate costs speed
+where the QLinearAdd form did not: side by side, all-INT8 plans without the search, b1, 1 thread, layout-cdla
+114 -> 129 ms (FP32 295) and table-cls 10.4 -> 10.9 ms (FP32 14.5); a float gate branch (DequantizeLinear, Mul,
+HardSigmoid, Mul, QuantizeLinear) took 2.3-6.8x the QLinearAdd form's time on one tensor, the depthwise form 1.5-2.6x.
 
 What they cost in fidelity, measured (avx2, 2026-11-29, PP-OCRv4-rec, the layers kept float fixed so that only
 the gates differ): nothing the search could buy back. On the Q/DQ arithmetic the sensitivity search measures, the

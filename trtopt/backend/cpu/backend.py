@@ -139,7 +139,8 @@ class CpuBackend(Backend[CpuOptions]):
         ONNX Runtime's QLinearAdd and QLinearMul, `trtopt.backend.cpu.hard_gates`; avx2, docs/exports.md): the
         corpus's mobilenet_v3_small exports from 0.72-1.08x to 0.99-1.32x FP32's speed at b1 and b8 (ONNX Runtime's
         quantizer 0.79-1.14x), the zoo's table-cls from 1.04-1.11x to 1.44-1.61x at b1, worst held-out cosine
-        0.9924 -> 0.9884 at equal top-1 agreement (ONNX Runtime's quantizer 0.5992).
+        0.9924 -> 0.9884 at equal top-1 agreement (ONNX Runtime's quantizer 0.5992); that cosine was the HardSwish
+        equalisation such plans then left out, kept since with its gate on the grid too (`trtopt.quant.gates`).
 
         Why the depthwise default: MLAS's INT8 depthwise kernel runs at FP32 speed (EfficientNet-Lite0's 16
         depthwise convs: 0.6x to 1.8x each, 1.0x in total, 1 thread), the float -> INT8 conversion only moves

@@ -14,6 +14,9 @@ Both have an integer form its QDQ fusions turn into QLinearAdd and QLinearMul:
 - HardSwish(x) = x * HardSigmoid(x; 1/6, 1/2): the gate as above, quantised to [0, 1] in 255 steps (scale 1/255,
   zero point 0: the one rounding the integer form adds, at most half a step of 1/255 of the gate), then
   DQ(x) * DQ(gate) -> Q, ONNX Runtime's QLinearMul on the HardSwish output's grid.
+- HardSigmoid(c * x), c one positive constant per channel (the gate of a HardSwish that activation equalisation
+  rescaled, `trtopt.quant.equalize`): a depthwise 1x1 conv with weights alpha * c and bias beta into the same
+  [0, 1] grid, ONNX Runtime's QLinearConv (one rounding; the bias on its int32 grid, within 1/254 of an input step).
 
 A HardSigmoid whose QuantizeLinear has another grid (a zero point other than 0, or a top above 1: a calibration
 cache from another tool) stays float. Where the pairs are is `trtopt.quant.gates`'s decision (`QuantConfig.
