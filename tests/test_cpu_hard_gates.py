@@ -149,12 +149,16 @@ def test_a_hard_sigmoid_whose_grid_does_not_clip_at_zero_and_one_stays_float(sca
     assert "HardSigmoid" in {n.op_type for n in model.graph.node}
 
 
-def _equalized_site(opset: int, spread: float = 30.0) -> gs.Graph:
+def _equalized_site(opset: int, spread: float = 30.0, affine: bool = False) -> gs.Graph:
     """input ─ Conv1x1 ─ HardSwish ─ depthwise Conv3x3 ─ output (x * HardSigmoid(x) at opset 13), the HardSwish input's
     channels `spread` apart (undone by the depthwise weights), then equalised as a build does: the gate reads the
-    rescaled x through a per-channel Mul."""
+    rescaled x through a per-channel Mul. `affine`: PP-LCNetV3's learnable affine block (y * a + b, scalars) after the
+    HardSwish, whose offset equalisation makes one per channel."""
     b = GraphBuilder("gated_site", seed=0, opset=opset)
-    y = b.conv(b.hard_swish(b.conv(b.input("input", [2, 16, 8, 8]), 16, 32, 1)), 32, 32, 3, group=32, out="output")
+    y = b.hard_swish(b.conv(b.input("input", [2, 16, 8, 8]), 16, 32, 1))
+    if affine:
+        y = b.add(b.mul(y, b.const("a", np.array([0.8], np.float32))), b.const("b", np.array([0.3], np.float32)))
+    y = b.conv(y, 32, 32, 3, group=32, out="output")
     graph = optimize(graph_from_onnx(b.build([y]))).graph
     producer, depthwise = [n for n in graph.nodes if n.op == "Conv"]
     factors = np.geomspace(1.0 / spread, 1.0, 32).astype(np.float32)
@@ -167,19 +171,19 @@ def _equalized_site(opset: int, spread: float = 30.0) -> gs.Graph:
     return graph
 
 
-@pytest.mark.parametrize("opset", [13, 17])
-def test_an_equalised_hard_swish_runs_its_rescaled_gate_as_an_integer_depthwise_conv(opset: int) -> None:
+@pytest.mark.parametrize(("opset", "affine"), [(13, False), (17, False), (17, True)])
+def test_an_equalised_hard_swish_runs_its_rescaled_gate_as_an_integer_depthwise_conv(opset: int, affine: bool) -> None:
     """The gate reads the original x: HardSigmoid(x' * c), c one per channel. The pair goes before the Mul, and the
     lowering writes Mul and HardSigmoid as one depthwise 1x1 QLinearConv (weights alpha * c, bias beta) whose output
-    grid's saturation is the clip: nothing of the site runs in float, and it computes what the Q/DQ reference does
-    (the rescaling gains fidelity: without it the narrow channels keep a few levels)."""
-    graph = _equalized_site(opset)
+    grid's saturation is the clip; an affine block after it (Mul by a, Add of b per channel) is one more: nothing of
+    the site runs in float, and it computes what the Q/DQ reference does."""
+    graph = _equalized_site(opset, affine=affine)
     fp32 = onnx_from_graph(graph)
     model, _, _ = quantize(graph, cpu_config(QuantConfig()))
     assert "HardSigmoid" in {n.op for n in graph_from_onnx(model).nodes}
     lowered = lower_for_cpu(model, encoding="u8s7", hard_gates=True)
     ops = kernel_report(lowered.SerializeToString()).ops
-    assert ops.get("QLinearConv") == 2 and ops.get("QLinearMul") == 1, ops  # the producer and the gate
+    assert ops.get("QLinearConv") == 2 + affine and ops.get("QLinearMul") == 1, ops  # the producer, gate, affine
     assert ops.get("Conv") == 1 and ops.get("DequantizeLinear") == 3, ops  # the depthwise conv writes float output
     assert not FLOAT_OPS & set(ops), ops
     feeds = feeds_for(graph, seed=7)
@@ -187,6 +191,38 @@ def test_an_equalised_hard_swish_runs_its_rescaled_gate_as_an_integer_depthwise_
     integer, want = run_model(lowered, feeds)["output"], run_model(fp32, feeds)["output"]
     assert cosine(integer, reference) > 0.999
     assert cosine(integer, want) > 0.99
+
+
+@pytest.mark.parametrize(("op", "scale", "offset"), [
+    ("Add", np.array([0.8], np.float32), np.array([0.5, -1.0, 0.0, 2.0], np.float32).reshape(1, 4, 1, 1)),
+    ("Sub", np.array([-1.0, 0.5, 2.0, 0.01], np.float32).reshape(1, 4, 1, 1), np.array([0.25], np.float32)),
+    ("Add", None, np.array([0.3], np.float32)),
+])  # fmt: skip
+def test_an_affine_map_between_pairs_is_the_map_rounded_once(op: str, scale: np.ndarray | None,
+                                                             offset: np.ndarray) -> None:  # fmt: skip
+    """x * a + b (or x - b), a and b one per channel or one for all, between pairs
+    (`trtopt.quant.gates.channel_offset`): one depthwise 1x1 QLinearConv (or a QLinearAdd for scalars), every value
+    of the input grid within a step of the float map and its QuantizeLinear."""
+    b = GraphBuilder("affine", seed=0)
+    grid = [b.const("scale", np.array(0.05, np.float32)), b.const("zero", np.array(123, np.uint8))]
+    out_grid = [b.const("scale", np.array(0.06, np.float32)), b.const("zero", np.array(140, np.uint8))]
+    x = b.node("DequantizeLinear", [b.node("QuantizeLinear", [b.input("input", [1, 4, 16, 16]), *grid]), *grid])
+    y = b.node(op, [b.mul(x, b.const("a", scale)) if scale is not None else x, b.const("b", offset)])
+    model = b.build([b.node("DequantizeLinear", [b.node("QuantizeLinear", [y, *out_grid]), *out_grid],
+                            out="output")])  # fmt: skip
+    for tensor in model.graph.initializer:
+        if "scale" in tensor.name or "zero" in tensor.name:  # scalars, as the lowering writes them
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).reshape(()), tensor.name))
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert write_hard_gates(rewritten.graph) == 1
+    assert {n.op_type for n in rewritten.graph.node}.isdisjoint({"Mul", "Sub"})
+    fused = {n.op_type for n in onnx.load_model_from_string(_optimized(rewritten)).graph.node}
+    assert fused & {"QLinearConv", "QLinearAdd"} and not fused & {"Add", "Mul", "Sub"}, fused
+    values = 0.05 * (np.arange(256, dtype=np.float32) - 123)
+    feeds = {"input": np.broadcast_to(values.reshape(1, 1, 16, 16), (1, 4, 16, 16)).copy()}
+    reference = run_model(model, feeds, opt_level="disable")["output"]
+    assert (np.abs(run_model(rewritten, feeds)["output"] - reference) <= 0.06 * 1.001).all()
 
 
 def test_the_per_channel_gate_is_the_op_rounded_once() -> None:

@@ -17,6 +17,8 @@ Both have an integer form its QDQ fusions turn into QLinearAdd and QLinearMul:
 - HardSigmoid(c * x), c one positive constant per channel (the gate of a HardSwish that activation equalisation
   rescaled, `trtopt.quant.equalize`): a depthwise 1x1 conv with weights alpha * c and bias beta into the same
   [0, 1] grid, ONNX Runtime's QLinearConv (one rounding; the bias on its int32 grid, within 1/254 of an input step).
+- a * x + b (or x - b), a and b one per channel or one for all (PP-LCNetV3's affine block, its b per channel once
+  equalised; `trtopt.quant.gates.channel_offset`): the same depthwise conv with weights a and bias b.
 
 A HardSigmoid whose QuantizeLinear has another grid (a zero point other than 0, or a top above 1: a calibration
 cache from another tool) stays float. Where the pairs are is `trtopt.quant.gates`'s decision (`QuantConfig.
@@ -50,67 +52,106 @@ def write_hard_gates(graph: onnx.GraphProto) -> int:
     rewritten: list[onnx.NodeProto] = []
     count = 0
     for node in graph.node:
-        scale = _gate_scale(node, producers, readers, inits)
-        source = [n for n in scale.input if n not in inits] if scale is not None else list(node.input[:1])
+        scale = _input_scale(node, producers, readers, inits)
+        source = [name for name in (scale or node).input if name not in inits][:1]
         dq = producers.get(source[0]) if source else None
         after = readers.get(node.output[0], []) if node.output else []
         pair = dq is not None and _uint8_pair(dq, inits) and len(after) == 1 and _uint8_pair(after[0], inits)
-        if pair and dq is not None and scale is not None:
-            new = _scaled_gate(node, scale, dq, after[0], inits, graph)
-        else:
-            new = _rewrite(node, dq, after[0], inits, graph, ranks) if pair and dq is not None else None
+        new = None
+        if pair and dq is not None and (scale is not None or _offset(node, inits) is not None):
+            new = _scaled(node, scale, dq, after[0], inits, graph)
+        elif pair and dq is not None:
+            new = _rewrite(node, dq, after[0], inits, graph, ranks)
         rewritten.extend(new if new is not None else [node])
         count += new is not None
     if count:
         read = _names_read(rewritten) | {o.name for o in graph.output}
-        del graph.node[:]  # a HardSigmoid's DequantizeLinear (or gate scale Mul) that only it read is dead now
+        del graph.node[:]  # a DequantizeLinear (or an input's scale Mul) that only the rewritten op read is dead now
         graph.node.extend(n for n in rewritten if n.op_type not in ("DequantizeLinear", "Mul") or n.output[0] in read)
     return count
 
 
-def _gate_scale(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], readers: dict[str, list[onnx.NodeProto]],
-                inits: dict[str, onnx.TensorProto]) -> onnx.NodeProto | None:  # fmt: skip
-    """The Mul by positive constants ([1, C, 1, ...] or one) that feeds a HardSigmoid and nothing else (an
-    equalised HardSwish's gate: `trtopt.quant.gates.gate_scale`), or None."""
-    mul = producers.get(node.input[0]) if node.op_type == "HardSigmoid" and node.input else None
-    if mul is None or mul.op_type != "Mul" or len(readers.get(mul.output[0], [])) != 1:
+def _channel_value(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """A constant's value where it is one number or one per channel ([1, C, 1, ...]), else None."""
+    value = numpy_helper.to_array(tensor).astype(np.float64)
+    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
+    return value if value.size == 1 or per_channel else None
+
+
+def _offset(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    """b of x + b, b + x or x - b (as -b), b a constant of `_channel_value`'s shapes; None for any other node."""
+    if node.op_type not in ("Add", "Sub") or len(node.input) != 2 or sum(n in inits for n in node.input) != 1:
+        return None
+    if node.op_type == "Sub" and node.input[1] not in inits:
+        return None
+    value = _channel_value(inits[next(n for n in node.input if n in inits)])
+    return None if value is None else -value if node.op_type == "Sub" else value
+
+
+def _input_scale(node: onnx.NodeProto, producers: dict[str, onnx.NodeProto], readers: dict[str, list[onnx.NodeProto]],
+                 inits: dict[str, onnx.TensorProto]) -> onnx.NodeProto | None:  # fmt: skip
+    """The Mul by constants (`_channel_value`'s shapes) that feeds a HardSigmoid (positive ones: an equalised
+    HardSwish's gate, `trtopt.quant.gates.gate_scale`) or an Add / Sub of constants (nonzero ones: PP-LCNetV3's
+    affine block, `trtopt.quant.gates.channel_offset`) and nothing else; None where there is none."""
+    data: str | None = None
+    if node.op_type == "HardSigmoid" and node.input:
+        data = node.input[0]
+    elif _offset(node, inits) is not None:
+        data = next(n for n in node.input if n not in inits)
+    mul = producers.get(data) if data is not None else None
+    if data is None or mul is None or mul.op_type != "Mul" or len(readers.get(data, [])) != 1 or len(mul.input) != 2:
         return None
     constants = [inits[name] for name in mul.input if name in inits]
-    if len(constants) != 1 or len(mul.input) != 2 or mul.input[0] in inits and mul.input[1] in inits:
+    value = _channel_value(constants[0]) if len(constants) == 1 else None
+    if value is None:
         return None
-    value = numpy_helper.to_array(constants[0])
-    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
-    return mul if np.all(value > 0) and (value.size == 1 or per_channel) else None
+    return mul if np.all(value > 0) or node.op_type != "HardSigmoid" and np.all(value != 0) else None
 
 
-def _scaled_gate(node: onnx.NodeProto, mul: onnx.NodeProto, dq: onnx.NodeProto, q: onnx.NodeProto,
-                 inits: dict[str, onnx.TensorProto], graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
-    """HardSigmoid(c * x), c per channel: a depthwise 1x1 conv with weights alpha * c and bias beta, for a
-    QuantizeLinear on [0, 1] (its saturation the clip; ONNX Runtime's QLinearConv, whose depthwise kernel is exact
-    on every CPU kind). Each weight is stored as 127 with its own scale (alpha * c / 127: exact), the bias on the
-    int32 grid ONNX Runtime requires (input scale times weight scale: within 1/254 of one input step). With one c
-    for all channels it is the QLinearAdd form of any HardSigmoid."""
-    alpha, beta = (_attr(node, "alpha", HARD_SIGMOID_DEFAULT[0]), _attr(node, "beta", HARD_SIGMOID_DEFAULT[1]))
-    if not alpha > 0 or not _clips_to_unit(q, inits):
+def _scaled(node: onnx.NodeProto, mul: onnx.NodeProto | None, dq: onnx.NodeProto, q: onnx.NodeProto,
+            inits: dict[str, onnx.TensorProto], graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:
+    """HardSigmoid(c * x) for a QuantizeLinear on [0, 1] (its saturation the clip), or a * x + b, with c, a, b one
+    value per channel or one for all: a depthwise 1x1 conv (weights alpha * c or a; bias beta or b), ONNX Runtime's
+    QLinearConv, whose depthwise kernel is exact on every CPU kind; with one value for all and a positive weight,
+    the QLinearAdd form (`_gate`)."""
+    scale = np.ones(1) if mul is None else _channel_value(next(inits[n] for n in mul.input if n in inits))
+    offset = _offset(node, inits)
+    if scale is None:
         return None
-    c = numpy_helper.to_array(next(inits[name] for name in mul.input if name in inits)).astype(np.float64)
+    if node.op_type == "HardSigmoid":
+        alpha, beta = (_attr(node, "alpha", HARD_SIGMOID_DEFAULT[0]), _attr(node, "beta", HARD_SIGMOID_DEFAULT[1]))
+        if not alpha > 0 or not _clips_to_unit(q, inits):
+            return None
+        scale, offset = alpha * scale, np.array(beta)
+    assert offset is not None
     name = node.name or node.output[0]
-    if c.size == 1:
-        return _gate(name, dq, alpha * float(c.reshape(())), beta, node.output[0], inits, graph)
-    w_scale = alpha * c.reshape(-1) / 127.0
-    bias = np.round(beta / (_scalar(inits[dq.input[1]]) * w_scale))
-    if not np.all(np.abs(bias) < 2**31 - 1):
+    if scale.size == 1 and offset.size == 1:
+        weight = float(scale.reshape(()))
+        return _gate(name, dq, weight, float(offset.reshape(())), node.output[0], inits, graph) if weight > 0 else None
+    return _depthwise(name, dq, scale, offset, node.output[0], inits, graph)
+
+
+def _depthwise(name: str, dq: onnx.NodeProto, weights: np.ndarray, bias: np.ndarray, out: str,
+               inits: dict[str, onnx.TensorProto], graph: onnx.GraphProto) -> list[onnx.NodeProto] | None:  # fmt: skip
+    """y = weights * x + bias per channel as a depthwise 1x1 conv reading `dq`'s uint8 tensor. Each weight is stored
+    as +-127 with its own scale (|w| / 127: exact), the bias on the int32 grid ONNX Runtime requires (input scale
+    times weight scale: within 1/254 of one input step)."""
+    channels, rank = max(weights.size, bias.size), max(weights.ndim, bias.ndim)
+    w = np.broadcast_to(weights.reshape(-1), (channels,))
+    w_scale = np.abs(w) / 127.0
+    step = _scalar(inits[dq.input[1]]) * w_scale
+    bias_q = np.round(np.broadcast_to(bias.reshape(-1), (channels,)) / step)
+    if not np.all(w_scale > 0) or not np.all(np.abs(bias_q) < 2**31 - 1):
         return None
-    channels, rank = c.size, c.ndim
     names = [_constant(graph, inits, f"{name}/{part}", array) for part, array in (
-        ("w_q", np.full((channels, 1, *[1] * (rank - 2)), 127, np.int8)), ("w_scale", w_scale.astype(np.float32)),
-        ("w_zero_point", np.zeros(channels, np.int8)), ("b_q", bias.astype(np.int32)),
-        ("b_scale", (_scalar(inits[dq.input[1]]) * w_scale).astype(np.float32)),
+        ("w_q", (127 * np.sign(w)).astype(np.int8).reshape(channels, 1, *[1] * (rank - 2))),
+        ("w_scale", w_scale.astype(np.float32)), ("w_zero_point", np.zeros(channels, np.int8)),
+        ("b_q", bias_q.astype(np.int32)), ("b_scale", step.astype(np.float32)),
         ("b_zero_point", np.zeros(channels, np.int32)))]  # fmt: skip
     return [
         helper.make_node("DequantizeLinear", names[:3], [f"{name}/w"], name=f"{name}/w/DQ", axis=0),
         helper.make_node("DequantizeLinear", names[3:], [f"{name}/b"], name=f"{name}/b/DQ", axis=0),
-        helper.make_node("Conv", [dq.output[0], f"{name}/w", f"{name}/b"], list(node.output), name=f"{name}/conv",
+        helper.make_node("Conv", [dq.output[0], f"{name}/w", f"{name}/b"], [out], name=f"{name}/conv",
                          group=channels, kernel_shape=[1] * (rank - 2)),  # fmt: skip
     ]
 
