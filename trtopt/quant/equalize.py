@@ -21,8 +21,9 @@ tensor multiplied back by s_c: (x/s) * g(s * (x/s)) = f(x) / s. That costs one p
 gate branch, in float. SiLU, which a CPU plan runs on integer kernels (`QuantConfig.integer_gates`), the float
 Mul would cut out of them, so such builds leave it alone (`find_sites(integer_gates=True)`: on EfficientNet-B0
 1.38x / 1.72x FP32's speed at b1 / b8 without, 0.98x / 1.12x with, `trtopt.backend.cpu.backend.CpuBackend.
-quant_config`). HardSwish stays: the CPU lowering runs its rescaled gate, HardSigmoid(x' * s), as one integer
-depthwise 1x1 conv (`trtopt.backend.cpu.hard_gates`; what leaving it out cost, `trtopt.quant.gates`).
+quant_config`). HardSwish stays where its channels' ranges spread by `GATED_SPREAD` or more: the CPU lowering
+runs its rescaled gate, HardSigmoid(x' * s), as one integer depthwise 1x1 conv (`trtopt.backend.cpu.hard_gates`;
+what leaving it out cost, `trtopt.quant.gates`).
 
 After the activation, a scalar affine map a * y + b (PP-LCNetV3's "learnable affine block", which PP-OCRv4
 places after every HardSwish, exported as a Mul and an Add of one-element constants) keeps the rewrite exact
@@ -72,6 +73,14 @@ GATE_OPS = frozenset({"Add", "Sub", "Clip", "Sigmoid", "HardSigmoid", "Div", "Mu
 # rescaling); a set too small to hold samples back now shares up to 4x as many with verification
 # (trtopt.verify.SHARED_CHECKS), and the build verifies (kernels 0.028 from the reference on 32 lines, tolerance 0.100).
 GATED_IN_BUILDS = True
+# An integer-gate (CPU) plan rescales a HardSwish site only where its widest channel's range is at least this many
+# times the median one's (the median channel then keeps at most a third of the grid's levels): its rescaled gate is
+# a depthwise conv where the unscaled one is a QLinearAdd (`trtopt.backend.cpu.hard_gates`). A judgement from
+# measurements (avx2, all-INT8 plans, 2026-11-29): the corpus's MobileNetV3s on photos spread 1.6-2.8 and gained
+# nothing from the rescaling (paddle: reference cosine 0.99933 -> 0.99940) for 7% / 16% of speed at b1 / b8; the
+# zoo's document models spread 2.2-32, and layout-cdla's 22 sites at 3 or more hold all it gained (worst output
+# 0.6901 -> 0.9712 on calibration samples; its 15 sites at 4 or more: 0.9653).
+GATED_SPREAD = 3.0
 MAX_GAIN = 128.0  # a channel is scaled up at most 128x: beyond that it was below one INT8 level anyway
 
 
@@ -324,13 +333,19 @@ def equalize_activations(
     for site in sites:
         measured = [ranges[t] for t in quantized[id(site)]]
         gain = equalizing_scales(*measured, max_gain=max_gain)
-        if np.all(gain == 1.0):
+        if np.all(gain == 1.0) or integer_gates and _integer_gate(site) and _spread(measured[0]) < GATED_SPREAD:
             continue
         rescale_site(graph, site, gain)
         spread[site.tensor], gains[site.tensor] = (_spread(measured[0]), _spread(measured[0] * gain)), gain
     graph.cleanup().toposort()
     log.info("activation equalisation: %d tensors feeding depthwise convs rescaled", len(spread))
     return EqualizeReport(spread, gains)
+
+
+def _integer_gate(site: EqualizeSite) -> bool:
+    """A HardSwish site (one node, or x * HardSigmoid(x)): its rescaled gate costs an integer plan a depthwise conv."""
+    head = site.gate_head
+    return head is not None and (head.op == "HardSwish" or head.op == "HardSigmoid")
 
 
 def _quantized_tensors(site: EqualizeSite, folds: frozenset[str] | None) -> list[str]:
