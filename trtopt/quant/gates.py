@@ -61,9 +61,11 @@ grid until then, such plans left it out, as SiLU, and the zoo's worst held-out c
 in the form the search measures, the equalisation was the whole loss: layout-cdla's all-INT8 plan scored 0.9661
 equalised with HardSwish float, 0.6762 neither, 0.6901 with HardSwish on the grid unequalised, and 0.9712 both
 (this module's gate-scale reads); table-cls 0.9029, 0.8589, 0.8735 and 0.8917. The depthwise gate costs speed
-where the QLinearAdd form did not: side by side, all-INT8 plans without the search, b1, 1 thread, layout-cdla
-114 -> 129 ms (FP32 295) and table-cls 10.4 -> 10.9 ms (FP32 14.5); a float gate branch (DequantizeLinear, Mul,
-HardSigmoid, Mul, QuantizeLinear) took 2.3-6.8x the QLinearAdd form's time on one tensor, the depthwise form 1.5-2.6x.
+where the QLinearAdd form did not: side by side, all-INT8 plans without the search, b1, 1 thread, every site
+rescaled, layout-cdla 114 -> 129 ms (FP32 295) and table-cls 10.4 -> 10.9 ms (FP32 14.5); a float gate branch
+(DequantizeLinear, Mul, HardSigmoid, Mul, QuantizeLinear) took 2.3-6.8x the QLinearAdd form's time on one tensor,
+the depthwise form 1.5-2.6x. Where the rescaling buys nothing (channel ranges within `trtopt.quant.equalize.
+GATED_SPREAD` of each other: the corpus's MobileNetV3s on photos) a site keeps the QLinearAdd form.
 
 What they cost in fidelity, measured (avx2, 2026-11-29, PP-OCRv4-rec, the layers kept float fixed so that only
 the gates differ): nothing the search could buy back. On the Q/DQ arithmetic the sensitivity search measures, the
