@@ -144,9 +144,9 @@ def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
 
 
 def _reads(node: gs.Node) -> list[tuple[gs.Tensor, gs.Node]]:
-    """The (tensor, node) edges on which `node` reads its data: its own data inputs, or where a HardSigmoid reads
-    its input through a `gate_scale` Mul, that Mul's (the pair goes before it, and the CPU lowering computes both
-    on the integer grid: `trtopt.backend.cpu.hard_gates`)."""
+    """The (tensor, node) edges on which `node` reads its data: its own data inputs, or where a HardSigmoid or an
+    affine map reads its input through a Mul by constants (`gate_scale`, `channel_offset`), that Mul's (the pair
+    goes before it, and the CPU lowering computes both on the integer grid: `trtopt.backend.cpu.hard_gates`)."""
     scale = gate_scale(node) if node.op == "HardSigmoid" else channel_offset(node)
     if scale is not None:
         return [(t, scale) for t in _data_inputs(scale) if constant_array(t) is None]
@@ -159,14 +159,8 @@ def gate_scale(node: gs.Node) -> gs.Node | None:
     the original x. None for any other node."""
     source = node.inputs[0] if node.op == "HardSigmoid" and node.inputs else None
     mul = source.inputs[0] if source is not None and len(source.inputs) == 1 and len(source.outputs) == 1 else None
-    if mul is None or mul.op != "Mul" or len(mul.inputs) != 2:
-        return None
-    values = [v for v in (constant_array(t) for t in mul.inputs) if v is not None]
-    if len(values) != 1 or not np.all(values[0] > 0):
-        return None
-    value = values[0]
-    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
-    return mul if value.size == 1 or per_channel else None
+    value = _channel_constant(mul) if mul is not None and mul.op == "Mul" and len(mul.inputs) == 2 else None
+    return mul if value is not None and np.all(value > 0) else None
 
 
 def channel_offset(node: gs.Node) -> gs.Node | None:
