@@ -29,7 +29,7 @@ from trtopt.frontend.edit import canonicalize
 from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
 from trtopt.frontend.io_types import check_tensor_io, zero_sizes_as_unknown
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
-from trtopt.frontend.shape_slices import spell_shape_slices
+from trtopt.frontend.shape_slices import join_shape_slices, spell_shape_slices
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
@@ -157,14 +157,14 @@ def _keep_output_ranks(graph: gs.Graph, declared: dict[str, object]) -> None:
 
 
 def _fold(graph: gs.Graph, rounds: int = 3) -> None:
-    """Constant folding, then the branch each decided `If` takes in its place (`trtopt.frontend.conditionals`:
-    onnx-graphsurgeon's own flattening loses all but an `If`'s first output), and folding again over what the
-    branches brought in."""
+    """Constant folding, then the branch each decided `If` takes in its place (`trtopt.frontend.conditionals`: onnx-
+    graphsurgeon's own flattening loses all but an `If`'s first output), and folding over what they brought in."""
     spell_shape_slices(graph)  # onnx-graphsurgeon folds Shape(start, end) as the whole shape
     for _ in range(rounds):
         graph.fold_constants(error_ok=True, flatten_subgraphs=False).cleanup()
         if not flatten_constant_ifs(graph):
-            return
+            break
+    join_shape_slices(graph)  # what did not fold (a dynamic batch): one node again, as the exporter wrote it
 
 
 def _folding_state(graph: gs.Graph) -> tuple[int, frozenset[str]]:

@@ -36,3 +36,27 @@ def spell_shape_slices(graph: gs.Graph) -> int:
     if count:
         graph.toposort()
     return count
+
+
+def join_shape_slices(graph: gs.Graph) -> int:
+    """After folding, each `Shape` -> `Slice` pair `spell_shape_slices` wrote that is still there (the shape was not
+    constant: a dynamic batch) as one `Shape` with `start` and `end` again, as the exporter wrote it; returns how
+    many."""
+    count = 0
+    for node in list(graph.nodes):
+        whole = node.outputs[0] if node.op == "Shape" and len(node.outputs) == 1 else None
+        if whole is None or not whole.name.endswith("_whole") or len(whole.outputs) != 1:
+            continue
+        sliced = whole.outputs[0]
+        bounds = [t.values for t in sliced.inputs[1:]] if sliced.name == f"{node.name}_slice" else []
+        if len(bounds) != 3 or not all(isinstance(t, gs.Constant) for t in sliced.inputs[1:]):
+            continue
+        start, end, _axis = (int(np.asarray(v).reshape(-1)[0]) for v in bounds)
+        node.attrs.update({"start": start} if start else {})
+        node.attrs.update({"end": end} if end != np.iinfo(np.int64).max else {})
+        node.outputs = [sliced.outputs[0]]
+        sliced.outputs.clear()
+        count += 1
+    if count:
+        graph.cleanup()
+    return count
