@@ -154,9 +154,9 @@ def test_a_gain_within_the_margin_is_not_taken(tiny: Any) -> None:
     build, timer, _ = trial_world({cheaper: 0.97, quantize_count(model): 0.98})
     kept = keep_faster(Candidate(model, "verified", speed(0.99)), model, fp32, build, timer)
     assert kept.kept_float == () and not kept.float_plan and kept.plan is model
-    build, timer, _ = trial_world({cheaper: 0.99, quantize_count(model): 0.98})
+    build, timer, _ = trial_world({cheaper: 0.99, quantize_count(model): 0.9})
     kept = keep_faster(Candidate(model, "verified", speed(1.01)), model, fp32, build, timer)
-    assert kept.kept_float == () and not kept.float_plan and kept.plan is model  # 0.99 x PAYS > 1.01; 0.98: faster
+    assert kept.kept_float == () and not kept.float_plan and kept.plan is model  # 0.99 x PAYS > 1.01; 0.9: faster
 
 
 def test_a_plan_faster_within_the_noise_is_timed_again(tiny: Any) -> None:
@@ -213,10 +213,23 @@ def test_a_confirming_timing_that_finds_int8_faster_keeps_it(tiny: Any, monkeypa
     model, fp32 = tiny
     monkeypatch.setattr(choice_module, "MAX_TRIALS", 0)
     calls: list[str] = []
-    timings = iter([speed(0.99)])
+    timings = iter([speed(0.9)])
     kept = keep_faster(Candidate(model, "verified", speed(1.2)), model, fp32, lambda m: calls.append("b"),  # type: ignore[arg-type,return-value]
                        lambda p: next(timings))  # fmt: skip
     assert not kept.float_plan and kept.plan is model and calls == []
+    assert kept.speed.ratio == pytest.approx(0.9) and "after 1.20x" in kept.speed.text()
+
+
+def test_a_confirming_timing_faster_only_within_the_noise_writes_the_float_plan(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1.05x, then 0.99x FP32's time: as fast, not faster; the float plan costs nothing and is exact."""
+    model, fp32 = tiny
+    monkeypatch.setattr(choice_module, "MAX_TRIALS", 0)
+    timings = iter([speed(0.99)])
+    kept = keep_faster(Candidate(model, "verified", speed(1.05)), model, fp32, lambda m: (fp32, "verified"),
+                       lambda p: next(timings))  # fmt: skip
+    assert kept.float_plan and kept.plan is fp32
 
 
 def test_trials_that_fail_to_verify_are_skipped(tiny: Any) -> None:

@@ -12,12 +12,14 @@ built and verified as the first was and timed the same way:
    of them and never all (the float plan computes that faster and without the weights' rounding); a region
    stays float only where the plan then runs faster by `PAYS` (ratios, each against FP32 timed in the same
    rounds, so a busy machine moves both sides);
-2. where the best INT8 plan is still not the faster, timed once more to confirm, the float plan (the FP32 model
-   as its own plan): INT8 cannot pay on this CPU for this model, and the summary says so and why. A plan as fast
-   as FP32 within the noise of the timing gives way too: the float plan then costs nothing in speed and computes
-   FP32's outputs exactly. (Until 2026-11-29 a plan within `NOISE` of FP32's time was kept; the real-export
-   benchmark then measured kept INT8 plans at 0.97x FP32's speed, mp-hand-landmark, where the float plan
-   would have been both faster and exact.)
+2. where the best INT8 plan is still not the faster, timed once more to confirm (unless that timing finds it
+   faster by more than `NOISE`), the float plan (the FP32 model as its own plan): INT8 cannot pay on this CPU for
+   this model, and the summary says so and why. A plan as fast as FP32 within the noise of the timing gives way
+   too: the float plan then costs nothing in speed and computes FP32's outputs exactly. (Until 2026-11-29 a plan
+   within `NOISE` of FP32's time was kept; the real-export benchmark then measured kept INT8 plans at 0.97x FP32's
+   speed, mp-hand-landmark, where the float plan would have been both faster and exact. And any second timing
+   below FP32's kept the plan: an unseen DeepLabV3-MobileNetV3 (dynamo export, avx2) kept one timed at 1.05x
+   FP32's time, which the real-export benchmark then measured at 0.92x FP32's speed at b1.)
 
 Before any timing matters: a plan whose INT8 math has nothing in common with FP32's (its Q/DQ reference's worst
 output at cosine below `USELESS_COSINE` with FP32's on the check samples, after the sensitivity search) gives way to
@@ -146,11 +148,14 @@ def keep_faster(
     best = replace(best, kept_float=layers)
     if best.speed.ratio >= 1.0:
         again = timer(best.plan)
-        if again is not None and again.ratio >= 1.0:
+        if again is not None and again.ratio >= 1 / NOISE:  # not clearly faster the second time either
             floated = build(fp32)
             if floated is not None:
                 return Candidate(*floated, speed=replace(best.speed, outcome=_float_reason(best.speed, again)),
                                  float_plan=True)  # fmt: skip
+        if again is not None:  # clearly faster the second time: that timing is the plan's figure
+            note = f"timed again at {again.ratio:.2f}x FP32's time after {best.speed.ratio:.2f}x"
+            best = replace(best, speed=replace(again, outcome="; ".join(filter(None, (best.speed.outcome, note)))))
     if layers:
         outcome = "; ".join(filter(None, (best.speed.outcome, _region_reason(dropped, first.speed))))
         return replace(best, speed=replace(best.speed, outcome=outcome))
