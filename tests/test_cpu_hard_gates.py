@@ -22,6 +22,7 @@ from trtopt.frontend import copy_graph, graph_from_onnx, onnx_from_graph
 from trtopt.passes import optimize
 from trtopt.quant import QuantConfig, plan_quantization
 from trtopt.quant.equalize import GATED_SPREAD, equalize_activations, find_sites
+from trtopt.quant.gates import channel_offset
 from trtopt.zoo import GraphBuilder
 
 FLOAT_OPS = {"HardSigmoid", "HardSwish", "Mul", "Add", "ReduceMean", "GlobalAveragePool"}
@@ -286,3 +287,18 @@ def test_only_a_mean_over_every_spatial_axis_keeping_them_becomes_a_global_pool(
     if pooled:
         feeds = feeds_for(graph_from_onnx(model), seed=2)
         assert np.array_equal(run_model(model, feeds)["output"], run_model(rewritten, feeds)["output"])
+
+
+@pytest.mark.parametrize(("shape", "constant", "taken"), [
+    ([2, 8, 4, 4], [1, 8, 1, 1], True), ([2, 8, 4, 4], [1], True), ([2, 8, 4, 4], [], True),
+    ([2, 8], [1, 8], False),  # a Gemm's output: no depthwise conv reads it
+    ([2, 8, 4, 4], [1, 1, 1, 1, 1], False),  # broadcasting would add an axis
+    ([2, 8, 4, 4], [1, 8, 4, 4], False),  # one value per element, not per channel
+])  # fmt: skip
+def test_an_affine_map_is_taken_only_per_channel_or_for_all(shape: list[int], constant: list[int],
+                                                            taken: bool) -> None:  # fmt: skip
+    """`channel_offset` reads x + b only where the CPU lowering's depthwise 1x1 conv (or QLinearAdd) computes it."""
+    x = gs.Variable("x", np.float32, shape)
+    node = gs.Node("Add", inputs=[x, gs.Constant("b", np.full(constant, 0.5, np.float32))],
+                   outputs=[gs.Variable("y", np.float32, shape)])  # fmt: skip
+    assert (channel_offset(node) is node) == taken

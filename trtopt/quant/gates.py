@@ -180,12 +180,16 @@ def channel_offset(node: gs.Node) -> gs.Node | None:
 
 
 def _channel_constant(node: gs.Node) -> np.ndarray | None:
-    """The one nonzero constant operand of `node`, where it is a scalar or one value per channel ([1, C, 1, ...])."""
+    """The one nonzero constant operand of `node`, where it is one value, or one per channel ([1, C, 1, ...] of the
+    other operand's rank, 3 or more: the depthwise conv's), and broadcasting it leaves the other's shape as it is."""
     values = [v for v in (constant_array(t) for t in node.inputs) if v is not None]
-    if len(values) != 1 or not np.all(values[0] != 0):
+    data = [t for t in node.inputs if constant_array(t) is None]
+    if len(values) != 1 or len(data) != 1 or not np.all(values[0] != 0):
         return None
-    value = values[0]
-    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
+    value, rank = values[0], len(data[0].shape) if data[0].shape is not None else None
+    if rank is None or value.ndim > rank:
+        return None
+    per_channel = value.ndim == rank >= 3 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
     return value if value.size == 1 or per_channel else None
 
 

@@ -72,9 +72,10 @@ def write_hard_gates(graph: onnx.GraphProto) -> int:
 
 
 def _channel_value(tensor: onnx.TensorProto) -> np.ndarray | None:
-    """A constant's value where it is one number or one per channel ([1, C, 1, ...]), else None."""
+    """A constant's value where it is one number or one per channel ([1, C, 1, ...], rank 3 or more: what a depthwise
+    conv reads; `trtopt.quant.gates` checked it against the other operand's rank), else None."""
     value = numpy_helper.to_array(tensor).astype(np.float64)
-    per_channel = value.ndim >= 2 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
+    per_channel = value.ndim >= 3 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
     return value if value.size == 1 or per_channel else None
 
 
