@@ -189,8 +189,12 @@ def _channel_constant(node: gs.Node) -> np.ndarray | None:
     value, rank = values[0], len(data[0].shape) if data[0].shape is not None else None
     if rank is None or value.ndim > rank:
         return None
-    per_channel = value.ndim == rank >= 3 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
-    return value if value.size == 1 or per_channel else None
+    return value if value.size == 1 or value.ndim == rank and channel_vector(value.shape) else None
+
+
+def channel_vector(shape: tuple[int, ...]) -> bool:
+    """[1, C, 1, ...] of rank 3 or more: one value per channel of what a depthwise conv reads."""
+    return len(shape) >= 3 and shape[0] == 1 and all(d == 1 for d in shape[2:])
 
 
 def _inputs_ready(node: gs.Node, quantized: Collection[str], chosen: Collection[str]) -> bool:

@@ -34,6 +34,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtopt.quant.gates import channel_vector
+
 HARD_SWISH = (1.0 / 6.0, 0.5)  # alpha, beta (ONNX HardSwish)
 HARD_SIGMOID_DEFAULT = (0.2, 0.5)  # ONNX HardSigmoid's default attributes
 GATE_SCALE = 1.0 / 255.0  # a HardSwish gate's grid: [0, 1] in 255 steps
@@ -75,8 +77,7 @@ def _channel_value(tensor: onnx.TensorProto) -> np.ndarray | None:
     """A constant's value where it is one number or one per channel ([1, C, 1, ...], rank 3 or more: what a depthwise
     conv reads; `trtopt.quant.gates` checked it against the other operand's rank), else None."""
     value = numpy_helper.to_array(tensor).astype(np.float64)
-    per_channel = value.ndim >= 3 and value.shape[0] == 1 and all(d == 1 for d in value.shape[2:])
-    return value if value.size == 1 or per_channel else None
+    return value if value.size == 1 or channel_vector(value.shape) else None
 
 
 def _offset(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
