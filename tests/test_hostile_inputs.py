@@ -432,10 +432,14 @@ def test_big_endian_input_gives_the_right_answer_and_nan_warns(work, caplog) -> 
     engine = trtopt.Engine.load(work / "p.engine")
     x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
     np.testing.assert_array_equal(engine(x.astype(">f4")), engine(x))
-    x[0, 0, 0, 0] = np.nan
     with caplog.at_level(logging.WARNING, logger="trtopt.engine"):
-        engine(x)
-    assert "NaN or infinite" in caplog.text
+        engine(np.full_like(x, 3e38))  # finite values whose sum overflows: no warning
+        assert "NaN or infinite" not in caplog.text
+        for bad in (np.nan, -np.inf):
+            caplog.clear()
+            x[0, 0, 0, 0] = bad
+            engine(x)
+            assert "holds 1 NaN or infinite" in caplog.text
 
 
 @pytest.mark.parametrize("bad", ["huge", "tiny", "short-means"])
