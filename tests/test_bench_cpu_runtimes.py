@@ -3,6 +3,7 @@ figures (the benchmark itself runs builds for minutes; its timing is not a test'
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,16 @@ def bench() -> Any:
         sys.path.remove(str(TOOLS))
 
 
+def timed(speedups: dict[str, float], noise: float = 0.0) -> dict[str, Any]:
+    """Speed-ups as the benchmark records them, with the rounds behind them: FP32 at 10 ms, each variant at
+    10 ms / its speed-up, each round off by up to `noise` (a fraction, alternating in sign from round to round)."""
+    wobble = [1 + noise * (1 if r % 2 else -1) * (r % 5) / 4 for r in range(20)]
+    ms = {v: [10 / s * w for w in (wobble if i % 2 else wobble[::-1])] for i, (v, s) in enumerate(speedups.items())}
+    return speedups | {"ms": ms}
+
+
 def result(default: str, b1: dict[str, float], b8: dict[str, float], cosines: dict[str, float]) -> dict[str, Any]:
-    speed = {(threads, batch): figures for threads in (1, 2) for batch, figures in ((1, b1), (8, b8))}
+    speed = {(threads, batch): timed(figures) for threads in (1, 2) for batch, figures in ((1, b1), (8, b8))}
     return {"name": "m", "default": default, "speed": speed, "scores": {v: (c, None) for v, c in cosines.items()}}
 
 
@@ -38,12 +47,23 @@ def test_the_default_plan_is_judged_against_the_other_tools_only(bench: Any) -> 
     lines = bench.rows([result("openvino", b1, b8, COSINES)])
     assert lines[2].startswith("| m | 1 | 1.50x / 1.60x (openvino) |") and "| yes |" in lines[2]
     b1["NNCF + OpenVINO"] = 1.55  # ahead of the default at b1, not of trtopt cpu's plan at b8: only the default counts
-    verdict = bench._goal([b1, b8], {v: (c, None) for v, c in COSINES.items()}, "trtopt openvino")
-    assert verdict == "no: NNCF + OpenVINO at b1 (1.55x)"
+    verdict = bench._goal([timed(b1), timed(b8)], {v: (c, None) for v, c in COSINES.items()}, "trtopt openvino")
+    assert verdict == "no: NNCF + OpenVINO at b1 (1.55x: 3.2% behind)"
+
+
+def test_a_peer_ahead_by_less_than_the_noise_is_a_tie(bench: Any) -> None:
+    """1% behind, with rounds that scatter by up to 10%: the interval of the paired ratio reaches parity."""
+    figures = {"trtopt cpu": 1.485, "trtopt openvino": 1.0, "NNCF + OpenVINO": 1.0, "ORT quantize_static": 1.5}
+    scores = {v: (c, None) for v, c in COSINES.items()}
+    verdict = bench._goal([timed(figures, noise=0.1), timed(figures, noise=0.1)], scores, "trtopt cpu")
+    assert re.fullmatch(r"tie: ORT quantize_static at b1 \(1.50x: 0.\d% behind, within noise\), "
+                        r"ORT quantize_static at b8 \(1.50x: 0.\d% behind, within noise\)", verdict)
+    steady = bench._goal([timed(figures), timed(figures)], scores, "trtopt cpu")  # the same gap, rounds that agree
+    assert steady.startswith("no: ORT quantize_static at b1 (1.50x: 1.0% behind)")
 
 
 def test_a_more_faithful_peer_fails_the_goal(bench: Any) -> None:
     figures = {"trtopt cpu": 1.5, "trtopt openvino": 1.0, "NNCF + OpenVINO": 1.0, "ORT quantize_static": 1.0}
     scores = {v: (c, None) for v, c in (COSINES | {"ORT quantize_static": 0.9995}).items()}
-    assert bench._goal([figures, figures], scores, "trtopt cpu") == "no: ORT quantize_static's cosine"
-    assert bench._goal([figures, "static batch 1"], {}, "trtopt cpu") == "no: trtopt's build failed"
+    assert bench._goal([timed(figures)] * 2, scores, "trtopt cpu") == "no: ORT quantize_static's cosine"
+    assert bench._goal([timed(figures), "static batch 1"], {}, "trtopt cpu") == "no: trtopt's build failed"

@@ -10,7 +10,9 @@ calibrated on the same first --count photos (`tools/zoo_variants.split_data`), e
   trtopt's default plan (`--backend auto`) is whichever of the two `trtopt.auto_backend` keeps, timed as a build
   does (`pick`: at batch 1 and the build's batch, chosen on those times and the two builds' INT8 errors): its
   column repeats that plan's figures, and the goal column says whether it is at least as fast as every peer at b1
-  and b8 (issue #44) and at least as faithful;
+  and b8 (issue #44) and at least as faithful: "yes"; "tie" where a peer's median was ahead by less than this
+  run's noise (the 90% bootstrap interval of the median per-round ratio, `benchlib.paired_interval`, reaches
+  parity); "no" where a peer was ahead beyond it or more faithful;
 - NNCF: `nncf.quantize` of the FP32 model read by OpenVINO, default preset (performance: symmetric), default
   settings, compiled by OpenVINO;
 - ORT: `quant_pre_process` + `quantize_static` (QDQ, per-channel, u8s8, MinMax; `tools/zoo_variants.ort_build`).
@@ -41,7 +43,7 @@ import zoo  # noqa: E402
 from bench_exports import subject_of  # noqa: E402
 from bench_latency import FP32  # noqa: E402
 from bench_setup import run_isolated  # noqa: E402
-from benchlib import emit, header_lines, interleaved, load_average  # noqa: E402
+from benchlib import behind, emit, header_lines, interleaved, load_average  # noqa: E402
 from zoo_variants import CALIB_DIR, ROOT, Subject, build_config, eval_feeds, load, ort_build, split_data  # noqa: E402
 
 VARIANTS = ("trtopt cpu", "trtopt openvino", "NNCF + OpenVINO", "ORT quantize_static")
@@ -173,7 +175,7 @@ def _speedups(calls: dict[str, Any], batches: list, batch: int, args: argparse.N
     if len(next(iter(feeds.values()))) < batch:
         return "static batch 1"
     timings = interleaved({n: (lambda c=c: c(feeds)) for n, c in calls.items()}, args.warmup, args.iterations, batch)
-    return {n: timings.speedup(n) for n in calls if n != FP32} | {"fp32 ms": timings.p50(FP32)}
+    return {n: timings.speedup(n) for n in calls if n != FP32} | {"fp32 ms": timings.p50(FP32), "ms": timings.ms}
 
 
 def rows(results: list[dict[str, Any]]) -> list[str]:
@@ -205,10 +207,14 @@ def _goal(pair: list[Any], scores: dict[str, tuple[float, float | None]], defaul
     if default not in scores:
         return "no: trtopt's build failed"
     peers = [v for v in VARIANTS if not v.startswith("trtopt") and v in scores]
-    behind = [f"{v} at b{b} ({p[v]:.2f}x)" for b, p in zip((1, 8), pair, strict=True) if isinstance(p, dict)
-              for v in peers if v in p and p[v] > p[default]]  # fmt: skip
-    behind += [f"{v}'s cosine" for v in peers if scores[v][0] > scores[default][0] + 1e-4]
-    return "yes" if not behind else "no: " + ", ".join(behind)
+    gaps = [(f"{v} at b{b} ({p[v]:.2f}x: {gap})", gap.endswith("noise"))
+            for b, p in zip((1, 8), pair, strict=True) if isinstance(p, dict)
+            for v in peers if v in p and (gap := behind(p["ms"], default, v))]  # fmt: skip
+    gaps += [(f"{v}'s cosine", False) for v in peers if scores[v][0] > scores[default][0] + 1e-4]
+    misses = [text for text, noise in gaps if not noise]
+    if misses:
+        return "no: " + ", ".join(misses)
+    return "tie: " + ", ".join(text for text, _ in gaps) if gaps else "yes"
 
 
 def main(argv: list[str] | None = None) -> int:

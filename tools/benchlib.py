@@ -137,6 +137,29 @@ class Timings:
         return statistics.median(b / t for b, t in zip(self.ms[self.baseline], self.ms[name], strict=True))
 
 
+def paired_interval(ours: Sequence[float], theirs: Sequence[float], confidence: float = 0.9,
+                    resamples: int = 2000) -> tuple[float, float, float]:
+    """The median over rounds of theirs[i] / ours[i] (above 1: ours was faster) with a bootstrap interval of that
+    median at `confidence` (rounds resampled with replacement; a fixed seed, so a rerun of the same figures gives
+    the same interval). Two calls timed in the same round share that round's drift, so the paired ratio is what
+    tells a real difference from this machine's run-to-run noise."""
+    ratios = np.asarray(theirs, np.float64) / np.asarray(ours, np.float64)
+    picks = np.random.default_rng(0).integers(0, len(ratios), (resamples, len(ratios)))
+    medians = np.median(ratios[picks], axis=1)
+    tail = (1 - confidence) / 2
+    return float(np.median(ratios)), float(np.quantile(medians, tail)), float(np.quantile(medians, 1 - tail))
+
+
+def behind(ms: dict[str, list[float]], ours: str, peer: str) -> str:
+    """"" where `ours` was at least as fast as `peer` in these interleaved rounds (median of the paired ratios),
+    else how far behind and whether beyond noise (the interval of the paired ratio wholly below parity) or
+    within it (the interval reaches parity): "3.1% behind" or "1.2% behind, within noise"."""
+    ratio, _, high = paired_interval(ms[ours], ms[peer])
+    if ratio >= 1.0:
+        return ""
+    return f"{100 * (1 - ratio):.1f}% behind" + (", within noise" if high >= 1.0 else "")
+
+
 def interleaved(calls: dict[str, Callable[[], object]], warmup: int, iterations: int, batch: int = 1) -> Timings:
     """Time one call of each per round, rotating the order each round, after `warmup` untimed rounds; the
     first of `calls` is the baseline of the speed-ups."""

@@ -1,0 +1,54 @@
+"""tools/bench_exports.py's INT8 verdict (issue #45's goal) on made-up rounds: behind ORT's quantizer or FP32 beyond
+this run's noise is a miss, within it a tie (the benchmark itself builds for minutes; timing is not a test's
+business)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import bench_exports
+
+        yield bench_exports
+    finally:
+        sys.path.remove(str(TOOLS))
+
+
+def rounds(ms: dict[str, float], scatter: float) -> dict[str, Any]:
+    """One batch's record: each call's median ms, 20 rounds that scatter by up to `scatter` (alternating sign,
+    in opposite phase for trtopt), and the speed-ups over FP32 they give."""
+    wobble = [1 + scatter * (1 if r % 2 else -1) * (r % 5) / 4 for r in range(20)]
+    times = {n: [t * w for w in (wobble[::-1] if n == "trtopt INT8" else wobble)] for n, t in ms.items()}
+    return {n: ms["FP32"] / t for n, t in ms.items() if n != "FP32"} | {"ms": times, "fp32 ms": ms["FP32"]}
+
+
+def record(b1: dict[str, Any], b8: dict[str, Any], cosines: tuple[float, float]) -> dict[str, Any]:
+    names = ("trtopt INT8", "ORT QDQ")
+    scores = {name: SimpleNamespace(worst_cosine=c) for name, c in zip(names, cosines, strict=True)}
+    return {"speed": {1: b1, 8: b8}, "scores": scores, "variants": {"trtopt INT8": SimpleNamespace(kernels=b"")}}
+
+
+def test_a_gap_within_the_noise_is_a_tie_beyond_it_a_miss(bench: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench, "kernel_counts", lambda kernels: SimpleNamespace(int8_convs=3))
+    ahead = {"FP32": 10.0, "trtopt INT8": 5.0, "ORT QDQ": 5.5}
+    close = {"FP32": 10.0, "trtopt INT8": 5.05, "ORT QDQ": 5.0}
+    assert bench.int8_goal(record(rounds(ahead, 0.0), rounds(ahead, 0.1), (0.99, 0.98))) == "yes"
+    tie = bench.int8_goal(record(rounds(ahead, 0.0), rounds(close, 0.1), (0.99, 0.98)))
+    assert tie.startswith("tie: ORT at b8: ") and tie.endswith("% behind, within noise")
+    miss = bench.int8_goal(record(rounds(close, 0.0), rounds(close, 0.1), (0.99, 0.98)))
+    assert miss.startswith("no: ORT at b1: 1.0% behind, ORT at b8: ") and miss.endswith("within noise")
+    slower = {"FP32": 10.0, "trtopt INT8": 12.0, "ORT QDQ": 13.0}
+    assert bench.int8_goal(record(rounds(slower, 0.0), rounds(ahead, 0.0), (0.99, 0.98))) == (
+        "no: FP32 at b1: 16.7% behind")
+    assert bench.int8_goal(record(rounds(ahead, 0.0), rounds(ahead, 0.0), (0.97, 0.98))) == "no: less faithful than ORT"
