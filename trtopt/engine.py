@@ -276,7 +276,7 @@ def _checked_array(name: str, value: Any) -> Any:
     # the sum first: NaN and infinities carry through it, and unlike np.isfinite(value) it writes no array as large
     # as the input on every call (1-2% of a MobileNetV2's call at batch 1, measured); a sum that overflowed from
     # finite values is told apart by the exact count
-    if value.dtype.kind == "f" and not np.isfinite(np.add.reduce(value, axis=None)) and not np.isfinite(value).all():
+    if value.dtype.kind == "f" and not _finite_sum(value) and not np.isfinite(value).all():
         bad = int(value.size - np.count_nonzero(np.isfinite(value)))
         log.warning("input %r holds %d NaN or infinite values: the outputs for those samples are meaningless",
                     name, bad)  # fmt: skip
@@ -302,6 +302,11 @@ def _runtime_errors_as_user_errors(one_sample: Callable[[], bool] = lambda: Fals
 
 class OneSamplePerCallError(TrtoptError):
     """The plan fails on a batch whose first sample runs alone: its model takes one sample per call."""
+
+
+def _finite_sum(value: np.ndarray) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow (or inf - inf) is an answer here, not a warning
+        return bool(np.isfinite(np.add.reduce(value, axis=None)))
 
 
 def _numpy_dtype(name: str) -> np.dtype[Any] | None:
