@@ -157,7 +157,8 @@ def behind(ms: dict[str, list[float]], ours: str, peer: str) -> str:
     ratio, _, high = paired_interval(ms[ours], ms[peer])
     if ratio >= 1.0:
         return ""
-    return f"{100 * (1 - ratio):.1f}% behind" + (", within noise" if high >= 1.0 else "")
+    gap = f"{100 * (1 - ratio):.1f}%" if ratio <= 0.9995 else "<0.1%"
+    return f"{gap} behind" + (", within noise" if high >= 1.0 else "")
 
 
 def interleaved(calls: dict[str, Callable[[], object]], warmup: int, iterations: int, batch: int = 1) -> Timings:

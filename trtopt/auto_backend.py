@@ -188,7 +188,12 @@ def _error(result: Built) -> float:
 
 
 def time_plans(plans: Mapping[str, Plan], batch: int) -> dict[str, float]:
-    """Median milliseconds per call of each plan on the same made-up inputs, calls interleaved (see the module)."""
+    """Milliseconds per call of each plan on the same made-up inputs, calls interleaved (see the module): the
+    first plan's median, and each other's as that times the median over rounds of its time / the first's in the
+    same round. Paired by round, as trtopt's benchmarks compare (`tools/benchlib.py`): drift that slows a whole
+    round (another process, the clock) cancels, where a ratio of two medians carries it (two runs of
+    tools/bench_cpu_runtimes.py on a 2-core avx2 EPYC kept a Keras MobileNetV2's CPU plan in one and its OpenVINO
+    plan in the other, which the benchmark then timed 6% slower at batch 1 and 2% faster at batch 8)."""
     runners = {name: create_runner(plan, RunOptions(threads=1)) for name, plan in plans.items()}
     feeds = made_up_feeds(next(iter(plans.values())), batch)
     try:
@@ -204,7 +209,10 @@ def time_plans(plans: Mapping[str, Plan], batch: int) -> dict[str, float]:
                 runners[name].infer(feeds)
                 times[name].append((time.perf_counter() - began) * 1e3)
             rounds += 1
-        return {name: statistics.median(values) for name, values in times.items()}
+        first = next(iter(times))
+        base = statistics.median(times[first])
+        return {name: base * statistics.median(t / f for t, f in zip(values, times[first], strict=True))
+                for name, values in times.items()}  # fmt: skip
     finally:
         for runner in runners.values():
             runner.close()
