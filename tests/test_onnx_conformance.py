@@ -1,6 +1,6 @@
-"""ONNX's own conformance cases (about 1,900 one-op models that onnx generates in memory with their expected
-outputs, opsets 1-27), each built FP32 as `trtopt build --verify-data` would (tools/onnx_conformance.py, about a
-minute on two cores). Where ONNX Runtime itself gives the expected outputs, trtopt must too, or refuse with an
+"""ONNX's own conformance cases (1,884 one-op models that onnx generates in memory with their expected outputs,
+opsets 1-27), built FP32 as `trtopt build --verify-data` would (tools/onnx_conformance.py): here every op's first
+case and every second after it, about 1,000 (all 280 op sets; the whole sweep takes twice the minute). Where ONNX Runtime itself gives the expected outputs, trtopt must too, or refuse with an
 error that is not its own bug: no traceback, no plan with other outputs, no graph check that catches trtopt.
 
 The first run found four kinds of bug (docs/holdout.md, round 6): onnx-graphsurgeon folding `Shape(start, end)`
@@ -19,13 +19,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow(seconds=130)  # about 1,900 builds on two processes of its own
+@pytest.mark.slow(seconds=70)  # about 1,000 builds on two processes of its own
 def test_conformance_cases_build_right_or_refuse_cleanly(tmp_path: Path) -> None:
+    """Every op's first case and every second after it (`--every 2`: the suite's time; the tool alone runs all)."""
     out = tmp_path / "results.jsonl"
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "onnx_conformance.py"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "onnx_conformance.py"), "--out", str(out),
+                           "--every", "2"], capture_output=True, text=True, timeout=900)  # fmt: skip
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) > 1000, done.stdout + done.stderr
+    assert len(records) > 900, done.stdout + done.stderr
     broken = [r for r in records if r["result"] in ("bug", "wrong")]
     assert not broken, broken[:3]
     own = [r for r in records if r["result"] == "refused" and "trtopt bug" in r["why"]]
