@@ -81,13 +81,16 @@ def _int8_plans_stay_int8() -> Iterator[Callable[..., object]]:
 
 @pytest.fixture(scope="session", autouse=True)
 def _speed_figures_in_few_rounds() -> Iterator[None]:
-    """The speed figure every CPU INT8 build reports (`trtopt.backend.cpu.speed`) in its fewest rounds, not its
-    2-second budget: no test reads its value (the choice it feeds is fixed above or given injected timings), and
-    the budget cost seconds per build of a large model. tests/test_cpu_speed.py sets the budget itself."""
+    """The speed figure every CPU INT8 build reports (`trtopt.backend.cpu.speed`) from one call of each, without
+    warm-up, not its 2-second budget: no test reads its value (the choice it feeds is fixed above or given injected
+    timings), and the budget, then its fewest rounds (5 calls of each on the verification batch), cost seconds per
+    build of a large model. tests/test_cpu_speed.py sets the real rounds back for its own tests."""
     from trtopt.backend.cpu import speed
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(speed, "BUDGET_S", 0.0)
+        patch.setattr(speed, "MIN_ROUNDS", 1)
+        patch.setattr(speed, "WARMUP", 0)
         yield
 
 

@@ -18,6 +18,13 @@ from trtopt.data import DataConfig, PreprocessConfig
 from trtopt.plan import write_plan
 
 
+@pytest.fixture(autouse=True)
+def _real_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rounds this module tests, which the suite's other builds cut to one call (tests/conftest.py)."""
+    monkeypatch.setattr(speed_module, "MIN_ROUNDS", MIN_ROUNDS)
+    monkeypatch.setattr(speed_module, "WARMUP", WARMUP)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_model_with_images(tmp_path_factory.mktemp("speed"), 10)

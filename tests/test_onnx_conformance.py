@@ -1,7 +1,8 @@
 """ONNX's own conformance cases (1,884 one-op models that onnx generates in memory with their expected outputs,
 opsets 1-27), built FP32 as `trtopt build --verify-data` would (tools/onnx_conformance.py): here every op's first
-case and every second after it, about 1,000 (all 280 op sets; the whole sweep takes twice the minute). Where ONNX Runtime itself gives the expected outputs, trtopt must too, or refuse with an
-error that is not its own bug: no traceback, no plan with other outputs, no graph check that catches trtopt.
+case and every second after it, about 1,000 (all 280 op sets; the tool alone sweeps all). Where ONNX Runtime
+itself gives the expected outputs, trtopt must too, or refuse with an error that is not its own bug: no traceback,
+no plan with other outputs, no graph check that catches trtopt.
 
 The first run found four kinds of bug (docs/holdout.md, round 6): onnx-graphsurgeon folding `Shape(start, end)`
 as the whole shape, a flattened `If` whose branch reads its own output, zero-size outputs crashing the

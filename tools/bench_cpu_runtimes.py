@@ -10,7 +10,8 @@ calibrated on the same first --count photos (`tools/zoo_variants.split_data`), e
   trtopt's default plan (`--backend auto`) is whichever of the two `trtopt.auto_backend` keeps, timed as a build
   does (`pick`: at batch 1 and the build's batch, chosen on those times and the two builds' INT8 errors): its
   column repeats that plan's figures, and the goal column says whether it is at least as fast as every peer at b1
-  and b8 (issue #44) and at least as faithful: "yes"; "tie" where a peer's median was ahead by less than this
+  and b8 (issue #44) and at least as faithful, judged on the two plans' own per-round ratio (which can differ a
+  little from the ratio of their speed-ups over FP32): "yes"; "tie" where a peer was ahead by less than this
   run's noise (the 90% bootstrap interval of the median per-round ratio, `benchlib.paired_interval`, reaches
   parity); "no" where a peer was ahead beyond it or more faithful;
 - NNCF: `nncf.quantize` of the FP32 model read by OpenVINO, default preset (performance: symmetric), default
