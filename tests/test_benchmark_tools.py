@@ -183,6 +183,20 @@ def test_bench_latency_tiny_run_on_zoo_model(tmp_path: Path) -> None:
     assert trtopt_error < 0.2, "trtopt's plan runs exactly on every CPU kind (u8s8 saturation shows as ~0.2-0.3)"
 
 
+def test_bench_engine_times_the_api_against_its_bare_runner(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stdout = run_tool_here(monkeypatch, capsys, "tools/bench_engine.py", "--model", "tiny_cnn", "--count", "4",
+                           "--batches", "1", "--iterations", "3", "--warmup", "1")  # fmt: skip
+    check_header(stdout, "tools/bench_engine.py")
+    rows = table_rows(stdout, "| batch | Engine.infer: median ms | runner (bare session): median ms |")
+    assert [r[0] for r in rows] == ["1"]  # tiny_cnn's batch is fixed at 1
+    for row in rows:  # times (0.00 ms on a fast CPU), then the overhead and its interval, low <= median <= high
+        assert all(math.isfinite(v) and v >= 0 for v in numbers(row[1:3])), row
+        median, low, high = (float(v) for v in re.findall(r"[+-]\d+\.\d", row[3]))
+        assert low <= median <= high, row
+
+
 def test_bench_conv_kernels_tiny_run_times_every_shape_and_names_trtopts_choice() -> None:
     from trtopt.backend.cpu.builder import GEMM_MIN_K
 

@@ -106,6 +106,14 @@ SECTIONS = (
          "--no-ort"),  # fmt: skip
         True,
     ),
+    # What `trtopt.Engine` adds per call to the session it wraps (the CPU runtime benchmarks time plans through it).
+    Section(
+        "engine",
+        "tools/bench_engine.py",
+        ("--batches", "1", "8", "--iterations", "100"),
+        ("--model", "tiny_cnn", "--batches", "1", "--iterations", "2", "--warmup", "1", "--count", "4"),
+        False,
+    ),
     # Issue #16: every zoo model (tools/zoo.py; fetch the cache first), trtopt default / best method vs ORT.
     # 32 calibration samples and two forced methods keep it about an hour; 64 held-out samples, as 16 moved the
     # worst cosines by about +-0.005 (docs/zoo.md).
