@@ -93,7 +93,7 @@ SECTIONS = (
         "latency",
         "tools/bench_latency.py",
         ("--batches", "1", "8", "32", "--iterations", "100"),
-        ("--batches", "1", "--iterations", "3", "--warmup", "1", "--count", "4"),
+        ("--model", "tiny_cnn", "--batches", "1", "--iterations", "3", "--warmup", "1", "--count", "4"),
         True,
     ),
     # A dense-conv topology (random weights: latency only), to show what the INT8 kernels give where
