@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a quicker sweep: of each op's cases (the op types of its model), the first and every "
                         "Nth after it (the test suite runs --every 2: every op, half the cases)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.every < 1:
+        parser.error(f"--every takes 1 or more (every case: 1), not {args.every}")
     _quiet()
     from onnx.backend.test.case import node
 
