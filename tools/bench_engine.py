@@ -8,9 +8,9 @@ plan's runner (`trtopt.backend.create_runner`: its ONNX Runtime session, called 
 The plan is trtopt's default CPU build (calibrated on the first --count photos of calib_data/), kept INT8 whatever
 its speed (`--cpu-fallback off`: this times the API, not the plan). Both calls run one intra-op thread without
 spinning, interleaved (one call of each per round, the order rotating), on real preprocessed photos. `Engine.infer`
-checks the inputs' names, dtypes and shapes, converts another byte order, and warns of NaN or infinite values (a
-sum over the input, then the exact count where the sum is not finite: `trtopt.engine`); benchmarks that compare
-trtopt with other tools time plans through it, the other tools through their bare sessions, so this overhead is
+checks the inputs' names, dtypes and shapes, converts another byte order, and warns of NaN or infinite values (the
+input's least and greatest values, then the exact count where one is not finite: `trtopt.engine`); benchmarks that
+compare trtopt with other tools time plans through it, the other tools through their bare sessions, so this overhead is
 in trtopt's figures. Overhead: the median over rounds of Engine's time / the runner's in the same round, less 1,
 with the 90% bootstrap interval of that median (`benchlib.paired_interval`).
 """
