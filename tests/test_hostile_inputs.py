@@ -442,6 +442,25 @@ def test_big_endian_input_gives_the_right_answer_and_nan_warns(work, caplog) -> 
             assert "holds 1 NaN or infinite" in caplog.text
 
 
+def test_the_finite_check_reads_float16_bits_exactly(caplog) -> None:  # type: ignore[no-untyped-def]
+    """float16 inputs are checked through their bits (numpy's float16 min / max are slow): the largest finite
+    values and negative zero pass; NaN, +inf and -inf anywhere, in a strided view too, warn."""
+    from trtopt.engine import _checked_array
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float16)
+    x[0, 0, 0, :3] = [65504, -65504, -0.0]
+    with caplog.at_level(logging.WARNING, logger="trtopt.engine"):
+        _checked_array("x", x)
+        _checked_array("x", x[:, ::2, :, ::3])
+        assert "NaN or infinite" not in caplog.text
+        for bad in (np.nan, np.inf, -np.inf):
+            caplog.clear()
+            y = x.copy()
+            y[1, 2, 7, 6] = bad
+            _checked_array("y", y[:, ::2, :, ::3])
+            assert "input 'y' holds 1 NaN or infinite" in caplog.text
+
+
 @pytest.mark.parametrize("bad", ["huge", "tiny", "short-means"])
 def test_absurd_caches_are_refused(work, tmp_path, bad) -> None:  # type: ignore[no-untyped-def]
     doc = json.loads((work / "c.json").read_text())

@@ -306,6 +306,10 @@ class OneSamplePerCallError(TrtoptError):
 
 
 def _finite_extremes(value: np.ndarray) -> bool:
+    if value.dtype == np.float16:
+        # numpy reduces float16 without SIMD (min and max: 20 ms on a batch of 8 224x224 images, avx2), so read the
+        # bits: a float16 is NaN or infinite exactly when its exponent bits are all ones, |bits| >= 0x7C00 (0.4 ms)
+        return bool(np.bitwise_and(value.view(np.uint16), 0x7FFF).max() < 0x7C00)
     return bool(np.isfinite(value.min()) and np.isfinite(value.max()))
 
 
