@@ -18,6 +18,7 @@ import onnxruntime as ort
 
 from trtopt.errors import InputsRejected, ShapeError, TrtoptError
 from trtopt.frontend.loader import onnx_from_graph, with_supported_ir
+from trtopt.frontend.weightless import serialized_size
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
 OptLevel = Literal["disable", "basic", "extended", "all"]
@@ -240,7 +241,7 @@ def _new_session(
     proto: onnx.ModelProto, options: ort.SessionOptions, disabled: Sequence[str] = ()
 ) -> ort.InferenceSession:
     providers = ["CPUExecutionProvider"]
-    if proto.ByteSize() < PROTOBUF_LIMIT:
+    if serialized_size(proto) < PROTOBUF_LIMIT:
         return ort.InferenceSession(proto.SerializeToString(), options, providers=providers,
                                     disabled_optimizers=list(disabled))  # fmt: skip
     # Over 2 GiB: ONNX Runtime must read the weights from files.

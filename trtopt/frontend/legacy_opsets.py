@@ -22,6 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtopt.frontend import weightless
+
 # The ops that took `broadcast` / `axis` attributes up to opset 6 (onnx's Changelog, version 7 of each).
 BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"})
 
@@ -104,7 +106,7 @@ def stepwise(model: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     """The rank of every value of `model`'s main graph that onnx's shape inference can say, and of its weights."""
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = weightless.infer_shapes(model)
     ranks = {v.name: len(v.type.tensor_type.shape.dim)
              for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
              if v.type.tensor_type.HasField("shape")}  # fmt: skip

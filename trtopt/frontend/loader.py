@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
+from trtopt.frontend import weightless
 from trtopt.frontend.conditionals import flatten_constant_ifs
 from trtopt.frontend.edit import canonicalize
 from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
@@ -97,12 +98,12 @@ def graph_from_onnx(
     model fits one protobuf), and again after constant folding only when folding changed the graph. The
     graph is the same either way. The caller's `source` is never changed."""
     model = source if isinstance(source, onnx.ModelProto) else load_model(source).model
-    if shapes or model.ByteSize() >= PROTOBUF_LIMIT:  # inference on disk moves the weights of the proto it gets
+    if shapes or weightless.serialized_size(model) >= PROTOBUF_LIMIT:  # on disk, inference moves the proto's weights
         graph = gs.import_onnx(model)
         apply_shapes(graph, shapes or {})
         graph = _infer_given_shapes(graph) if shapes else _infer_shapes(graph)
     else:
-        graph = gs.import_onnx(_inferred(model))
+        graph = _inferred(model)
     if fold_constants:
         before = _folding_state(graph)
         _fold(graph)
@@ -122,10 +123,10 @@ def _infer_given_shapes(graph: gs.Graph) -> gs.Graph:
     31; held-out worst cosine 0.9963 -> 0.9946 in BENCHMARKS *zoo*'s setting, avx2; its own verification
     samples 0.99893 -> 0.99921)."""
     model = gs.export_onnx(graph, do_type_check=False)
-    if model.ByteSize() >= PROTOBUF_LIMIT:
-        return gs.import_onnx(_inferred(model))
+    if weightless.serialized_size(model) >= PROTOBUF_LIMIT:
+        return _inferred(model)
     try:
-        return gs.import_onnx(onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True))
+        return weightless.inferred_graph(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
         declared = _forget_shapes(graph)
         graph = _infer_shapes(graph)
@@ -227,8 +228,8 @@ def _check_has_graph(model: onnx.ModelProto, where: str) -> None:
 def _check_valid(model: onnx.ModelProto, where: str) -> None:
     """onnx.checker, after the opset and op checks so that those get their own, clearer messages."""
     try:
-        if model.ByteSize() < PROTOBUF_LIMIT:
-            onnx.checker.check_model(model)
+        if weightless.serialized_size(model) < PROTOBUF_LIMIT:
+            weightless.check_model(model)
     except (onnx.checker.ValidationError, UnicodeDecodeError) as exc:  # a name that is not UTF-8 (fuzzed bytes)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(
@@ -372,21 +373,19 @@ def _standard_op_names() -> tuple[str, ...]:
 
 
 def _infer_shapes(graph: gs.Graph) -> gs.Graph:
-    return gs.import_onnx(_inferred(gs.export_onnx(graph, do_type_check=False)))
+    return _inferred(gs.export_onnx(graph, do_type_check=False))
 
 
-def _inferred(model: onnx.ModelProto) -> onnx.ModelProto:
+def _inferred(model: onnx.ModelProto) -> gs.Graph:
     try:
-        if model.ByteSize() < PROTOBUF_LIMIT:
-            inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        else:
-            inferred = _infer_shapes_on_disk(model)
+        if weightless.serialized_size(model) < PROTOBUF_LIMIT:
+            return weightless.inferred_graph(model, data_prop=True)
+        return gs.import_onnx(_infer_shapes_on_disk(model))
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
         raise ModelError(
             f"ONNX shape inference failed: {str(exc).strip().splitlines()[0]}",
             fix="The model's shapes or types are inconsistent; check the --shapes you passed and the export.",
         ) from None
-    return inferred
 
 
 def _infer_shapes_on_disk(model: onnx.ModelProto) -> onnx.ModelProto:

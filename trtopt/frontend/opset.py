@@ -27,6 +27,7 @@ import onnx
 from trtopt.errors import ModelError
 from trtopt.frontend.function_ops import expanded_new_ops
 from trtopt.frontend.legacy_opsets import at_opset_7, at_opset_11, single_axis_hardmax, stepwise
+from trtopt.frontend.weightless import serialized_size
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def model_at_opset(model: onnx.ModelProto, opset: int, where: str, *, min_opset:
     if target is None:
         return model
     check_opset_known(opset, where)
-    if model.ByteSize() >= PROTOBUF_LIMIT:
+    if serialized_size(model) >= PROTOBUF_LIMIT:
         raise ModelError(
             f"{where} uses ONNX opset {opset} and would need converting to opset {target}, but onnx's version "
             "converter cannot take a model over protobuf's 2 GiB limit.",

@@ -26,6 +26,7 @@ from pathlib import Path
 import onnx
 
 from trtopt.errors import TrtoptError
+from trtopt.frontend.weightless import serialized_size
 
 # Protobuf cannot serialise a message of 2 GiB or more; larger models keep their weights in a side file.
 PROTOBUF_LIMIT = 2**31 - 1
@@ -111,7 +112,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
 def save_onnx(model: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
     """Save a model atomically; models over the protobuf limit get their weights in `<name>.data`."""
     target = _real_target(Path(path))
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if serialized_size(model) < PROTOBUF_LIMIT:
         return write_atomic(target, model.SerializeToString())
     with _os_errors_as_user_errors(target):
         _save_with_external_data(model, target)

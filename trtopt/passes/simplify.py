@@ -31,6 +31,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from trtopt.frontend import weightless
+from trtopt.frontend.weightless import serialized_size
 from trtopt.passes.base import Match, Rewrite, graph_pass
 
 QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
@@ -100,7 +102,7 @@ def simplified_graph(graph: gs.Graph) -> gs.Graph | None:
         return None
     with _weights_held_back(graph) as held:
         model = gs.export_onnx(graph, do_type_check=False)
-    if model.ByteSize() > MAX_BYTES:
+    if serialized_size(model) > MAX_BYTES:
         return None
     simplified = _basic_level(model)
     if simplified is None or not _acceptable(graph, simplified):
@@ -122,7 +124,7 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     identity branch gets no Q/DQ (tf2onnx's MobileNetV2 without its optimizers: 9 of its 10 residual Adds, rewritten
     by ONNX Runtime's transpose optimizer, lost their shapes and ran in float in the CPU plan)."""
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return weightless.infer_shapes(model, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError):
         return model
 

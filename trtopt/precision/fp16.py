@@ -34,6 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtopt.errors import ModelError
+from trtopt.frontend import weightless
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def convert_to_fp16(
     )
     del converted.graph.value_info[:]
     try:
-        return onnx.shape_inference.infer_shapes(converted)
+        return weightless.infer_shapes(converted)
     except onnx.shape_inference.InferenceError as exc:  # custom ops: keep the model without value_info
         log.debug("shape inference after fp16 conversion failed: %s", exc)
         return converted
@@ -327,7 +328,7 @@ def _to_fp16(values: np.ndarray, name: str) -> np.ndarray:
 
 def _float32_tensors(model: onnx.ModelProto) -> set[str]:
     try:
-        typed = onnx.shape_inference.infer_shapes(model)
+        typed = weightless.infer_shapes(model)
     except onnx.shape_inference.InferenceError as exc:
         raise ModelError(
             f"Cannot infer tensor types for the FP16 conversion: {exc}",

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from trtopt.frontend import weightless
 from trtopt.passes.query import proto_links
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def _unshaped(name: str, producers: Mapping[str, onnx.NodeProto], skip: set[str]
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Each tensor's element type, as ONNX's shape inference finds it (what it cannot infer is absent)."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = weightless.infer_shapes(model)
     except Exception as exc:  # noqa: BLE001 - a model shape inference cannot follow: types declared only
         log.debug("shape inference: %s", exc)
         inferred = model

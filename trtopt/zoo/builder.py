@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from trtopt.errors import ModelError
+from trtopt.frontend import weightless
 from trtopt.registry import Registry
 
 # Opsets the zoo can write: 11 introduced Clip/Pad with tensor inputs, 21 is the newest every
@@ -82,7 +83,7 @@ class GraphBuilder:
             graph, opset_imports=[helper.make_opsetid("", self.opset)], producer_name="trtopt.zoo"
         )
         model.ir_version = IR_VERSION
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = weightless.infer_shapes(model)
         del model.graph.output[:]
         model.graph.output.extend(inferred.graph.output)
         return model

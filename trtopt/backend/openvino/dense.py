@@ -20,11 +20,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from trtopt.frontend import weightless
+
 
 def _ranks(model: onnx.ModelProto) -> dict[str, int]:
     """Tensor name -> rank, where ONNX shape inference knows it."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = weightless.infer_shapes(model)
     except Exception:  # noqa: BLE001 - shape inference is a convenience here: without it nothing is rewritten
         return {}
     infos = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]

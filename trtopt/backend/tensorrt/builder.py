@@ -49,6 +49,7 @@ from trtopt.config_checks import check_int, check_threads
 from trtopt.errors import ModelError, ShapeError, TrtoptError, format_dims
 from trtopt.errors import format_shape as _fmt
 from trtopt.frontend.shapes import DYNAMIC
+from trtopt.frontend.weightless import serialized_size
 from trtopt.frontend.writer import PROTOBUF_LIMIT, write_atomic
 
 log = logging.getLogger(__name__)
@@ -343,7 +344,7 @@ def _load_timing_cache(config: Any, path: Path) -> None:
 
 
 def _model_bytes(model: onnx.ModelProto) -> bytes:
-    if model.ByteSize() < PROTOBUF_LIMIT:
+    if serialized_size(model) < PROTOBUF_LIMIT:
         return model.SerializeToString()
     raise ModelError(
         "The model is over 2 GiB, which TensorRT's parser and a plan cannot take as one protobuf.",
