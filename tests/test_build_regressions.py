@@ -55,3 +55,31 @@ def test_light_models_nobody_tuned_for_build_and_verify_in_int8(tmp_path) -> Non
         assert v is not None and v.ok, (name, v)
         assert v.reference_vs_fp32.cosine > 0.99, (name, v.reference_vs_fp32)
         assert result.report.int8_convs >= 20, (name, result.report)
+
+
+def test_sequence_first_tokens_calibrate_with_a_smaller_last_batch(tmp_path: Path) -> None:
+    """torchvision's ViT runs attention on [tokens, batch, features] (axis 1 is the batch), and 10 calibration
+    samples in batches of 8 end with a batch of 2: calibration stopped with "has 2 channels (axis 1) in
+    calibration batch 2 and 8 in the batches before". Now that tensor has no channel means and the build goes on."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtopt.cli.main import main
+
+    rng = np.random.default_rng(3)
+    w1, w2 = (numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32) / 4, n) for n in ("w1", "w2"))
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0, 2]),
+             helper.make_node("MatMul", ["t", "w1"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["m2"]),
+             helper.make_node("Transpose", ["m2"], ["y"], perm=[1, 0, 2])]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["n", 6, 16]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "seq_first", io[:1], io[1:], [w1, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "m.onnx")
+    samples = rng.standard_normal((10, 6, 16)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", samples)
+    args = ["build", str(tmp_path / "m.onnx"), "--int8", "--backend", "cpu", "--calib", str(tmp_path / "calib.npy"),
+            "--calib-batch", "8", "-o", str(tmp_path / "p.engine")]  # fmt: skip
+    assert main(args) == 0
+    with Engine.load(tmp_path / "p.engine") as engine:
+        got = engine.infer({"x": samples[:3]})["y"]
+    assert cosine(run_model(model, {"x": samples[:3]})["y"], got) > 0.99

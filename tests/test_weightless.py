@@ -42,8 +42,8 @@ def test_shape_inference_without_the_weights_gives_onnx_own_result(ir_version: i
     assert graph.tensors()["r"].shape == ["n", 2048]  # the Reshape's shape came through data propagation
     assert model.SerializeToString() == before, "the caller's model is not changed"
     if not listed:  # the weight left the inference and came back: the same object's values, not a copy
-        w = next(t for t in graph.tensors().values() if t.name == "w")
-        assert isinstance(w, gs.Constant) and np.array_equal(w.values, numpy_helper.to_array(model.graph.initializer[0]))
+        w, stored = graph.tensors()["w"], numpy_helper.to_array(model.graph.initializer[0])
+        assert isinstance(w, gs.Constant) and np.array_equal(w.values, stored)
 
 
 def test_the_checker_without_the_weights_passes_a_valid_model_and_names_a_short_weight() -> None:

@@ -18,6 +18,7 @@ a whole run (at most about 12% above max|x|). Thresholds never exceed max|x| (`t
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,8 @@ import numpy as np
 
 from trtopt.calib import kernels
 from trtopt.errors import CalibrationError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,26 +108,29 @@ class TensorHistogram:
 
 class ChannelSums:
     """The sum of each channel (axis 1: NCHW activations, [batch, features] for Gemm) over all batches,
-    in float64 so the mean does not drift with the number of batches. Tensors of rank < 2 have none.
+    in float64 so the mean does not drift with the number of batches. Tensors of rank < 2 have none, nor
+    have tensors whose axis 1 changes size between batches: it is no channel axis but the batch's, as in
+    sequence-first attention ([tokens, batch, ...]: torch's MultiheadAttention in a torchvision ViT), whose
+    last, smaller batch used to stop calibration (bias correction reads conv and Gemm inputs' means only).
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.sums: np.ndarray | None = None
+        self.varies = False
 
     def buffer(self, values: np.ndarray, batch: int) -> np.ndarray | None:
-        """The float64 sums to add this batch's channels to (None for rank < 2), checking the channel count."""
-        if values.ndim < 2:
+        """The float64 sums to add this batch's channels to (None for rank < 2 and once axis 1 has varied)."""
+        if values.ndim < 2 or self.varies:
             return None
         channels = values.shape[1]
         if self.sums is None:
             self.sums = np.zeros(channels, dtype=np.float64)
         elif self.sums.size != channels:
-            raise CalibrationError(
-                f"Tensor {self.name!r} has {channels} channels (axis 1) in calibration batch {batch} and "
-                f"{self.sums.size} in the batches before.",
-                fix="Calibrate with inputs of one shape (only the batch dimension may vary).",
-            )
+            log.debug("tensor %r: axis 1 has %d entries in calibration batch %d and %d before: no channel means",
+                      self.name, channels, batch, self.sums.size)  # fmt: skip
+            self.sums, self.varies = None, True
+            return None
         return self.sums
 
     def add(self, values: np.ndarray, batch: int) -> None:
@@ -200,8 +206,9 @@ class HistogramCollector:
         _check_float(self.name, values)
         self.batches += 1
         sums = self.channels.buffer(values, self.batches)
-        sums = sums if sums is not None else np.zeros(1)  # rank < 2: one channel, summed and never read
-        kernels.count_abs(kernels.as_rows(values), self.grid, self.state, sums)
+        rows = kernels.as_rows(values)
+        sums = sums if sums is not None else np.zeros(rows.shape[1])  # no channel means: summed and never read
+        kernels.count_abs(rows, self.grid, self.state, sums)
         if self.state[kernels.NONFINITE]:
             raise _nonfinite_error(self.name, values, self.batches)
         self.count += int(values.size)
