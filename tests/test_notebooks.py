@@ -8,7 +8,10 @@ cell error fails the test with the cell and its traceback.
 
 The copy starts with one added cell, `SUITE_SETTINGS`: the kernel is a process of its own, so it gets the settings
 tests/conftest.py gives every build in the suite's processes (a CPU INT8 build keeps its INT8 plan and times it
-against FP32 in the fewest rounds, not for 2 s). No notebook checks those timings; they cost seconds per build.
+against FP32 in one call of each, not for 2 s nor in 3 rounds after 2 warm-up calls; ONNX Runtime sessions given no
+thread count run one intra-op thread without spinning, as the suite's two xdist workers share two cores). No notebook
+checks those timings or thread counts; they cost seconds per build (02_calibration alone, on a machine loaded by other
+work: 59.5 s with only the budget set, 42.7 s with all of these).
 """
 
 from __future__ import annotations
@@ -34,8 +37,17 @@ try:
 except ImportError:  # trtopt is not installed: the notebook finds it in the checkout, and builds time in full
     pass
 else:
-    speed.BUDGET_S = 0.0
+    from trtopt.backend.cpu import builder, runner
+    from trtopt.execution import ort_session
+
+    speed.BUDGET_S, speed.MIN_ROUNDS, speed.WARMUP = 0.0, 1, 0
     choice.keep_faster = lambda first, *args: first
+
+    def _one_thread(*, threads=None, spin=True, _default=ort_session.session_options, **options):
+        return _default(threads=1 if threads is None else threads, spin=False, **options)
+
+    for _module in (ort_session, runner, builder):  # each holds its own reference to the function
+        _module.session_options = _one_thread
 """
 
 
