@@ -13,6 +13,7 @@ import onnxruntime as ort
 
 from trtopt.backend.cpu.isa import EXACT_U8S8, SATURATING_U8S8, cpu_isa
 from trtopt.backend.cpu.lowering import ENCODINGS, lower_for_cpu
+from trtopt.backend.cpu.movement import move_quantisation
 from trtopt.backend.cpu.options import GEMM_CHOICES, CpuOptions
 from trtopt.errors import TrtoptError, UnknownNameError
 from trtopt.execution.ort_session import session_options
@@ -80,10 +81,13 @@ def build(model: onnx.ModelProto, options: CpuOptions) -> tuple[dict[str, bytes]
 
 
 def lowered(model: onnx.ModelProto, options: CpuOptions) -> onnx.ModelProto:
-    """The plan's ONNX: `model` lowered in the first encoding `options` lets this CPU try."""
+    """The plan's ONNX: `model` lowered in the first encoding `options` lets this CPU try, its data movement
+    (Transposes, Reshapes ...) on quantised tensors (`trtopt.backend.cpu.movement`)."""
     encoding = candidate_encodings(options.encoding)[0]
     gemm_min_k = GEMM_MIN_K if gemm_routing(options.gemm) else None
-    return lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding, hard_gates=True)
+    plan = lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding, hard_gates=True)
+    move_quantisation(plan)
+    return plan
 
 
 @dataclass(frozen=True)
