@@ -156,6 +156,14 @@ CATALOG: tuple[CorpusModel, ...] = (
         exercises="ShuffleNetV2's channel shuffle (Reshape, Transpose, Reshape) and channel split between units, "
         "from the dynamo exporter"),
     CorpusModel(
+        name="torch-convnext-tiny-opset17", recipe="torch-script", recipe_args=("convnext_tiny", "17"), **_TORCHVISION,
+        exercises="ConvNeXt: 7x7 depthwise convs, LayerNorm and Linear layers on channels-last tensors between "
+        "permutes, GELU, layer scale; 114 MB of weights"),
+    CorpusModel(
+        name="torch-swin-t-opset17", recipe="torch-script", recipe_args=("swin_t", "17"), **_TORCHVISION,
+        exercises="Swin Transformer: shifted-window attention (Roll, window partition Reshape/Transpose chains, "
+        "masks), MatMul, Softmax, LayerNorm, GELU; 6,285 nodes as exported"),
+    CorpusModel(
         name="paddle-shufflenetv2-swish", task="classify", source="paddle.vision 3.3.1 architecture, random weights",
         licence="Apache-2.0", env="paddle", recipe="paddle", recipe_args=("shufflenet_v2_swish",),
         layout="NCHW", input_shape=(1, 3, 224, 224), preprocess=_IMAGENET,
