@@ -134,3 +134,18 @@ def test_random_movement_chains_keep_their_outputs(moves: list[str], grids: list
     move_quantisation(moved)
     assert not _float_movement(moved)
     _same_outputs(model, moved, rng.uniform(-4, 4, (2, 3, 4, 5)).astype(np.float32))
+
+
+def test_every_tensor_of_a_moved_graph_can_be_exposed_with_its_type() -> None:
+    """The new quantised tensors are declared uint8: exposing every tensor as an output (what the sensitivity
+    search and `compare --per-layer` do) once declared them float, and ONNX Runtime refused the model."""
+    from trtopt.execution.ort_session import with_exposed_tensors
+
+    moved = onnx.shape_inference.infer_shapes(_attention_like())  # every tensor of the model declared, as in a plan
+    move_quantisation(moved)
+    names = [out for node in moved.graph.node for out in node.output]
+    exposed = with_exposed_tensors(moved, names)
+    x = np.random.default_rng(2).uniform(-3, 3, (2, 6, 8)).astype(np.float32)
+    values = dict(zip([o.name for o in exposed.graph.output], _run(exposed, x, False), strict=True))
+    assert any(name.endswith("_quantised") for name in values)
+    assert all(v.dtype == np.uint8 for name, v in values.items() if name.endswith(("_quantised", "_q")))

@@ -76,18 +76,18 @@ def exact_encoding(isa: str | None = None) -> str:
 
 
 def build(model: onnx.ModelProto, options: CpuOptions) -> tuple[dict[str, bytes], dict[str, str]]:
-    return {"onnx": lowered(model, options).SerializeToString()}, {"onnxruntime": ort.__version__,
-                                                                     "onnx": onnx.__version__}  # fmt: skip
+    """The plan: `lowered`, its data movement (Transposes, Reshapes ...) on quantised tensors
+    (`trtopt.backend.cpu.movement`: exact, so the sensitivity search measures the lowered form without it)."""
+    plan = lowered(model, options)
+    move_quantisation(plan)
+    return {"onnx": plan.SerializeToString()}, {"onnxruntime": ort.__version__, "onnx": onnx.__version__}
 
 
 def lowered(model: onnx.ModelProto, options: CpuOptions) -> onnx.ModelProto:
-    """The plan's ONNX: `model` lowered in the first encoding `options` lets this CPU try, its data movement
-    (Transposes, Reshapes ...) on quantised tensors (`trtopt.backend.cpu.movement`)."""
+    """`model` lowered in the first encoding `options` lets this CPU try."""
     encoding = candidate_encodings(options.encoding)[0]
     gemm_min_k = GEMM_MIN_K if gemm_routing(options.gemm) else None
-    plan = lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding, hard_gates=True)
-    move_quantisation(plan)
-    return plan
+    return lower_for_cpu(model, gemm_min_k=gemm_min_k, encoding=encoding, hard_gates=True)
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def dequantize_after_movement(model: onnx.ModelProto) -> int:
             for reader, _ in users:
                 reader.input[0] = node.input[0]  # Shape reads the same shape from the quantised tensor
                 if reader.op_type != "Shape":
-                    follow[id(reader)] = _dequantizer_after(reader, node, taken)
+                    follow[id(reader)] = _dequantizer_after(graph, reader, node, taken, inits)
         if not gone:
             return moved
         moved += len(follow)
@@ -83,16 +83,27 @@ def dequantize_after_movement(model: onnx.ModelProto) -> int:
         graph.node.extend(nodes)
 
 
-def _dequantizer_after(mover: onnx.NodeProto, dq: onnx.NodeProto, taken: set[str]) -> onnx.NodeProto:
+def _dequantizer_after(graph: onnx.GraphProto, mover: onnx.NodeProto, dq: onnx.NodeProto, taken: set[str],
+                       inits: dict[str, onnx.TensorProto]) -> onnx.NodeProto:  # fmt: skip
     """A copy of `dq` that dequantises `mover`'s output, now quantised under a new name; `mover`'s old output
     name becomes the copy's."""
     name, node_name = _unique(f"{mover.output[0]}_quantised", taken), _unique(f"{mover.name}_dequantize", taken)
+    _declare(graph, name, dq, inits)
     copy = onnx.NodeProto()
     copy.CopyFrom(dq)
     copy.name = node_name
     copy.input[0], copy.output[0] = name, mover.output[0]
     mover.output[0] = name
     return copy
+
+
+def _declare(graph: onnx.GraphProto, name: str, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> None:
+    """A value_info for a new quantised tensor, of the type of `node`'s (Q or DQ) zero point: code that reads the
+    graph's declared types (exposing tensors as outputs: `trtopt.execution.ort_session.with_exposed_tensors`)
+    must not take it for float. Without a zero point the type is not declared (a DQ's input may be int32)."""
+    zero = inits.get(node.input[2]) if len(node.input) > 2 else None
+    if zero is not None:
+        graph.value_info.append(onnx.helper.make_tensor_value_info(name, zero.data_type, None))
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -127,7 +138,7 @@ def quantize_before_movement(model: onnx.ModelProto) -> int:
             if count.get(mover.output[0]) != 1:
                 break
             stale.add(q.input[0])
-            position.update(_swap(graph, above, index, taken))
+            position.update(_swap(graph, above, index, taken, inits))
             index = above
             moves += 1
     for info in [v for v in graph.value_info if v.name in stale]:
@@ -135,7 +146,8 @@ def quantize_before_movement(model: onnx.ModelProto) -> int:
     return moves
 
 
-def _swap(graph: onnx.GraphProto, above: int, below: int, taken: set[str]) -> dict[str, int]:
+def _swap(graph: onnx.GraphProto, above: int, below: int, taken: set[str],
+          inits: dict[str, onnx.TensorProto]) -> dict[str, int]:  # fmt: skip
     """Nodes `above` (the mover: x -> y) and `below` (the Q: y -> z) become the Q at `above` (x -> z') and the
     mover at `below` (z' -> z): each position's inputs are still written before it. Returns the new positions."""
     mover, q = onnx.NodeProto(), onnx.NodeProto()
@@ -143,6 +155,7 @@ def _swap(graph: onnx.GraphProto, above: int, below: int, taken: set[str]) -> di
     q.CopyFrom(graph.node[below])
     z = q.output[0]
     lifted = _unique(f"{z}_before_{mover.name or mover.op_type}", taken)
+    _declare(graph, lifted, q, inits)
     q.input[0], q.output[0] = mover.input[0], lifted
     mover.input[0], mover.output[0] = lifted, z
     graph.node[above].CopyFrom(q)
