@@ -52,3 +52,16 @@ def test_a_gap_within_the_noise_is_a_tie_beyond_it_a_miss(bench: Any, monkeypatc
     assert bench.int8_goal(record(rounds(slower, 0.0), rounds(ahead, 0.0), (0.99, 0.98))) == (
         "no: FP32 at b1: 16.7% behind")
     assert bench.int8_goal(record(rounds(ahead, 0.0), rounds(ahead, 0.0), (0.97, 0.98))) == "no: less faithful than ORT"
+
+
+def test_a_transformer_with_int8_matmuls_and_no_int8_conv_is_not_called_the_float_plan(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ViT's INT8 layers are matmuls (its one conv, the patch embedding, may stay float): the cell called such
+    a plan "the float plan" by its conv count alone."""
+    ahead = {"FP32": 10.0, "trtopt INT8": 5.0, "ORT QDQ": 5.5}
+    result = record(rounds(ahead, 0.0), rounds(ahead, 0.0), (0.99, 0.98))
+    monkeypatch.setattr(bench, "kernel_counts", lambda kernels: SimpleNamespace(int8_convs=0, int8_matmuls=73))
+    assert bench.int8_goal(result) == "yes"
+    monkeypatch.setattr(bench, "kernel_counts", lambda kernels: SimpleNamespace(int8_convs=0, int8_matmuls=0))
+    assert bench.int8_goal(result) == "yes (the float plan: INT8 did not pay here)"

@@ -252,6 +252,7 @@ class Kernels:
     float_convs: int
     conversions: int  # QuantizeLinear / DequantizeLinear left to run: float <-> int8 round trips
     float_pads: int
+    int8_matmuls: int = 0  # QLinearMatMul, QGemm, MatMulInteger: a transformer's INT8 layers
 
 
 def kernel_counts(model_bytes: bytes) -> Kernels:
@@ -260,4 +261,4 @@ def kernel_counts(model_bytes: bytes) -> Kernels:
     report = kernel_report(model_bytes)
     ops = report.ops
     conversions = ops.get("QuantizeLinear", 0) + ops.get("DequantizeLinear", 0)
-    return Kernels(report.int8_convs, report.float_convs, conversions, ops.get("Pad", 0))
+    return Kernels(report.int8_convs, report.float_convs, conversions, ops.get("Pad", 0), report.int8_matmuls)

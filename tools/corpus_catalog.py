@@ -164,6 +164,10 @@ CATALOG: tuple[CorpusModel, ...] = (
         exercises="Swin Transformer: shifted-window attention (Roll, window partition Reshape/Transpose chains, "
         "masks), MatMul, Softmax, LayerNorm, GELU; 6,285 nodes as exported"),
     CorpusModel(
+        name="torch-vit-tiny-opset17", recipe="torch-script", recipe_args=("vit_tiny", "17"), **_TORCHVISION,
+        exercises="a plain ViT at DeiT-Tiny's size (torchvision's VisionTransformer: 12 layers, width 192, 3 heads): "
+        "sequence-first attention (the batch on axis 1), heads split, reshaped and transposed, GELU, LayerNorm"),
+    CorpusModel(
         name="paddle-shufflenetv2-swish", task="classify", source="paddle.vision 3.3.1 architecture, random weights",
         licence="Apache-2.0", env="paddle", recipe="paddle", recipe_args=("shufflenet_v2_swish",),
         layout="NCHW", input_shape=(1, 3, 224, 224), preprocess=_IMAGENET,

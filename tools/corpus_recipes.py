@@ -93,11 +93,19 @@ def export_keras_file(args: argparse.Namespace) -> dict[str, Any]:
     return {**_tf2onnx_info("keras"), "keras_version": version("keras"), "tf2onnx_optimizers": not raw}
 
 
+# torchvision's VisionTransformer at DeiT-Tiny's size (torchvision ships no ViT smaller than ViT-B, 330 MB).
+VIT_TINY = dict(image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768)
+
+
 def _torchvision_model(name: str) -> Any:
     import torch
     import torchvision
 
     torch.manual_seed(0)
+    if name == "vit_tiny":
+        model = torchvision.models.VisionTransformer(**VIT_TINY)
+        torch.nn.init.normal_(model.heads.head.weight, std=0.05)  # torchvision zero-initialises the head
+        return model.eval()
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
