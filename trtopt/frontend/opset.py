@@ -25,6 +25,7 @@ import logging
 import onnx
 
 from trtopt.errors import ModelError
+from trtopt.frontend import weightless
 from trtopt.frontend.function_ops import expanded_new_ops
 from trtopt.frontend.legacy_opsets import at_opset_7, at_opset_11, single_axis_hardmax, stepwise
 from trtopt.frontend.weightless import serialized_size
@@ -86,7 +87,7 @@ def _convert(model: onnx.ModelProto, opset: int, target: int, where: str) -> onn
             source = expanded_new_ops(source, opset, target)
         converted = _upgraded(source, opset, target) if opset < target else stepwise(source, opset, target)
         converted.ir_version = _ir_version_for(converted, target)
-        onnx.checker.check_model(converted)
+        weightless.check_model(converted)
     except (RuntimeError, ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError,
             onnx.defs.SchemaError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

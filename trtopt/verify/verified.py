@@ -26,6 +26,7 @@ import onnx
 from trtopt._version import __version__
 from trtopt.data.samples import Checks
 from trtopt.errors import TrtoptError
+from trtopt.frontend import weightless
 from trtopt.frontend.model_errors import plan_errors
 from trtopt.metrics.agreement import Outputs, agreement, class_axes, unlabelled_cosine
 from trtopt.metrics.compare import image_hw
@@ -191,7 +192,7 @@ def _runs(
     from trtopt.backend import RunOptions, create_runner, get_backend
 
     try:
-        onnx.checker.check_model(onnx.load_from_string(plan.sections["onnx"]))
+        weightless.check_model(onnx.load_from_string(plan.sections["onnx"]))  # the checker, not re-encoding weights
         runner = create_runner(judging(plan, selection, get_backend(plan.backend).runner_section), RunOptions())
         try:
             check_outputs(runner.infer(batches[0][0]), plan.outputs)
