@@ -14,6 +14,7 @@ array data fixes), and `check.py` checks the optimised graph against the model f
 """
 
 from trtopt.passes import (  # noqa: F401 (register)
+    channel_shuffle,
     collapse_reshapes,
     eliminate_concat,
     fold_batchnorm,
