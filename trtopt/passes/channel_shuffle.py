@@ -53,7 +53,9 @@ def find_channel_shuffles(graph: gs.Graph) -> list[ChannelShuffle]:
         if split.op != "Reshape" or not split.outputs:
             continue
         swap = sole_consumer(split.outputs[0], outputs)
-        merge = sole_consumer(swap.outputs[0], outputs) if swap is not None and swap.op == "Transpose" else None
+        if swap is None or swap.op != "Transpose":
+            continue
+        merge = sole_consumer(swap.outputs[0], outputs)
         if merge is None or merge.op != "Reshape" or merge.inputs[0] is not swap.outputs[0]:
             continue
         match = _permutation(split, swap, merge)
@@ -86,7 +88,7 @@ def _permutation(split: gs.Node, swap: gs.Node, merge: gs.Node) -> ChannelShuffl
     return ChannelShuffle((split, swap, merge), axis, indices)
 
 
-def _split_axis(source: Sequence[object], parts: Sequence[object]) -> tuple[int, tuple[int, ...]] | None:
+def _split_axis(source: Sequence[int | None], parts: Sequence[int | None]) -> tuple[int, tuple[int, ...]] | None:
     """(axis, factors) when `parts` is `source` with one static axis split into two or more static factors."""
     extra = len(parts) - len(source) + 1
     if extra < 2:
@@ -96,11 +98,11 @@ def _split_axis(source: Sequence[object], parts: Sequence[object]) -> tuple[int,
         axis += 1
     if axis == len(source) or list(source[axis + 1:]) != list(parts[axis + extra:]):
         return None
-    factors = parts[axis:axis + extra]
+    factors = tuple(f for f in parts[axis:axis + extra] if f is not None and f > 0)
     size = source[axis]
-    if not isinstance(size, int) or not all(isinstance(f, int) and f > 0 for f in factors):
+    if size is None or len(factors) != extra:
         return None
-    return (axis, tuple(int(f) for f in factors)) if int(np.prod(factors)) == size else None
+    return (axis, factors) if int(np.prod(factors)) == size else None
 
 
 @graph_pass("channel_shuffle", find_channel_shuffles)
