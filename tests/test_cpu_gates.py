@@ -12,6 +12,7 @@ import pytest
 from onnx import helper
 from quant_helpers import assert_plan_computes, cosine, cpu_config, feeds_for, quantize
 
+from trtopt.backend.cpu.backend import CpuBackend
 from trtopt.backend.cpu.builder import kernel_report
 from trtopt.backend.cpu.lowering import lower_for_cpu
 from trtopt.execution import run_model
@@ -125,8 +126,8 @@ def test_plans_with_integer_gates_leave_silu_out_of_equalisation() -> None:
     assert kept == {"HardSwish"}
 
 
-def _channel_shuffle() -> gs.Graph:
-    """A ShuffleNetV2 unit and the conv after it::
+def _channel_shuffle(*, gather: bool = False) -> gs.Graph:
+    """A ShuffleNetV2 unit and the conv after it (`gather`: with the CPU backend's passes, the shuffle one Gather)::
 
         input ─ Conv1x1 ─ Relu ─┬─ Conv1x1 ─ SiLU ─┬ Concat ─ Reshape [N,2,16,H,W] ─ Transpose ─ Reshape ─ Split ─┬ Conv
                                 └─ Conv1x1 ─ Relu ─┘                                                           └ Conv
@@ -139,7 +140,7 @@ def _channel_shuffle() -> gs.Graph:
     b.nodes.append(helper.make_node("Split", [y, b.const("halves", np.array([16, 16], np.int64))], ["h0", "h1"], axis=1,
                                     name="split"))  # fmt: skip
     model = b.build([b.conv("h0", 16, 16, 1, out="a"), b.conv("h1", 16, 16, 1, out="b")])
-    return optimize(graph_from_onnx(model)).graph
+    return optimize(graph_from_onnx(model), CpuBackend().passes(None) if gather else None).graph
 
 
 def test_a_channel_shuffle_between_int8_layers_moves_integers() -> None:
@@ -161,6 +162,22 @@ def test_a_channel_shuffle_between_int8_layers_moves_integers() -> None:
         assert_plan_computes(graph, model, lowered, output)
     off = plan_quantization(graph, replace(cpu_config(QuantConfig()), integer_gates=False))
     assert not [s for s in off.sites if s.consumer == "split"]
+
+
+def test_a_channel_shuffle_written_as_a_gather_moves_integers_too() -> None:
+    """The CPU backend's `channel_shuffle` writes Reshape, Transpose, Reshape as one Gather: it joins the stretch."""
+    graph = _channel_shuffle(gather=True)
+    moved = [n for n in graph.nodes if n.op in ("Concat", "Gather", "Split")]
+    assert [n.op for n in moved] == ["Concat", "Gather", "Split"] and "Transpose" not in [n.op for n in graph.nodes]
+    plan = plan_quantization(graph, cpu_config(QuantConfig()))
+    edges = {(s.tensor, s.consumer) for s in plan.sites if s.kind == "activation"}
+    assert all((t.name, r.name) in edges for n in moved for t in n.outputs for r in t.outputs)
+    model, _, _ = quantize(graph, cpu_config(QuantConfig()))
+    lowered = lower_for_cpu(model, encoding="u8u8")
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearConcat") == 1 and "Concat" not in ops and ops.get("QuantizeLinear") == 1, ops
+    for output in ("a", "b"):
+        assert_plan_computes(graph, model, lowered, output)
 
 
 def test_a_channel_shuffle_that_feeds_a_graph_output_stays_float() -> None:

@@ -83,6 +83,26 @@ def test_adds_of_zeros_and_muls_by_ones_go_unless_they_broadcast() -> None:
     assert_same_outputs(model, graph)
 
 
+def test_zero_pads_and_whole_slices_go_and_real_ones_stay() -> None:
+    """Swin's pad to the window size and crop back, where the size is a multiple already:
+    input [2,4,6,6] ─ Pad(0s) ─ Slice(0:6, axes 2, 3) ─ Slice(0:INT64_MAX, axis -1) ─ Slice(-9:, axis 2) ─┬ Pad(1s) ─ a
+                                                                                                └ Slice(1:6) ─ b
+    The first four keep every element; a Pad of ones and a Slice from 1 change the shape and stay."""
+    b = GraphBuilder("pads", seed=0)
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+    y = b.node("Pad", [b.input("input", [2, 4, 6, 6]), b.const("zeros", i64(*[0] * 8))])
+    y = b.node("Slice", [y, b.const("s0", i64(0, 0)), b.const("e0", i64(6, 6)), b.const("a0", i64(2, 3))])
+    y = b.node("Slice", [y, b.const("s1", i64(0)), b.const("e1", i64(np.iinfo(np.int64).max)), b.const("a1", i64(-1))])
+    y = b.node("Slice", [y, b.const("s2", i64(-9)), b.const("e2", i64(6)), b.const("a2", i64(2)),
+                         b.const("st2", i64(1))])
+    padded = b.node("Pad", [y, b.const("ones", i64(*[1] * 8))], out="a")
+    cropped = b.node("Slice", [y, b.const("s3", i64(1)), b.const("e3", i64(6)), b.const("a3", i64(3))], out="b")
+    model = b.build([padded, cropped])
+    graph, report = run_pass(model, "remove_noops")
+    assert report.counts() == {"pad": 1, "slice": 3} and ops(graph) == ["Pad", "Slice"]
+    assert_same_outputs(model, graph)
+
+
 def test_a_lossy_cast_round_trip_stays() -> None:
     model = noop_chain(TensorProto.FLOAT16, TensorProto.FLOAT)  # float16 rounds: the chain must stay
     graph, _ = run_pass(model, "remove_noops")

@@ -25,12 +25,11 @@ from onnx_graphsurgeon.logger import G_LOGGER
 
 from trtopt.errors import ModelError
 from trtopt.frontend import weightless
-from trtopt.frontend.conditionals import flatten_constant_ifs
 from trtopt.frontend.edit import canonicalize
 from trtopt.frontend.experimental_ops import DROPPED, DROPPED_HINT, without_experimental_ops
+from trtopt.frontend.folding import fold_to_fixpoint
 from trtopt.frontend.io_types import check_tensor_io, zero_sizes_as_unknown
 from trtopt.frontend.opset import MIN_OPSET, check_opset_known, model_at_opset
-from trtopt.frontend.shape_slices import join_shape_slices, spell_shape_slices
 from trtopt.frontend.shapes import Shape, apply_shapes
 from trtopt.frontend.writer import PROTOBUF_LIMIT
 
@@ -105,10 +104,7 @@ def graph_from_onnx(
     else:
         graph = _inferred(model)
     if fold_constants:
-        before = _folding_state(graph)
-        _fold(graph)
-        if _folding_state(graph) != before:
-            graph = _infer_shapes(graph)
+        graph = fold_to_fixpoint(graph, _infer_shapes)
     return canonicalize(graph)
 
 
@@ -155,22 +151,6 @@ def _keep_output_ranks(graph: gs.Graph, declared: dict[str, object]) -> None:
         shape = declared.get(tensor.name)
         if tensor.shape is None and isinstance(shape, (list, tuple)):
             tensor.shape = [d if isinstance(d, str) else None for d in shape]
-
-
-def _fold(graph: gs.Graph, rounds: int = 3) -> None:
-    """Constant folding, then the branch each decided `If` takes in its place (`trtopt.frontend.conditionals`: onnx-
-    graphsurgeon's own flattening loses all but an `If`'s first output), and folding over what they brought in."""
-    spell_shape_slices(graph)  # onnx-graphsurgeon folds Shape(start, end) as the whole shape
-    for _ in range(rounds):
-        graph.fold_constants(error_ok=True, flatten_subgraphs=False).cleanup()
-        if not flatten_constant_ifs(graph):
-            break
-    join_shape_slices(graph)  # what did not fold (a dynamic batch): one node again, as the exporter wrote it
-
-
-def _folding_state(graph: gs.Graph) -> tuple[int, frozenset[str]]:
-    """What constant folding changes: the nodes left, and which tensors are constants."""
-    return len(graph.nodes), frozenset(n for n, t in graph.tensors().items() if isinstance(t, gs.Constant))
 
 
 def onnx_from_graph(graph: gs.Graph) -> onnx.ModelProto:

@@ -9,6 +9,7 @@ Removed when exact:
   its input already has;
 - a Cast chain A -> B -> C whose first step loses nothing (B holds every A value: float -> double, int8 ->
   int32, float16 -> float): it is one Cast A -> C, and none at all when C is A;
+- a Pad of zeros, and a Slice from the start to the end of every axis it names (static sizes);
 - an Add or Sub of zeros, a Mul or Div by ones, whose constant broadcasts into the other input's shape without
   growing it (x + 0 is x, up to the sign of a zero): the zero biases and unit layer scales of freshly
   initialised exports (torchvision ConvNeXt's and ViT's Linear biases start at zero, a model exported before
@@ -88,7 +89,39 @@ def _noop(node: gs.Node) -> NoOp | None:
         return NoOp(node, source, "reshape")
     if node.op == "Reshape" and _keeps_shape(node):
         return NoOp(node, source, "reshape")  # Keras' squeeze-excite: [N, C, 1, 1] -> [-1, C, 1, 1]
+    if node.op == "Pad" and _zero_pads(node):
+        return NoOp(node, source, "pad")
+    if node.op == "Slice" and _whole_slice(node):
+        return NoOp(node, source, "slice")
     return _neutral(node)
+
+
+def _zero_pads(pad: gs.Node) -> bool:
+    """A Pad (opset 11+) whose constant pads are all zero: Swin's pad to a multiple of the window, once the
+    shapes are folded, for a size that is one already."""
+    pads = constant_array(pad.inputs[1]) if len(pad.inputs) > 1 else None
+    return pads is not None and pads.size > 0 and not np.any(pads)
+
+
+def _whole_slice(node: gs.Node) -> bool:
+    """A Slice (opset 10+) that keeps every element: on each axis it names, step 1 from the start to the end of
+    a static dimension (Swin's crop back from the padded size, when nothing was padded)."""
+    shape = getattr(node.inputs[0], "shape", None)
+    given = [t for t in node.inputs[1:5] if not is_missing(t)]
+    values = [constant_array(t) for t in node.inputs[1:5]]
+    if shape is None or len(given) < 2 or any(v is None for v, t in zip(values, node.inputs[1:5], strict=False)
+                                              if not is_missing(t)):
+        return False  # no shape, or starts, ends, axes or steps computed in the graph
+    starts, ends = (np.asarray(v).reshape(-1) for v in values[:2])
+    axes = values[2].reshape(-1) if len(values) > 2 and values[2] is not None else np.arange(len(starts))
+    steps = values[3].reshape(-1) if len(values) > 3 and values[3] is not None else np.ones_like(starts)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=False):
+        size = shape[int(axis)] if -len(shape) <= int(axis) < len(shape) else None
+        if not isinstance(size, int) or int(step) != 1 or not (int(start) == 0 or int(start) <= -size):
+            return False
+        if int(end) < size:
+            return False
+    return True
 
 
 # op: (the constant that leaves the other input as it is, the input slots that constant may take)

@@ -25,7 +25,10 @@ terms, with every reader of every output integer, and read and write one grid (a
 `placement._concat_sites`). ShuffleNet's channel shuffle between its units (Concat -> Reshape -> Transpose ->
 Reshape -> Split) ran in float between DequantizeLinear and QuantizeLinear on each unit's output; on the grid, a
 paddle ShuffleNetV2-swish (avx2, 1 thread, interleaved) went from 1.25x / 1.23x FP32's speed at b1 / b8 to
-1.31x / 1.30x (ONNX Runtime's own quantizer 1.26x / 1.23x in that run).
+1.31x / 1.30x (ONNX Runtime's own quantizer 1.26x / 1.23x in that run). The CPU backend writes that shuffle as one
+Gather (`trtopt.passes.channel_shuffle`), which is on the list for it: without it, torch's ShuffleNetV2 ran its
+Concat, Gather and Split in float again (b8, 1 thread, AVX-512 VNNI: 31 QuantizeLinear and 33 DequantizeLinear,
+2.2 of 23.8 ms).
 
 Both conditions are settled together (a fixed point): an op whose output would feed float ops stays float,
 then so may the ops before it. Decided by op pattern, never by model; the CPU backend measures whether the
@@ -92,7 +95,7 @@ INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
 # DequantizeLinear and writes QuantizeLinears of the same grid (its QDQ rules drop the pair; checked for each op
 # listed, and not Pad, which stays float), and Concat as its QLinearConcat. On one shared grid they are exact.
 MOVEMENT_OPS = ("Transpose", "Reshape", "Flatten", "Split", "Slice", "Squeeze", "Unsqueeze", "DepthToSpace", "Resize",
-                "Concat")
+                "Gather", "Concat")  # Gather with constant indices only (its indices are not a data input)
 HARD_OPS = ("HardSwish", "HardSigmoid", "ReduceMean")  # with `hard`: MobileNetV3's (see the module)
 
 
