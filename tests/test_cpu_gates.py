@@ -202,3 +202,38 @@ def test_a_shuffled_concat_of_unlike_ranges_stays_on_the_grid() -> None:
     (reshape,) = [r for r in concat.outputs[0].outputs]
     reshape.op = "Relu"  # a reader that computes: the Concat goes float as before
     assert concat.name in float_unlike_concats(graph, plan, ranges).float_layers
+
+
+def _blaze_blocks() -> gs.Graph:
+    """Two of BlazeFace's widening blocks: each skip branch pads the channels with zeros before the residual Add::
+
+        input ─ Conv ─ Relu ─┬─ DWConv3x3 ─ Conv1x1 (16 -> 24) ─ Add ─ Relu ─┬─ DWConv3x3 ─ Conv1x1 (24 -> 32) ─ Add
+                             └─ Pad (8 zero channels) ───────────┘            └─ Pad (8 zero channels) ───────────┘
+        ... ─ Relu ─ Conv ─ output
+    """
+    b = GraphBuilder("blaze", seed=5)
+    x = b.relu(b.conv(b.input("input", [1, 3, 8, 8]), 3, 16, 3, pads=[1, 1, 1, 1]))
+    for width in (16, 24):
+        y = b.conv(b.conv(x, width, width, 3, pads=[1, 1, 1, 1], group=width), width, width + 8, 1)
+        skip = b.node("Pad", [x, b.const("pads", np.array([0, 0, 0, 0, 0, 8, 0, 0], np.int64))])
+        x = b.relu(b.add(y, skip))
+    return optimize(graph_from_onnx(b.build([b.conv(x, 32, 32, 1, out="output")])), CpuBackend().passes(None)).graph
+
+
+def test_a_zero_pad_on_the_skip_branch_keeps_the_residual_add_integer() -> None:
+    """The Pad is read through the residual Add's pair: it joins the grid (its input's, zeros as the zero point),
+    so each Add is a QLinearAdd with its Relu folded (the Relu's every reader reads a pair), and the Pad moves uint8
+    on its input's grid (the Relu's, zero point 0: no requantisation before the Add)."""
+    graph = _blaze_blocks()
+    model, _, _ = quantize(graph, cpu_config(QuantConfig(min_channels=1)))
+    lowered = lower_for_cpu(model, encoding="u8u8")
+    from trtopt.backend.cpu.movement import move_quantisation
+
+    move_quantisation(lowered)
+    made_by = {out: n.op_type for n in lowered.graph.node for out in n.output}
+    pads = [n for n in lowered.graph.node if n.op_type == "Pad"]
+    assert len(pads) == 2 and all(made_by.get(p.input[0]) != "DequantizeLinear" for p in pads)  # they read uint8
+    ops = kernel_report(lowered.SerializeToString()).ops
+    assert ops.get("QLinearAdd") == 2 and "Add" not in ops and "Relu" not in ops, ops
+    assert ops.get("QuantizeLinear") == 1, ops  # the image's
+    assert_plan_computes(graph, model, lowered, "output")

@@ -84,7 +84,7 @@ def test_attention_heads_move_quantised_with_the_same_outputs() -> None:
     _same_outputs(model, moved, x)
 
 
-_MOVES = st.sampled_from(["Transpose", "Reshape", "Squeeze+Unsqueeze", "Slice", "Gather", "Identity", "Relu"])
+_MOVES = st.sampled_from(["Transpose", "Reshape", "Squeeze+Unsqueeze", "Slice", "Gather", "Pad", "Identity", "Relu"])
 
 
 @settings(max_examples=40, deadline=None)
@@ -116,6 +116,12 @@ def test_random_movement_chains_keep_their_outputs(moves: list[str], grids: list
             inits.append(numpy_helper.from_array(np.array([0], np.int64), f"axes{step}"))
             nodes += [helper.make_node("Unsqueeze", [name, f"axes{step}"], [f"u{step}"]),
                       helper.make_node("Squeeze", [f"u{step}", f"axes{step}"], [out])]  # fmt: skip
+        elif op == "Pad":  # zeros on the last axis, written with the value 0.0 or without (it pads with the zero point)
+            pads = [0] * len(shape) + [0] * (len(shape) - 1) + [2]
+            inits += [numpy_helper.from_array(np.array(pads, np.int64), f"pads{step}"),
+                      numpy_helper.from_array(np.array(0.0, np.float32), f"value{step}")]  # fmt: skip
+            nodes.append(helper.make_node("Pad", [name, f"pads{step}", *([f"value{step}"] if step % 2 else [])], [out]))
+            shape = [*shape[:-1], shape[-1] + 2]
         elif op in ("Slice", "Gather"):
             inits.append(numpy_helper.from_array(np.array([0], np.int64), f"zero{step}"))
             inits.append(numpy_helper.from_array(np.array([1], np.int64), f"one{step}"))
@@ -134,6 +140,17 @@ def test_random_movement_chains_keep_their_outputs(moves: list[str], grids: list
     move_quantisation(moved)
     assert not _float_movement(moved)
     _same_outputs(model, moved, rng.uniform(-4, 4, (2, 3, 4, 5)).astype(np.float32))
+
+
+def test_a_pad_of_another_value_stays_float() -> None:
+    """Padding with 1.0 writes a value that is no element of the input: it stays between its pairs."""
+    inits = [*_scalars("g", 0.03, 128), numpy_helper.from_array(np.array([0, 0, 0, 1, 0, 0, 0, 1], np.int64), "pads"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one")]  # fmt: skip
+    nodes = [*_pair("x", "a", "g"), helper.make_node("Pad", ["a", "pads", "one"], ["b"]), *_pair("b", "y", "g")]
+    graph = helper.make_graph(nodes, "pad_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3, 6])], inits)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert move_quantisation(model) == 0 and _float_movement(model)
 
 
 def test_every_tensor_of_a_moved_graph_can_be_exposed_with_its_type() -> None:

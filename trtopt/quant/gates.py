@@ -93,9 +93,10 @@ from trtopt.quant.pools import SHAPE_OPS, Edge, is_global_mean
 INTEGER_OPS = ("Sigmoid", "Mul", "Add", "GlobalAveragePool")
 # Ops that move or pick values without computing new ones. ONNX Runtime 1.32 runs each on uint8 where it reads a
 # DequantizeLinear and writes QuantizeLinears of the same grid (its QDQ rules drop the pair; checked for each op
-# listed, and not Pad, which stays float), and Concat as its QLinearConcat. On one shared grid they are exact.
+# listed, and not Pad, which stays float there: the CPU lowering moves its pairs, `trtopt.backend.cpu.movement`),
+# and Concat as its QLinearConcat. On one shared grid they are exact (a Pad of zeros pads with the zero point).
 MOVEMENT_OPS = ("Transpose", "Reshape", "Flatten", "Split", "Slice", "Squeeze", "Unsqueeze", "DepthToSpace", "Resize",
-                "Gather", "Concat")  # Gather with constant indices only (its indices are not a data input)
+                "Gather", "Pad", "Concat")  # Gather with constant indices (not a data input)
 HARD_OPS = ("HardSwish", "HardSigmoid", "ReduceMean")  # with `hard`: MobileNetV3's (see the module)
 
 
@@ -109,6 +110,7 @@ def gate_edges(
     op type: kept float by the user or the sensitivity search, to read its input unrounded) stays float. `hard`:
     `HARD_OPS` too."""
     quantized = {tensor for tensor, _, _ in edges}
+    paired = {(tensor, reader) for tensor, reader, _ in edges}
     ops = INTEGER_OPS + MOVEMENT_OPS + (HARD_OPS if hard else ())
     candidates = [n for n in graph.nodes if (_candidate(n, ops) or hard and channel_offset(n) is not None)
                   and n.name not in excluded and n.op not in excluded]  # fmt: skip
@@ -118,7 +120,7 @@ def gate_edges(
     while True:
         reading = set(chosen) | {mul for name in chosen for mul in scales[name]}
         kept = {n.name for n in candidates if n.name in chosen and _inputs_ready(n, quantized, chosen)
-                and _readers_ready(n, quantized, reading, layers, outputs)
+                and _readers_ready(n, quantized, reading, layers, outputs, paired)
                 and not any(r.name in excluded or r.op in excluded for r in _readers(n) + _writers(n))}  # fmt: skip
         if kept == chosen:
             break
@@ -138,8 +140,16 @@ def _candidate(node: gs.Node, ops: Collection[str]) -> bool:
         return bool(data) and len(data) == len(node.inputs)
     if node.op in MOVEMENT_OPS:  # the data input first, the rest constants (shapes, axes, scales)
         nearest = node.op != "Resize" or node.attrs.get("mode", "nearest") == "nearest"
-        return nearest and len(data) == 1 and node.inputs[0] is data[0]
+        return nearest and len(data) == 1 and node.inputs[0] is data[0] and _moves_values(node)
     return len(data) == len(node.inputs) and len(data) == (2 if node.op in ("Mul", "Add") else 1)
+
+
+def _moves_values(node: gs.Node) -> bool:
+    """Any but a Pad whose new values are not zeros (reflect and edge copy values; constant pads with a value)."""
+    if node.op != "Pad" or node.attrs.get("mode", "constant") != "constant" or len(node.inputs) < 3:
+        return True
+    value = constant_array(node.inputs[2]) if node.inputs[2].name else np.zeros(1)
+    return value is not None and not np.any(value)
 
 
 def _data_inputs(node: gs.Node) -> list[gs.Tensor]:
@@ -210,14 +220,16 @@ def _on_grid(tensor: gs.Tensor, quantized: Collection[str], chosen: Collection[s
 
 def _readers_ready(
     node: gs.Node, quantized: Collection[str], chosen: Collection[str], layers: Collection[str],
-    outputs: Collection[str],
+    outputs: Collection[str], paired: Collection[tuple[str, str]] = (),
 ) -> bool:  # fmt: skip
     """Every reader integer; or a small output, where some reader is integer or some input is a large quantised
     tensor (the DequantizeLinear saved). Never a graph output: its precision is the user's. A movement op: every
-    reader of each of its outputs integer."""
+    reader of each of its outputs integer, or reading it through a pair placed already (a fused residual Add's
+    identity branch: BlazeFace's channel Pad)."""
     if node.op in MOVEMENT_OPS:
         return all(t.outputs and t.name not in outputs
-                   and all(_integer(r, quantized, chosen, layers) for r in t.outputs) for t in node.outputs)
+                   and all(_integer(r, quantized, chosen, layers) or (t.name, r.name) in paired for r in t.outputs)
+                   for t in node.outputs)  # fmt: skip
     out = node.outputs[0]
     end = _past_shape_ops(out)[0]
     if out.name in outputs or end.name in outputs or not end.outputs:

@@ -83,6 +83,8 @@ def _bound(
         low = _clip_min(node, consts)
         if low >= 0:
             return 0.0
+    if node.op_type == "Pad":
+        return _pad_bound(node, found, consts)
     if node.op_type in VALUE_PRESERVING_OPS:
         data = [i for i in node.input if i] if node.op_type == "Concat" else [i for i in node.input[:1] if i]
         bounds = [found.get(i) for i in data]
@@ -241,9 +243,24 @@ def _upstream(wanted: set[str], producers: Mapping[str, onnx.NodeProto]) -> set[
             continue
         seen.add(name)
         node = producers.get(name)
-        if node is not None and node.op_type in VALUE_PRESERVING_OPS:
+        if node is not None and node.op_type in VALUE_PRESERVING_OPS | {"Pad"}:
             stack.extend(i for i in node.input if i)
     return seen
+
+
+def _pad_bound(node: onnx.NodeProto, found: Mapping[str, float], consts: Mapping[str, onnx.TensorProto]
+               ) -> float | None:  # fmt: skip
+    """A Pad keeps its input's bound, and a constant-mode one adds its value (0 where none is given): BlazeFace's
+    channel Pad of a Relu's output is non-negative."""
+    bound = found.get(node.input[0]) if node.input else None
+    mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
+    if bound is None or mode != "constant":
+        return bound
+    name = node.input[2] if len(node.input) > 2 else ""
+    if name and (name not in consts or int(np.prod(consts[name].dims)) != 1):
+        return None
+    value = float(numpy_helper.to_array(consts[name]).reshape(-1)[0]) if name else 0.0
+    return min(bound, value)
 
 
 def _clip_min(node: onnx.NodeProto, consts: Mapping[str, onnx.TensorProto]) -> float:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
 # Ops whose output holds only (some of) their first input's values, each unchanged, and which ONNX Runtime's CPU
-# provider runs on uint8.
-MOVEMENT = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather"})
+# provider runs on uint8; and Pad, whose new values are zeros (or copies), which on uint8 pads with the zero point
+# (BlazeFace's channel Pad on each widening block's skip branch; ONNX Runtime's QDQ rules leave it float).
+MOVEMENT = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather", "Pad"})
 
 
 def move_quantisation(model: onnx.ModelProto) -> int:
@@ -64,11 +66,13 @@ def dequantize_after_movement(model: onnx.ModelProto) -> int:
             users = readers.get(node.output[0], []) if node.op_type == "DequantizeLinear" else []
             if not users or node.output[0] in outputs or not _constant_per_tensor(node, inits):
                 continue
-            if not all(r.op_type == "Shape" or (r.op_type in MOVEMENT and i == 0) for r, i in users):
+            if not all(r.op_type == "Shape" or (_moves(r, inits) and i == 0) for r, i in users):
                 continue
             gone.add(id(node))
             for reader, _ in users:
                 reader.input[0] = node.input[0]  # Shape reads the same shape from the quantised tensor
+                if reader.op_type == "Pad":
+                    _pad_with_zero_point(graph, reader, node, taken, inits)
                 if reader.op_type != "Shape":
                     follow[id(reader)] = _dequantizer_after(graph, reader, node, taken, inits)
         if not gone:
@@ -81,6 +85,35 @@ def dequantize_after_movement(model: onnx.ModelProto) -> int:
                 nodes += [follow[id(node)]] if id(node) in follow else []
         del graph.node[:]
         graph.node.extend(nodes)
+
+
+def _moves(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    """A `MOVEMENT` op; a constant-mode Pad only where it pads with zeros (no value, or a constant 0)."""
+    if node.op_type not in MOVEMENT or node.op_type != "Pad":
+        return node.op_type in MOVEMENT
+    mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
+    if mode != "constant" or len(node.input) < 3 or not node.input[2]:
+        return True
+    value = inits.get(node.input[2])
+    return value is not None and not numpy_helper.to_array(value).any()
+
+
+def _pad_with_zero_point(graph: onnx.GraphProto, pad: onnx.NodeProto, qdq: onnx.NodeProto, taken: set[str],
+                         inits: dict[str, onnx.TensorProto]) -> None:  # fmt: skip
+    """A constant-mode Pad now on the quantised tensor pads with the zero point of `qdq` (a Q or DQ), which stands
+    for the 0.0 it padded with."""
+    mode = next((a.s.decode() for a in pad.attribute if a.name == "mode"), "constant")
+    if mode != "constant":
+        return
+    zero = inits.get(qdq.input[2]) if len(qdq.input) > 2 and qdq.input[2] else None
+    value = numpy_helper.to_array(zero).reshape(()) if zero is not None else np.zeros((), np.uint8)
+    name = _unique(f"{pad.name or 'pad'}_zero_point", taken)
+    tensor = numpy_helper.from_array(value, name)
+    graph.initializer.append(tensor)
+    inits[name] = tensor
+    while len(pad.input) < 3:
+        pad.input.append("")
+    pad.input[2] = name
 
 
 def _dequantizer_after(graph: onnx.GraphProto, mover: onnx.NodeProto, dq: onnx.NodeProto, taken: set[str],
@@ -133,7 +166,7 @@ def quantize_before_movement(model: onnx.ModelProto) -> int:
             if above is None or not _constant_per_tensor(q, inits):
                 break
             mover = graph.node[above]
-            if mover.op_type not in MOVEMENT or len(mover.output) != 1 or mover.output[0] in outputs:
+            if not _moves(mover, inits) or len(mover.output) != 1 or mover.output[0] in outputs:
                 break
             if count.get(mover.output[0]) != 1:
                 break
@@ -158,6 +191,8 @@ def _swap(graph: onnx.GraphProto, above: int, below: int, taken: set[str],
     _declare(graph, lifted, q, inits)
     q.input[0], q.output[0] = mover.input[0], lifted
     mover.input[0], mover.output[0] = lifted, z
+    if mover.op_type == "Pad":
+        _pad_with_zero_point(graph, mover, q, taken, inits)
     graph.node[above].CopyFrom(q)
     graph.node[below].CopyFrom(mover)
     return {lifted: above, z: below}
