@@ -3,8 +3,10 @@
   trtopt optimize model.onnx -o model.opt.onnx
   trtopt optimize model.onnx -o out.onnx --passes fold_batchnorm,fuse_cbr --json
 
-Default passes, in order: sink_squeeze, fold_pad, fold_batchnorm, fuse_parallel_convs, eliminate_concat,
-fuse_cbr. The output stays standard ONNX (TensorRT re-fuses what the report lists); the report's summary and the
+Default passes, in order: simplify (ONNX Runtime's basic level), remove_noops, sink_transposes, hoist_transposes,
+sink_squeeze, collapse_reshapes, fold_pad, fold_batchnorm, fold_input_affine, fuse_parallel_convs,
+eliminate_concat, fuse_cbr (`trtopt build --backend cpu` runs rewrite_prelu, rewrite_hard_swish and channel_shuffle
+too, and not fuse_parallel_convs). The output stays standard ONNX (TensorRT re-fuses what the report lists); the report's summary and the
 fusion and concat groups are recorded in the model's metadata. Before writing, ONNX Runtime loads the optimised
 model and runs it beside the original on a random feed (where --shapes leaves no size open); if it does not load
 or its outputs differ, nothing is written. `trtopt inspect` shows the same report without writing anything.
