@@ -3,6 +3,9 @@ values unchanged; rearrangements that move more than one axis (a window partitio
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -12,6 +15,7 @@ from onnx import TensorProto, helper
 from pass_helpers import assert_same_outputs, ops, run_pass
 
 from trtopt.backend.cpu.backend import CpuBackend
+from trtopt.cli.main import main
 from trtopt.execution.ort_session import run_model
 from trtopt.frontend import graph_from_onnx
 from trtopt.passes import optimize
@@ -123,3 +127,15 @@ def test_the_cpu_backend_runs_it_and_the_default_order_does_not() -> None:
     model = shuffle_unit()
     assert "Transpose" not in ops(optimize(graph_from_onnx(model), CpuBackend().passes(None)).graph)
     assert "Transpose" in ops(optimize(graph_from_onnx(model)).graph)
+
+
+def test_trtopt_optimize_runs_a_backends_passes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`trtopt optimize --backend cpu` writes the graph the CPU build quantises; an unknown name lists the known."""
+    onnx.save(shuffle_unit(), tmp_path / "m.onnx")
+    args = ["optimize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "o.onnx"), "--json"]
+    assert main([*args, "--backend", "cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "channel_shuffle" in report["passes"] and "fuse_parallel_convs" not in report["passes"]
+    assert "Transpose" not in [n.op_type for n in onnx.load(tmp_path / "o.onnx").graph.node]
+    assert main([*args, "--backend", "gpu"]) == 2
+    assert "cpu, openvino, tensorrt" in capsys.readouterr().err

@@ -94,3 +94,28 @@ def test_a_transpose_of_unit_axes_is_a_reshape_and_one_that_moves_data_is_not() 
     reshape = softmax.inputs[0].inputs[0]
     assert reshape.op == "Reshape" and reshape.inputs[0] is conv.outputs[0]  # the conv's output, no Transpose
     assert_same_outputs(model, graph)
+
+
+def test_a_sequence_first_head_split_gets_a_constant_shape() -> None:
+    """torchvision's ViT splits heads on [tokens, batch, features]: x [5, N, 12] -> Reshape to
+    [5, Shape(x)[1] * 3, 4]. The one unknown dimension is not the first; it is written -1 all the same."""
+    i64 = TensorProto.INT64
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "one"], ["n"], axis=0),
+             helper.make_node("Mul", ["n", "three"], ["heads"]),
+             helper.make_node("Unsqueeze", ["heads", "zero"], ["heads1"]),
+             helper.make_node("Concat", ["five", "heads1", "four"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]), helper.make_node("Relu", ["r"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "head_split", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, "N", 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("one", i64, [], [1]), helper.make_tensor("three", i64, [], [3]),
+         helper.make_tensor("zero", i64, [1], [0]), helper.make_tensor("five", i64, [1], [5]),
+         helper.make_tensor("four", i64, [1], [4])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    graph_after, report = run_pass(model, "collapse_reshapes")
+    assert ops(graph_after) == ["Reshape", "Relu"] and report.counts() == {"collapse_reshapes": 1}
+    assert list(graph_after.nodes[0].inputs[1].values) == [5, -1, 4]
+    feeds = {"x": np.random.default_rng(0).standard_normal((5, 2, 12)).astype(np.float32)}
+    np.testing.assert_array_equal(run_model(model, feeds, opt_level="disable")["y"],
+                                  run_model(graph_after, feeds, opt_level="disable")["y"])

@@ -5,8 +5,10 @@
         [--warmup 3] [--out FILE.md] [--into BENCHMARKS.md]
 
 Per corpus model (`python tools/corpus.py fetch` fills the cache; uncached models get a row saying so):
-- graph: nodes / Transpose / Cast counts of the export as it is, after `trtopt optimize` (the public path:
-  `trtopt.frontend.graph_from_onnx` then `trtopt.passes.optimize` with its default passes), after ONNX Runtime's
+- graph: nodes / Transpose / Cast counts of the export as it is, after `trtopt optimize --backend cpu` (the
+  public path: `trtopt.frontend.graph_from_onnx` then `trtopt.passes.optimize` with the CPU backend's passes,
+  the graph the INT8 builds below quantise; `trtopt optimize` without `--backend` differs only in
+  `channel_shuffle`, `rewrite_prelu`, `rewrite_hard_swish` and `fuse_parallel_convs`), after ONNX Runtime's
   basic level (`ORT_ENABLE_BASIC` + `optimized_model_filepath`, what `quant_pre_process` runs) and after onnxslim;
   each one's wall time; the Casts that cast to the type they read (no-ops) and the Transposes not at a graph
   input or output left by trtopt;
@@ -165,7 +167,7 @@ def graph_goal(counts: dict[str, tuple[Counts | str, float]]) -> str:
 
 
 def graph_rows(results: list[dict[str, Any]]) -> list[str]:
-    rows = ["| model | source | raw | trtopt optimize | ORT basic | onnxslim | goal: ≤ min(ORT basic, onnxslim) "
+    rows = ["| model | source | raw | trtopt optimize --backend cpu | ORT basic | onnxslim | goal: ≤ min(ORT basic, onnxslim) "
             "nodes, no no-op Cast, Transposes only at the boundaries |", "|---|---|---:|---:|---:|---:|---|"]
     for r in results:
         c = r["counts"]

@@ -44,11 +44,13 @@ def _cast_to(node: onnx.NodeProto) -> int:
 
 
 def trtopt_optimized(path: Path, workdir: Path) -> onnx.ModelProto:
-    """`trtopt optimize`'s path with its default passes (trtopt/cli/optimize_cmd.py, without its numeric check)."""
+    """`trtopt optimize --backend cpu`'s path: the CPU backend's passes, which its INT8 builds quantise
+    (trtopt/cli/optimize_cmd.py, without its numeric check)."""
+    from trtopt.backend.cpu.backend import CpuBackend
     from trtopt.frontend import graph_from_onnx, onnx_from_graph
     from trtopt.passes import optimize
 
-    return onnx_from_graph(optimize(graph_from_onnx(str(path))).graph)
+    return onnx_from_graph(optimize(graph_from_onnx(str(path)), CpuBackend().passes(None)).graph)
 
 
 def ort_basic(path: Path, workdir: Path) -> onnx.ModelProto:

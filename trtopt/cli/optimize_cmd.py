@@ -2,14 +2,16 @@
 
   trtopt optimize model.onnx -o model.opt.onnx
   trtopt optimize model.onnx -o out.onnx --passes fold_batchnorm,fuse_cbr --json
+  trtopt optimize model.onnx -o model.cpu.onnx --backend cpu   # the graph `trtopt build --backend cpu` quantises
 
 Default passes, in order: simplify (ONNX Runtime's basic level), remove_noops, sink_transposes, hoist_transposes,
 sink_squeeze, collapse_reshapes, fold_pad, fold_batchnorm, fold_input_affine, fuse_parallel_convs,
-eliminate_concat, fuse_cbr (`trtopt build --backend cpu` runs rewrite_prelu, rewrite_hard_swish and channel_shuffle
-too, and not fuse_parallel_convs). The output stays standard ONNX (TensorRT re-fuses what the report lists); the report's summary and the
-fusion and concat groups are recorded in the model's metadata. Before writing, ONNX Runtime loads the optimised
-model and runs it beside the original on a random feed (where --shapes leaves no size open); if it does not load
-or its outputs differ, nothing is written. `trtopt inspect` shows the same report without writing anything.
+eliminate_concat, fuse_cbr; `--backend NAME` runs that backend's (cpu: rewrite_prelu, rewrite_hard_swish and
+channel_shuffle too, and not fuse_parallel_convs). The output stays standard ONNX (TensorRT re-fuses what the
+report lists); the report's summary and the fusion and concat groups are recorded in the model's metadata.
+Before writing, ONNX Runtime loads the optimised model and runs it beside the original on a random feed (where
+--shapes leaves no size open); if it does not load or its outputs differ, nothing is written. `trtopt inspect`
+shows the same report without writing anything.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write without checking that ONNX Runtime loads the optimised model and that it computes what the "
         "model does on a random feed (a second or two, more on large models)",
     )
+    parser.add_argument(
+        "--backend",
+        help="run the passes `trtopt build --backend NAME` runs (cpu: the default passes with rewrite_prelu, "
+        "rewrite_hard_swish and channel_shuffle, without fuse_parallel_convs); default: the default passes",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
 
 
@@ -43,9 +50,14 @@ def run(args: argparse.Namespace) -> int:
     from trtopt.passes.check import check_optimized, reference
 
     config = graph_config(args)  # unknown pass names fail here, before any work
+    passes = config.passes
+    if args.backend is not None:
+        from trtopt.backend import BACKENDS
+
+        passes = BACKENDS.get(args.backend).passes(config.passes)  # an unknown name lists the known ones
     graph = graph_from_onnx(args.model, shapes=dict(config.shapes) if config.shapes else None)
     ref = reference(graph) if args.check else None
-    result = optimize(graph, config.passes)
+    result = optimize(graph, passes)
     model = onnx_from_graph(result.graph)
     record_metadata(model, result)
     check = check_optimized(model, ref) if ref is not None else None  # raises before anything is written

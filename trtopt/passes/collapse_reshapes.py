@@ -3,10 +3,11 @@
 Converters write shape changes one at a time (tf2onnx: Squeeze then Reshape before a classifier; onnx2torch
 round trips: Flatten, Unsqueeze, Reshape), and each is a node the fusions and the Q/DQ placement have to look
 through. A chain whose intermediate results nothing else reads is one Reshape to the last node's shape, which
-the matcher reads from the inferred shapes: all static, or static but for the leading (batch) dimension, written
-as -1 (Reshape infers it from the element count, which every shape op keeps, so it is the chain's own result).
-A single Reshape whose shape the graph computes (Paddle's flatten: Shape, Slice, Concat) gets the same constant
-shape, and its shape subgraph goes.
+the matcher reads from the inferred shapes: all static, or static but for one dimension, written as -1 (Reshape
+infers it from the element count, which every shape op keeps, so it is the chain's own result): the batch, or
+the batch times the heads in a sequence-first attention ([197, N * 3, 64], torchvision's ViT). A single Reshape
+whose shape the graph computes (Paddle's flatten: Shape, Slice, Concat; the ViT's head split: Shape, Gather, Mul,
+Unsqueeze, Concat) gets the same constant shape, and its shape subgraph goes.
 
 A Transpose that moves only axes of size 1 keeps every value where it was in memory: it is a Reshape, and joins
 such chains (alone, it becomes one). tf2onnx's Keras classifiers end in one: the logits conv's [N, 1000, 1, 1]
@@ -88,8 +89,9 @@ def _target(chain: list[gs.Node]) -> tuple[int, ...] | None:
         return None
     if all(isinstance(d, int) and d >= 0 for d in result):
         return tuple(int(d) for d in result)
-    if result and all(isinstance(d, int) and d > 0 for d in result[1:]):
-        return (-1, *(int(d) for d in result[1:]))
+    unknown = [i for i, d in enumerate(result) if not (isinstance(d, int) and d > 0)]
+    if len(unknown) == 1 and all(isinstance(d, int) for i, d in enumerate(result) if i != unknown[0]):
+        return tuple(-1 if i == unknown[0] else int(d) for i, d in enumerate(result))
     return None
 
 
