@@ -235,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     import nncf
     import openvino
 
-    lines = ["## CPU INT8 runtimes: trtopt on ONNX Runtime and OpenVINO, NNCF, ONNX Runtime's quantizer", "",
+    from trtopt.backend.cpu.isa import cpu_isa
+
+    lines = [f"## CPU INT8 runtimes on an `{cpu_isa()}` CPU: trtopt on ONNX Runtime and OpenVINO, NNCF, ONNX Runtime's "
+             "quantizer", "",
              *header_lines("tools/bench_cpu_runtimes.py", list(argv if argv is not None else sys.argv[1:])),
              f"- OpenVINO {openvino.__version__}, NNCF {nncf.__version__}; load average {before} before, "
              f"{load_average()} after", "", *rows(results), ""]  # fmt: skip

@@ -61,7 +61,14 @@ from zoo_variants import (  # noqa: E402
 from trtopt.errors import TrtoptError  # noqa: E402
 
 FP32 = "FP32"
-TITLE = "## Real exports: graph clean-up and INT8 speed and fidelity, trtopt vs ONNX Runtime (CPU)"
+TITLE = "## Real exports on an `{isa}` CPU: graph clean-up and INT8 speed and fidelity, trtopt vs ONNX Runtime"
+
+
+def title() -> str:
+    """The section's heading, with this machine's CPU class: a run on another kind is another section."""
+    from trtopt.backend.cpu.isa import cpu_isa
+
+    return TITLE.format(isa=cpu_isa())
 VARIANTS = ("trtopt INT8", "ORT QDQ", "ORT QDQ reduce_range")
 TWIN = "trtopt INT8, second session"  # timed beside the others: how far two sessions of one plan differ
 TASKS = {"classify": "classify", "segment": "segment"}  # the others are scored by their outputs' cosines alone
@@ -239,7 +246,7 @@ def int8_rows(results: list[dict[str, Any]]) -> list[str]:
 
 def report(results: list[dict[str, Any]], missing: list[str], args: argparse.Namespace, argv: list[str],
            took: float, load_before: str) -> str:
-    lines = [TITLE, "", *header_lines("tools/bench_exports.py", argv)]
+    lines = [title(), "", *header_lines("tools/bench_exports.py", argv)]
     lines.append(f"- took {took / 60:.1f} min; 1-minute load average {load_before} before, {load_average()} after "
                  "(more than ~2 on 2 cores means other jobs ran and the latencies are noisy)")
     lines.append(f"- per model: {results[0]['data'] if results else 'no model cached'}; builds: "
@@ -259,11 +266,11 @@ def report(results: list[dict[str, Any]], missing: list[str], args: argparse.Nam
 def write_into(path: Path, section: str) -> None:
     """Replace this benchmark's section of `path` (by its title), or append it."""
     text = path.read_text()
-    start = text.find(TITLE)
+    start = text.find(title())
     if start < 0:
         path.write_text(text.rstrip("\n") + "\n\n" + section)
         return
-    end = text.find("\n## ", start + len(TITLE))
+    end = text.find("\n## ", start + len(title()))
     path.write_text(text[:start] + section + (text[end:] if end >= 0 else ""))
 
 

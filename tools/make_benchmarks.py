@@ -142,10 +142,26 @@ SECTIONS = (
         ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
         False,
     ),
+    # The same on a CPU with AVX-512 VNNI, where ONNX Runtime's u8s8 kernels are exact (`--only exports-vnni` on
+    # such a machine; the section's heading and header name the CPU class it ran on).
+    Section(
+        "exports-vnni",
+        "tools/bench_exports.py",
+        ("--count", "32", "--eval-count", "32", "--iterations", "10"),
+        ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        False,
+    ),
     # Issue #44: trtopt's plans on ONNX Runtime and OpenVINO, NNCF on OpenVINO and ORT's quantizer, b1 and b8, 1 thread
     # and all (needs the openvino extra, and nncf beside it).
     Section(
         "cpu-runtimes",
+        "tools/bench_cpu_runtimes.py",
+        ("--count", "16", "--eval-count", "16", "--iterations", "6"),
+        ("--models", "demo", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        False,
+    ),
+    Section(  # on an AVX-512 VNNI CPU, as exports-vnni
+        "cpu-runtimes-vnni",
         "tools/bench_cpu_runtimes.py",
         ("--count", "16", "--eval-count", "16", "--iterations", "6"),
         ("--models", "demo", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
