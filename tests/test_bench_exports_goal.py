@@ -81,3 +81,16 @@ def test_a_gap_no_wider_than_two_sessions_of_the_plan_is_a_tie(bench: Any, monke
     assert bench.int8_goal(record(rounds(near, 0.0), rounds(near, 0.0), (0.99, 0.98))).startswith("no: ORT at b1: 2.0%")
     assert bench.int8_goal(record(rounds(apart, 0.0), rounds(apart, 0.0), (0.99, 0.98))) == (
         "tie: ORT at b1: 2.0% behind, within noise, ORT at b8: 2.0% behind, within noise")
+
+
+def test_the_graph_goal_names_the_cpu_build_where_only_its_graph_meets_it(bench: Any) -> None:
+    """ShuffleNet's channel shuffles: Transposes inside `trtopt optimize`'s graph, one Gather each in the CPU
+    build's; a PRelu model the other way round (the CPU rewrite adds nodes) keeps the default graph's verdict."""
+    counts = bench.Counts  # nodes, transposes, casts, no-op casts, inner transposes
+    peers = {"ORT basic": (counts(173, 16, 0, 0, 16), 0.1), "onnxslim": (counts(173, 16, 0, 0, 16), 0.1)}
+    shuffle = {"trtopt optimize": (counts(173, 16, 0, 0, 16), 0.1), "--backend cpu": (counts(141, 0, 0, 0, 0), 0.1)}
+    assert bench.graph_goal(shuffle | peers) == "yes with `--backend cpu` (16 inner Transpose without)"
+    prelu = {"trtopt optimize": (counts(98, 1, 0, 0, 0), 0.1), "--backend cpu": (counts(167, 1, 0, 0, 0), 0.1)}
+    assert bench.graph_goal(prelu | peers) == "yes"
+    both = {"trtopt optimize": (counts(200, 0, 0, 0, 0), 0.1), "--backend cpu": (counts(190, 0, 0, 0, 0), 0.1)}
+    assert bench.graph_goal(both | peers) == "no: 200 nodes > 173"

@@ -5,10 +5,10 @@
         [--warmup 3] [--out FILE.md] [--into BENCHMARKS.md]
 
 Per corpus model (`python tools/corpus.py fetch` fills the cache; uncached models get a row saying so):
-- graph: nodes / Transpose / Cast counts of the export as it is, after `trtopt optimize --backend cpu` (the
-  public path: `trtopt.frontend.graph_from_onnx` then `trtopt.passes.optimize` with the CPU backend's passes,
-  the graph the INT8 builds below quantise; `trtopt optimize` without `--backend` differs only in
-  `channel_shuffle`, `rewrite_prelu`, `rewrite_hard_swish` and `fuse_parallel_convs`), after ONNX Runtime's
+- graph: nodes / Transpose / Cast counts of the export as it is, after `trtopt optimize` (the public path:
+  `trtopt.frontend.graph_from_onnx` then `trtopt.passes.optimize` with its default passes) and with `--backend
+  cpu` (the CPU backend's passes, the graph the INT8 builds below quantise: `channel_shuffle`, `rewrite_prelu`
+  and `rewrite_hard_swish` too, `fuse_parallel_convs` not), after ONNX Runtime's
   basic level (`ORT_ENABLE_BASIC` + `optimized_model_filepath`, what `quant_pre_process` runs) and after onnxslim;
   each one's wall time; the Casts that cast to the type they read (no-ops) and the Transposes not at a graph
   input or output left by trtopt;
@@ -164,9 +164,18 @@ def _counts_cell(entry: tuple[Counts | str, float]) -> str:
 
 
 def graph_goal(counts: dict[str, tuple[Counts | str, float]]) -> str:
-    ours = counts["trtopt optimize"][0]
+    """The goal on `trtopt optimize`'s graph; where it misses and the CPU build's graph (`--backend cpu`) meets it,
+    "yes" for that graph, saying so."""
+    misses = _graph_misses(counts, "trtopt optimize")
+    if misses and not _graph_misses(counts, "--backend cpu"):
+        return "yes with `--backend cpu` (" + ", ".join(misses) + " without)"
+    return "yes" if not misses else "no: " + ", ".join(misses)
+
+
+def _graph_misses(counts: dict[str, tuple[Counts | str, float]], name: str) -> list[str]:
+    ours = counts.get(name, ("not run", 0.0))[0]
     if isinstance(ours, str):
-        return "no: optimize failed"
+        return [f"{name} failed"]
     others = [c.nodes for c, _ in (counts["ORT basic"], counts["onnxslim"]) if isinstance(c, Counts)]
     misses = []
     if others and ours.nodes > min(others):
@@ -175,15 +184,16 @@ def graph_goal(counts: dict[str, tuple[Counts | str, float]]) -> str:
         misses.append(f"{ours.noop_casts} no-op Cast")
     if ours.inner_transposes:
         misses.append(f"{ours.inner_transposes} inner Transpose")
-    return "yes" if not misses else "no: " + ", ".join(misses)
+    return misses
 
 
 def graph_rows(results: list[dict[str, Any]]) -> list[str]:
-    rows = ["| model | source | raw | trtopt optimize --backend cpu | ORT basic | onnxslim | goal: ≤ min(ORT basic, "
-            "onnxslim) nodes, no no-op Cast, Transposes only at the boundaries |", "|---|---|---:|---:|---:|---:|---|"]
+    rows = ["| model | source | raw | trtopt optimize | --backend cpu | ORT basic | onnxslim | goal: ≤ min(ORT basic, "
+            "onnxslim) nodes, no no-op Cast, Transposes only at the boundaries |",
+            "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in results:
         c = r["counts"]
-        cells = [_counts_cell(c[k]) for k in ("raw", "trtopt optimize", "ORT basic", "onnxslim")]
+        cells = [_counts_cell(c[k]) for k in ("raw", "trtopt optimize", "--backend cpu", "ORT basic", "onnxslim")]
         rows.append(f"| {r['model'].name} | {r['model'].source} | " + " | ".join(cells) + f" | {graph_goal(c)} |")
     return rows
 

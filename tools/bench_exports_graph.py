@@ -44,8 +44,17 @@ def _cast_to(node: onnx.NodeProto) -> int:
 
 
 def trtopt_optimized(path: Path, workdir: Path) -> onnx.ModelProto:
-    """`trtopt optimize --backend cpu`'s path: the CPU backend's passes, which its INT8 builds quantise
-    (trtopt/cli/optimize_cmd.py, without its numeric check)."""
+    """`trtopt optimize`'s path with its default passes (trtopt/cli/optimize_cmd.py, without its numeric check)."""
+    from trtopt.frontend import graph_from_onnx, onnx_from_graph
+    from trtopt.passes import optimize
+
+    return onnx_from_graph(optimize(graph_from_onnx(str(path))).graph)
+
+
+def trtopt_cpu_optimized(path: Path, workdir: Path) -> onnx.ModelProto:
+    """`trtopt optimize --backend cpu`'s path: the CPU backend's passes, the graph its INT8 builds quantise (with
+    the rewrites that pay on ONNX Runtime's kernels: PRelu as Max / Min, which adds nodes; the channel shuffle as
+    one Gather, which removes them)."""
     from trtopt.backend.cpu.backend import CpuBackend
     from trtopt.frontend import graph_from_onnx, onnx_from_graph
     from trtopt.passes import optimize
@@ -74,5 +83,6 @@ def slimmed(path: Path, workdir: Path) -> onnx.ModelProto:
 
 
 CLEANERS: dict[str, Callable[[Path, Path], onnx.ModelProto]] = {
-    "trtopt optimize": trtopt_optimized, "ORT basic": ort_basic, "onnxslim": slimmed,
+    "trtopt optimize": trtopt_optimized, "--backend cpu": trtopt_cpu_optimized, "ORT basic": ort_basic,
+    "onnxslim": slimmed,
 }
