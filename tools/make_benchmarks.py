@@ -37,6 +37,11 @@ class Section:
     plot: bool  # the script takes --plot FILE.png
 
 
+# (args, quick args) of the sections run on each CPU class (avx2, and AVX-512 VNNI: the "-vnni" sections)
+EXPORTS_ARGS = (("--count", "32", "--eval-count", "32", "--iterations", "10"),
+                ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"))
+RUNTIMES_ARGS = (("--count", "16", "--eval-count", "16", "--iterations", "6"),
+                 ("--models", "demo", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"))
 PHOTO_METHODS = ("--methods", "fp32", "fp32-images", "trtopt-calibrate", "trtopt-entropy", "ort-entropy")
 SECTIONS = (
     Section("optimizer", "tools/bench_optimizer.py", ("--repeat", "30"), ("--repeat", "3"), False),
@@ -138,8 +143,7 @@ SECTIONS = (
     Section(
         "exports",
         "tools/bench_exports.py",
-        ("--count", "32", "--eval-count", "32", "--iterations", "10"),
-        ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        *EXPORTS_ARGS,
         False,
     ),
     # The same on a CPU with AVX-512 VNNI, where ONNX Runtime's u8s8 kernels are exact (`--only exports-vnni` on
@@ -147,8 +151,7 @@ SECTIONS = (
     Section(
         "exports-vnni",
         "tools/bench_exports.py",
-        ("--count", "32", "--eval-count", "32", "--iterations", "10"),
-        ("--models", "fer-emotion", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        *EXPORTS_ARGS,
         False,
     ),
     # Issue #44: trtopt's plans on ONNX Runtime and OpenVINO, NNCF on OpenVINO and ORT's quantizer, b1 and b8, 1 thread
@@ -156,15 +159,13 @@ SECTIONS = (
     Section(
         "cpu-runtimes",
         "tools/bench_cpu_runtimes.py",
-        ("--count", "16", "--eval-count", "16", "--iterations", "6"),
-        ("--models", "demo", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        *RUNTIMES_ARGS,
         False,
     ),
     Section(  # on an AVX-512 VNNI CPU, as exports-vnni
         "cpu-runtimes-vnni",
         "tools/bench_cpu_runtimes.py",
-        ("--count", "16", "--eval-count", "16", "--iterations", "6"),
-        ("--models", "demo", "--count", "8", "--eval-count", "8", "--iterations", "2", "--warmup", "1"),
+        *RUNTIMES_ARGS,
         False,
     ),
     # Issue #21: --method auto against entropy and ORT's quantize_static on real OCR models, the demo and two
