@@ -461,6 +461,27 @@ def test_the_finite_check_reads_float16_bits_exactly(caplog) -> None:  # type: i
             assert "input 'y' holds 1 NaN or infinite" in caplog.text
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_finite_check_of_float32_and_float64_is_exact(dtype: type, caplog) -> None:  # type: ignore[no-untyped-def]
+    """float32 and float64 inputs are checked in one pass (a sum of squares) where that sum is finite, and again
+    where it is not: values whose squares overflow pass, NaN and either infinity anywhere warn, strided views too."""
+    from trtopt.engine import _checked_array
+
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(dtype)
+    x[0, 0, 0, :2] = [np.finfo(dtype).max, -np.finfo(dtype).max]  # squares overflow: the second check decides
+    with caplog.at_level(logging.WARNING, logger="trtopt.engine"):
+        _checked_array("x", x)
+        _checked_array("x", x[:, ::2])
+        assert "NaN or infinite" not in caplog.text
+        for bad in (np.nan, np.inf, -np.inf):
+            for view in (lambda a: a, lambda a: a[:, ::2]):
+                caplog.clear()
+                y = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(dtype)
+                y[1, 2, 7, 6] = bad
+                _checked_array("y", view(y))
+                assert "input 'y' holds 1 NaN or infinite" in caplog.text
+
+
 @pytest.mark.parametrize("bad", ["huge", "tiny", "short-means"])
 def test_absurd_caches_are_refused(work, tmp_path, bad) -> None:  # type: ignore[no-untyped-def]
     doc = json.loads((work / "c.json").read_text())

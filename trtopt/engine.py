@@ -310,6 +310,14 @@ def _finite_extremes(value: np.ndarray) -> bool:
         # numpy reduces float16 without SIMD (min and max: 20 ms on a batch of 8 224x224 images, avx2), so read the
         # bits: a float16 is NaN or infinite exactly when its exponent bits are all ones, |bits| >= 0x7C00 (0.4 ms)
         return bool(np.bitwise_and(value.view(np.uint16), 0x7FFF).max() < 0x7C00)
+    if value.dtype in (np.float32, np.float64) and value.flags.c_contiguous:
+        # one pass instead of two: a NaN or an infinity makes the sum of squares NaN or infinite (BLAS dot: 11 us
+        # against min and max's 17 on a [1, 3, 224, 224] image, 75 against 117 on 8, AVX-512 VNNI, 300 calls; right
+        # after an inference, when the input is no longer in cache, the second pass cost most). A finite sum settles
+        # it; one that overflows (values beyond ~1e19) is asked again below.
+        flat = value.reshape(-1)
+        if np.isfinite(np.vdot(flat, flat)):
+            return True
     return bool(np.isfinite(value.min()) and np.isfinite(value.max()))
 
 
