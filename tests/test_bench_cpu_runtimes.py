@@ -67,3 +67,15 @@ def test_a_more_faithful_peer_fails_the_goal(bench: Any) -> None:
     scores = {v: (c, None) for v, c in (COSINES | {"ORT quantize_static": 0.9995}).items()}
     assert bench._goal([timed(figures)] * 2, scores, "trtopt cpu") == "no: ORT quantize_static's cosine"
     assert bench._goal([timed(figures), "static batch 1"], {}, "trtopt cpu") == "no: trtopt's build failed"
+
+
+def test_a_gap_no_wider_than_two_sessions_of_the_default_plan_is_a_tie(bench: Any) -> None:
+    """Steady rounds, 1% behind ORT's quantizer: a miss, unless the default plan's second session ran 2% apart."""
+    figures = {"trtopt cpu": 1.485, "trtopt openvino": 1.0, "NNCF + OpenVINO": 1.0, "ORT quantize_static": 1.5}
+    scores = {v: (c, None) for v, c in COSINES.items()}
+    apart = figures | {bench.twin_of("trtopt cpu"): 1.515}
+    verdict = bench._goal([timed(apart), timed(apart)], scores, "trtopt cpu")
+    assert verdict == ("tie: ORT quantize_static at b1 (1.50x: 1.0% behind, within noise), "
+                       "ORT quantize_static at b8 (1.50x: 1.0% behind, within noise)")
+    near = figures | {bench.twin_of("trtopt cpu"): 1.49}
+    assert bench._goal([timed(near), timed(near)], scores, "trtopt cpu").startswith("no: ")
