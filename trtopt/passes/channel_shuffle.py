@@ -6,7 +6,7 @@ Paddle and TensorFlow exports all write it so; TensorFlow's on the last axis). T
 planes: the result is channel `i` of the output read from channel `idx[i]` of the input, with
 `idx = arange(C).reshape(g, C/g).T.reshape(-1)`, which is `Gather(x, idx, axis=1)`: one node instead of three,
 no Transpose inside the graph, and the same values (a copy, no arithmetic). In ONNX Runtime (1 thread, uint8, as
-the INT8 plan runs it between a QLinearConcat and a Split) the Gather took 0.57-0.74x the time of the three nodes
+the INT8 plan runs it between a QLinearConcat and a Split) the Gather took 0.58-0.74x the time of the three nodes
 on ShuffleNetV2's shapes, batch 1 and 8 (AMD EPYC with AVX-512 VNNI, median of 200 interleaved calls).
 
 The matcher is general: the first Reshape splits one axis of static size into static factors, leaving every other

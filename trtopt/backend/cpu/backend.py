@@ -230,7 +230,7 @@ class CpuBackend(Backend[CpuOptions]):
         the time of the exact Max(x, x * slope) it becomes (trtopt.passes.rewrite_prelu); `rewrite_hard_swish`, which
         writes HardSwish and HardSigmoid spelt in Clip arithmetic as the ops this backend runs on the integer grid
         (`trtopt.backend.cpu.hard_gates`); `channel_shuffle` after the shape chains are collapsed (ONNX Runtime's
-        Gather moves the channels in 0.57-0.74x the time of Reshape, Transpose, Reshape; trtopt.passes.channel_shuffle);
+        Gather moves the channels in 0.58-0.74x the time of Reshape, Transpose, Reshape; trtopt.passes.channel_shuffle);
         without `LEFT_OUT_PASSES`, which cost on ONNX Runtime; a user's list as given."""
         if chosen is not None:
             return tuple(chosen)
