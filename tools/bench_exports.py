@@ -62,6 +62,9 @@ from trtopt.errors import TrtoptError  # noqa: E402
 
 FP32 = "FP32"
 TITLE = "## Real exports on an `{isa}` CPU: graph clean-up and INT8 speed and fidelity, trtopt vs ONNX Runtime"
+VARIANTS = ("trtopt INT8", "ORT QDQ", "ORT QDQ reduce_range")
+TWIN = "trtopt INT8, second session"  # timed beside the others: how far two sessions of one plan differ
+TASKS = {"classify": "classify", "segment": "segment"}  # the others are scored by their outputs' cosines alone
 
 
 def title() -> str:
@@ -69,9 +72,6 @@ def title() -> str:
     from trtopt.backend.cpu.isa import cpu_isa
 
     return TITLE.format(isa=cpu_isa())
-VARIANTS = ("trtopt INT8", "ORT QDQ", "ORT QDQ reduce_range")
-TWIN = "trtopt INT8, second session"  # timed beside the others: how far two sessions of one plan differ
-TASKS = {"classify": "classify", "segment": "segment"}  # the others are scored by their outputs' cosines alone
 
 
 def subject_of(model: corpus.CorpusModel) -> Subject:
