@@ -15,6 +15,7 @@ from quant_helpers import assert_plan_computes, cosine, cpu_config, feeds_for, q
 from trtopt.backend.cpu.backend import CpuBackend
 from trtopt.backend.cpu.builder import kernel_report
 from trtopt.backend.cpu.lowering import lower_for_cpu
+from trtopt.backend.cpu.movement import move_quantisation
 from trtopt.execution import run_model
 from trtopt.frontend import graph_from_onnx, onnx_from_graph
 from trtopt.passes import optimize
@@ -227,8 +228,6 @@ def test_a_zero_pad_on_the_skip_branch_keeps_the_residual_add_integer() -> None:
     graph = _blaze_blocks()
     model, _, _ = quantize(graph, cpu_config(QuantConfig(min_channels=1)))
     lowered = lower_for_cpu(model, encoding="u8u8")
-    from trtopt.backend.cpu.movement import move_quantisation
-
     move_quantisation(lowered)
     made_by = {out: n.op_type for n in lowered.graph.node for out in n.output}
     pads = [n for n in lowered.graph.node if n.op_type == "Pad"]
