@@ -111,10 +111,11 @@ def runners(subject: Subject, work: Path, threads: int, twin: str = "") -> dict[
     fp32 = session(subject.path, threads=threads, spin=False)
     calls[FP32] = lambda f, s=fp32: next(iter(s.run(f).values()))
     for name, file in (("trtopt cpu", "cpu.engine"), ("trtopt openvino", "openvino.engine")):
+        if not (work / file).exists():
+            continue
         for label in (name, *([twin_of(name)] if name == twin else [])):
-            if (work / file).exists():
-                engine = Engine.load(work / file, threads=threads, spin=False)
-                calls[label] = lambda f, e=engine: next(iter(e.infer(f).values()))
+            engine = Engine.load(work / file, threads=threads, spin=False)
+            calls[label] = lambda f, e=engine: next(iter(e.infer(f).values()))
     if (work / "nncf.xml").exists():
         compiled = ov.Core().compile_model(str(work / "nncf.xml"), "CPU", {"INFERENCE_NUM_THREADS": threads,
                                            "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"})  # fmt: skip

@@ -89,10 +89,9 @@ def dequantize_after_movement(model: onnx.ModelProto) -> int:
 
 def _moves(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
     """A `MOVEMENT` op; a constant-mode Pad only where it pads with zeros (no value, or a constant 0)."""
-    if node.op_type not in MOVEMENT or node.op_type != "Pad":
+    if node.op_type != "Pad":
         return node.op_type in MOVEMENT
-    mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
-    if mode != "constant" or len(node.input) < 3 or not node.input[2]:
+    if _pad_mode(node) != "constant" or len(node.input) < 3 or not node.input[2]:
         return True
     value = inits.get(node.input[2])
     return value is not None and not numpy_helper.to_array(value).any()
@@ -102,8 +101,7 @@ def _pad_with_zero_point(graph: onnx.GraphProto, pad: onnx.NodeProto, qdq: onnx.
                          inits: dict[str, onnx.TensorProto]) -> None:  # fmt: skip
     """A constant-mode Pad now on the quantised tensor pads with the zero point of `qdq` (a Q or DQ), which stands
     for the 0.0 it padded with."""
-    mode = next((a.s.decode() for a in pad.attribute if a.name == "mode"), "constant")
-    if mode != "constant":
+    if _pad_mode(pad) != "constant":
         return
     zero = inits.get(qdq.input[2]) if len(qdq.input) > 2 and qdq.input[2] else None
     value = numpy_helper.to_array(zero).reshape(()) if zero is not None else np.zeros((), np.uint8)
@@ -114,6 +112,10 @@ def _pad_with_zero_point(graph: onnx.GraphProto, pad: onnx.NodeProto, qdq: onnx.
     while len(pad.input) < 3:
         pad.input.append("")
     pad.input[2] = name
+
+
+def _pad_mode(pad: onnx.NodeProto) -> str:
+    return next((a.s.decode() for a in pad.attribute if a.name == "mode"), "constant")
 
 
 def _dequantizer_after(graph: onnx.GraphProto, mover: onnx.NodeProto, dq: onnx.NodeProto, taken: set[str],
