@@ -62,12 +62,15 @@ def subject_named(name: str) -> Subject:
     return subject_of(corpus.model_named(name))
 
 
-def trtopt_plan(subject: Subject, data: Any, backend: str, out: str) -> dict[str, Any]:
-    """trtopt's default build for `backend`, written to `out`; its verification's figures."""
+def trtopt_plan(subject: Subject, data: Any, backend: str, out: str, min_channels: int | None = None) -> dict[str, Any]:
+    """trtopt's default build for `backend` (`min_channels`: that width rule instead of the backend's), written to
+    `out`; its verification's figures."""
     from trtopt.build import build_plan
     from trtopt.plan import write_plan
 
-    result = build_plan(subject.path, replace(build_config(subject, data, None), backend=backend))
+    config = build_config(subject, data, None)
+    config = replace(config, backend=backend, quant=replace(config.quant, min_channels=min_channels))
+    result = build_plan(subject.path, config)
     write_plan(result.plan, out)
     v, quant = result.verification, result.plan.metadata.quant
     return {"error_to_fp32": v.reference_vs_fp32.rel_error if v else None, "variant": v.variant if v else "",
@@ -87,16 +90,32 @@ def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
     return {}
 
 
-def default_backend(work: Path, batch: int, errors: dict[str, float]) -> str:
-    """The backend `--backend auto` keeps of the plans built in `work` (`trtopt.auto_backend.pick`: timed as a build
-    with `batch` times them, chosen on those times and each plan's INT8 error to FP32); "" where neither was built."""
+def default_backend(work: Path, subject: Subject, data: Any, errors: dict[str, float], notes: dict[str, str]) -> str:
+    """The plan `--backend auto` keeps of those built in `work` (`trtopt.auto_backend.pick`: timed as a build times
+    them, chosen on those times and each plan's INT8 error to FP32): "cpu" or "openvino", or "openvino-narrow" where
+    auto built OpenVINO's plan again with the CPU backend's width rule (`auto_backend.build_fastest`: a faster plan
+    that was not as faithful), written beside the others; "" where neither was built."""
     from trtopt import auto_backend as auto
     from trtopt.plan import read_plan
+    from trtopt.quant.config import DEFAULT_MIN_CHANNELS
 
     names = [name for name in ("cpu", "openvino") if (work / f"{name}.engine").exists()]
     if len(names) < 2:
         return next(iter(names), "")
-    return auto.pick({name: read_plan(work / f"{name}.engine") for name in names}, errors, batch)[0]
+    batch = build_config(subject, data, None).data.batch
+    plans = {name: read_plan(work / f"{name}.engine") for name in names}
+    kept, _, refused = auto.pick(plans, errors, batch)
+    for name in refused:
+        file = work / f"{name}-narrow.engine"
+        result = run_isolated(trtopt_plan, subject, data, name, str(file), DEFAULT_MIN_CHANNELS)[0]
+        errors[name] = result["error_to_fp32"] or 0.0
+        notes[f"trtopt {name}-narrow"] = (f"{result['variant']}, INT8 error to FP32 {errors[name]:.3f}: auto's second "
+                                          f"{name} build, layers narrower than {DEFAULT_MIN_CHANNELS} channels float")
+        plans[name] = read_plan(file)
+    if refused:
+        kept = auto.pick(plans, errors, batch)[0]
+        kept = f"{kept}-narrow" if kept in refused else kept
+    return kept
 
 
 def runners(subject: Subject, work: Path, threads: int, twin: str = "") -> dict[str, Any]:
@@ -110,7 +129,8 @@ def runners(subject: Subject, work: Path, threads: int, twin: str = "") -> dict[
     calls: dict[str, Any] = {}
     fp32 = session(subject.path, threads=threads, spin=False)
     calls[FP32] = lambda f, s=fp32: next(iter(s.run(f).values()))
-    for name, file in (("trtopt cpu", "cpu.engine"), ("trtopt openvino", "openvino.engine")):
+    for name, file in (("trtopt cpu", "cpu.engine"), ("trtopt openvino", "openvino.engine"),
+                       ("trtopt openvino-narrow", "openvino-narrow.engine")):  # fmt: skip
         if not (work / file).exists():
             continue
         for label in (name, *([twin_of(name)] if name == twin else [])):
@@ -167,7 +187,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 notes[variant] += f", INT8 error to FP32 {result['error_to_fp32']:.3f}"
                 notes[variant] += f", {result['float_layers']} layer(s) kept float" if result["float_layers"] else ""
                 errors[variant.removeprefix("trtopt ")] = result["error_to_fp32"] or 0.0
-        default = default_backend(work, build_config(subject, data, None).data.batch, errors)
+        default = default_backend(work, subject, data, errors, notes)
         scores = fidelity(runners(subject, work, 1), batches)
         twin = f"trtopt {default}" if default else ""
         speed = {(threads, batch): _speedups(runners(subject, work, threads, twin), batches, batch, args)
