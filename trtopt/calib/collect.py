@@ -195,6 +195,7 @@ def _auto_thresholds(
     """`auto`: every candidate threshold of every tensor (max alone for `at_max`), then the one
     `choose_thresholds` scores best; `progress` hears an `AUTO_PHASE` report per tensor scored."""
     from trtopt.calib.auto import choose_thresholds
+    from trtopt.calib.auto_whole import WHOLE_MODEL, whole_model_choice
     from trtopt.frontend.loader import onnx_from_graph
 
     names = list(histograms)
@@ -208,9 +209,16 @@ def _auto_thresholds(
         kept = {n: "mse" if "mse" in options[n] else "max" for n in names}
         return {n: options[n][m] for n, m in kept.items()}, kept
     proto = onnx_from_graph(model) if isinstance(model, gs.Graph) else model
+    score_batches = list(score_batches)
     chosen = choose_thresholds(proto, options, score_batches, threads=config.threads,
                                on_tensor=count_reporter(progress, AUTO_PHASE))  # fmt: skip
-    return {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}
+    amax, methods = {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}
+    maxima = {n: options[n].get("max", threshold(histograms[n], as_max)) for n in names}
+    if maxima != amax and whole_model_choice(proto, amax, maxima, score_batches, config.threads)[0]:
+        log.info("auto: max thresholds for every tensor (the whole model's outputs moved clearly less than with "
+                 "each tensor's own best: trtopt.calib.auto_whole)")  # fmt: skip
+        return maxima, dict.fromkeys(names, WHOLE_MODEL)
+    return amax, methods
 
 
 def collect_ranges(

@@ -72,7 +72,8 @@ def print_build_summary(
     if summary.get("calibration"):
         cal = summary["calibration"]
         methods = cal.get("methods") or {}
-        per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if len(methods) > 1 else ""
+        varied = len(methods) > 1 or (methods and next(iter(methods)) != cal["method"])  # auto: max everywhere too
+        per_method = f" (thresholds: {', '.join(f'{m} {n}' for m, n in methods.items())})" if varied else ""
         from trtopt.calib.auto import SCORE_SAMPLES
 
         scored = (f" for the histograms, and up to {SCORE_SAMPLES} more held back to score the candidates"
