@@ -28,6 +28,8 @@ from trtopt.data import DataConfig  # noqa: E402
 from trtopt.engine import Engine  # noqa: E402
 from trtopt.errors import BackendUnavailableError, TrtoptError  # noqa: E402
 from trtopt.plan import read_plan, write_plan  # noqa: E402
+from trtopt.quant import QuantConfig  # noqa: E402
+from trtopt.quant.config import DEFAULT_MIN_CHANNELS  # noqa: E402
 from trtopt.verify.verified import reference_runner  # noqa: E402
 
 
@@ -305,24 +307,25 @@ def test_auto_rebuilds_a_faster_less_faithful_plan_with_narrow_layers_float(monk
     errors = {"cpu": 0.054, "openvino": 0.084}
     built: list[str] = []
 
-    def result(name: str) -> FakeResult:
+    def result(name: str, quant: Any = None) -> FakeResult:
+        if quant is not None:  # the second build: the CPU backend's width rule
+            assert quant.min_channels == DEFAULT_MIN_CHANNELS
+            built.append(name)
+            errors[name] = 0.054 if narrowing else errors[name]
         return FakeResult(name, SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=errors[name])))
-
-    def narrow(name: str) -> FakeResult:
-        built.append(name)
-        errors[name] = 0.054
-        return result(name)
 
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 32.0, "openvino": 27.0})
     monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: 8)
-    kept: Any = auto.build_fastest(result, 8, narrow)
+    narrowing = True
+    kept: Any = auto.build_fastest(result, 8, QuantConfig())
     assert built == ["openvino"] and kept.plan == "openvino"
     assert "rebuilt with its layers narrower" in kept.backend_reason and "0.084" in kept.backend_reason
     errors.update(cpu=0.054, openvino=0.084)
     built.clear()
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 32.0, "openvino": 40.0})
-    assert auto.build_fastest(result, 8, narrow).plan == "cpu" and built == []  # slower anyway: no second build
-    errors.update(openvino=0.084)
+    assert auto.build_fastest(result, 8, QuantConfig()).plan == "cpu" and built == []  # slower: no second build
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 32.0, "openvino": 27.0})
-    kept = auto.build_fastest(result, 8, lambda name: result(name))  # the rebuild no more faithful: the CPU plan
-    assert kept.plan == "cpu" and "not as faithful" in kept.backend_reason
+    assert auto.build_fastest(result, 8, QuantConfig(min_channels=1)).plan == "cpu" and built == []  # the user's
+    narrowing = False
+    kept = auto.build_fastest(result, 8, QuantConfig())  # the second build no more faithful: the CPU plan
+    assert built == ["openvino"] and kept.plan == "cpu" and "not as faithful" in kept.backend_reason

@@ -42,6 +42,7 @@ from trtopt.errors import TrtoptError
 if TYPE_CHECKING:
     from trtopt.plan import Plan
     from trtopt.plan.verification import Verification
+    from trtopt.quant import QuantConfig
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +120,18 @@ class Built(Protocol):
 Result = TypeVar("Result", bound=Built)
 
 
-def build_fastest(build: Callable[[str], Result], batch: int,
-                  narrow_float: Callable[[str], Result] | None = None) -> Result:  # fmt: skip
+def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig | None = None) -> Result:
     """`build(name)` (the model built for that backend: `trtopt.build.build_plan`) for each CPU runtime, and the
     result `choose` keeps at `batch`, its `backend_reason` saying why. A backend whose build fails is left out with
     a warning. It is handed the build as a function, so it stands below `trtopt.build`.
 
-    `narrow_float(name)`: that backend's build with layers narrower than the CPU backend's minimum kept float, as
-    the CPU backend keeps them (`QuantConfig.min_channels`). Where a plan was faster but not as faithful, it is
-    built so once more and the choice made again: OpenVINO quantises the 3-channel stem conv for speed (10% of a
-    ResNet-18's time), which on the demo EfficientNet-Lite0 moved its INT8 reference from 0.054 to 0.084 relative
-    error to FP32 (AVX-512 VNNI EPYC), beyond the slack, though it ran 1.2x faster than the CPU plan at batch 8;
-    with the stem float it kept 0.054 and most of the speed."""
+    `quant`: the build's placement settings, for a second build `build(name, quant)` where a plan was faster but
+    not as faithful: that backend's build once more with layers narrower than `DEFAULT_MIN_CHANNELS` kept float,
+    as the CPU backend keeps them (unless the user set `min_channels`), and the choice made again among all.
+    OpenVINO quantises the 3-channel stem conv for speed (10% of a ResNet-18's time); on the demo EfficientNet-Lite0
+    that moved its INT8 reference from 0.054 to 0.084 relative error to FP32 (AVX-512 VNNI EPYC), beyond the
+    slack, where its plan ran 1.2x faster than the CPU plan at batch 8. With the stem float it is as faithful
+    (0.054), and then timed against the CPU plan like any other."""
     results: dict[str, Result] = {}
     failures: list[TrtoptError] = []
     with _each_warning_once():
@@ -146,12 +147,13 @@ def build_fastest(build: Callable[[str], Result], batch: int,
         return next(iter(results.values()))
     name, why, refused = pick({n: r.plan for n, r in results.items()}, {n: _error(r) for n, r in results.items()},
                               batch)  # fmt: skip
-    if narrow_float is not None and refused:
+    narrow = _narrow_float(quant)
+    if narrow is not None and refused:
         first = {n: _error(results[n]) for n in refused}
         with _each_warning_once():
             for n in refused:
                 try:
-                    results[n] = narrow_float(n)
+                    results[n] = build(n, narrow)
                 except TrtoptError as exc:
                     log.warning("--backend auto: the %s build with narrow layers float failed: %s", n, exc.what)
         name, why, _ = pick({n: r.plan for n, r in results.items()}, {n: _error(r) for n, r in results.items()},
@@ -161,6 +163,17 @@ def build_fastest(build: Callable[[str], Result], batch: int,
     kept = results[name]
     kept.backend_reason = f"{name} ({why})"
     return kept
+
+
+def _narrow_float(quant: QuantConfig | None) -> QuantConfig | None:
+    """`quant` with the CPU backend's width rule (`DEFAULT_MIN_CHANNELS`), where the user left the width unset."""
+    from dataclasses import replace
+
+    from trtopt.quant.config import DEFAULT_MIN_CHANNELS
+
+    if quant is None or quant.min_channels is not None:
+        return None
+    return replace(quant, min_channels=DEFAULT_MIN_CHANNELS)
 
 
 @contextmanager

@@ -140,20 +140,6 @@ class BuildResult:
     graph_check: OptimizeCheck | None = None  # the graph before quantisation against the model file
 
 
-def _fastest_cpu_runtime(model_path: str | Path, config: BuildConfig, progress: ProgressHook | None) -> BuildResult:
-    """`--backend auto` with more than one CPU runtime: each built, the fastest as faithful kept (`auto_backend`);
-    a faster, less faithful one built again with the CPU backend's width rule, unless the user set one."""
-    from trtopt import auto_backend as auto
-    from trtopt.quant.config import DEFAULT_MIN_CHANNELS
-
-    narrow = replace(config.quant, min_channels=DEFAULT_MIN_CHANNELS)
-    return auto.build_fastest(
-        lambda name: build_plan(model_path, replace(config, backend=name), progress=progress), config.data.batch,
-        None if config.quant.min_channels is not None or not config.int8 else
-        lambda name: build_plan(model_path, replace(config, backend=name, quant=narrow), progress=progress),
-    )  # fmt: skip
-
-
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
     """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
     from trtopt import auto_backend as auto  # several installed runtimes of one machine: `auto` times their plans
@@ -162,7 +148,11 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
     from trtopt.passes.check import random_ops
 
     if config.backend == "auto" and len(auto.measured_backends()) > 1:
-        return _fastest_cpu_runtime(model_path, config, progress)
+        return auto.build_fastest(  # each runtime's build; `quant`: a second build's placement, where auto asks
+            lambda name, quant=None: build_plan(model_path, replace(config, backend=name, quant=quant or config.quant),
+                                                progress=progress),
+            config.data.batch, config.quant if config.int8 else None,
+        )  # fmt: skip
     path, times = Path(model_path), StageTimes()
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
