@@ -96,3 +96,26 @@ def test_auto_calibration_keeps_max_everywhere_where_the_check_says_so(monkeypat
     monkeypatch.setattr(auto, "choose_thresholds", at_max)  # nothing to compare: max already, as auto chose it
     kept = calibrate(model, batches, ["r", "m"], CalibConfig(method="auto"), score_batches=scoring)
     assert kept.choices == {"r": "max", "m": "max"} and kept.amax == found.amax
+
+
+def test_a_check_that_cannot_run_leaves_autos_choices(monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    import logging
+
+    import trtopt.calib.auto as auto
+    import trtopt.calib.auto_whole as whole
+
+    def clipping(model: Any, options: Any, batches: Any, **kw: Any) -> dict[str, TensorChoice]:
+        return {n: TensorChoice("percentile", found["max"] / 4, {}, "tensor") for n, found in options.items()}
+
+    def refused(*args: Any, **kw: Any) -> None:
+        raise RuntimeError("ONNX Runtime refused the rounded model\nsecond line")
+
+    monkeypatch.setattr(auto, "choose_thresholds", clipping)
+    monkeypatch.setattr(whole, "whole_model_choice", refused)
+    with caplog.at_level(logging.WARNING):
+        found = calibrate(_chain(), [{"x": _sparse_peaks(s)} for s in range(4)], ["r", "m"],
+                          CalibConfig(method="auto"), score_batches=[({"x": _sparse_peaks(9)}, 4)])  # fmt: skip
+    assert found.choices == {"r": "percentile", "m": "percentile"}
+    assert any("whole-model check did not run (ONNX Runtime refused the rounded model)" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
