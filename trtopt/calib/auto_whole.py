@@ -13,7 +13,8 @@ outputs clearly less (`CLEAR_WIN`), every tensor takes its max threshold, record
 auto's choices move the outputs materially (`MATERIAL`): below that the check is a guard with nothing to guard,
 and eight samples cannot tell two small errors apart (a 7-class emotion classifier of the corpus scored 0.0055
 against max's 0.0031 there, and max was the less faithful on 32 held-out photos: cosine 0.9981 against 0.9991).
-Cost: one or two forward passes over `SCORE_SAMPLES` samples, plus the FP32 outputs' pass.
+Cost: one or two forward passes over `SCORE_SAMPLES` samples, plus the FP32 outputs' pass (the demo: 0.4 s of a
+3.7 s calibration, AVX-512 VNNI EPYC).
 """
 
 from __future__ import annotations
