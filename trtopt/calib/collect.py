@@ -195,7 +195,7 @@ def _auto_thresholds(
     """`auto`: every candidate threshold of every tensor (max alone for `at_max`), then the one
     `choose_thresholds` scores best; `progress` hears an `AUTO_PHASE` report per tensor scored."""
     from trtopt.calib.auto import choose_thresholds
-    from trtopt.calib.auto_whole import WHOLE_MODEL
+    from trtopt.calib.auto_whole import WHOLE_MODEL, max_wins
     from trtopt.frontend.loader import onnx_from_graph
 
     names = list(histograms)
@@ -214,24 +214,11 @@ def _auto_thresholds(
                                on_tensor=count_reporter(progress, AUTO_PHASE))  # fmt: skip
     amax, methods = {n: c.amax for n, c in chosen.items()}, {n: c.method for n, c in chosen.items()}
     maxima = {n: options[n].get("max", threshold(histograms[n], as_max)) for n in names}
-    if maxima != amax and _max_wins(proto, amax, maxima, score_batches, config.threads):
+    if maxima != amax and max_wins(proto, amax, maxima, score_batches, config.threads):
         log.info("auto: max thresholds for every tensor (the whole model's outputs moved clearly less than with "
                  "each tensor's own best: trtopt.calib.auto_whole)")  # fmt: skip
         return maxima, dict.fromkeys(names, WHOLE_MODEL)
     return amax, methods
-
-
-def _max_wins(model: onnx.ModelProto, chosen: Mapping[str, float], maxima: Mapping[str, float],
-              batches: list[tuple[Feeds, int]], threads: int | None) -> bool:  # fmt: skip
-    """`trtopt.calib.auto_whole.whole_model_choice`'s verdict; False, with a warning, where the check cannot run."""
-    from trtopt.calib.auto_whole import whole_model_choice
-
-    try:
-        return whole_model_choice(model, chosen, maxima, batches, threads)[0]
-    except Exception as exc:  # noqa: BLE001 - a check on top of auto's choices: where it fails, they stand
-        log.warning("auto's whole-model check did not run (%s); each tensor keeps its own choice",
-                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)  # fmt: skip
-        return False
 
 
 def collect_ranges(
