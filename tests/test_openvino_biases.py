@@ -16,21 +16,20 @@ SCALE_X, SCALE_A, SCALE_B = 0.02, 0.05, 0.04
 SHAPE = [2, 8, 9, 9]
 
 
-def _chain(clamp: str = "Relu", zero_b: int = 0, dtype_b: int = TensorProto.UINT8, clip_max: float = 6.0,
-           second_reader: bool = False, per_channel: bool = False) -> onnx.ModelProto:  # fmt: skip
+def _chain(clamp: str = "Relu", clip_max: float = 6.0, second_reader: bool = False,
+           per_channel: bool = False) -> onnx.ModelProto:  # fmt: skip
     """Two quantised convs as trtopt's lowering writes them, weights 7-bit (exact products on every CPU kind)::
 
         x ─ Q/DQ (x) ─ Conv(w1, int32 bias through DQ) ─ clamp ─ Q/DQ (a) ─ Conv(w2, float bias) ─ Q/DQ (b) ─ y
 
-    `clamp`: "Relu", "Clip" (0, `clip_max`) or "" (none); `zero_b` / `dtype_b`: the second pair's zero point and
-    type; `second_reader`: a Sigmoid also reads the first conv's output (a graph output z); `per_channel`: the
-    first pair has one scale per channel."""
+    `clamp`: "Relu", "Clip" (0, `clip_max`) or "" (none); `second_reader`: a Sigmoid also reads the first conv's
+    output (a graph output z); `per_channel`: the first pair has one scale per channel."""
     rng = np.random.default_rng(0)
     channels = SHAPE[1]
     scale_a = np.full(channels, SCALE_A, np.float32) if per_channel else np.float32(SCALE_A)
     zero_a = np.zeros(channels, np.uint8) if per_channel else np.uint8(0)
     arrays = {"sx": np.float32(SCALE_X), "zx": np.uint8(0), "sa": scale_a, "za": zero_a, "sb": np.float32(SCALE_B),
-              "zb": np.array(zero_b, onnx.helper.tensor_dtype_to_np_dtype(dtype_b)),
+              "zb": np.uint8(0),
               "w1": rng.integers(-64, 64, (channels, channels, 3, 3)).astype(np.int8),
               "w2": rng.integers(-64, 64, (channels, channels, 1, 1)).astype(np.int8),
               "ws": np.full(channels, 0.01, np.float32), "b1": rng.integers(-2000, 2000, channels).astype(np.int32),
