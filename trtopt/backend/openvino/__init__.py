@@ -135,8 +135,9 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   integer), so the runner compiles a rewritten graph: the conv without its bias, the pair as OpenVINO's own
   FakeQuantize with the bias subtracted from its input range per channel (`biases.fold_biases`; the stored graph,
   ONNX Runtime's reference, is unchanged, and the build verifies the kernels the runner compiles). Convs 8,841 us
-  against NNCF's 8,569 before, 8,612 against 8,590 after (two runs); through `Engine` (300 interleaved calls) 1.040x -> 1.035x NNCF's time at b1
-  and 1.049x -> 1.020x on open-nsfw, the demo 3.8% faster at b1. The same probe: the runner's
+  against NNCF's 8,569 before, 8,612 against 8,590 after (two runs); through `Engine` (300 interleaved calls)
+  1.040x -> 1.035x NNCF's time at b1 and 1.049x -> 1.020x on open-nsfw, the demo 3.8% faster at b1. The same
+  probe: the runner's
   `infer(inputs, share_inputs=True)` spent ~0.9% of a call in OpenVINO's Python input dispatch, now tensors set
   directly; `Engine`'s non-finite check of the input, read from memory right after the previous call, ~0.7-1%.
 - **Stored.** The Q/DQ ONNX (what `trtopt.verify` also runs as the reference) and the runner's settings
