@@ -79,3 +79,17 @@ def test_a_gap_no_wider_than_two_sessions_of_the_default_plan_is_a_tie(bench: An
                        "ORT quantize_static at b8 (1.50x: 1.0% behind, within noise)")
     near = figures | {bench.twin_of("trtopt cpu"): 1.49}
     assert bench._goal([timed(near), timed(near)], scores, "trtopt cpu").startswith("no: ")
+
+
+def test_fidelity_is_the_worst_outputs_cosine_and_the_first_outputs_top1(bench: Any) -> None:
+    """A landmark model's second head moved by a plan counts, where the first output alone hid it."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    logits, head = rng.normal(size=(4, 10)), rng.normal(size=(4, 6))
+    calls = {bench.FP32: lambda feeds: [logits, head],
+             "plan": lambda feeds: [logits, head + rng.normal(scale=2.0, size=head.shape)]}  # fmt: skip
+    scores = bench.fidelity(calls, [({"x": np.zeros(4)}, 4), ({"x": np.zeros(4)}, 3)])
+    assert scores[bench.FP32] == (pytest.approx(1.0), 1.0)
+    cosine, top1 = scores["plan"]
+    assert cosine < 0.8 and top1 == 1.0  # the first output untouched: its classes agree
