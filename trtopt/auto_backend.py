@@ -87,7 +87,7 @@ def choose(candidates: Sequence[Candidate], batch: int | Sequence[int]) -> tuple
     if not candidates:
         raise TrtoptError("No CPU backend built a plan that verifies.", fix="Build with --backend cpu to see why.")
     best_error = min(c.error for c in candidates)
-    faithful = [c for c in candidates if c.error <= best_error * FIDELITY_SLACK + FIDELITY_FLOOR]
+    faithful = [c for c in candidates if _faithful(c, best_error)]
     kept = faithful[0]
     for other in faithful[1:]:
         if other.ms * PAYS < kept.ms:
@@ -145,8 +145,7 @@ def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig |
         raise failures[0]
     if len(results) == 1:
         return next(iter(results.values()))
-    name, why, refused = pick({n: r.plan for n, r in results.items()}, {n: _error(r) for n, r in results.items()},
-                              batch)  # fmt: skip
+    name, why, refused = _pick_built(results, batch)
     narrow = _narrow_float(quant)
     if narrow is not None and refused:
         first = {n: _error(results[n]) for n in refused}
@@ -156,13 +155,17 @@ def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig |
                     results[n] = build(n, narrow)
                 except TrtoptError as exc:
                     log.warning("--backend auto: the %s build with narrow layers float failed: %s", n, exc.what)
-        name, why, _ = pick({n: r.plan for n, r in results.items()}, {n: _error(r) for n, r in results.items()},
-                            batch)  # fmt: skip
+        name, why, _ = _pick_built(results, batch)
         why += "".join(f"; {n} rebuilt with its layers narrower than the CPU backend's minimum float (its first "
                        f"plan, faster, had INT8 error {e:.3f})" for n, e in first.items())  # fmt: skip
     kept = results[name]
     kept.backend_reason = f"{name} ({why})"
     return kept
+
+
+def _pick_built(results: Mapping[str, Built], batch: int) -> tuple[str, str, list[str]]:
+    """`pick` over built results: their plans and their INT8 references' errors."""
+    return pick({n: r.plan for n, r in results.items()}, {n: _error(r) for n, r in results.items()}, batch)
 
 
 def _narrow_float(quant: QuantConfig | None) -> QuantConfig | None:
@@ -211,8 +214,12 @@ def refused_faster(candidates: Sequence[Candidate], kept: str) -> list[str]:
     """The candidates `choose` left out as less faithful that ran faster (by `PAYS`) than the one it kept."""
     best_error = min(c.error for c in candidates)
     kept_ms = next(c.ms for c in candidates if c.name == kept)
-    return [c.name for c in candidates if c.error > best_error * FIDELITY_SLACK + FIDELITY_FLOOR
-            and c.ms * PAYS < kept_ms]  # fmt: skip
+    return [c.name for c in candidates if not _faithful(c, best_error) and c.ms * PAYS < kept_ms]
+
+
+def _faithful(candidate: Candidate, best_error: float) -> bool:
+    """Within the fidelity slack of the most faithful candidate's error (see the module)."""
+    return candidate.error <= best_error * FIDELITY_SLACK + FIDELITY_FLOOR
 
 
 def timed_batches(plan: Plan, batch: int) -> tuple[int, ...]:
