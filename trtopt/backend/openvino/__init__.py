@@ -140,6 +140,9 @@ demo calibrated on calib_data/; figures from one build each on a shared machine,
   probe: the runner's
   `infer(inputs, share_inputs=True)` spent ~0.9% of a call in OpenVINO's Python input dispatch, now tensors set
   directly; `Engine`'s non-finite check of the input, read from memory right after the previous call, ~0.7-1%.
+  Called as tools/bench_cpu_runtimes.py calls them, interleaved with a 33 ms FP32 run that empties the caches
+  (150-300 rounds, per-round ratios, three runs): `Engine` 1.016-1.042x NNCF's time, 1.001-1.027x without that
+  check. The check stays: an INT8 plan turns a NaN or infinite input pixel into finite outputs (three plans tried).
 - **Stored.** The Q/DQ ONNX (what `trtopt.verify` also runs as the reference) and the runner's settings
   (streams); no compiled blob: compiling the demo takes about 0.3 s, and a blob is tied to the OpenVINO version
   and CPU kind. Float layers run in f32 (`INFERENCE_PRECISION_HINT`), never bf16/fp16 behind the verification's
