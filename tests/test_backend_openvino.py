@@ -7,6 +7,7 @@ import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -206,6 +207,18 @@ def test_auto_does_not_keep_a_faster_plan_that_is_less_faithful() -> None:
     assert name == "cpu" and "not as faithful" in why and "openvino" in why
 
 
+def test_auto_holds_int8_plans_to_the_most_faithful_int8_plan_not_to_a_float_plan() -> None:
+    """A backend on which INT8 did not pay writes a float plan (error None): it is faithful by definition, and the
+    INT8 plans are held to each other's errors, not to its 0 (MobileNetV3-Small: a slower float plan was kept)."""
+    name, why = auto.choose([auto.Candidate("cpu", 2.1, 0.016), auto.Candidate("openvino", 3.6, None)], 8)
+    assert name == "cpu" and "not as faithful" not in why and "openvino (float plan) 3.6 ms" in why
+    assert auto.choose([auto.Candidate("cpu", 5.0, 0.016), auto.Candidate("openvino", 3.6, None)], 8)[0] == "openvino"
+    name, why = auto.choose([auto.Candidate("cpu", 5.0, 0.01), auto.Candidate("openvino", 2.0, 0.05),
+                             auto.Candidate("x", 9.0, None)], 8)  # fmt: skip
+    assert name == "cpu" and "openvino's INT8 error to FP32 0.050 against 0.010" in why
+    assert auto.refused_faster([auto.Candidate("cpu", 2.1, 0.016), auto.Candidate("openvino", 3.6, None)], "cpu") == []
+
+
 def test_auto_keeps_the_first_ranked_within_the_noise() -> None:
     name, why = auto.choose([auto.Candidate("cpu", 10.0, 0.05), auto.Candidate("openvino", 9.9, 0.05)], 1)
     assert name == "cpu" and "no other as faithful" in why
@@ -223,6 +236,12 @@ def test_auto_times_only_cpu_runtimes_and_those_named(monkeypatch: pytest.Monkey
     assert auto.measured_backends() == []  # a GPU with TensorRT: auto takes it, nothing is timed
 
 
+class NamedPlan(str):
+    """A backend's name standing in for its plan; `metadata.quant` set: an INT8 plan (None: a float plan)."""
+
+    metadata = SimpleNamespace(quant="int8")
+
+
 @dataclass
 class FakeResult:
     plan: Any
@@ -231,8 +250,6 @@ class FakeResult:
 
 
 def test_build_fastest_builds_each_runtime_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
     monkeypatch.setenv(auto.ENVIRONMENT, "")
     built: list[str] = []
 
@@ -240,7 +257,7 @@ def test_build_fastest_builds_each_runtime_and_says_why(monkeypatch: pytest.Monk
         built.append(name)
         error = {"cpu": 0.05, "openvino": 0.052}[name]
         verification = SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=error))
-        return FakeResult(name, verification)
+        return FakeResult(NamedPlan(name), verification)
 
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 12.0, "openvino": 7.0})
     monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: batch)  # the plans here are names, not plans
@@ -251,8 +268,6 @@ def test_build_fastest_builds_each_runtime_and_says_why(monkeypatch: pytest.Monk
 
 def test_auto_judges_a_dynamic_batch_at_batch_1_and_the_build_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keras MobileNetV2 on an avx2 EPYC: OpenVINO 4% faster at batch 8, 25% slower at batch 1; the CPU plan wins."""
-    from types import SimpleNamespace
-
     monkeypatch.setenv(auto.ENVIRONMENT, "")
     timed: list[int] = []
 
@@ -261,7 +276,7 @@ def test_auto_judges_a_dynamic_batch_at_batch_1_and_the_build_batch(monkeypatch:
         return {"cpu": 10.0, "openvino": 12.5} if batch == 1 else {"cpu": 60.0, "openvino": 57.6}
 
     def build(name: str) -> FakeResult:
-        return FakeResult(name, SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
+        return FakeResult(NamedPlan(name), SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
 
     monkeypatch.setattr(auto, "time_plans", time_plans)
     monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: batch)  # a dynamic batch
@@ -275,18 +290,39 @@ def test_auto_judges_a_dynamic_batch_at_batch_1_and_the_build_batch(monkeypatch:
     assert timed == [4]
 
 
+def test_auto_build_failures(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A backend whose build fails is left out with a warning; where every build fails (a missing model file fails
+    each the same way) the first failure is raised alone, with no warning per backend before it."""
+    import logging
+    monkeypatch.setenv(auto.ENVIRONMENT, "")
+
+    def build(name: str) -> FakeResult:
+        if name == "openvino" or absent:
+            raise TrtoptError(f"{name}: Model file 'm.onnx' does not exist.", fix="Check the path.")
+        return FakeResult(NamedPlan(name), SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
+
+    absent = False
+    with caplog.at_level(logging.WARNING):
+        assert auto.build_fastest(build, 8).plan == "cpu"
+    assert [r.getMessage() for r in caplog.records] == ["--backend auto: the openvino build was left out: openvino: "
+                                                        "Model file 'm.onnx' does not exist."]
+    caplog.clear()
+    absent = True
+    with caplog.at_level(logging.WARNING), pytest.raises(TrtoptError, match="^cpu: Model file"):
+        auto.build_fastest(build, 8)
+    assert caplog.records == []
+
+
 def test_auto_says_each_build_warning_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """Both builds load the same model: the opset conversion note was printed once per runtime (six times in a
     benchmark log); a warning about one runtime's build still appears."""
     import logging
-    from types import SimpleNamespace
-
     monkeypatch.setenv(auto.ENVIRONMENT, "")
 
     def build(name: str) -> FakeResult:
         logging.getLogger("trtopt.frontend.opset").warning("m.onnx uses ONNX opset 9; converted it to opset 13")
         logging.getLogger("trtopt.build").warning("only the %s build says this", name)
-        return FakeResult(name, SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
+        return FakeResult(NamedPlan(name), SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=0.05)))
 
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 12.0, "openvino": 7.0})
     monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: batch)
@@ -301,8 +337,6 @@ def test_auto_says_each_build_warning_once(monkeypatch: pytest.MonkeyPatch, capl
 def test_auto_rebuilds_a_faster_less_faithful_plan_with_narrow_layers_float(monkeypatch: pytest.MonkeyPatch) -> None:
     """The demo on an AVX-512 VNNI EPYC: OpenVINO's plan (stem conv INT8) 1.2x faster than the CPU plan, INT8 error
     0.084 against 0.054; rebuilt with the stem float, 0.054 and still faster: kept."""
-    from types import SimpleNamespace
-
     monkeypatch.setenv(auto.ENVIRONMENT, "")
     errors = {"cpu": 0.054, "openvino": 0.084}
     built: list[str] = []
@@ -312,7 +346,7 @@ def test_auto_rebuilds_a_faster_less_faithful_plan_with_narrow_layers_float(monk
             assert quant.min_channels == DEFAULT_MIN_CHANNELS
             built.append(name)
             errors[name] = 0.054 if narrowing else errors[name]
-        return FakeResult(name, SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=errors[name])))
+        return FakeResult(NamedPlan(name), SimpleNamespace(reference_vs_fp32=SimpleNamespace(rel_error=errors[name])))
 
     monkeypatch.setattr(auto, "time_plans", lambda plans, batch: {"cpu": 32.0, "openvino": 27.0})
     monkeypatch.setattr(auto, "_timed_batch", lambda plan, batch: 8)

@@ -63,11 +63,11 @@ DYNAMIC_SIZE = 16  # the size timed for a dynamic axis other than the batch
 class Candidate:
     """One backend's verified plan as `choose` sees it: its median milliseconds per call (over several batches:
     the geometric mean of each batch's, which are `each`) and its INT8 reference's relative error to FP32 on the
-    verification samples (0 for a float plan), in `auto_rank` order."""
+    verification samples (None for a plan that quantises nothing), in `auto_rank` order."""
 
     name: str
     ms: float
-    error: float
+    error: float | None
     each: tuple[float, ...] = ()
 
 
@@ -86,14 +86,16 @@ def choose(candidates: Sequence[Candidate], batch: int | Sequence[int]) -> tuple
     """The backend to keep and why (see the module); `batch`: the batch (or batches) the candidates were timed at."""
     if not candidates:
         raise TrtoptError("No CPU backend built a plan that verifies.", fix="Build with --backend cpu to see why.")
-    best_error = min(c.error for c in candidates)
+    best_error = _best_error(candidates)
     faithful = [c for c in candidates if _faithful(c, best_error)]
     kept = faithful[0]
     for other in faithful[1:]:
         if other.ms * PAYS < kept.ms:
             kept = other
     batches = (batch,) if isinstance(batch, int) else tuple(batch)
-    times = ", ".join(f"{c.name} {' / '.join(f'{ms:.1f}' for ms in c.each or (c.ms,))} ms" for c in candidates)
+    mixed = any(c.error is None for c in candidates) and any(c.error is not None for c in candidates)
+    times = ", ".join(f"{c.name}{' (float plan)' if mixed and c.error is None else ''} "
+                      f"{' / '.join(f'{ms:.1f}' for ms in c.each or (c.ms,))} ms" for c in candidates)  # fmt: skip
     at = " and ".join(str(b) for b in batches)
     why = f"auto: timed at batch {at}, 1 thread: {times}"
     if len(batches) > 1:
@@ -123,7 +125,9 @@ Result = TypeVar("Result", bound=Built)
 def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig | None = None) -> Result:
     """`build(name)` (the model built for that backend: `trtopt.build.build_plan`) for each CPU runtime, and the
     result `choose` keeps at `batch`, its `backend_reason` saying why. A backend whose build fails is left out with
-    a warning. It is handed the build as a function, so it stands below `trtopt.build`.
+    a warning; where every build fails, the first failure is raised alone (a missing model file or unreadable
+    calibration data fails each build the same way, and one message says it). It is handed the build as a
+    function, so it stands below `trtopt.build`.
 
     `quant`: the build's placement settings, for a second build `build(name, quant)` where a plan was faster but
     not as faithful: that backend's build once more with layers narrower than `DEFAULT_MIN_CHANNELS` kept float,
@@ -133,16 +137,17 @@ def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig |
     slack, where its plan ran 1.2x faster than the CPU plan at batch 8. With the stem float it is as faithful
     (0.054), and then timed against the CPU plan like any other."""
     results: dict[str, Result] = {}
-    failures: list[TrtoptError] = []
+    failures: list[tuple[str, TrtoptError]] = []
     with _each_warning_once():
         for backend in measured_backends():
             try:
                 results[backend.name] = build(backend.name)
             except TrtoptError as exc:
-                log.warning("--backend auto: the %s build was left out: %s", backend.name, exc.what)
-                failures.append(exc)
+                failures.append((backend.name, exc))
     if not results:
-        raise failures[0]
+        raise failures[0][1]
+    for failed, exc in failures:
+        log.warning("--backend auto: the %s build was left out: %s", failed, exc.what)
     if len(results) == 1:
         return next(iter(results.values()))
     name, why, refused = _pick_built(results, batch)
@@ -199,12 +204,12 @@ def _each_warning_once() -> Iterator[None]:
             handler.removeFilter(first_time)
 
 
-def pick(plans: Mapping[str, Plan], errors: Mapping[str, float], batch: int) -> tuple[str, str, list[str]]:
+def pick(plans: Mapping[str, Plan], errors: Mapping[str, float | None], batch: int) -> tuple[str, str, list[str]]:
     """The backend to keep of verified `plans` (backend name -> plan, in `auto_rank` order) whose INT8 references
     have `errors` to FP32, timed at `timed_batches`, and why (`choose`); and the backends `refused_faster`."""
     batches = timed_batches(next(iter(plans.values())), batch)
     times = [time_plans(plans, b) for b in batches]
-    candidates = [Candidate(name, _geometric_mean([t[name] for t in times]), errors.get(name, 0.0),
+    candidates = [Candidate(name, _geometric_mean([t[name] for t in times]), errors.get(name),
                             tuple(t[name] for t in times)) for name in plans]  # fmt: skip
     name, why = choose(candidates, batches)
     return name, why, refused_faster(candidates, name)
@@ -212,14 +217,22 @@ def pick(plans: Mapping[str, Plan], errors: Mapping[str, float], batch: int) -> 
 
 def refused_faster(candidates: Sequence[Candidate], kept: str) -> list[str]:
     """The candidates `choose` left out as less faithful that ran faster (by `PAYS`) than the one it kept."""
-    best_error = min(c.error for c in candidates)
+    best_error = _best_error(candidates)
     kept_ms = next(c.ms for c in candidates if c.name == kept)
     return [c.name for c in candidates if not _faithful(c, best_error) and c.ms * PAYS < kept_ms]
 
 
+def _best_error(candidates: Sequence[Candidate]) -> float:
+    """The most faithful INT8 plan's error, the bar the others are held to. A float plan (a backend on which INT8
+    did not pay writes one) does not set it: its error is 0 by definition, and against it every INT8 plan would
+    be refused. On a MobileNetV3-Small (TorchScript, AVX-512 VNNI EPYC) OpenVINO's float plan (3.6 / 18.8 ms at
+    batch 1 / 8) was kept over the CPU backend's verified INT8 plan (2.1 / 10.1 ms) that way."""
+    return min((c.error for c in candidates if c.error is not None), default=0.0)
+
+
 def _faithful(candidate: Candidate, best_error: float) -> bool:
-    """Within the fidelity slack of the most faithful candidate's error (see the module)."""
-    return candidate.error <= best_error * FIDELITY_SLACK + FIDELITY_FLOOR
+    """A float plan, or an INT8 plan within the fidelity slack of the most faithful one's error (see the module)."""
+    return candidate.error is None or candidate.error <= best_error * FIDELITY_SLACK + FIDELITY_FLOOR
 
 
 def timed_batches(plan: Plan, batch: int) -> tuple[int, ...]:
@@ -232,7 +245,10 @@ def _geometric_mean(values: Sequence[float]) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-def _error(result: Built) -> float:
+def _error(result: Built) -> float | None:
+    """The INT8 reference's error to FP32; None for a plan that quantises nothing (no --int8, or a float plan)."""
+    if result.plan.metadata.quant is None:
+        return None
     verification = result.verification
     return 0.0 if verification is None else float(verification.reference_vs_fp32.rel_error)
 
