@@ -146,8 +146,8 @@ def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig |
                 failures.append((backend.name, exc))
     if not results:
         raise failures[0][1]
-    for failed, exc in failures:
-        log.warning("--backend auto: the %s build was left out: %s", failed, exc.what)
+    for failed, error in failures:
+        log.warning("--backend auto: the %s build was left out: %s", failed, error.what)
     if len(results) == 1:
         return next(iter(results.values()))
     name, why, refused = _pick_built(results, batch)
