@@ -240,6 +240,43 @@ def test_calibration_progress_without_a_terminal_prints_a_line_per_phase(monkeyp
     assert screen.getvalue() == ""
 
 
+def test_build_stages_print_a_line_as_they_start_and_end(monkeypatch, tmp_path: Path) -> None:
+    """The stages after calibration (placement and search, the backend's build and verification, the speed check)
+    ran minutes on a segmentation model with nothing on the screen: each now says when it starts, and when it
+    ends where it ran long."""
+    import io
+
+    from rich.console import Console
+
+    from trtopt.build import BuildConfig, build_plan
+    from trtopt.calib import CalibProgress
+    from trtopt.calib.collect import BUILD_STAGE
+    from trtopt.cli import console
+    from trtopt.data import DataConfig
+
+    screen = io.StringIO()
+    monkeypatch.setattr(console, "err", Console(file=screen, force_terminal=False, width=120))
+    with console.phase_progress("calibration") as update:
+        update(CalibProgress(BUILD_STAGE + "timing the cpu plan", 0, 0, 1))
+        update(CalibProgress(BUILD_STAGE + "timing the cpu plan", 1, 1, 1, 12.34))
+        update(CalibProgress(BUILD_STAGE + "checking the graph", 0, 0, 1))
+        update(CalibProgress(BUILD_STAGE + "checking the graph", 1, 1, 1, 0.8))  # short: its start line says enough
+    assert screen.getvalue().splitlines() == ["timing the cpu plan ...", "timing the cpu plan: done in 12.3s",
+                                              "checking the graph ..."]
+
+    from model_files import tiny_model_with_images
+
+    tiny_model_with_images(tmp_path, 24)
+    reports: list[CalibProgress] = []
+    build_plan(tmp_path / "tiny.onnx", BuildConfig(backend="cpu", int8=True,
+                                                   data=DataConfig(sources=(str(tmp_path / "images"),))),
+               progress=reports.append)  # fmt: skip
+    stages = [(r.phase.removeprefix(BUILD_STAGE), r.samples) for r in reports if r.phase.startswith(BUILD_STAGE)]
+    building = "building the cpu plan and verifying it on held-back samples"
+    assert (building, 0) in stages and stages.index((building, 0)) + 1 == stages.index((building, 1))
+    assert stages[0] == ("checking the optimised graph against the model file", 0)
+
+
 def test_run_on_a_sequence_output_describes_it_instead_of_naming_classes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -153,13 +153,14 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
                                                 progress=progress),
             config.data.batch, config.quant if config.int8 else None,
         )  # fmt: skip
-    path, times = Path(model_path), StageTimes()
+    path, times = Path(model_path), StageTimes(progress)
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
     with times("load"):
         graph = load_graph(path, config.graph, int8=config.int8, batch=config.data.batch, data=shaping,
                            keeps=prequantized_keeps())  # fmt: skip
     backend, reason = select_backend(config.backend)
+    times.shown = _shown_stages(backend.name)
     with times("optimize"):  # the backend's default passes leave out those that cost on its kernels
         optimized = optimize(graph, backend.passes(config.graph.passes))
     graph = optimized.graph
@@ -198,6 +199,15 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
         times.seconds.pop("speed check", None)  # nothing measured: no stage
     return BuildResult(plan, reason, times.seconds, optimized, *quantized[:3], verification,
                        backend.report(plan, options), quantized.equalization, speed, graph_check)  # fmt: skip
+
+
+def _shown_stages(backend: str) -> dict[str, str]:
+    """The build's stages after loading that report progress (`StageTimes`), in words; calibration and the
+    sensitivity search report their own, finer, progress."""
+    return {"graph check": "checking the optimised graph against the model file",
+            "quantize": "placing Q/DQ (and searching for sensitive layers)",
+            "build": f"building the {backend} plan and verifying it on held-back samples",
+            "speed check": f"timing the {backend} plan against FP32's"}  # fmt: skip
 
 
 def _unverified(backend, model, io, options, fp32, checks, *, drawn):  # type: ignore[no-untyped-def]
@@ -268,13 +278,23 @@ def _labels(graph: gs.Graph, given: Sequence[str] | None) -> list[str] | None:
 
 
 class StageTimes:
-    """Wall time per stage: `with times("load"): ...`; `seconds` maps stage -> seconds, in order."""
+    """Wall time per stage: `with times("load"): ...`; `seconds` maps stage -> seconds, in order. The stages
+    `shown` names (stage -> what it does, in words) are reported to `progress` as they start and end
+    (`trtopt.calib.collect.BUILD_STAGE`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: ProgressHook | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.progress = progress
+        self.shown: dict[str, str] = {}
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
+        from trtopt.calib.collect import BUILD_STAGE, CalibProgress
+
+        start, shown = time.perf_counter(), self.shown.get(stage) if self.progress else None
+        if self.progress and shown:
+            self.progress(CalibProgress(BUILD_STAGE + shown, 0, 0, 1))
         yield
         self.seconds[stage] = time.perf_counter() - start
+        if self.progress and shown:
+            self.progress(CalibProgress(BUILD_STAGE + shown, 1, 1, 1, self.seconds[stage]))

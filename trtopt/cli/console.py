@@ -76,8 +76,9 @@ def phase_progress(label: str, *, disable: bool = False) -> Iterator[Callable[[C
 
         def update(report: CalibProgress) -> None:
             if report.phase not in tasks:
-                total = report.total_samples
-                tasks[report.phase] = bar.add_task(f"{label}: {_phase_name(report)}", total=total, rate="")
+                total, name = report.total_samples, _phase_name(report)
+                tasks[report.phase] = bar.add_task(name if _is_stage(report) else f"{label}: {name}", total=total,
+                                                   rate="")  # fmt: skip
             bound = f", bound by {report.bound}" if report.bound else ""
             rate = f"{report.images_per_s:.1f} img/s{bound}" if report.seconds > 0 and _counts_images(report) else ""
             bar.update(tasks[report.phase], completed=report.samples, total=report.total_samples, rate=rate)
@@ -94,11 +95,24 @@ def _named_phases() -> dict[str, str]:
 
 
 def _phase_name(report: CalibProgress) -> str:
+    if _is_stage(report):
+        return report.phase.removeprefix(_build_stage())
     return _named_phases().get(report.phase, f"{report.phase} pass")
 
 
 def _counts_images(report: CalibProgress) -> bool:
-    return report.phase not in _named_phases()
+    return report.phase not in _named_phases() and not _is_stage(report)
+
+
+def _build_stage() -> str:
+    from trtopt.calib.collect import BUILD_STAGE
+
+    return BUILD_STAGE
+
+
+def _is_stage(report: CalibProgress) -> bool:
+    """A build stage's start or end (`trtopt.calib.collect.BUILD_STAGE`), not a pass that counts."""
+    return report.phase.startswith(_build_stage())
 
 
 # A phase's intermediate lines (each tenth done) start once it has run this long: a phase of a second or two
@@ -132,6 +146,12 @@ def _phase_lines(label: str) -> Callable[[CalibProgress], None]:
     tenths: dict[str, int] = {}
 
     def update(report: CalibProgress) -> None:
+        if _is_stage(report):  # a stage after calibration: a line as it starts, and as it ends where it ran long
+            if not report.samples:
+                err.print(f"{_phase_name(report)} ...")
+            elif report.seconds >= QUIET_SECONDS:
+                err.print(f"{_phase_name(report)}: done in {report.seconds:.1f}s")
+            return
         name, total = f"{label}: {_phase_name(report)}", report.total_samples
         if report.phase not in tenths:
             tenths[report.phase] = 0
