@@ -37,6 +37,7 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser, *, base: str = "pr
             "--preset",
             default=None,
             help=f"the base recipe: {PRESET_NAMES}. Default: the model's sidecar <model>.json if present, else "
+            "what the exporter wrote into the model file (an Ultralytics YOLO export: letterbox, / 255), else "
             "imagenet (raw for uint8 inputs). An explicit --preset replaces the sidecar",
         )
     _add_geometry(g, default)

@@ -64,7 +64,8 @@ def _paths(given: object, flag: str, name: str, example: str) -> tuple[str, ...]
 @dataclass(frozen=True)
 class PreprocessConfig:
     """How images become the model's input: `preset` (--preset, a name in `trtopt.data.PRESETS`; None: the
-    model's sidecar `<model>.json` if present, else ImageNet's, raw for uint8 inputs), then the fields
+    model's sidecar `<model>.json` if present, else what its exporter wrote into the model file (Ultralytics'
+    task and size: `trtopt.data.embedded_recipe`), else ImageNet's, raw for uint8 inputs), then the fields
     `overrides` gives one by one (--resize, --mean, ...) on top of it."""
 
     preset: str | None = None

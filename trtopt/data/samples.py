@@ -13,6 +13,7 @@ import numpy as np
 
 from trtopt.data.config import DataConfig, PreprocessConfig
 from trtopt.data.dataset import Dataset, holds_only_arrays, load_dataset
+from trtopt.data.embedded_recipe import embedded_recipe
 from trtopt.data.input_spec import spec_for_input
 from trtopt.data.inputs import image_dims, input_infos_from_graph, random_array
 from trtopt.data.preprocess import PreprocessSpec
@@ -26,13 +27,13 @@ log = logging.getLogger(__name__)
 def preprocess_spec_for(
     model_path: Path, graph: gs.Graph, config: PreprocessConfig, data: DataConfig | None = None
 ) -> PreprocessSpec | None:
-    """Preprocessing for image data: `config.preset`, else the model's sidecar `<model>.json`, else
-    ImageNet's; then the fields given one by one (`config.overrides`: --mean, --std, ...) over it. None for
-    a model whose input takes no images (data must then come as .npy/.npz, and the plan stores none), and
-    when the default recipe does not fit the input (a grey input against ImageNet's per-channel mean) and no
-    images are read: arrays are fed as they are, and the default was only a guess for images, so it is
-    neither applied nor checked (an FP32 build without data stores none and says so). With images, that
-    misfit is an error that says what to pass."""
+    """Preprocessing for image data: `config.preset`, else the model's sidecar `<model>.json`, else what its
+    exporter wrote into the model file (`trtopt.data.embedded_recipe`), else ImageNet's; then the fields given
+    one by one (`config.overrides`: --mean, --std, ...) over it. None for a model whose input takes no images
+    (data must then come as .npy/.npz, and the plan stores none), and when the default recipe does not fit the
+    input (a grey input against ImageNet's per-channel mean) and no images are read: arrays are fed as they
+    are, and the default was only a guess for images, so it is neither applied nor checked (an FP32 build
+    without data stores none and says so). With images, that misfit is an error that says what to pass."""
     image_inputs = [t for t in graph.inputs if t.shape is not None and len(image_dims(t.shape)) == 4]
     if len(graph.inputs) != 1 and (config.overrides or config.preset is not None):
         from trtopt.data.overrides import refuse_for_multi_input
@@ -42,9 +43,9 @@ def preprocess_spec_for(
         return None
     tensor = image_inputs[0]
     overrides = config.overrides
-    described = _sidecar_recipe(model_path) if config.preset is None else None
+    described = _described(model_path, config, tuple(tensor.shape))
     if described:
-        spec = PreprocessSpec.from_dict(described, where=str(model_path.with_suffix(".json")))
+        spec = PreprocessSpec.from_dict(described[0], where=described[1])
         return overrides.apply(spec, name=tensor.name, input_shape=tuple(tensor.shape))
     try:
         return spec_for_input(tuple(tensor.shape), tensor.dtype, config.preset, name=tensor.name, overrides=overrides)
@@ -71,12 +72,25 @@ def preprocess_source(model_path: Path, config: PreprocessConfig) -> str:
         return f"--preset {config.preset}{given}"
     if _sidecar_recipe(model_path):
         return f"from {sidecar}{given}"
+    embedded = embedded_recipe(model_path, ())
+    if embedded:
+        return f"from {embedded[1]}{given}"
     if flags:
         return f"the default for its input{given}"
     return (
         f"the default for its input, a guess: no --preset, no flags, no {sidecar}; pass --preset or "
         "--mean/--std/--scale/--color if the model expects other"
     )
+
+
+def _described(model_path: Path, config: PreprocessConfig, shape: tuple[Any, ...]) -> tuple[dict[str, Any], str] | None:
+    """The recipe the sidecar or the exporter's metadata gives (fields, where from), unless --preset replaces it."""
+    if config.preset is not None:
+        return None
+    sidecar = _sidecar_recipe(model_path)
+    if sidecar:
+        return sidecar, str(model_path.with_suffix(".json"))
+    return embedded_recipe(model_path, shape)
 
 
 def _sidecar_recipe(model_path: Path) -> dict[str, Any] | None:
