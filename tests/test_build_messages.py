@@ -215,3 +215,27 @@ def test_a_model_whose_fp32_outputs_are_constant_is_warned_of(tmp_path: Path, ca
         assert main(["build", str(root / "zeroed.onnx"), *argv, "-o", str(root / "zeroed.engine")]) == 0
     warned = [r.getMessage() for r in caplog.records if "hold one value" in r.getMessage()]
     assert len(warned) == 1 and "(0)" in warned[0] and "preprocessing" in warned[0]
+
+
+def test_a_build_says_each_warning_once(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The speed check verifies the forms it tries as the build verified the plan, and logged the same warning
+    again (a YOLOv8n's distribution-shift warning, twice): a build says each warning once."""
+    import trtopt.build as build
+    from trtopt.build import BuildConfig, build_plan
+
+    original = build.load_graph
+
+    def loading_twice(*args: object, **kwargs: object) -> object:
+        for _ in range(2):
+            logging.getLogger("trtopt.verify").warning("the same finding")
+        logging.getLogger("trtopt.verify").warning("another finding")
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "load_graph", loading_twice)
+    tiny_model_with_images(tmp_path, 4)
+    with caplog.at_level(logging.WARNING):
+        build_plan(tmp_path / "tiny.onnx", BuildConfig(backend="cpu", int8=False))
+        logging.getLogger("trtopt.verify").warning("the same finding")  # after the build: said again
+    said = [r.getMessage() for r in caplog.records]
+    assert said.count("the same finding") == 2 and said.count("another finding") == 1

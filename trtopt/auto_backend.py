@@ -19,7 +19,7 @@ faster than the CPU backend's at batch 8 and 25% slower at batch 1, and `auto` t
 faster by `PAYS` to displace one of lower `auto_rank` (the CPU backend), so noise does not flip the choice.
 The choice (`choose`) reads only the figures it is given, so tests inject them. Each build loads and checks the same
 model, so a warning the first build gave (an opset conversion, a guessed preprocessing) is not repeated by the next
-(`_each_warning_once`).
+(`trtopt.log_once`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -38,6 +37,7 @@ import numpy as np
 from trtopt.backend import BACKENDS, Backend, RunOptions, create_runner, select_backend
 from trtopt.data.inputs import random_array
 from trtopt.errors import TrtoptError
+from trtopt.log_once import each_warning_once
 
 if TYPE_CHECKING:
     from trtopt.plan import Plan
@@ -138,7 +138,7 @@ def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig |
     (0.054), and then timed against the CPU plan like any other."""
     results: dict[str, Result] = {}
     failures: list[tuple[str, TrtoptError]] = []
-    with _each_warning_once():
+    with each_warning_once():
         for backend in measured_backends():
             try:
                 results[backend.name] = build(backend.name)
@@ -154,7 +154,7 @@ def build_fastest(build: Callable[..., Result], batch: int, quant: QuantConfig |
     narrow = _narrow_float(quant)
     if narrow is not None and refused:
         first = {n: _error(results[n]) for n in refused}
-        with _each_warning_once():
+        with each_warning_once():
             for n in refused:
                 try:
                     results[n] = build(n, narrow)
@@ -182,26 +182,6 @@ def _narrow_float(quant: QuantConfig | None) -> QuantConfig | None:
     if quant is None or quant.min_channels is not None:
         return None
     return replace(quant, min_channels=DEFAULT_MIN_CHANNELS)
-
-
-@contextmanager
-def _each_warning_once() -> Iterator[None]:
-    """While it lasts, the handlers of the root and `trtopt` loggers pass each of trtopt's warnings once."""
-    first: dict[tuple[int, str], logging.LogRecord] = {}
-
-    def first_time(record: logging.LogRecord) -> bool:  # every handler passes the first record of its text
-        if not record.name.startswith("trtopt") or record.levelno < logging.WARNING:
-            return True
-        return first.setdefault((record.levelno, record.getMessage()), record) is record
-
-    handlers = {*logging.getLogger().handlers, *logging.getLogger("trtopt").handlers}
-    for handler in handlers:
-        handler.addFilter(first_time)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(first_time)
 
 
 def pick(plans: Mapping[str, Plan], errors: Mapping[str, float | None], batch: int) -> tuple[str, str, list[str]]:

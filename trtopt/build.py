@@ -57,6 +57,7 @@ from trtopt.calib.stage import ProgressHook
 from trtopt.data.samples import Checks
 from trtopt.errors import InputsRejected
 from trtopt.frontend import onnx_from_graph
+from trtopt.log_once import each_warning_once
 from trtopt.passes.config import load_graph
 from trtopt.plan import Plan
 from trtopt.plan.verification import Verification
@@ -141,11 +142,9 @@ class BuildResult:
 
 
 def build_plan(model_path: str | Path, config: BuildConfig, *, progress: ProgressHook | None = None) -> BuildResult:
-    """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`."""
+    """Build a plan in memory; the caller writes it (atomically) with `trtopt.plan.write_plan`. Each warning is
+    said once (`trtopt.log_once`): the speed check verifies the forms it tries as the build verified the plan."""
     from trtopt import auto_backend as auto  # several installed runtimes of one machine: `auto` times their plans
-    from trtopt.data.samples import preprocess_spec_for, refused_random_inputs
-    from trtopt.passes import optimize
-    from trtopt.passes.check import random_ops
 
     if config.backend == "auto" and len(auto.measured_backends()) > 1:
         return auto.build_fastest(  # each runtime's build; `quant`: a second build's placement, where auto asks
@@ -153,7 +152,17 @@ def build_plan(model_path: str | Path, config: BuildConfig, *, progress: Progres
                                                 progress=progress),
             config.data.batch, config.quant if config.int8 else None,
         )  # fmt: skip
-    path, times = Path(model_path), StageTimes(progress)
+    with each_warning_once():
+        return _build_one(Path(model_path), config, progress)
+
+
+def _build_one(path: Path, config: BuildConfig, progress: ProgressHook | None) -> BuildResult:
+    """`build_plan` for one backend."""
+    from trtopt.data.samples import preprocess_spec_for, refused_random_inputs
+    from trtopt.passes import optimize
+    from trtopt.passes.check import random_ops
+
+    times = StageTimes(progress)
     _require_thresholds(config)
     shaping = config.data.sources or config.data.verify_sources  # arrays there set the sizes left dynamic
     with times("load"):
