@@ -93,3 +93,11 @@ def test_fidelity_is_the_worst_outputs_cosine_and_the_first_outputs_top1(bench: 
     assert scores[bench.FP32] == (pytest.approx(1.0), 1.0)
     cosine, top1 = scores["plan"]
     assert cosine < 0.8 and top1 == 1.0  # the first output untouched: its classes agree
+
+
+def test_a_float_plan_sets_no_fidelity_bar_in_the_default_column(bench: Any) -> None:
+    """The benchmark picks the default column as `auto` does: a build that wrote the float plan (INT8 did not pay on
+    that runtime) has no INT8 error, not an error of 0 that every INT8 plan would fail against."""
+    assert bench._auto_error({"error_to_fp32": 0.0, "float_plan": True}) is None
+    assert bench._auto_error({"error_to_fp32": 0.016, "float_plan": False}) == 0.016
+    assert bench._auto_error({"error_to_fp32": None, "float_plan": False}) == 0.0  # an unverified plan, as before

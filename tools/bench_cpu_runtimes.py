@@ -76,7 +76,7 @@ def trtopt_plan(subject: Subject, data: Any, backend: str, out: str, min_channel
     write_plan(result.plan, out)
     v, quant = result.verification, result.plan.metadata.quant
     return {"error_to_fp32": v.reference_vs_fp32.rel_error if v else None, "variant": v.variant if v else "",
-            "float_layers": len(quant.float_layers) if quant else None}
+            "float_layers": len(quant.float_layers) if quant else None, "float_plan": quant is None}
 
 
 def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
@@ -92,7 +92,13 @@ def nncf_model(subject: Subject, data: Any, out: str) -> dict[str, Any]:
     return {}
 
 
-def default_backend(work: Path, subject: Subject, data: Any, errors: dict[str, float], notes: dict[str, str]) -> str:
+def _auto_error(result: dict[str, Any]) -> float | None:
+    """A build's error as `auto` reads it (`auto_backend._error`): None for a float plan, which sets no bar."""
+    return None if result.get("float_plan") else (result["error_to_fp32"] or 0.0)
+
+
+def default_backend(work: Path, subject: Subject, data: Any, errors: dict[str, float | None],
+                    notes: dict[str, str]) -> str:  # fmt: skip
     """The plan `--backend auto` keeps of those built in `work` (`trtopt.auto_backend.pick`: timed as a build times
     them, chosen on those times and each plan's INT8 error to FP32): "cpu" or "openvino", or "openvino-narrow" where
     auto built OpenVINO's plan again with the CPU backend's width rule (`auto_backend.build_fastest`: a faster plan
@@ -110,9 +116,10 @@ def default_backend(work: Path, subject: Subject, data: Any, errors: dict[str, f
     for name in refused:
         file = work / f"{name}-narrow.engine"
         result = run_isolated(trtopt_plan, subject, data, name, str(file), DEFAULT_MIN_CHANNELS)[0]
-        errors[name] = result["error_to_fp32"] or 0.0
-        notes[f"trtopt {name}-narrow"] = (f"{result['variant']}, INT8 error to FP32 {errors[name]:.3f}: auto's second "
-                                          f"{name} build, layers narrower than {DEFAULT_MIN_CHANNELS} channels float")
+        errors[name] = _auto_error(result)
+        notes[f"trtopt {name}-narrow"] = (f"{result['variant']}, INT8 error to FP32 {errors[name] or 0.0:.3f}: auto's "
+                                          f"second {name} build, layers narrower than {DEFAULT_MIN_CHANNELS} channels "
+                                          "float")  # fmt: skip
         plans[name] = read_plan(file)
     if refused:
         kept = auto.pick(plans, errors, batch)[0]
@@ -174,7 +181,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
         data = split_data(subject, args.count, args.eval_count, work)
         batches = eval_feeds(subject, data)
         notes: dict[str, str] = {}
-        errors: dict[str, float] = {}  # backend -> its INT8 reference's relative error to FP32, as auto reads it
+        errors: dict[str, float | None] = {}  # backend -> its INT8 reference's error to FP32, as auto reads it
         builds = {"trtopt cpu": (trtopt_plan, subject, data, "cpu", str(work / "cpu.engine")),
                   "trtopt openvino": (trtopt_plan, subject, data, "openvino", str(work / "openvino.engine")),
                   "NNCF + OpenVINO": (nncf_model, subject, data, str(work / "nncf.xml")),
@@ -191,7 +198,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
             if result.get("error_to_fp32") is not None:
                 notes[variant] += f", INT8 error to FP32 {result['error_to_fp32']:.3f}"
                 notes[variant] += f", {result['float_layers']} layer(s) kept float" if result["float_layers"] else ""
-                errors[variant.removeprefix("trtopt ")] = result["error_to_fp32"] or 0.0
+                errors[variant.removeprefix("trtopt ")] = _auto_error(result)
         default = default_backend(work, subject, data, errors, notes)
         scores = fidelity(runners(subject, work, 1), batches)
         twin = f"trtopt {default}" if default else ""

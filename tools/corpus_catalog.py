@@ -164,6 +164,14 @@ CATALOG: tuple[CorpusModel, ...] = (
         exercises="Swin Transformer: shifted-window attention (Roll, window partition Reshape/Transpose chains, "
         "masks), MatMul, Softmax, LayerNorm, GELU; 6,285 nodes as exported"),
     CorpusModel(
+        name="torch-lraspp-mobilenetv3-opset13", recipe="torch-script",
+        recipe_args=("segmentation.lraspp_mobilenet_v3_large", "13", "320"),
+        **{**_TORCHVISION, "task": "segment", "input_shape": (1, 3, 320, 320),
+           "preprocess": {**_IMAGENET, "crop": 320, "resize": 320}},
+        exercises="semantic segmentation (LR-ASPP, MobileNetV3-Large backbone, 21 classes): a global-pooled "
+        "Sigmoid attention branch multiplied into the high-level features, bilinear Resize up to the input's size, "
+        "HardSwish; the output is a full-resolution score map"),
+    CorpusModel(
         name="torch-vit-tiny-opset17", recipe="torch-script", recipe_args=("vit_tiny", "17"), **_TORCHVISION,
         exercises="a plain ViT at DeiT-Tiny's size (torchvision's VisionTransformer: 12 layers, width 192, 3 heads): "
         "sequence-first attention (the batch on axis 1), heads split, reshaped and transposed, GELU, LayerNorm"),

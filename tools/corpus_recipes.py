@@ -97,11 +97,29 @@ def export_keras_file(args: argparse.Namespace) -> dict[str, Any]:
 VIT_TINY = dict(image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768)
 
 
+def _logits_only(model: Any) -> Any:
+    """torchvision's segmentation models return {"out": logits, ...}; an export wants the logits alone."""
+    import torch
+
+    class Out(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: Any) -> Any:
+            return self.inner(x)["out"]
+
+    return Out(model).eval()
+
+
 def _torchvision_model(name: str) -> Any:
     import torch
     import torchvision
 
     torch.manual_seed(0)
+    if name.startswith("segmentation."):  # e.g. segmentation.lraspp_mobilenet_v3_large
+        build = getattr(torchvision.models.segmentation, name.removeprefix("segmentation."))
+        return _logits_only(build(weights=None, weights_backbone=None).eval())
     if name == "vit_tiny":
         model = torchvision.models.VisionTransformer(**VIT_TINY)
         torch.nn.init.normal_(model.heads.head.weight, std=0.05)  # torchvision zero-initialises the head
@@ -111,13 +129,15 @@ def _torchvision_model(name: str) -> Any:
 
 @recipe("torch-script")
 def export_torch_script(args: argparse.Namespace) -> dict[str, Any]:
-    """torch.onnx.export with the TorchScript exporter (dynamo=False) at an old opset."""
+    """torch.onnx.export with the TorchScript exporter (dynamo=False) at an old opset; a third argument: the input's
+    size (224 unless given)."""
     import torch
 
     arch, opset = args.args[0], int(args.args[1])
+    size = int(args.args[2]) if len(args.args) > 2 else 224
     model = _torchvision_model(arch)
     axes = {"input": {0: "N"}, "logits": {0: "N"}}
-    torch.onnx.export(model, (torch.randn(1, 3, 224, 224),), str(args.out), opset_version=opset, dynamo=False,
+    torch.onnx.export(model, (torch.randn(1, 3, size, size),), str(args.out), opset_version=opset, dynamo=False,
                       input_names=["input"], output_names=["logits"], dynamic_axes=axes)
     return {"exporter": "torch.onnx (TorchScript)", "exporter_version": version("torch"), "framework": "torchvision",
             "framework_version": version("torchvision"), "opset": opset, "architecture": arch}
