@@ -11,11 +11,14 @@ runs; `TRTOPT_AUTO_BACKENDS=cpu` (`ENVIRONMENT`) keeps it to one build with the 
 Fidelity comes first: the backends may quantise to different grids (OpenVINO on an AVX2 CPU needs coarser weight
 grids to be exact, `trtopt.backend.openvino.pairs`), so a plan whose INT8 reference is further
 from FP32 than `FIDELITY_SLACK` times the most faithful one's error (plus `FIDELITY_FLOOR`) is not a candidate,
-however fast. Timing (`time_plans`): the plans alternate call by call on one intra-op thread, after `WARMUP` calls
-each, for `BUDGET_S` seconds (at least `MIN_ROUNDS` rounds), medians, at the build's batch and, where the plan's
-batch is dynamic, at batch 1 too: a plan is judged by the geometric mean of its times at the two (`timed_batches`).
-One batch alone chose badly: on the real-export corpus's Keras MobileNetV2 (avx2 EPYC) OpenVINO's plan ran 4%
-faster than the CPU backend's at batch 8 and 25% slower at batch 1, and `auto` timed only batch 8. A plan must be
+however fast. Timing (`time_plans`): the plans alternate call by call, after `WARMUP` calls each, for `BUDGET_S`
+seconds (at least `MIN_ROUNDS` rounds), medians, at the build's batch and, where the plan's batch is dynamic, at
+batch 1 too (`timed_batches`), on one intra-op thread and on all cores (`timed_threads`): a plan is judged by the
+geometric mean of its times in all of them. One batch alone chose badly: on the real-export corpus's Keras
+MobileNetV2 (avx2 EPYC) OpenVINO's plan ran 4% faster than the CPU backend's at batch 8 and 25% slower at batch 1,
+and `auto` timed only batch 8. One thread alone too: a YOLOv8n's CPU plan ran 6% faster than its OpenVINO plan on
+one thread and 23% slower on both cores of an AVX-512 VNNI EPYC (tools/bench_cpu_runtimes.py, 1.66x against 2.15x
+FP32's speed), and `trtopt run` and `Engine.load` use all cores unless told. A plan must be
 faster by `PAYS` to displace one of lower `auto_rank` (the CPU backend), so noise does not flip the choice.
 The choice (`choose`) reads only the figures it is given, so tests inject them. Each build loads and checks the same
 model, so a warning the first build gave (an opset conversion, a guessed preprocessing) is not repeated by the next
@@ -82,8 +85,10 @@ def measured_backends() -> list[Backend[Any]]:
     return [b for b in ranked if b.cpu_runtime and (not named or b.name in named) and b.status().available]
 
 
-def choose(candidates: Sequence[Candidate], batch: int | Sequence[int]) -> tuple[str, str]:
-    """The backend to keep and why (see the module); `batch`: the batch (or batches) the candidates were timed at."""
+def choose(candidates: Sequence[Candidate], batch: int | Sequence[int], threads: Sequence[int | None] = (1,)
+           ) -> tuple[str, str]:  # fmt: skip
+    """The backend to keep and why (see the module); `batch`: the batch (or batches) the candidates were timed at,
+    on each of `threads` (intra-op threads, None: all cores) in turn: each candidate's `each` in that order."""
     if not candidates:
         raise TrtoptError("No CPU backend built a plan that verifies.", fix="Build with --backend cpu to see why.")
     best_error = _best_error(candidates)
@@ -94,11 +99,11 @@ def choose(candidates: Sequence[Candidate], batch: int | Sequence[int]) -> tuple
             kept = other
     batches = (batch,) if isinstance(batch, int) else tuple(batch)
     mixed = any(c.error is None for c in candidates) and any(c.error is not None for c in candidates)
-    times = ", ".join(f"{c.name}{' (float plan)' if mixed and c.error is None else ''} "
-                      f"{' / '.join(f'{ms:.1f}' for ms in c.each or (c.ms,))} ms" for c in candidates)  # fmt: skip
+    times = ", ".join(f"{c.name}{' (float plan)' if mixed and c.error is None else ''} {_figures(c, len(batches))}"
+                      for c in candidates)  # fmt: skip
     at = " and ".join(str(b) for b in batches)
-    why = f"auto: timed at batch {at}, 1 thread: {times}"
-    if len(batches) > 1:
+    why = f"auto: timed at batch {at}, {_threads_text(threads)}: {times}"
+    if len(batches) * len(threads) > 1:
         why += " (judged by the geometric mean)"
     left = [f"{c.name}'s INT8 error to FP32 {c.error:.3f} against {best_error:.3f}" for c in candidates
             if c not in faithful]  # fmt: skip
@@ -187,12 +192,30 @@ def _narrow_float(quant: QuantConfig | None) -> QuantConfig | None:
 def pick(plans: Mapping[str, Plan], errors: Mapping[str, float | None], batch: int) -> tuple[str, str, list[str]]:
     """The backend to keep of verified `plans` (backend name -> plan, in `auto_rank` order) whose INT8 references
     have `errors` to FP32, timed at `timed_batches`, and why (`choose`); and the backends `refused_faster`."""
-    batches = timed_batches(next(iter(plans.values())), batch)
-    times = [time_plans(plans, b) for b in batches]
+    batches, threads = timed_batches(next(iter(plans.values())), batch), timed_threads()
+    times = [time_plans(plans, b, threads=t) for t in threads for b in batches]
     candidates = [Candidate(name, _geometric_mean([t[name] for t in times]), errors.get(name),
                             tuple(t[name] for t in times)) for name in plans]  # fmt: skip
-    name, why = choose(candidates, batches)
+    name, why = choose(candidates, batches, threads)
     return name, why, refused_faster(candidates, name)
+
+
+def _figures(candidate: Candidate, per_setting: int) -> str:
+    """"10.0 / 60.0 ms", and where it was timed on more than one thread count, "and 6.0 / 35.0 ms" for each next."""
+    each = candidate.each or (candidate.ms,)
+    groups = [each[i:i + per_setting] for i in range(0, len(each), per_setting)]
+    return " and ".join(" / ".join(f"{ms:.1f}" for ms in group) + " ms" for group in groups)
+
+
+def _threads_text(threads: Sequence[int | None]) -> str:
+    cores = os.cpu_count() or 1
+    return " then ".join(f"{t} thread{'s' if t != 1 else ''}" if t else f"all {cores} cores" for t in threads)
+
+
+def timed_threads() -> tuple[int | None, ...]:
+    """The intra-op threads `auto` times at (see the module): one, and all cores (None: what `trtopt.Engine.load`
+    and `trtopt run` use unless told) where the machine has more than one."""
+    return (1, None) if (os.cpu_count() or 1) > 1 else (1,)
 
 
 def refused_faster(candidates: Sequence[Candidate], kept: str) -> list[str]:
@@ -233,14 +256,16 @@ def _error(result: Built) -> float | None:
     return 0.0 if verification is None else float(verification.reference_vs_fp32.rel_error)
 
 
-def time_plans(plans: Mapping[str, Plan], batch: int) -> dict[str, float]:
+def time_plans(plans: Mapping[str, Plan], batch: int, threads: int | None = 1) -> dict[str, float]:
     """Milliseconds per call of each plan on the same made-up inputs, calls interleaved (see the module): the
     first plan's median, and each other's as that times the median over rounds of its time / the first's in the
     same round. Paired by round, as trtopt's benchmarks compare (`tools/benchlib.py`): drift that slows a whole
     round (another process, the clock) cancels, where a ratio of two medians carries it (two runs of
     tools/bench_cpu_runtimes.py on a 2-core avx2 EPYC kept a Keras MobileNetV2's CPU plan in one and its OpenVINO
-    plan in the other, which the benchmark then timed 6% slower at batch 1 and 2% faster at batch 8)."""
-    runners = {name: create_runner(plan, RunOptions(threads=1)) for name, plan in plans.items()}
+    plan in the other, which the benchmark then timed 6% slower at batch 1 and 2% faster at batch 8). `threads`:
+    each runner's intra-op threads (None: all cores), which do not spin between calls, so that one plan's
+    waiting threads do not slow the next plan's call."""
+    runners = {name: create_runner(plan, RunOptions(threads=threads, spin=False)) for name, plan in plans.items()}
     feeds = made_up_feeds(next(iter(plans.values())), batch)
     try:
         for runner in runners.values():
