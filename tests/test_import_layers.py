@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "trtopt"
 # Each name is a top-level module or package of `trtopt` ("trtopt" is the package's own `__init__`).
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("_version", "registry", "config_checks", "memory"),  # shared types and checks
+    ("_version", "registry", "config_checks", "memory", "log_once"),  # shared types and checks
     ("frontend",),  # ONNX -> onnx-graphsurgeon IR, IR edits, model checks
     ("execution",),  # ONNX Runtime sessions, device arrays
     ("data",),  # images, arrays, preprocessing, calibration and verification samples
