@@ -54,7 +54,6 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
     from trtopt.cli.datasets import dataset_for_plan
     from trtopt.cli.preprocess_args import overrides_from_args
     from trtopt.data.arrays import has_batch_axis
-    from trtopt.data.classes import top_k
 
     dataset = dataset_for_plan(engine.plan, args.inputs, count=args.count, overrides=overrides_from_args(args))
     output: str | None = None  # which output is shown: chosen on the first batch (`_shown_output`)
@@ -78,10 +77,7 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             # without a batch axis (attacut's [seq_len] logits for its [1, seq_len] ids): all of it is the sample's
             scores, axis = np.asarray(scores)[None], 0
         scores = np.moveaxis(scores, axis, 0)  # one entry per sample; a time-major [T, N, C] output has them second
-        if whole or not _class_scores(scores):  # not [N, classes] (a CTC [N, T, C], a score map, boxes): no top-k
-            rows = [_described(output, row) for row in scores]
-        else:
-            rows = [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, args.top, engine.labels)]
+        rows = _result_rows(output, scores, batch.feeds, engine.labels, args.top, whole=whole, moved=bool(axis))
         for source, row in zip(batch.sources, rows, strict=False):  # padding rows
             results.append({"input": source, **row})
             if not args.json:
@@ -109,6 +105,22 @@ def _run(args: argparse.Namespace, engine: Engine) -> int:
             f"({'one per call' if feeds else _batch_note(dataset.fixed_batch, args.batch)})."
         )
     return 0
+
+
+def _result_rows(name: str, scores: np.ndarray, feeds: Mapping[str, np.ndarray], labels: Sequence[str] | None,
+                 top: int, *, whole: bool, moved: bool) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per sample of the shown output `scores` (samples on its first axis): a YOLO head's detections after
+    NMS (`trtopt.cli.detections`), the top classes of [N, classes] scores, or else the output's shape and range
+    (a CTC [N, T, C], a score map). `whole`: the batch is one sample; `moved`: the samples were not on axis 0."""
+    from trtopt.cli.detections import detection_rows
+    from trtopt.data.classes import top_k
+
+    detected = None if whole or moved else detection_rows(scores, feeds, labels)
+    if detected is not None:
+        return detected
+    if whole or not _class_scores(scores):
+        return [_described(name, row) for row in scores]
+    return [{"top": [p.__dict__ for p in preds]} for preds in top_k(scores, top, list(labels) if labels else None)]
 
 
 def _batch_note(fixed: int | None, asked: int) -> str:

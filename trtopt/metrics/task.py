@@ -121,6 +121,13 @@ def _shapes(outputs: Mapping[str, np.ndarray]) -> str:
 Found = tuple[str, str] | None  # (variant, why)
 
 
+def yolo_format(out: np.ndarray, input_hw: tuple[int, int]) -> str | None:
+    """The YOLO box format (`trtopt.metrics.yolo.BOX_FORMATS`) an output's shape over the input's grid says, or
+    None (what `trtopt run` decodes detections from)."""
+    found = _detector(out, input_hw, TaskConfig(), len(out))
+    return found[0] if found is not None else None
+
+
 def _detector(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskConfig, batch: int) -> Found:
     if out.ndim != 3 or input_hw is None:
         return None
