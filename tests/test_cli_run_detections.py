@@ -56,3 +56,27 @@ def test_run_prints_a_yolo_plans_detections(tmp_path: Path, capsys: pytest.Captu
     text = capsys.readouterr().out
     assert "2 detections: class 1 0.90 [8, 9, 12, 15], class 0 0.50 [35, 35, 45, 45]" in text
     assert "yolov8 head" in text and "64x64 model input" in text
+
+
+def test_a_yolo_plan_takes_one_label_per_class_and_the_exporters_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--labels was held to the head's last axis (a YOLOv8n: "2100 lines", for 80 classes); the class count of a
+    YOLO head is its 4 + C axis. Without --labels, the names Ultralytics writes into the file are the plan's."""
+    model = detector(tmp_path / "yolo.onnx")
+    Image.fromarray(np.full((64, 64, 3), 90, np.uint8)).save(tmp_path / "a.png")
+    (tmp_path / "names.txt").write_text("cat\ndog\n")
+    assert main(["build", str(model), "-o", str(tmp_path / "p.engine"), "--backend", "cpu", "--labels",
+                 str(tmp_path / "names.txt"), "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "p.engine"), str(tmp_path / "a.png")]) == 0
+    assert "2 detections: dog 0.90 [8, 9, 12, 15], cat 0.50" in capsys.readouterr().out
+
+    proto = onnx.load(model)
+    onnx.helper.set_model_props(proto, {"author": "Ultralytics", "task": "detect", "names": "{0: 'bird', 1: 'fish'}"})
+    onnx.save(proto, tmp_path / "named.onnx")
+    assert main(["build", str(tmp_path / "named.onnx"), "-o", str(tmp_path / "q.engine"), "--backend", "cpu",
+                 "--json"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "q.engine"), str(tmp_path / "a.png")]) == 0
+    assert "2 detections: fish 0.90 [8, 9, 12, 15], bird 0.50" in capsys.readouterr().out

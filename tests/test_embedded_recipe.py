@@ -91,3 +91,15 @@ def test_a_build_stores_the_metadata_recipe_in_the_plan(tmp_path: Path) -> None:
     preprocess = read_plan(tmp_path / "p.engine").metadata.preprocess
     assert preprocess["resize_mode"] == "letterbox" and preprocess["scale"] == 255.0
     assert main(["run", str(tmp_path / "p.engine"), str(tmp_path / "wide.png"), "--json"]) == 0
+
+
+NAMES = [("{0: 'person', 1: 'bicycle'}", ["person", "bicycle"]), ("{1: 'a', 2: 'b'}", None), ("not a dict", None),
+         ("", None)]
+
+
+@pytest.mark.parametrize(("names", "expected"), NAMES)
+def test_ultralytics_names_become_labels_in_index_order(tmp_path: Path, names: str, expected: list | None) -> None:
+    from trtopt.data.embedded_recipe import embedded_labels
+
+    assert embedded_labels(colour_model(tmp_path / "m.onnx", {**YOLO, "names": names})) == expected
+    assert embedded_labels(colour_model(tmp_path / "n.onnx", {"names": "{0: 'x'}"})) is None, "not Ultralytics"

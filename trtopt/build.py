@@ -173,7 +173,7 @@ def _build_one(path: Path, config: BuildConfig, progress: ProgressHook | None) -
     with times("optimize"):  # the backend's default passes leave out those that cost on its kernels
         optimized = optimize(graph, backend.passes(config.graph.passes))
     graph = optimized.graph
-    labels = _labels(graph, config.labels)  # everything up to `fp32` is checked before the slow work
+    labels = _labels(graph, config.labels, path)  # everything up to `fp32` is checked before the slow work
     options = backend.options(config.target(), graph)
     spec = preprocess_spec_for(path, graph, config.preprocess, config.data)
     data, checks = _samples(graph, spec, config)
@@ -275,15 +275,39 @@ def _require_thresholds(config: BuildConfig) -> None:
         )
 
 
-def _labels(graph: gs.Graph, given: Sequence[str] | None) -> list[str] | None:
+def _labels(graph: gs.Graph, given: Sequence[str] | None, path: Path) -> list[str] | None:
+    """--labels, checked against the model's class count; else the names its exporter wrote into the file
+    (Ultralytics' `names`), else ImageNet's for a 1000-way classifier."""
     from trtopt.data.classes import check_labels, default_labels
+    from trtopt.data.embedded_recipe import embedded_labels
 
-    shape = graph.outputs[0].shape if graph.outputs else None
-    classes = int(shape[-1]) if shape and isinstance(shape[-1], int) else None
+    classes = _class_count(graph)
     if given is not None:
         check_labels(list(given), classes, "--labels")
         return list(given)
+    embedded = embedded_labels(path)
+    if embedded and (classes is None or len(embedded) >= classes):
+        return embedded
     return default_labels(classes) if classes else None
+
+
+def _class_count(graph: gs.Graph) -> int | None:
+    """The classes of an onnx-graphsurgeon graph's first output: its last axis, or for a YOLO head over the image
+    input's stride grid ([N, 4 + C, anchors], YOLOv8 / YOLO11; [N, anchors, 5 + C], YOLOv5 / YOLOX) its C, where
+    the sizes are static. A YOLOv8n's [1, 84, 8400] head has 80 classes, not 8400."""
+    from trtopt.metrics.yolo import yolo_grid_match
+
+    shape = graph.outputs[0].shape if graph.outputs else None
+    if not shape or not all(isinstance(d, int) for d in shape[1:]):
+        return None
+    image = next((t.shape for t in graph.inputs if t.shape is not None and len(t.shape) == 4), None)
+    if len(shape) == 3 and image is not None and all(isinstance(d, int) for d in image[1:]):
+        hw = (image[1], image[2]) if image[3] in (1, 3, 4) and image[1] not in (1, 3, 4) else (image[2], image[3])
+        if yolo_grid_match(shape[2], *hw) and shape[1] >= 5:
+            return int(shape[1]) - 4
+        if yolo_grid_match(shape[1], *hw) and shape[2] >= 6:
+            return int(shape[2]) - 5
+    return int(shape[-1])
 
 
 class StageTimes:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import logging
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +54,40 @@ def embedded_recipe(model_path: Path, input_shape: tuple[Any, ...]) -> tuple[dic
     return fields, f"the model file's Ultralytics metadata (task {task}: {how}, / 255)"
 
 
+def embedded_labels(model_path: Path) -> list[str] | None:
+    """The class names an Ultralytics export writes as `names` ("{0: 'person', 1: 'bicycle', ...}"), in index
+    order; None where there are none or they do not number 0, 1, 2, ..."""
+    props = metadata_props(model_path)
+    if props.get("author") != ULTRALYTICS or not props.get("names"):
+        return None
+    try:
+        names = ast.literal_eval(props["names"])
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(names, dict) or sorted(names) != list(range(len(names))):
+        return None
+    return [str(names[i]) for i in range(len(names))]
+
+
 def metadata_props(model_path: Path) -> dict[str, str]:
     """The model file's `metadata_props` as a dict ({} where it cannot be read: the loader reports that)."""
+    try:
+        stat = model_path.stat()
+    except OSError:
+        return {}
+    return dict(_read_props(str(model_path), stat.st_mtime_ns, stat.st_size))
+
+
+@lru_cache(maxsize=8)
+def _read_props(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, str], ...]:
+    """Read once per file version: a build asks for the recipe, the labels and where the recipe came from."""
     import onnx
 
     try:
-        model = onnx.load(str(model_path), load_external_data=False)
+        model = onnx.load(path, load_external_data=False)
     except Exception:  # noqa: BLE001 - a file the loader refused never gets here; anything else: no metadata
-        return {}
-    return {p.key: p.value for p in model.metadata_props}
+        return ()
+    return tuple((p.key, p.value) for p in model.metadata_props)
 
 
 def _image_size(imgsz: str | None, input_shape: tuple[Any, ...]) -> tuple[int, int] | None:
