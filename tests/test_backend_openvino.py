@@ -222,6 +222,8 @@ def test_auto_holds_int8_plans_to_the_most_faithful_int8_plan_not_to_a_float_pla
 def test_auto_keeps_the_first_ranked_within_the_noise() -> None:
     name, why = auto.choose([auto.Candidate("cpu", 10.0, 0.05), auto.Candidate("openvino", 9.9, 0.05)], 1)
     assert name == "cpu" and "no other as faithful" in why
+    name, why = auto.choose([auto.Candidate("cpu", 10.0, 0.05), auto.Candidate("openvino", 12.0, 0.05)], 1)
+    assert name == "cpu" and why.endswith("kept the fastest, cpu"), "slower, not merely within the noise"
     with pytest.raises(TrtoptError):
         auto.choose([], 1)
 

@@ -109,7 +109,7 @@ def choose(candidates: Sequence[Candidate], batch: int | Sequence[int], threads:
             if c not in faithful]  # fmt: skip
     if left:
         why += f"; not as faithful: {', '.join(left)}"
-    if kept is faithful[0] and len(faithful) > 1:
+    if kept is faithful[0] and any(c.ms < kept.ms for c in faithful[1:]):  # faster, within the noise
         why += f"; kept {kept.name}: no other as faithful was {PAYS:.2f}x faster"
     else:
         why += f"; kept the fastest, {kept.name}" if len(faithful) > 1 else f"; kept {kept.name}"
