@@ -5,8 +5,9 @@
   trtopt optimize model.onnx -o model.cpu.onnx --backend cpu   # the graph `trtopt build --backend cpu` quantises
 
 Default passes, in order: simplify (ONNX Runtime's basic level), remove_noops, sink_transposes, hoist_transposes,
-sink_squeeze, collapse_reshapes, fold_pad, fold_batchnorm, fold_input_affine, fuse_parallel_convs,
-eliminate_concat, fuse_cbr; `--backend NAME` runs that backend's (cpu: rewrite_prelu, rewrite_hard_swish and
+sink_squeeze, collapse_reshapes, fold_pad, fold_batchnorm, fold_input_affine, merge_branches (summed parallel
+convs and identity BatchNorms, RepVGG's training-time blocks, as one conv), fuse_parallel_convs, eliminate_concat,
+fuse_cbr; `--backend NAME` runs that backend's (cpu: rewrite_prelu, rewrite_hard_swish and
 channel_shuffle too, and not fuse_parallel_convs). The output stays standard ONNX (TensorRT re-fuses what the
 report lists); the report's summary and the fusion and concat groups are recorded in the model's metadata.
 Before writing, ONNX Runtime loads the optimised model and runs it beside the original on a random feed (where

@@ -23,6 +23,7 @@ from trtopt.passes import (  # noqa: F401 (register)
     fuse_cbr,
     fuse_parallel_convs,
     hoist_transposes,
+    merge_branches,
     remove_noops,
     rewrite_hard_swish,
     rewrite_prelu,

@@ -32,6 +32,7 @@ DEFAULT_ORDER = (
     "fold_pad",
     "fold_batchnorm",
     "fold_input_affine",
+    "merge_branches",
     "fuse_parallel_convs",
     "eliminate_concat",
     "fuse_cbr",
