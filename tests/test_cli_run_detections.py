@@ -80,3 +80,16 @@ def test_a_yolo_plan_takes_one_label_per_class_and_the_exporters_names(
     capsys.readouterr()
     assert main(["run", str(tmp_path / "q.engine"), str(tmp_path / "a.png")]) == 0
     assert "2 detections: fish 0.90 [8, 9, 12, 15], bird 0.50" in capsys.readouterr().out
+
+
+def test_class_counts_of_a_yolo_head_a_classifier_and_a_sequence(tmp_path: Path) -> None:
+    """A YOLO head's classes are its 4 + C axis; any other output's its last axis, also where another axis is
+    dynamic (a CTC recogniser's [N, T, C]: its --labels are still held to C)."""
+    from trtopt.build import _class_count
+    from trtopt.frontend import graph_from_onnx
+
+    assert _class_count(graph_from_onnx(onnx.load(detector(tmp_path / "yolo.onnx")))) == 2
+    seq = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ctc",
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 37])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", 37])])  # fmt: skip
+    assert _class_count(graph_from_onnx(helper.make_model(seq, opset_imports=[helper.make_opsetid("", 17)]))) == 37

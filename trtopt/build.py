@@ -298,16 +298,17 @@ def _class_count(graph: gs.Graph) -> int | None:
     from trtopt.metrics.yolo import yolo_grid_match
 
     shape = graph.outputs[0].shape if graph.outputs else None
-    if not shape or not all(isinstance(d, int) for d in shape[1:]):
+    if not shape:
         return None
     image = next((t.shape for t in graph.inputs if t.shape is not None and len(t.shape) == 4), None)
-    if len(shape) == 3 and image is not None and all(isinstance(d, int) for d in image[1:]):
+    static = image is not None and all(isinstance(d, int) for d in (*image[1:], *shape[1:]))
+    if len(shape) == 3 and image is not None and static:
         hw = (image[1], image[2]) if image[3] in (1, 3, 4) and image[1] not in (1, 3, 4) else (image[2], image[3])
         if yolo_grid_match(shape[2], *hw) and shape[1] >= 5:
             return int(shape[1]) - 4
         if yolo_grid_match(shape[1], *hw) and shape[2] >= 6:
             return int(shape[2]) - 5
-    return int(shape[-1])
+    return int(shape[-1]) if isinstance(shape[-1], int) else None  # a CTC [N, T, C] with T dynamic: C
 
 
 class StageTimes:
