@@ -99,7 +99,7 @@ def _affine_after(layer: gs.Node, node: gs.Node, tensor: gs.Tensor) -> ChannelAf
         return None
     rank = 2 if layer.op == "Gemm" else weight.ndim
     if node.op == "BatchNormalization":
-        return _batchnorm_affine(node, channels)
+        return batchnorm_affine(node, channels)
     if node.op not in AFFINE_OPS[1:] or len(node.inputs) != 2:
         return None
     mine = 0 if node.inputs[0] is tensor else 1
@@ -122,7 +122,8 @@ def _bias_is_constant(layer: gs.Node) -> bool:
     return len(layer.inputs) < 3 or is_missing(layer.inputs[2]) or constant_array(layer.inputs[2]) is not None
 
 
-def _batchnorm_affine(bn: gs.Node, channels: int) -> ChannelAffine | None:
+def batchnorm_affine(bn: gs.Node, channels: int) -> ChannelAffine | None:
+    """An inference BatchNormalization's per-channel affine map, where its `channels` parameters are constants."""
     if int(bn.attrs.get("training_mode", 0)) != 0 or any(t.outputs for t in bn.outputs[1:]):
         return None
     params = [constant_array(t) for t in bn.inputs[1:5]]

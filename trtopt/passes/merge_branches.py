@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.frontend.edit import Namer, new_constant
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.fold_batchnorm import _batchnorm_affine
+from trtopt.passes.fold_batchnorm import batchnorm_affine
 from trtopt.passes.query import ConvGeometry, constant_array, conv_geometry, graph_output_names, is_missing, producer
 
 
@@ -121,7 +121,7 @@ def _identity_kernel(bn: gs.Node, big: ConvGeometry, shape: tuple[int, ...]) -> 
     """BatchNormalization of the conv's input as a conv of `big`'s size: scale at the centre tap, shift as bias;
     where its output lines up with the conv's (stride 1, centred pads) and the channels map one to one."""
     channels, per_group = shape[0], shape[1]
-    affine = _batchnorm_affine(bn, channels)
+    affine = batchnorm_affine(bn, channels)
     rank = len(big.kernel)
     if affine is None or per_group * big.group != channels or any(s != 1 for s in big.strides):
         return None
