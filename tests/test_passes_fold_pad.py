@@ -1,4 +1,4 @@
-"""fold_pad: a zero, spatial-only constant Pad read by one Conv becomes the Conv's pads."""
+"""fold_pad: a zero, spatial-only constant Pad read only by Convs becomes each Conv's pads."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ def pad_conv(
     opset: int = 17,
     group: int = 1,
     extra_reader: bool = False,
+    second_conv: bool = False,
 ) -> onnx.ModelProto:
-    """input ─ Pad(pads, value, mode) ─ Conv3x3(pads=conv_pads, group) ─ output   [─ Relu ─ side]"""
+    """input ─ Pad(pads, value, mode) ─ Conv3x3(pads=conv_pads, group) ─ output   [─ Relu ─ side] [─ Conv ─ other]"""
     b = GraphBuilder("pad_conv", seed=3, opset=opset)
     x = b.input("input", [1, 8, 9, 11])
     if opset < 11:
@@ -39,6 +40,8 @@ def pad_conv(
         strides=[2, 2],
     )
     outputs = [y] + ([b.relu(padded, out="side")] if extra_reader else [])
+    if second_conv:  # a second branch reading the same padded tensor (Keras NASNet's separable-conv pairs)
+        outputs.append(b.conv(padded, 8, 8, 5, group=group, stride=2, pads=[0, 0, 0, 0], out="other"))
     return b.build(outputs)
 
 
@@ -53,6 +56,14 @@ def test_zero_pad_folds_into_conv_pads(opset: int, pads: list[int]) -> None:
     assert report.counts() == {"fold_pad": 1}
     # conv pads [1,1,1,1] plus the Pad's spatial begins (H, W) and ends (H, W)
     assert graph.nodes[0].attrs["pads"] == [1 + pads[2], 1 + pads[3], 1 + pads[6], 1 + pads[7]]
+    assert_same_outputs(model, graph)
+
+
+def test_a_pad_two_convs_read_folds_into_both() -> None:
+    model = pad_conv([0, 0, 2, 2, 0, 0, 2, 2], group=8, second_conv=True)
+    graph, report = run_pass(model, "fold_pad")
+    assert ops(graph) == ["Conv", "Conv"] and report.counts() == {"fold_pad": 1}
+    assert sorted(n.attrs["pads"] for n in graph.nodes) == [[2, 2, 2, 2], [3, 3, 3, 3]]
     assert_same_outputs(model, graph)
 
 

@@ -7,7 +7,8 @@ it in float with a quantise/dequantise pair around it (measured on EfficientNet-
 a third of the non-conv time). Folded when:
 - mode is "constant" with value 0 (a Conv pads with zeros), all pads >= 0;
 - only the spatial axes are padded (not batch or channels);
-- the Pad output is read by exactly one Conv (not ConvTranspose), as its data input, with no auto_pad;
+- every reader of the Pad output is a Conv (not ConvTranspose), reading it as its data input, with no auto_pad
+  (Keras' NASNetMobile pads once for two separable-conv branches: each Conv takes the pads);
 - the Pad output is not a graph output.
 Asymmetric pads stay asymmetric: ONNX Conv has separate begin/end pads per axis.
 """
@@ -21,7 +22,7 @@ import onnx_graphsurgeon as gs
 
 from trtopt.frontend.edit import replace_uses
 from trtopt.passes.base import Match, graph_pass
-from trtopt.passes.query import constant_array, graph_output_names, is_missing, sole_consumer
+from trtopt.passes.query import constant_array, graph_output_names, is_missing
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,16 +30,16 @@ class PadFold(Match):
     """A zero Pad whose only reader is a Conv; `spatial` is what it adds to the Conv's pads."""
 
     pad: gs.Node
-    conv: gs.Node
+    convs: tuple[gs.Node, ...]
     spatial: tuple[int, ...]
     kind = "fold_pad"
 
     @property
     def nodes(self) -> tuple[gs.Node, ...]:
-        return (self.pad, self.conv)
+        return (self.pad, *self.convs)
 
     def describe(self) -> str:
-        return f"Pad {self.pad.name!r} -> pads of {self.conv.name!r}"
+        return f"Pad {self.pad.name!r} -> pads of {', '.join(repr(c.name) for c in self.convs)}"
 
 
 def find_pad_folds(graph: gs.Graph) -> list[PadFold]:
@@ -47,10 +48,12 @@ def find_pad_folds(graph: gs.Graph) -> list[PadFold]:
     for pad in graph.nodes:
         if pad.op != "Pad" or not pad.outputs:
             continue
-        conv = sole_consumer(pad.outputs[0], outputs)
-        spatial = _spatial_pads(pad)
-        if conv is not None and spatial is not None and _foldable_conv(conv, pad.outputs[0], len(spatial) // 2):
-            found.append(PadFold(pad, conv, tuple(spatial)))
+        tensor, spatial = pad.outputs[0], _spatial_pads(pad)
+        readers = tuple(tensor.outputs)
+        if tensor.name in outputs or not readers or spatial is None:
+            continue
+        if all(_foldable_conv(conv, tensor, len(spatial) // 2) for conv in readers):
+            found.append(PadFold(pad, readers, tuple(spatial)))
     return found
 
 
@@ -58,11 +61,11 @@ def find_pad_folds(graph: gs.Graph) -> list[PadFold]:
 def fold_pad(graph: gs.Graph) -> list[PadFold]:
     matches = find_pad_folds(graph)
     for match in matches:
-        pad, conv = match.pad, match.conv
-        rank = len(match.spatial) // 2
-        old = list(conv.attrs.get("pads", [0] * (2 * rank)))
-        conv.attrs["pads"] = [int(a + b) for a, b in zip(old, match.spatial, strict=True)]
-        replace_uses(pad.outputs[0], pad.inputs[0], [conv])
+        pad, rank = match.pad, len(match.spatial) // 2
+        for conv in match.convs:
+            old = list(conv.attrs.get("pads", [0] * (2 * rank)))
+            conv.attrs["pads"] = [int(a + b) for a, b in zip(old, match.spatial, strict=True)]
+        replace_uses(pad.outputs[0], pad.inputs[0], list(match.convs))
         pad.outputs.clear()
     return matches
 
@@ -97,7 +100,7 @@ def _spatial_pads(pad: gs.Node) -> list[int] | None:
 
 
 def _foldable_conv(conv: gs.Node, tensor: gs.Tensor, rank: int) -> bool:
-    if conv.op != "Conv" or conv.inputs[0] is not tensor:
+    if conv.op != "Conv" or conv.inputs[0] is not tensor or any(t is tensor for t in conv.inputs[1:]):
         return False
     if conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
         return False
