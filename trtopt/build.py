@@ -295,19 +295,17 @@ def _class_count(graph: gs.Graph) -> int | None:
     """The classes of an onnx-graphsurgeon graph's first output: its last axis, or for a YOLO head over the image
     input's stride grid ([N, 4 + C, anchors], YOLOv8 / YOLO11; [N, anchors, 5 + C], YOLOv5 / YOLOX) its C, where
     the sizes are static. A YOLOv8n's [1, 84, 8400] head has 80 classes, not 8400."""
-    from trtopt.metrics.yolo import yolo_grid_match
+    from trtopt.metrics.compare import shape_hw
+    from trtopt.metrics.yolo import head_classes
 
     shape = graph.outputs[0].shape if graph.outputs else None
     if not shape:
         return None
     image = next((t.shape for t in graph.inputs if t.shape is not None and len(t.shape) == 4), None)
-    static = image is not None and all(isinstance(d, int) for d in (*image[1:], *shape[1:]))
-    if len(shape) == 3 and image is not None and static:
-        hw = (image[1], image[2]) if image[3] in (1, 3, 4) and image[1] not in (1, 3, 4) else (image[2], image[3])
-        if yolo_grid_match(shape[2], *hw) and shape[1] >= 5:
-            return int(shape[1]) - 4
-        if yolo_grid_match(shape[1], *hw) and shape[2] >= 6:
-            return int(shape[2]) - 5
+    if image is not None and all(isinstance(d, int) for d in (*image[1:], *shape[1:])):
+        yolo = head_classes(shape, shape_hw(image))
+        if yolo is not None:
+            return yolo
     return int(shape[-1]) if isinstance(shape[-1], int) else None  # a CTC [N, T, C] with T dynamic: C
 
 

@@ -13,7 +13,7 @@ for `--exclude`.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -218,12 +218,13 @@ def compare_outputs(
 
 def image_hw(feeds: Mapping[str, np.ndarray]) -> tuple[int, int] | None:
     """Height and width of the first rank-4 input: NCHW unless only the last axis looks like channels."""
-    for value in feeds.values():
-        shape = np.shape(value)
-        if len(shape) == 4:
-            channels_last = shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4)
-            return (int(shape[1]), int(shape[2])) if channels_last else (int(shape[2]), int(shape[3]))
-    return None
+    return next((shape_hw(np.shape(v)) for v in feeds.values() if np.ndim(v) == 4), None)
+
+
+def shape_hw(shape: Sequence[int]) -> tuple[int, int]:
+    """Height and width of a rank-4 image shape: NCHW unless only the last axis looks like channels."""
+    channels_last = shape[3] in (1, 3, 4) and shape[1] not in (1, 3, 4)
+    return (int(shape[1]), int(shape[2])) if channels_last else (int(shape[2]), int(shape[3]))
 
 
 def added_errors(graph: gs.Graph, losses: Mapping[str, float]) -> dict[str, float]:

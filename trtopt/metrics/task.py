@@ -40,7 +40,7 @@ from trtopt.metrics.boxes import BoxAgreement, Detections
 from trtopt.metrics.ctc import CTC_LAYOUTS, SequenceAgreement, decode_batch
 from trtopt.metrics.labels import LabelAgreement, is_label_map, is_score_map, labels_from_scores
 from trtopt.metrics.maps import DB_THRESHOLD, MapAgreement
-from trtopt.metrics.yolo import BOX_FORMATS, DecodeConfig, decode, is_raw_yolox, yolo_grid_match
+from trtopt.metrics.yolo import BOX_FORMATS, DecodeConfig, anchors_first, classes_first, decode, is_raw_yolox
 
 TASKS = ("auto", "classify", "detect", "segment", "text-detect", "ctc", "raw")
 Decoder = Callable[[dict[str, np.ndarray]], Sequence[Any]]  # one batch's outputs -> (boxes, scores, classes)s
@@ -132,9 +132,9 @@ def _detector(out: np.ndarray, input_hw: tuple[int, int] | None, config: TaskCon
     if out.ndim != 3 or input_hw is None:
         return None
     forced = config.box_format if config.box_format != "auto" else None
-    if yolo_grid_match(out.shape[2], *input_hw) and out.shape[1] >= 5 and forced in (None, "yolov8"):
+    if classes_first(out.shape, input_hw) and forced in (None, "yolov8"):
         return "yolov8", f"{list(out.shape)}: [N, 4 + classes, anchors] over the input's YOLO grid -> YOLOv8"
-    if yolo_grid_match(out.shape[1], *input_hw) and out.shape[2] >= 6:
+    if anchors_first(out.shape, input_hw):
         raw = is_raw_yolox(out[0], input_hw)
         variant = forced or ("yolox" if raw else "yolov5")
         how = "raw boxes (negative log-sizes) -> YOLOX grid decoding" if raw else "decoded boxes -> YOLOv5"

@@ -68,6 +68,23 @@ def decode(
     raise ValueError(f"unknown box format {box_format!r}; expected one of {', '.join(BOX_FORMATS)}")
 
 
+def classes_first(shape: Sequence[int], input_hw: tuple[int, int]) -> bool:
+    """[N, 4 + classes, anchors] over the input's grid: a YOLOv8 / YOLO11 head."""
+    return len(shape) == 3 and yolo_grid_match(shape[2], *input_hw) is not None and shape[1] >= 5
+
+
+def anchors_first(shape: Sequence[int], input_hw: tuple[int, int]) -> bool:
+    """[N, anchors, 5 + classes] over the input's grid: a YOLOv5 or YOLOX head."""
+    return len(shape) == 3 and yolo_grid_match(shape[1], *input_hw) is not None and shape[2] >= 6
+
+
+def head_classes(shape: Sequence[int], input_hw: tuple[int, int]) -> int | None:
+    """The class count of a YOLO head of this shape over the input's grid, else None."""
+    if classes_first(shape, input_hw):
+        return int(shape[1]) - 4
+    return int(shape[2]) - 5 if anchors_first(shape, input_hw) else None
+
+
 def is_raw_yolox(row: np.ndarray, input_hw: tuple[int, int]) -> bool:
     """Whether a [A, 5 + C] output looks like YOLOX before grid decoding: its anchor count matches an
     anchor-free stride grid of the input, and some width or height is negative (a log-space size; decoded
