@@ -64,7 +64,7 @@ def embedded_labels(model_path: Path) -> list[str] | None:
         names = ast.literal_eval(props["names"])
     except (ValueError, SyntaxError):
         return None
-    if not isinstance(names, dict) or sorted(names) != list(range(len(names))):
+    if not isinstance(names, dict) or set(names) != set(range(len(names))):  # keys 0..n-1, whatever their kinds
         return None
     return [str(names[i]) for i in range(len(names))]
 
