@@ -94,7 +94,7 @@ def test_a_build_stores_the_metadata_recipe_in_the_plan(tmp_path: Path) -> None:
 
 
 NAMES = [("{0: 'person', 1: 'bicycle'}", ["person", "bicycle"]), ("{1: 'a', 2: 'b'}", None), ("not a dict", None),
-         ("", None), ("{0: 'a', 'x': 'b'}", None)]
+         ("", None), ("{0: 'a', 'x': 'b'}", None), ("{[]: 'a'}", None)]
 
 
 @pytest.mark.parametrize(("names", "expected"), NAMES)

@@ -62,7 +62,7 @@ def embedded_labels(model_path: Path) -> list[str] | None:
         return None
     try:
         names = ast.literal_eval(props["names"])
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # what literal_eval raises
         return None
     if not isinstance(names, dict) or set(names) != set(range(len(names))):  # keys 0..n-1, whatever their kinds
         return None
@@ -97,7 +97,7 @@ def _image_size(imgsz: str | None, input_shape: tuple[Any, ...]) -> tuple[int, i
         return int(dims[0]), int(dims[1])
     try:
         value = ast.literal_eval(imgsz) if imgsz else None
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # what literal_eval raises
         return None
     if isinstance(value, int):
         value = [value, value]
